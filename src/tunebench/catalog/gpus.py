@@ -1,0 +1,114 @@
+"""GPU catalog: vendor-datasheet peak numbers per GPU model.
+
+Facts come from ``data/gpus.json``; each entry is keyed by the Kubernetes node-label value of
+``nvidia.com/gpu.product`` (e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``) and keeps its ``source``
+and ``confidence``. ``get_gpu`` also accepts friendly aliases (``A100-80GB``, ``H100``, ``L40S``) and
+the nvidia-smi product name (``NVIDIA A100-SXM4-80GB``), ignoring case and ' ' / '-' / '_'.
+Units are in the field names: TFLOP/s are dense (no 2:4 sparsity) peaks, bandwidths are GB/s.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunebench.errors import InputError, one_of, suggest
+
+DATA = Path(__file__).parent / "data"
+
+ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell")  # oldest first
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU model. Compute in dense TFLOP/s, memory in MiB/GiB, bandwidth in GB/s, power in W."""
+
+    name: str  # nvidia.com/gpu.product label value
+    aliases: tuple[str, ...]
+    architecture: str
+    compute_capability: str
+    memory_mib: int  # as nvidia-smi reports it
+    memory_gib: float
+    memory_gb_nominal: float  # marketing "GB"
+    bf16_tflops: float | None  # None: no bf16 (Volta, Turing)
+    fp16_tflops: float
+    tf32_tflops: float | None  # None: no tf32 (Volta, Turing)
+    fp32_tflops: float  # CUDA cores, non-tensor
+    memory_bandwidth_gbps: float
+    tdp_watts: float
+    form_factor: str  # "SXM" or "PCIe"
+    interconnect: str
+    intra_node_bandwidth_gbps: float  # per-GPU bidirectional GPU-to-GPU
+    pcie_gen: int
+    confidence: str = "datasheet"  # or "unverified"
+    notes: str = ""
+    source: tuple[str, ...] = ()
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * 1024 * 1024
+
+    @property
+    def tensor_tflops(self) -> float:
+        """Dense 16-bit tensor peak used for mixed-precision training: bf16 where supported, else fp16."""
+        return self.bf16_tflops if self.bf16_tflops is not None else self.fp16_tflops
+
+
+def _key(value: str) -> str:
+    """Normalised lookup key: lower case, no ' ', '-', '_', no leading 'nvidia'/'tesla', no GFD '-SHARED'."""
+    text = str(value).strip().lower()
+    text = re.sub(r"[\s_\-]+", "-", text)
+    text = re.sub(r"-shared$", "", text)  # GFD time-slicing suffix (renameByDefault)
+    text = re.sub(r"^(nvidia|tesla)-", "", text)
+    return text.replace("-", "")
+
+
+@functools.cache
+def load_gpus() -> dict[str, GPUSpec]:
+    """All catalog GPUs by label, in file order."""
+    raw = json.loads((DATA / "gpus.json").read_text(encoding="utf-8"))
+    gpus: dict[str, GPUSpec] = {}
+    for entry in raw["gpus"]:
+        entry = dict(entry)
+        entry["aliases"] = tuple(entry.get("aliases", ()))
+        entry["source"] = tuple(entry.get("source", ()))
+        spec = GPUSpec(**entry)
+        gpus[spec.name] = spec
+    return gpus
+
+
+@functools.cache
+def _index() -> dict[str, str]:
+    """Normalised label/alias -> label."""
+    index: dict[str, str] = {}
+    for spec in load_gpus().values():
+        for text in (spec.name, *spec.aliases):
+            index.setdefault(_key(text), spec.name)
+    return index
+
+
+def get_gpu(value: str) -> GPUSpec:
+    """The GPU named by a label, an alias or an nvidia-smi name; InputError (field gpu_model) if unknown."""
+    gpus = load_gpus()
+    if value in gpus:
+        return gpus[value]
+    label = _index().get(_key(value))
+    if label is not None:
+        return gpus[label]
+    choices = [text for spec in gpus.values() for text in (spec.name, *spec.aliases)]
+    raise InputError(
+        "gpu_model",
+        f"unknown GPU {value!r}." + suggest(str(value), choices),
+        allowed=one_of(spec.name for spec in list_gpus()),
+    )
+
+
+def list_gpus() -> list[GPUSpec]:
+    """All GPUs, oldest architecture first, then by memory, then by dense tensor peak."""
+    return sorted(
+        load_gpus().values(),
+        key=lambda g: (ARCHITECTURES.index(g.architecture), g.memory_mib, g.tensor_tflops, g.name),
+    )

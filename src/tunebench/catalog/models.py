@@ -1,0 +1,248 @@
+"""Model catalog: architecture facts of every model the experiments accept.
+
+Facts come from ``data/models.json`` (a copy of ``shared/reference-data/model_catalog.json``; each
+entry keeps its ``source`` and ``confidence``). A model can also be given as a path to a Hugging
+Face ``config.json`` (or a folder holding one) so users can plan and run models outside the catalog.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunebench.errors import InputError, suggest
+
+DATA = Path(__file__).parent / "data"
+
+# transformers decoder-layer class per model_type: what FSDP wraps (TRANSFORMER_BASED_WRAP) and what
+# accelerate falls back to through the model's _no_split_modules (transformers/models/<type>/modeling_*.py).
+DECODER_LAYER_CLASS = {
+    "llama": "LlamaDecoderLayer",
+    "mistral": "MistralDecoderLayer",
+    "mixtral": "MixtralDecoderLayer",
+    "qwen2": "Qwen2DecoderLayer",
+    "gemma": "GemmaDecoderLayer",
+    "phi3": "Phi3DecoderLayer",
+    "granite": "GraniteDecoderLayer",
+    "granitemoe": "GraniteMoeDecoderLayer",
+    "granitemoehybrid": "GraniteMoeHybridDecoderLayer",
+    "gpt_bigcode": "GPTBigCodeBlock",
+    "bloom": "BloomBlock",
+}
+VISION_LAYER_CLASS = {"clip_vision_model": "CLIPEncoderLayer", "siglip_vision_model": "SiglipEncoderLayer"}
+SUPPORTED_MODEL_TYPES = (*DECODER_LAYER_CLASS, "llava_next")
+
+# PretrainedConfig subclasses' default for tie_word_embeddings when config.json omits it
+# (transformers/models/<type>/configuration_*.py).
+_TIE_DEFAULT = {"gemma": True, "gpt_bigcode": True, "bloom": True}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of one model. Sizes are counts (parameters, tokens), not bytes."""
+
+    name: str
+    model_type: str
+    hf_id: str | None = None
+    architectures: tuple[str, ...] = ()
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    tie_word_embeddings: bool | None = None
+    num_local_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    decoder_layer_class: str | None = None
+    fsdp_wrap_classes: tuple[str, ...] = ()
+    total_params: int | None = None
+    active_params: int | None = None
+    confidence: str = "verified"
+    source: tuple[str, ...] = ()
+    config_path: str | None = None  # set when the model came from a config.json
+    aliases: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_local_experts)
+
+    @property
+    def is_vision(self) -> bool:
+        return self.model_type == "llava_next"
+
+    @property
+    def wrap_classes(self) -> str | None:
+        """fsdp_transformer_layer_cls_to_wrap value: comma-separated class names."""
+        classes = self.fsdp_wrap_classes or ((self.decoder_layer_class,) if self.decoder_layer_class else ())
+        return ",".join(classes) or None
+
+
+def _aliases(name: str, hf_id: str | None) -> tuple[str, ...]:
+    out = {name.lower()}
+    if hf_id:
+        out |= {hf_id.lower(), hf_id.split("/")[-1].lower()}
+    return tuple(sorted(out))
+
+
+def _from_catalog_entry(entry: dict[str, Any]) -> ModelSpec:
+    known = set(ModelSpec.__dataclass_fields__) - {"extra", "aliases", "architectures", "fsdp_wrap_classes", "source"}
+    kwargs = {k: entry.get(k) for k in known if k in entry}
+    wrap = entry.get("fsdp_wrap_classes") or ([entry["decoder_layer_class"]] if entry.get("decoder_layer_class") else [])
+    return ModelSpec(
+        **kwargs,
+        architectures=tuple(entry.get("architectures") or ()),
+        fsdp_wrap_classes=tuple(wrap),
+        source=tuple(entry.get("source") or ()),
+        aliases=_aliases(entry["name"], entry.get("hf_id")),
+        extra={k: v for k, v in entry.items() if k not in ModelSpec.__dataclass_fields__},
+    )
+
+
+@functools.cache
+def load_models() -> dict[str, ModelSpec]:
+    """The catalog, keyed by short name (spec 004 model_name values plus the extras in the file)."""
+    raw = json.loads((DATA / "models.json").read_text())
+    return {name: _from_catalog_entry(entry) for name, entry in raw.items() if not name.startswith("_")}
+
+
+@functools.cache
+def _alias_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for name, spec in load_models().items():
+        for alias in spec.aliases:
+            index.setdefault(alias, name)
+    return index
+
+
+def _first(cfg: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return None
+
+
+def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config dict (key names differ per model_type)."""
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InputError(
+            "model_name",
+            f"config {name!r} has model_type {model_type!r}, which tunebench does not support",
+            allowed=", ".join(SUPPORTED_MODEL_TYPES),
+        )
+    text = cfg
+    vision_class = None
+    if model_type == "llava_next":
+        text = cfg.get("text_config") or {}
+        text.setdefault("model_type", "llama")
+        vision_class = VISION_LAYER_CLASS.get((cfg.get("vision_config") or {}).get("model_type", "clip_vision_model"))
+    text_type = text.get("model_type", model_type)
+    hidden = _first(text, "hidden_size", "n_embd")
+    heads = _first(text, "num_attention_heads", "n_head")
+    if text_type == "gpt_bigcode":
+        kv = 1 if text.get("multi_query", True) else heads
+    else:
+        kv = _first(text, "num_key_value_heads") or heads
+    intermediate = _first(text, "intermediate_size", "n_inner")
+    if intermediate is None and hidden and text_type in ("gpt_bigcode", "bloom"):
+        intermediate = 4 * hidden  # GPTBigCode n_inner=None and Bloom both use 4*hidden
+    head_dim = _first(text, "head_dim") or (hidden // heads if hidden and heads else None)
+    tie = _first(cfg, "tie_word_embeddings")
+    if tie is None:
+        tie = _TIE_DEFAULT.get(text_type, False)
+    decoder = DECODER_LAYER_CLASS.get(text_type)
+    wrap = tuple(c for c in (decoder, vision_class) if c)
+    return ModelSpec(
+        name=name,
+        model_type=model_type,
+        hf_id=cfg.get("_name_or_path") or None,
+        architectures=tuple(cfg.get("architectures") or ()),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=_first(text, "num_hidden_layers", "n_layer"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        vocab_size=_first(text, "vocab_size"),
+        max_position_embeddings=_first(text, "max_position_embeddings", "n_positions", "seq_length"),
+        tie_word_embeddings=bool(tie),
+        num_local_experts=_first(text, "num_local_experts", "num_experts"),
+        num_experts_per_tok=_first(text, "num_experts_per_tok"),
+        decoder_layer_class=decoder,
+        fsdp_wrap_classes=wrap,
+        confidence="config.json",
+        source=(config_path,) if config_path else (),
+        config_path=config_path,
+        extra={"config": cfg},
+    )
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith(".json") or value.startswith((".", "/", "~")) or os.path.exists(value)
+
+
+def load_config_model(value: str) -> ModelSpec:
+    """A model given as a config.json path or a folder holding one."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise InputError("model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError("model_name", f"cannot read {str(path)!r} as JSON: {exc}") from None
+    resolved = str(path.resolve())
+    return spec_from_config(cfg, name=resolved, config_path=resolved)
+
+
+def get_model(value: str) -> ModelSpec:
+    """Look a model up by short name, case-insensitive alias, HF id, or config.json path."""
+    text = str(value).strip()
+    models = load_models()
+    if text in models:
+        return models[text]
+    name = _alias_index().get(text.lower())
+    if name:
+        return models[name]
+    if _looks_like_path(text):
+        return load_config_model(text)
+    raise InputError(
+        "model_name",
+        f"unknown model {text!r}." + suggest(text, models),
+        allowed="a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
+    )
+
+
+def list_models() -> list[ModelSpec]:
+    return list(load_models().values())
+
+
+@functools.cache
+def _target_module_maps() -> dict[str, dict[str, list[str]]]:
+    return json.loads((DATA / "lora_target_modules.json").read_text())
+
+
+def default_target_modules(experiment_family: str, model_name: str) -> tuple[str, ...] | None:
+    """The LoRA target modules the reference hardcodes for a model (spec 004 "Hardcoded").
+
+    experiment_family is 'finetune_lora_benchmark' or 'finetune_gptq-lora_benchmark'.
+    """
+    found = _target_module_maps().get(experiment_family, {}).get(model_name)
+    return tuple(found) if found else None
+
+
+@functools.cache
+def model_paths() -> dict[str, dict[str, str]]:
+    """Reference model_map: short name -> {Vanilla, GPTQ-Quantized} -> HF id or path."""
+    import yaml
+
+    return yaml.safe_load((DATA / "model_paths.yaml").read_text()) or {}

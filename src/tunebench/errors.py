@@ -1,0 +1,41 @@
+"""Input errors: a request tunebench cannot understand.
+
+An entity that breaks a validity rule is *not* an error (it is recorded with is_valid false);
+an unknown experiment, property, model or GPU, or a value of the wrong type or outside its
+domain, is. The CLI prints ``str(error)`` on one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class InputError(ValueError):
+    """A bad input value, named by field, with the allowed values."""
+
+    def __init__(self, field: str, message: str, allowed: str | None = None):
+        self.field = field
+        self.message = message
+        self.allowed = allowed
+        text = f"{field}: {message}"
+        if allowed:
+            text += f" (allowed: {allowed})"
+        super().__init__(text)
+
+
+def suggest(value: str, choices: Iterable[str], n: int = 3) -> str:
+    """' Did you mean X?' for a close match among choices, else ''."""
+    matches = difflib.get_close_matches(str(value), list(choices), n=n, cutoff=0.6)
+    if not matches:
+        lowered = {c.lower(): c for c in choices}
+        matches = [lowered[m] for m in difflib.get_close_matches(str(value).lower(), lowered, n=n, cutoff=0.6)]
+    return f" Did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+
+
+def one_of(values: Iterable[object], limit: int = 12) -> str:
+    """A short 'a, b, c, ...' rendering of allowed values."""
+    items = [str(v) for v in values]
+    if len(items) > limit:
+        return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
+    return ", ".join(items)

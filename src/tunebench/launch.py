@@ -1,0 +1,304 @@
+"""Launch plans: exactly what a measurement of an entity executes (spec 004 "Commandline").
+
+For a valid entity this builds, per node, the accelerate config (the spec's FSDP or DDP block), the
+command line with every flag of the spec, and the environment. number_gpus <= 1 runs the worker as a
+single process (spec 004 NOTE: accelerate with one GPU is unsupported, so it runs the trainer
+directly); several GPUs run ``accelerate launch`` with one process per GPU; several nodes get one plan
+each with its machine_rank and the rendezvous address.
+
+Program names in ``command`` are ``python`` and ``accelerate``; the executor substitutes the
+interpreter it runs under. Paths not known yet (output directory, rendezvous host) are placeholders
+the executor fills: see ``LaunchPlan.PLACEHOLDERS``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunebench.catalog import get_model, model_paths
+from tunebench.datasets import parse_dataset_id
+from tunebench.errors import InputError
+from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.paths import data_dir
+from tunebench.validity import check_values
+
+WORKER_MODULE = "tunebench.worker"
+DEFAULT_PORT = 29500  # torch.distributed's customary rendezvous port
+OUTPUT_DIR = "{output_dir}"
+RESULT_PATH = "{output_dir}/result"
+MAIN_PROCESS_IP = "{main_process_ip}"
+WEIGHTS_MODES = ("auto", "pretrained", "random")
+
+
+@dataclass
+class NodePlan:
+    """What one node runs."""
+
+    machine_rank: int
+    command: list[str]
+    env: dict[str, str]
+    accelerate_config: dict[str, Any] | None = None
+
+    @property
+    def command_line(self) -> str:
+        """The command as a bash line; arguments with a newline use $'...' quoting."""
+        return " ".join(_shell_quote(a) for a in self.command)
+
+    def accelerate_config_yaml(self) -> str | None:
+        if self.accelerate_config is None:
+            return None
+        return yaml.safe_dump(self.accelerate_config, sort_keys=False, default_flow_style=False)
+
+
+@dataclass
+class LaunchPlan:
+    """The dry run of a measurement: one NodePlan per node."""
+
+    experiment_id: str
+    entity_id: str
+    mode: str  # "single" (one process: CPU, one GPU, or DP) | "FSDP" | "DDP"
+    number_gpus: int
+    number_nodes: int
+    processes_per_node: int
+    per_device_train_batch_size: int
+    worker_args: list[str]
+    nodes: list[NodePlan] = field(default_factory=list)
+
+    PLACEHOLDERS = (OUTPUT_DIR, MAIN_PROCESS_IP)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for node, plan in zip(out["nodes"], self.nodes, strict=True):
+            node["command_line"] = plan.command_line
+            node["accelerate_config_yaml"] = plan.accelerate_config_yaml()
+        return out
+
+
+def _shell_quote(arg: str) -> str:
+    if "\n" in arg:
+        return "$'" + arg.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n") + "'"
+    return shlex.quote(arg)
+
+
+def _flag(value: Any) -> str:
+    """A value as the spec's command line writes it (booleans True/False)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # spec: --num_train_epochs 1, not 1.0
+    return str(value)
+
+
+def resolve_model_path(
+    experiment: Experiment, model_name: str, model_map: dict[str, Any] | None = None
+) -> str:
+    """Where the weights come from: model_map, then the reference's model paths, then the HF id.
+
+    model_map values are a path/HF id (the plain weights) or {Vanilla: ..., GPTQ-Quantized: ...}, as the
+    reference's actuator configuration (ado-sfttrainer.md §11).
+    """
+    kind = "GPTQ-Quantized" if experiment.method == "gptq-lora" else "Vanilla"
+    spec = get_model(model_name)
+    for source in (model_map or {}, model_paths()):
+        entry = source.get(spec.name)
+        if isinstance(entry, str) and kind == "Vanilla":
+            return entry
+        if isinstance(entry, dict) and entry.get(kind):
+            return str(entry[kind])
+    if spec.config_path:
+        return str(Path(spec.config_path).parent)
+    return spec.hf_id or spec.name
+
+
+def worker_args(
+    experiment: Experiment,
+    values: dict[str, Any],
+    *,
+    training_data_path: str,
+    model_path: str,
+    weights: str = "auto",
+) -> list[str]:
+    """The worker's arguments, in the order of spec 004's command line, then tunebench's own."""
+    gpus = values["number_gpus"]
+    per_device = values["batch_size"] // max(1, gpus)
+    flash = values.get("flash_attn")
+    if flash is None:
+        flash = gpus > 0  # flash-attention needs a GPU; the reference's own CPU runs switched it off
+    dataset = parse_dataset_id(values["dataset_id"])
+    text_field = values.get("dataset_text_field") or "output"
+    max_steps = values.get("max_steps", -1)
+    args = [
+        "--model_name_or_path", model_path,
+        "--torch_dtype", values["torch_dtype"],
+        "--use_flash_attn", _flag(flash),
+        "--training_data_path", training_data_path,
+        "--response_template", values["response_template"],
+        "--dataset_text_field", text_field,
+        "--log_level", values["log_level"],
+        "--num_train_epochs", _flag(values.get("num_train_epochs", 1.0)),
+        "--max_steps", str(max_steps),
+        "--per_device_train_batch_size", str(per_device),
+        "--max_seq_length", str(values["model_max_length"]),
+        "--eval_strategy", values["eval_strategy"],
+        "--output_dir", OUTPUT_DIR,
+        "--gradient_accumulation_steps", str(values["gradient_accumulation_steps"]),
+        "--save_strategy", values["save_strategy"],
+        "--learning_rate", str(values["learning_rate"]),
+        "--weight_decay", str(values["weight_decay"]),
+        "--warmup_ratio", str(values["warmup_ratio"]),
+        "--lr_scheduler_type", values["lr_scheduler_type"],
+        "--logging_steps", str(values["logging_steps"]),
+        "--include_tokens_per_second", _flag(values["include_tokens_per_second"]),
+        "--gradient_checkpointing", _flag(values["gradient_checkpointing"]),
+        "--packing", _flag(values["packing"]),
+        "--peft_method", values["peft_method"],
+    ]  # fmt: skip
+    if experiment.uses_lora:
+        args += ["--target_modules", *values["target_modules"]]
+        args += ["--r", str(values["r"]), "--lora_alpha", str(values["lora_alpha"])]
+        args += ["--lora_dropout", str(values["lora_dropout"])]
+    if experiment.method == "pt":
+        # fms-hf-tuning's PromptTuningConfig defaults (ado-sfttrainer.md §3). The spec's PT command line
+        # says --peft_method none, a copy-paste slip the reference code does not make (it uses pt).
+        args += ["--num_virtual_tokens", str(values["num_virtual_tokens"])]
+        args += ["--prompt_tuning_init", values["prompt_tuning_init"]]
+        args += ["--prompt_tuning_init_text", values["prompt_tuning_init_text"]]
+    if experiment.method == "gptq-lora":
+        # spec 004 GPTQ-LoRA command line: fms-acceleration plugins.
+        args += ["--fp16", "true", "--fast_kernels", *[_flag(v).lower() for v in values["fast_kernels"]]]
+        args += ["--fused_lora", *[_flag(v).lower() if isinstance(v, bool) else v for v in values["fused_lora"]]]
+        args += ["--auto_gptq", *values["auto_gptq"]]
+    elif values.get("fast_kernels"):
+        args += ["--fast_kernels", *[_flag(v) for v in values["fast_kernels"]]]
+    args += ["--optim", values["optim"], "--bf16", _flag(values["bf16"])]
+    reentrant = json.dumps({"use_reentrant": values["gradient_checkpointing_use_reentrant"]})
+    args += ["--gradient_checkpointing_kwargs", reentrant]
+    # spec 004: "--fast_moe is only supported for fms-hf-tuning v2.4.0+"
+    version = tuple(int(p) for p in values["fms_hf_tuning_version"].split("."))
+    if version >= (2, 4, 0):
+        args += ["--fast_moe", str(values.get("fast_moe", 0))]
+    if dataset.is_vision or values.get("dataset_image_field"):
+        args += ["--dataset_image_field", values.get("dataset_image_field") or "images"]
+    if not values["remove_unused_columns"]:
+        args += ["--remove_unused_columns", "False"]
+    if values["dataset_kwargs_skip_prepare_dataset"]:
+        args += ["--dataset_kwargs_skip_prepare_dataset", "True"]
+    # tunebench's own: the architecture for random weights, early stops, where results go.
+    args += ["--tunebench_model", values["model_name"], "--weights", weights]
+    args += ["--stop_after_seconds", _flag(values.get("stop_after_seconds", -1.0))]
+    args += ["--auto_stop_method", str(values.get("auto_stop_method"))]
+    args += ["--result_path", RESULT_PATH]
+    return args
+
+
+def accelerate_config(
+    values: dict[str, Any], *, backend: str, machine_rank: int, port: int, main_process_ip: str | None
+) -> dict[str, Any]:
+    """spec 004's accelerate_config.yml: the FSDP block or the DDP block, keys in the spec's order."""
+    nodes = values["number_nodes"]
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
+    if backend == "FSDP":
+        wrap = values.get("accelerate_config_fsdp_transformer_layer_cls_to_wrap") or get_model(
+            values["model_name"]
+        ).wrap_classes
+        fsdp: dict[str, Any] = {
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch": "BACKWARD_PRE",
+            "fsdp_forward_prefetch": False,
+            "fsdp_offload_params": False,
+            "fsdp_sharding_strategy": values["fsdp_sharding_strategy"],
+            "fsdp_state_dict_type": values["fsdp_state_dict_type"],
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_sync_module_states": True,
+        }
+        if wrap:
+            fsdp["fsdp_transformer_layer_cls_to_wrap"] = wrap
+        fsdp["fsdp_use_orig_params"] = values.get("fsdp_use_orig_params", True)
+        cfg.update({"distributed_type": "FSDP", "downcast_bf16": "no", "fsdp_config": fsdp})
+    else:
+        cfg.update({"debug": False, "downcast_bf16": "no", "distributed_type": "MULTI_GPU"})
+    cfg.update(
+        {
+            "machine_rank": machine_rank,
+            "main_training_function": "main",
+            "mixed_precision": values["accelerate_config_mixed_precision"],
+            "num_machines": nodes,
+            "rdzv_backend": "static",
+            "same_network": True,
+            "tpu_env": [],
+            "tpu_use_cluster": False,
+            "tpu_use_sudo": False,
+            "use_cpu": False,
+        }
+    )
+    if nodes > 1:
+        cfg["main_process_ip"] = main_process_ip or MAIN_PROCESS_IP
+    cfg["main_process_port"] = port
+    cfg["num_processes"] = values["number_gpus"]  # accelerate counts processes over all machines
+    return cfg
+
+
+def build_launch_plan(
+    experiment: Experiment,
+    entity: Entity,
+    *,
+    data_directory: str | Path | None = None,
+    model_map: dict[str, Any] | None = None,
+    weights: str = "auto",
+    config_file: str = "{output_dir}/accelerate_config.yaml",
+    main_process_ip: str | None = None,
+    main_process_port: int = DEFAULT_PORT,
+) -> LaunchPlan:
+    """The launch plan of a valid entity; InputError if the entity breaks a validity rule."""
+    if weights not in WEIGHTS_MODES:
+        raise InputError("weights", f"unknown weights mode {weights!r}", allowed=", ".join(WEIGHTS_MODES))
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    if not validity.is_valid:
+        raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
+    dataset = parse_dataset_id(values["dataset_id"])
+    data_path = str(data_dir(data_directory) / f"{dataset.id}{dataset.suffix}")
+    args = worker_args(
+        experiment,
+        values,
+        training_data_path=data_path,
+        model_path=resolve_model_path(experiment, values["model_name"], model_map),
+        weights=weights,
+    )
+    gpus, nodes = values["number_gpus"], values["number_nodes"]
+    backend = values.get("distributed_backend")
+    mode = backend if gpus >= 2 and backend in ("FSDP", "DDP") else "single"
+    per_node = gpus // nodes if mode != "single" else 1
+    env: dict[str, str] = {}
+    if gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
+    else:
+        # spec 004 enable_roce: "only in effect for multi-node runs"; reference: NCCL_IB_DISABLE=1 unless RoCE.
+        env["NCCL_IB_DISABLE"] = "0" if values["enable_roce"] and nodes > 1 else "1"
+    plan = LaunchPlan(
+        experiment_id=experiment.id,
+        entity_id=entity.id,
+        mode=mode,
+        number_gpus=gpus,
+        number_nodes=nodes if mode != "single" else 1,
+        processes_per_node=per_node,
+        per_device_train_batch_size=values["batch_size"] // max(1, gpus),
+        worker_args=args,
+    )
+    if mode == "single":
+        plan.nodes.append(NodePlan(machine_rank=0, command=["python", "-m", WORKER_MODULE, *args], env=dict(env)))
+        return plan
+    for rank in range(nodes):
+        cfg = accelerate_config(
+            values, backend=mode, machine_rank=rank, port=main_process_port, main_process_ip=main_process_ip
+        )
+        command = ["accelerate", "launch", "--config_file", config_file, "--num_processes", str(gpus)]
+        command += ["-m", WORKER_MODULE, *args]
+        plan.nodes.append(NodePlan(machine_rank=rank, command=command, env=dict(env), accelerate_config=cfg))
+    return plan

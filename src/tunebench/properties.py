@@ -1,0 +1,351 @@
+"""Entity properties of spec 004: names, types, defaults and domains, and how values parse.
+
+Every property name is the spec's, verbatim (model_name, model_max_length, number_gpus, batch_size,
+...). Where the reference narrows a domain more than real jobs need (LoRA r <= 32, 32 GPUs, 8 nodes,
+batch <= 4096) the domain here is open and validity/planning judge the entity instead.
+
+A value outside a property's *domain* is an input error (InputError). A value inside the domain that
+breaks a validity rule (e.g. batch_size 0, rule 4) is a valid request with is_valid false: see
+``tunebench.validity``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tunebench.errors import InputError, one_of, suggest
+
+REQUIRED = object()  # sentinel default of a required property
+
+# spec 004 "optim": the optimizer names the experiments accept (HF TrainingArguments.optim).
+OPTIMIZERS = (
+    "adamw_hf", "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused",
+    "adamw_apex_fused", "adafactor", "adamw_anyprecision", "adamw_torch_4bit", "ademamix", "sgd",
+    "adagrad", "adamw_bnb_8bit", "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit",
+    "paged_adamw_32bit", "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
+    "paged_lion_32bit", "paged_lion_8bit", "rmsprop", "rmsprop_bnb", "rmsprop_bnb_8bit",
+    "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
+    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "lomo",
+    "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
+)  # fmt: skip
+
+# spec 004 "fms_hf_tuning_version": available options (the reference's pinned stacks).
+FMS_HF_TUNING_VERSIONS = (
+    "3.1.0", "3.0.0.1", "3.0.0", "2.8.2", "2.7.1", "2.6.0", "2.5.0", "2.4.0", "2.3.1", "2.2.1",
+    "2.1.2", "2.1.0", "2.0.1",
+)  # fmt: skip
+
+# spec 004 "fsdp_sharding_strategy": [1]..[5]; the numbers are accepted as the spec writes them.
+FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+TORCH_DTYPES = ("bfloat16", "float32", "float16")
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+DISTRIBUTED_BACKENDS = ("FSDP", "DDP", None)
+AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+_NONE = {"none", "null", ""}
+
+
+@dataclass(frozen=True)
+class Property:
+    """One entity property: its type, default and domain.
+
+    kind is one of int, float, bool, choice, str, list, bool_list, model, gpu, dataset.
+    """
+
+    name: str
+    kind: str
+    description: str
+    default: Any = REQUIRED
+    choices: tuple = ()
+    minimum: float | None = None  # inclusive lower bound of int/float
+    maximum: float | None = None  # inclusive upper bound of int/float
+    special: tuple = ()  # extra allowed values outside [minimum, maximum], e.g. -1 = "off"
+    nullable: bool = False
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def domain(self) -> str:
+        """Human-readable domain, as printed by `describe` and in input errors."""
+        if self.kind == "choice":
+            return one_of("None" if c is None else c for c in self.choices)
+        if self.kind in ("int", "float"):
+            noun = "an integer" if self.kind == "int" else "a number"
+            if self.minimum is None and self.maximum is None:
+                text = noun
+            elif self.maximum is None:
+                text = f"{noun} >= {_fmt(self.minimum)}"
+            else:
+                text = f"{noun} in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]"
+            if self.special:
+                text += " or " + ", ".join(_fmt(s) for s in self.special)
+            return text + (" or None" if self.nullable else "")
+        return {
+            "bool": "true, false",
+            "str": "a string" + (" or None" if self.nullable else ""),
+            "list": "a list of names (comma or space separated, or JSON)" + (" or None" if self.nullable else ""),
+            "bool_list": "a list of 3 booleans [fast_loss, fast_rms_layernorm, fast_rope_embeddings] or None",
+            "model": "a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
+            "gpu": "a GPU label from `tunebench gpus` (or an alias), or None",
+            "dataset": "a dataset id from `tunebench datasets list` or the forms news-chars-N-entries-M, "
+            "news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M",
+        }[self.kind]
+
+    def parse(self, raw: Any) -> Any:
+        """Parse a CLI string or a YAML/JSON value into the property's canonical Python value."""
+        if self.nullable and (raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)):
+            return None
+        parser: Callable[[Property, Any], Any] = _PARSERS[self.kind]
+        return parser(self, raw)
+
+    def error(self, raw: Any, why: str = "") -> InputError:
+        return InputError(self.name, why or f"invalid value {raw!r}", allowed=self.domain())
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _parse_bool(prop: Property, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise prop.error(raw, f"{raw!r} is not a boolean")
+
+
+def _check_range(prop: Property, value: float, raw: Any) -> None:
+    if value in prop.special:
+        return
+    if (prop.minimum is not None and value < prop.minimum) or (prop.maximum is not None and value > prop.maximum):
+        raise prop.error(raw, f"{raw!r} is outside the domain")
+
+
+def _parse_int(prop: Property, raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise prop.error(raw, f"{raw!r} is not an integer")
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, str):
+        text = raw.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                as_float = float(text)
+            except ValueError:
+                raise prop.error(raw, f"{raw!r} is not an integer") from None
+            if not as_float.is_integer():
+                raise prop.error(raw, f"{raw!r} is not an integer") from None
+            value = int(as_float)
+    elif isinstance(raw, int):
+        value = raw
+    else:
+        raise prop.error(raw, f"{raw!r} is not an integer")
+    _check_range(prop, value, raw)
+    return value
+
+
+def _parse_float(prop: Property, raw: Any) -> float:
+    if isinstance(raw, bool):
+        raise prop.error(raw, f"{raw!r} is not a number")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise prop.error(raw, f"{raw!r} is not a number") from None
+    if value != value:  # NaN
+        raise prop.error(raw, "NaN is not allowed")
+    _check_range(prop, value, raw)
+    return value
+
+
+def _parse_choice(prop: Property, raw: Any) -> Any:
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE):
+        if None in prop.choices:
+            return None
+        raise prop.error(raw, "a value is required")
+    text = str(raw).strip()
+    if prop.name == "fsdp_sharding_strategy" and text.isdigit() and 1 <= int(text) <= len(prop.choices):
+        return prop.choices[int(text) - 1]  # spec 004: "[1] FULL_SHARD ... [5] HYBRID_SHARD_ZERO2"
+    if text in prop.choices:
+        return text
+    by_lower = {str(c).lower(): c for c in prop.choices if c is not None}
+    if text.lower() in by_lower:
+        return by_lower[text.lower()]
+    names = [str(c) for c in prop.choices if c is not None]
+    raise prop.error(raw, f"unknown value {text!r}." + suggest(text, names))
+
+
+def _parse_str(prop: Property, raw: Any) -> str:
+    if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+        raise prop.error(raw, f"{raw!r} is not a string")
+    return str(raw).strip()
+
+
+def _split_list(raw: Any) -> list[Any]:
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    text = str(raw).strip()
+    if text.startswith("["):
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError:
+            loaded = None
+        if isinstance(loaded, list):
+            return loaded
+        text = text.strip("[]")
+    return [part.strip().strip("'\"") for part in text.replace(",", " ").split() if part.strip()]
+
+
+def _parse_list(prop: Property, raw: Any) -> tuple[str, ...]:
+    items = _split_list(raw)
+    if not items or not all(isinstance(i, str) and i for i in items):
+        raise prop.error(raw, f"{raw!r} is not a list of names")
+    return tuple(items)
+
+
+def _parse_bool_list(prop: Property, raw: Any) -> tuple[bool, ...]:
+    items = _split_list(raw)
+    if len(items) != 3:
+        raise prop.error(raw, f"{raw!r} must hold exactly 3 booleans")
+    return tuple(_parse_bool(prop, i) for i in items)
+
+
+def _parse_model(prop: Property, raw: Any) -> str:
+    from tunebench.catalog import get_model
+
+    if not isinstance(raw, str) or not raw.strip():
+        raise prop.error(raw, "a model name is required")
+    return get_model(raw).name  # canonical: the catalog's short name, or the absolute config.json path
+
+
+def _parse_gpu(prop: Property, raw: Any) -> str | None:
+    from tunebench.catalog import get_gpu
+
+    text = str(raw).strip()
+    if not text:
+        return None  # empty is in the domain; rule 5 judges it when number_gpus > 0
+    return get_gpu(text).name
+
+
+def _parse_dataset(prop: Property, raw: Any) -> str:
+    from tunebench.datasets import parse_dataset_id
+
+    return parse_dataset_id(str(raw)).id
+
+
+_PARSERS: dict[str, Callable[[Property, Any], Any]] = {
+    "int": _parse_int,
+    "float": _parse_float,
+    "bool": _parse_bool,
+    "choice": _parse_choice,
+    "str": _parse_str,
+    "list": _parse_list,
+    "bool_list": _parse_bool_list,
+    "model": _parse_model,
+    "gpu": _parse_gpu,
+    "dataset": _parse_dataset,
+}
+
+
+def _p(name: str, kind: str, description: str, default: Any = REQUIRED, **kw: Any) -> Property:
+    return Property(name=name, kind=kind, description=description, default=default, **kw)
+
+
+# Every property any experiment uses, with the spec's default. Experiments pick subsets and may
+# override a default (GPTQ-LoRA: torch_dtype float16). Descriptions paraphrase spec 004.
+PROPERTIES: dict[str, Property] = {
+    p.name: p
+    for p in (
+        _p("model_name", "model", "The model to fine-tune (catalog name, HF id of one, or a config.json path)."),
+        _p("model_max_length", "int", "Maximum sequence length in tokens; sequences are right padded and truncated.",
+           minimum=1),
+        _p("number_gpus", "int", "The effective number of GPUs, evenly distributed to number_nodes machines; 0 = CPU.",
+           minimum=0),
+        _p("batch_size", "int", "The effective batch size, evenly distributed to max(1, number_gpus) devices "
+           "(excludes gradient accumulation)."),
+        _p("gpu_model", "gpu", "Kubernetes node label nvidia.com/gpu.product of the GPUs, e.g. NVIDIA-A100-80GB-PCIe; "
+           "must be non-empty when number_gpus > 0 (rule 5).", default=None, nullable=True),
+        _p("dataset_id", "dataset", "The artificial data set to train on.",
+           default="news-tokens-16384plus-entries-4096"),
+        _p("gradient_checkpointing", "bool", "Recompute activations in the backward pass to save memory.",
+           default=True),
+        _p("gradient_accumulation_steps", "int", "Micro-batches accumulated per optimizer step.", default=4,
+           minimum=1),
+        _p("torch_dtype", "choice", "dtype the weights are loaded in.", default="bfloat16", choices=TORCH_DTYPES),
+        _p("max_steps", "int", "Optimizer steps to run; -1 respects num_train_epochs instead.", default=-1,
+           minimum=1, special=(-1,)),
+        _p("num_train_epochs", "float", "Epochs to run; ignored if max_steps > 0.", default=1.0, minimum=1e-9),
+        _p("stop_after_seconds", "float", "Ask the trainer to stop after this many seconds (checked at each step "
+           "end); -1 = off.", default=-1.0, minimum=1e-9, special=(-1.0,)),
+        _p("auto_stop_method", "choice", "Automatic stop: WARMUP_60S_STABLE_120S_OR_10_STEPS excludes a 60 s warm-up "
+           "and then runs the longer of 120 s or 10 steps.", default=None, choices=AUTO_STOP_METHODS),
+        _p("distributed_backend", "choice", "Backend for multi-GPU runs (FSDP or DDP); single-GPU runs use none.",
+           default="FSDP", choices=DISTRIBUTED_BACKENDS),
+        _p("number_nodes", "int", "Machines to spread number_gpus over; each uses number_gpus/number_nodes GPUs.",
+           default=1),
+        _p("fms_hf_tuning_version", "choice", "Version of the reference trainer stack the measurement corresponds "
+           "to (recorded; gates --fast_moe, which needs 2.4.0+).", default="2.1.2", choices=FMS_HF_TUNING_VERSIONS),
+        _p("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs.", default=False),
+        _p("fast_moe", "int", "Expert-parallel degree (ep_degree) of fast MoE; 0 = off. number_gpus and the model's "
+           "num_local_experts must be divisible by it.", default=0, minimum=0),
+        _p("fast_kernels", "bool_list", "Fast kernels [fast_loss, fast_rms_layernorm, fast_rope_embeddings].",
+           default=None, nullable=True),
+        _p("optim", "choice", "The optimizer.", default="adamw_torch", choices=OPTIMIZERS),
+        _p("bf16", "bool", "bf16 mixed precision (AMP) instead of training in the load dtype.", default=False),
+        _p("gradient_checkpointing_use_reentrant", "bool", "Use the reentrant activation-checkpoint variant.",
+           default=False),
+        _p("fsdp_sharding_strategy", "choice", "FSDP sharding strategy ([1]..[5] accepted).", default="FULL_SHARD",
+           choices=FSDP_SHARDING_STRATEGIES),
+        _p("fsdp_state_dict_type", "choice", "FSDP state dict type.", default="FULL_STATE_DICT",
+           choices=FSDP_STATE_DICT_TYPES),
+        _p("fsdp_use_orig_params", "bool", "Allow non-uniform requires_grad (frozen and trainable params) under FSDP.",
+           default=True),
+        _p("accelerate_config_mixed_precision", "choice", "accelerate mixed precision.", default="no",
+           choices=MIXED_PRECISION),
+        _p("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str", "Layer classes FSDP wraps (comma "
+           "separated); None takes them from the catalog.", default=None, nullable=True),
+        _p("dataset_text_field", "str", "Data set field holding the text; None = output.", default=None,
+           nullable=True),
+        _p("dataset_image_field", "str", "Data set field holding images (vision models).", default=None,
+           nullable=True),
+        _p("remove_unused_columns", "bool", "Remove columns the model does not use.", default=True),
+        _p("dataset_kwargs_skip_prepare_dataset", "bool", "Ask trl to skip preparing the data set.", default=False),
+        _p("flash_attn", "bool", "Use flash-attention 2 (tunebench: None = on with GPUs, off on the CPU, where it "
+           "cannot run).", default=None, nullable=True),
+        _p("r", "int", "The LoRA rank.", default=4, minimum=1, maximum=1024),
+        _p("lora_alpha", "int", "The LoRA scaling numerator.", default=16, minimum=1),
+        _p("target_modules", "list", "LoRA target modules; None takes the experiment's per-model map.",
+           default=None, nullable=True),
+    )  # fmt: skip
+}
+
+
+def get_property(name: str) -> Property:
+    """A property by its spec name; InputError with a suggestion if unknown."""
+    try:
+        return PROPERTIES[name]
+    except KeyError:
+        raise InputError(name, "unknown property." + suggest(name, PROPERTIES), allowed=one_of(PROPERTIES)) from None
+
+
+def render_value(value: Any) -> str:
+    """Compact, stable text of a value for identifiers (ado style: booleans as 0/1)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return _fmt(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(render_value(v) for v in value)
+    return str(value)

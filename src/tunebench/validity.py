@@ -1,0 +1,80 @@
+"""Validity of an entity: spec 004 "is_valid logic", all rules in one place.
+
+An entity that breaks a rule is a *valid request* whose result is ``is_valid = 0``: it is recorded
+(and memoised), never run. Rules 1-7 are the spec's; the two after them are rules the reference
+enforces in code (ado-sfttrainer.md §5.1) and that the spec implies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunebench.catalog import get_model
+from tunebench.experiments import Entity, Experiment, effective_values
+
+# spec 004 note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
+FAST_MOE_MIN_VERSION = (2, 4, 0)
+
+
+@dataclass(frozen=True)
+class Validity:
+    """is_valid and, when false, one reason per broken rule."""
+
+    is_valid: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"is_valid": self.is_valid, "reasons": list(self.reasons)}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> Validity:
+    """Apply every rule to a full set of effective property values."""
+    reasons: list[str] = []
+    gpus = values["number_gpus"]
+    batch = values["batch_size"]
+    nodes = values.get("number_nodes", 1)
+    fast_moe = values.get("fast_moe", 0) or 0
+
+    # 1. batch_size % number_gpus != 0 (a CPU run counts as one device: max(1, number_gpus))
+    if batch % max(1, gpus) != 0:
+        reasons.append(f"rule 1: batch_size {batch} is not divisible by number_gpus {gpus}")
+    # 2. number_gpus % number_nodes != 0
+    if nodes > 0 and max(1, gpus) % nodes != 0:
+        reasons.append(f"rule 2: number_gpus {gpus} is not divisible by number_nodes {nodes}")
+    # 3. number_nodes must be greater than 0
+    if nodes <= 0:
+        reasons.append(f"rule 3: number_nodes must be greater than 0 (got {nodes})")
+    # 4. batch_size must be greater than 0
+    if batch <= 0:
+        reasons.append(f"rule 4: batch_size must be greater than 0 (got {batch})")
+    # 5. number_gpus > 0 needs a non-empty gpu_model
+    if gpus > 0 and not values.get("gpu_model"):
+        reasons.append(f"rule 5: number_gpus is {gpus} but gpu_model is empty")
+    if fast_moe > 0:
+        # 6. number_gpus not divisible by fast_moe
+        if gpus % fast_moe != 0:
+            reasons.append(f"rule 6: number_gpus {gpus} is not divisible by fast_moe {fast_moe}")
+        # 7. num_local_experts not divisible by fast_moe (fast_moe is ep_degree in fms-hf-tuning)
+        experts = get_model(values["model_name"]).num_local_experts
+        if not experts:
+            reasons.append(f"rule 7: fast_moe {fast_moe} needs a Mixture-of-Experts model; {values['model_name']} has none")
+        elif experts % fast_moe != 0:
+            reasons.append(f"rule 7: num_local_experts {experts} is not divisible by fast_moe {fast_moe}")
+        # reference: fast_moe is only supported by fms-hf-tuning 2.4.0+ (spec 004 note)
+        version = values.get("fms_hf_tuning_version")
+        if version and _version(version) < FAST_MOE_MIN_VERSION:
+            reasons.append(f"fast_moe needs fms_hf_tuning_version >= 2.4.0 (got {version})")
+    # reference: a single-node experiment cannot use several nodes (ado-sfttrainer.md §5.1)
+    if single_node_only and nodes > 1:
+        reasons.append(f"this experiment runs on one node; number_nodes is {nodes}")
+    return Validity(is_valid=not reasons, reasons=reasons)
+
+
+def check(experiment: Experiment, entity: Entity) -> Validity:
+    """Validity of an entity under an experiment (defaults and parameters applied)."""
+    return check_values(effective_values(experiment, entity), single_node_only=experiment.single_node_only)

@@ -1,0 +1,186 @@
+"""GPU catalog: lookups, error messages and sanity relations between datasheet numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunebench.catalog.gpus import ARCHITECTURES, DATA, GPUSpec, _key, get_gpu, list_gpus, load_gpus
+from tunebench.errors import InputError
+
+LABELS = [
+    "NVIDIA-A100-80GB-PCIe",
+    "NVIDIA-A100-SXM4-80GB",
+    "NVIDIA-A100-SXM4-40GB",
+    "NVIDIA-A100-PCIE-40GB",
+    "NVIDIA-H100-PCIe",
+    "NVIDIA-H100-80GB-HBM3",
+    "NVIDIA-H100-NVL",
+    "NVIDIA-H200",
+    "NVIDIA-H200-NVL",
+    "NVIDIA-B200",
+    "NVIDIA-L40S",
+    "NVIDIA-L40",
+    "NVIDIA-L4",
+    "NVIDIA-A10G",
+    "NVIDIA-A10",
+    "NVIDIA-RTX-A6000",
+    "NVIDIA-RTX-6000-Ada-Generation",
+    "NVIDIA-GeForce-RTX-4090",
+    "NVIDIA-GeForce-RTX-3090",
+    "Tesla-V100-SXM2-16GB",
+    "Tesla-V100-SXM2-32GB",
+    "Tesla-V100-PCIE-16GB",
+    "Tesla-V100-PCIE-32GB",
+    "Tesla-T4",
+]
+
+
+def test_catalog_holds_exactly_the_expected_labels():
+    assert sorted(load_gpus()) == sorted(LABELS)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_every_label_resolves_to_itself(label):
+    spec = get_gpu(label)
+    assert isinstance(spec, GPUSpec) and spec.name == label
+    assert get_gpu(label.lower()).name == label
+
+
+@pytest.mark.parametrize(
+    ("value", "label"),
+    [
+        ("A100", "NVIDIA-A100-SXM4-80GB"),
+        ("A100-80GB", "NVIDIA-A100-SXM4-80GB"),
+        ("A100-40GB", "NVIDIA-A100-SXM4-40GB"),
+        ("A100-80GB-PCIe", "NVIDIA-A100-80GB-PCIe"),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB"),
+        ("NVIDIA A100 80GB PCIe", "NVIDIA-A100-80GB-PCIe"),
+        ("H100", "NVIDIA-H100-80GB-HBM3"),
+        ("H100-SXM", "NVIDIA-H100-80GB-HBM3"),
+        ("h100-pcie", "NVIDIA-H100-PCIe"),
+        ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+        ("H100-NVL", "NVIDIA-H100-NVL"),
+        ("H200", "NVIDIA-H200"),
+        ("H200-NVL", "NVIDIA-H200-NVL"),
+        ("B200", "NVIDIA-B200"),
+        ("L40S", "NVIDIA-L40S"),
+        ("L40", "NVIDIA-L40"),
+        ("L4", "NVIDIA-L4"),
+        ("A10G", "NVIDIA-A10G"),
+        ("A10", "NVIDIA-A10"),
+        ("A6000", "NVIDIA-RTX-A6000"),
+        ("RTX-A6000", "NVIDIA-RTX-A6000"),
+        ("RTX-6000-Ada", "NVIDIA-RTX-6000-Ada-Generation"),
+        ("RTX4090", "NVIDIA-GeForce-RTX-4090"),
+        ("rtx 4090", "NVIDIA-GeForce-RTX-4090"),
+        ("RTX-3090", "NVIDIA-GeForce-RTX-3090"),
+        ("V100", "Tesla-V100-SXM2-16GB"),
+        ("V100-32GB", "Tesla-V100-SXM2-32GB"),
+        ("T4", "Tesla-T4"),
+        ("Tesla T4", "Tesla-T4"),
+        ("tesla_t4", "Tesla-T4"),
+        ("NVIDIA-L40S-SHARED", "NVIDIA-L40S"),  # GFD time-slicing suffix
+        # values used by the reference system (IBM ado)
+        ("Tesla-T4", "Tesla-T4"),
+        ("Tesla-V100-PCIE-16GB", "Tesla-V100-PCIE-16GB"),
+        ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3"),
+    ],
+)
+def test_aliases_resolve(value, label):
+    assert get_gpu(value).name == label
+
+
+def test_unknown_gpu_is_an_input_error_with_suggestion():
+    with pytest.raises(InputError) as info:
+        get_gpu("NVIDIA-A100-80GB-PCI")
+    text = str(info.value)
+    assert text.startswith("gpu_model:")
+    assert "Did you mean" in text and "NVIDIA-A100-80GB-PCIe" in text
+    assert "allowed:" in text
+
+
+def test_unknown_gpu_without_near_miss():
+    with pytest.raises(InputError) as info:
+        get_gpu("TPU-v5e")
+    assert str(info.value).startswith("gpu_model: unknown GPU 'TPU-v5e'.")
+
+
+def test_no_alias_is_shared_between_gpus():
+    owner: dict[str, str] = {}
+    for spec in load_gpus().values():
+        for text in (spec.name, *spec.aliases):
+            key = _key(text)
+            assert owner.setdefault(key, spec.name) == spec.name, f"{text!r} names {owner[key]} and {spec.name}"
+
+
+def test_aliases_within_a_gpu_are_unique():
+    for spec in load_gpus().values():
+        assert len(set(spec.aliases)) == len(spec.aliases), spec.name
+
+
+def test_list_order_is_by_architecture_then_memory():
+    ordered = list_gpus()
+    assert len(ordered) == len(LABELS)
+    keys = [(ARCHITECTURES.index(g.architecture), g.memory_mib) for g in ordered]
+    assert keys == sorted(keys)
+    assert ordered[0].architecture == "Volta" and ordered[-1].name == "NVIDIA-B200"
+
+
+def test_json_meta_and_field_types():
+    raw = json.loads((DATA / "gpus.json").read_text(encoding="utf-8"))
+    assert set(raw["_meta"]) >= {"description", "units", "sources_note"}
+    for spec in load_gpus().values():
+        assert spec.architecture in ARCHITECTURES
+        assert spec.form_factor in ("SXM", "PCIe")
+        assert spec.confidence in ("datasheet", "unverified")
+        assert spec.source, spec.name
+        assert spec.pcie_gen in (3, 4, 5, 6)
+        assert spec.memory_gib == round(spec.memory_mib / 1024, 2)
+
+
+@pytest.mark.parametrize("spec", list(load_gpus().values()), ids=lambda s: s.name)
+def test_per_gpu_sanity(spec):
+    if spec.architecture in ("Volta", "Turing"):
+        assert spec.bf16_tflops is None and spec.tf32_tflops is None
+    else:
+        assert spec.bf16_tflops is not None and spec.tf32_tflops is not None
+        assert spec.bf16_tflops <= spec.fp16_tflops
+        assert spec.fp32_tflops <= spec.tf32_tflops < spec.bf16_tflops
+    assert spec.tensor_tflops > spec.fp32_tflops
+    # GB -> GiB is x0.931; vendors' "GB" is mostly binary, so allow 8 %
+    assert abs(spec.memory_gib / (spec.memory_gb_nominal * 0.931) - 1) <= 0.08
+    assert spec.memory_gib <= spec.memory_gb_nominal * 1.0001
+    assert spec.intra_node_bandwidth_gbps >= {3: 32, 4: 64, 5: 128, 6: 256}[spec.pcie_gen] or spec.form_factor == "SXM"
+    assert spec.compute_capability.split(".")[0] == {
+        "Volta": "7", "Turing": "7", "Ampere": "8", "Ada": "8", "Hopper": "9", "Blackwell": "10",
+    }[spec.architecture]
+
+
+def test_datasheet_relations():
+    g = get_gpu
+    # dense BF16: B200 > H100 SXM = H200 > H100 NVL > H100 PCIe > RTX 6000 Ada > L40S > A100 > L40 > 4090 > A6000
+    assert g("B200").bf16_tflops > g("H100").bf16_tflops == g("H200").bf16_tflops
+    assert g("H100").bf16_tflops > g("H100-NVL").bf16_tflops > g("H100-PCIe").bf16_tflops
+    assert g("H100-PCIe").bf16_tflops > g("RTX-6000-Ada").bf16_tflops > g("L40S").bf16_tflops
+    assert g("L40S").bf16_tflops > g("A100-80GB").bf16_tflops > g("L40").bf16_tflops
+    assert g("L40").bf16_tflops > g("RTX4090").bf16_tflops > g("A6000").bf16_tflops
+    assert g("L40S").bf16_tflops == pytest.approx(2 * g("L40").bf16_tflops, rel=0.01)
+    # the A100 variants share the die: same peak, different memory / power
+    a100s = [g(x) for x in ("A100-80GB", "A100-40GB", "A100-80GB-PCIe", "A100-40GB-PCIe")]
+    assert {s.bf16_tflops for s in a100s} == {312.0}
+    bandwidth = [g(x).memory_bandwidth_gbps for x in ("A100-80GB", "A100-80GB-PCIe", "A100-40GB")]
+    assert bandwidth == sorted(bandwidth, reverse=True) and len(set(bandwidth)) == 3
+    # memory bandwidth ladder
+    assert g("B200").memory_bandwidth_gbps > g("H200").memory_bandwidth_gbps > g("H100-NVL").memory_bandwidth_gbps
+    assert g("H100-NVL").memory_bandwidth_gbps > g("H100").memory_bandwidth_gbps > g("A100-80GB").memory_bandwidth_gbps
+    # memory as nvidia-smi reports it
+    assert g("A100-80GB").memory_gib == 80.0
+    assert g("H100").memory_gib == pytest.approx(79.65, abs=0.01)
+    assert g("H200").memory_gib == pytest.approx(140.4, abs=0.01)
+    assert g("L40S").memory_gib == pytest.approx(44.99, abs=0.01)
+    # interconnect: SXM NVLink beats any PCIe part
+    assert g("H100").intra_node_bandwidth_gbps == 900 and g("A100-80GB").intra_node_bandwidth_gbps == 600
+    assert g("L40S").intra_node_bandwidth_gbps == 64 and g("T4").intra_node_bandwidth_gbps == 32
+    assert g("T4").fp16_tflops == 65.0 and g("V100").fp16_tflops == 125.0

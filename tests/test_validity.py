@@ -1,0 +1,106 @@
+"""Each validity rule of spec 004 on both sides of its boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunebench.experiments import get_experiment, make_entity
+from tunebench.validity import check
+
+LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
+BASE = {"model_name": "llama3.1-8b", "model_max_length": 1024, "number_gpus": 4, "batch_size": 8,
+        "gpu_model": "NVIDIA-A100-80GB-PCIe"}  # fmt: skip
+
+
+def verdict(experiment=LORA, **changes):
+    result = check(experiment, make_entity(experiment, {**BASE, **changes}))
+    return result.is_valid, " | ".join(result.reasons)
+
+
+def test_base_entity_is_valid():
+    assert verdict() == (True, "")
+
+
+@pytest.mark.parametrize(
+    ("changes", "valid", "rule"),
+    [
+        # 1. batch_size % number_gpus
+        ({"batch_size": 12, "number_gpus": 4}, True, None),
+        ({"batch_size": 10, "number_gpus": 4}, False, "rule 1"),
+        ({"batch_size": 3, "number_gpus": 0, "gpu_model": ""}, True, None),  # CPU: one device
+        # 2. number_gpus % number_nodes
+        ({"number_gpus": 8, "batch_size": 8, "number_nodes": 2}, True, None),
+        ({"number_gpus": 6, "batch_size": 6, "number_nodes": 4}, False, "rule 2"),
+        # 3. number_nodes > 0
+        ({"number_nodes": 1}, True, None),
+        ({"number_nodes": 0}, False, "rule 3"),
+        ({"number_nodes": -2}, False, "rule 3"),
+        # 4. batch_size > 0
+        ({"batch_size": 4}, True, None),
+        ({"batch_size": 0}, False, "rule 4"),
+        ({"batch_size": -4}, False, "rule 4"),
+        # 5. gpu_model non-empty when number_gpus > 0
+        ({"number_gpus": 0, "gpu_model": "", "batch_size": 8}, True, None),
+        ({"number_gpus": 1, "gpu_model": "", "batch_size": 8}, False, "rule 5"),
+    ],
+)
+def test_rules_1_to_5(changes, valid, rule):
+    is_valid, reasons = verdict(**changes)
+    assert is_valid is valid, reasons
+    if rule:
+        assert rule in reasons
+    else:
+        assert reasons == ""
+
+
+MOE = {"model_name": "mixtral-8x7b-instruct-v0.1", "fms_hf_tuning_version": "2.4.0"}  # 8 experts
+
+
+@pytest.mark.parametrize(
+    ("changes", "valid", "rule"),
+    [
+        # 6. number_gpus % fast_moe
+        ({**MOE, "number_gpus": 4, "fast_moe": 2}, True, None),
+        ({**MOE, "number_gpus": 4, "fast_moe": 8, "batch_size": 8}, False, "rule 6"),
+        # 7. num_local_experts % fast_moe (8 experts)
+        ({**MOE, "number_gpus": 4, "fast_moe": 4}, True, None),
+        ({**MOE, "number_gpus": 6, "batch_size": 6, "fast_moe": 3}, False, "rule 7"),
+        ({"model_name": "llama3.1-8b", "fms_hf_tuning_version": "2.4.0", "fast_moe": 2}, False, "rule 7"),
+        # fast_moe 0 is off: no rule applies
+        ({**MOE, "number_gpus": 6, "batch_size": 6, "fast_moe": 0}, True, None),
+    ],
+)
+def test_rules_6_and_7(changes, valid, rule):
+    is_valid, reasons = verdict(**changes)
+    assert is_valid is valid, reasons
+    if rule:
+        assert rule in reasons
+
+
+def test_rule_7_reads_experts_from_config_json(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "granitemoe", "hidden_size": 64, "num_hidden_layers": 2, '
+                   '"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, '
+                   '"vocab_size": 100, "num_local_experts": 6, "num_experts_per_tok": 2}')  # fmt: skip
+    base = {**MOE, "model_name": str(cfg), "target_modules": "q_proj,v_proj"}
+    assert verdict(**base, number_gpus=6, batch_size=6, fast_moe=3)[0] is True
+    assert "rule 7" in verdict(**base, number_gpus=4, fast_moe=4)[1]
+
+
+def test_fast_moe_needs_fms_hf_tuning_2_4():
+    is_valid, reasons = verdict(**{**MOE, "fms_hf_tuning_version": "2.3.1"}, fast_moe=2)
+    assert not is_valid and "2.4.0" in reasons
+
+
+def test_several_rules_report_every_reason():
+    is_valid, reasons = verdict(batch_size=-3, number_nodes=0, gpu_model="")
+    assert not is_valid
+    assert all(f"rule {n}" in reasons for n in (1, 3, 4, 5))
+
+
+def test_stability_experiment_is_single_node():
+    stability = get_experiment("finetune_full_stability-v1.0.0")
+    entity = make_entity(stability, {k: v for k, v in BASE.items()})
+    assert check(stability, entity).is_valid
+    result = check(stability, make_entity(stability, {**BASE, "number_nodes": 2}))
+    assert not result.is_valid and "one node" in result.reasons[0]
