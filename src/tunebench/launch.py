@@ -26,6 +26,7 @@ from tunebench.datasets import parse_dataset_id
 from tunebench.errors import InputError
 from tunebench.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
+from tunebench.properties import PROPERTIES
 from tunebench.validity import check_values
 
 WORKER_MODULE = "tunebench.worker"
@@ -124,7 +125,12 @@ def worker_args(
     model_path: str,
     weights: str = "auto",
 ) -> list[str]:
-    """The worker's arguments, in the order of spec 004's command line, then tunebench's own."""
+    """The worker's arguments, in the order of spec 004's command line, then tunebench's own.
+
+    Properties an experiment does not expose (the stability experiment has no r, no fast_kernels, ...)
+    take the property's default.
+    """
+    values = {**{n: p.default for n, p in PROPERTIES.items() if not p.required}, **values}
     gpus = values["number_gpus"]
     per_device = values["batch_size"] // max(1, gpus)
     flash = values.get("flash_attn")
@@ -254,8 +260,14 @@ def build_launch_plan(
     config_file: str = "{output_dir}/accelerate_config.yaml",
     main_process_ip: str | None = None,
     main_process_port: int = DEFAULT_PORT,
+    cpu_processes: int = 1,
 ) -> LaunchPlan:
-    """The launch plan of a valid entity; InputError if the entity breaks a validity rule."""
+    """The launch plan of a valid entity; InputError if the entity breaks a validity rule.
+
+    cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
+    one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;
+    `--cpu` starts one process only); the effective batch is split over them.
+    """
     if weights not in WEIGHTS_MODES:
         raise InputError("weights", f"unknown weights mode {weights!r}", allowed=", ".join(WEIGHTS_MODES))
     values = effective_values(experiment, entity)
@@ -264,6 +276,14 @@ def build_launch_plan(
         raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
     dataset = parse_dataset_id(values["dataset_id"])
     data_path = str(data_dir(data_directory) / f"{dataset.id}{dataset.suffix}")
+    gpus, nodes = values["number_gpus"], values["number_nodes"]
+    cpu_ddp = gpus == 0 and cpu_processes > 1
+    if cpu_ddp:
+        if values["batch_size"] % cpu_processes:
+            raise InputError(
+                "cpu_processes", f"batch_size {values['batch_size']} is not divisible by {cpu_processes} processes"
+            )
+        values = {**values, "batch_size": values["batch_size"] // cpu_processes}  # per process
     args = worker_args(
         experiment,
         values,
@@ -271,10 +291,11 @@ def build_launch_plan(
         model_path=resolve_model_path(experiment, values["model_name"], model_map),
         weights=weights,
     )
-    gpus, nodes = values["number_gpus"], values["number_nodes"]
     backend = values.get("distributed_backend")
     mode = backend if gpus >= 2 and backend in ("FSDP", "DDP") else "single"
     per_node = gpus // nodes if mode != "single" else 1
+    if cpu_ddp:
+        mode, per_node = "DDP", cpu_processes
     env: dict[str, str] = {}
     if gpus == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
@@ -291,6 +312,12 @@ def build_launch_plan(
         per_device_train_batch_size=values["batch_size"] // max(1, gpus),
         worker_args=args,
     )
+    if cpu_ddp:
+        command = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(cpu_processes)]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["--main_process_port", str(main_process_port), "-m", WORKER_MODULE, *args]
+        plan.nodes.append(NodePlan(machine_rank=0, command=command, env=dict(env)))
+        return plan
     if mode == "single":
         plan.nodes.append(NodePlan(machine_rank=0, command=["python", "-m", WORKER_MODULE, *args], env=dict(env)))
         return plan

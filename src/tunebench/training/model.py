@@ -1,0 +1,320 @@
+"""The model of a measured run: pretrained weights resolved locally, or random weights from an architecture.
+
+``weights`` (issue 4): ``pretrained`` loads a local path or the local HF cache
+(``local_files_only``, never a download); ``random`` instantiates the architecture (a catalog entry
+of tunebench.catalog or a config.json) with random initialisation directly in the target dtype and
+on the target device (throughput and memory do not depend on weight values); ``auto`` is
+pretrained when the weights resolve locally, else random. ``tiny=True`` shrinks an architecture to
+a test model (hf-stack.md §4.1 shapes) keeping its type and features (MoE, MQA, hybrid layers).
+
+Hardware checks fail early with a clear reason: flash-attention, QLoRA (bitsandbytes NF4) and
+GPTQ need an NVIDIA GPU and their packages.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from tunebench.catalog import ModelSpec, get_model
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+# hf-stack.md §4.1 tiny test shapes: hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads;
+# MoE 4 experts top-2. Vocabulary: the tokenizer's (set by the caller).
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 4096,
+}
+TINY_MAMBA = {  # granitemoehybrid: d_inner = expand * hidden = n_heads * d_head
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_d_state": 16,
+    "mamba_n_groups": 1,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 16,
+}
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+
+
+class HardwareError(RuntimeError):
+    """A method or option this machine cannot run (recorded as a failed measurement, with this reason)."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    weights: str  # "pretrained" | "random"
+    source: str  # path the weights came from, or the architecture's name / config path
+    architecture: str | None  # catalog name or config path (random weights)
+    quantization: str | None  # "bnb-nf4-double" | "gptq" | None
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def cuda_available(use_cpu: bool = False) -> bool:
+    return not use_cpu and torch.cuda.is_available()
+
+
+def check_hardware(args: Any, on_gpu: bool) -> None:
+    """Fail before loading anything when the requested method/options cannot run here."""
+    if args.use_flash_attn and not (on_gpu and importlib.util.find_spec("flash_attn")):
+        raise HardwareError("flash-attention needs an NVIDIA GPU and the flash-attn package (use_flash_attn=True)")
+    if args.peft_method == "qlora":
+        if not on_gpu:
+            raise HardwareError("QLoRA (bitsandbytes NF4, double quantisation) needs an NVIDIA GPU; none is in use")
+        if not importlib.util.find_spec("bitsandbytes"):
+            raise HardwareError("QLoRA needs the bitsandbytes package, which is not installed")
+    if args.auto_gptq:
+        if not on_gpu:
+            raise HardwareError(f"GPTQ-LoRA (auto_gptq {' '.join(args.auto_gptq)}) needs an NVIDIA GPU; none is in use")
+        if not (importlib.util.find_spec("gptqmodel") or importlib.util.find_spec("auto_gptq")):
+            raise HardwareError("GPTQ-LoRA needs the gptqmodel package (transformers' GPTQ backend), not installed")
+        if args.weights == "random":
+            raise HardwareError("GPTQ-LoRA needs a GPTQ-quantized checkpoint; weights=random cannot provide one")
+
+
+def attn_implementation(use_flash_attn: bool) -> str | None:
+    """flash_attention_2 when asked (checked by check_hardware), else transformers' default (sdpa or eager)."""
+    return "flash_attention_2" if use_flash_attn else None
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def resolve_pretrained(name_or_path: str | None) -> str | None:
+    """Local directory holding config.json and weights for a path or HF id, or None (never downloads)."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return str(path) if _has_weights(path) else None
+    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        snap = Path(snapshot_download(name_or_path, local_files_only=True))
+    except Exception:  # not in the local cache, or not an HF id at all
+        return None
+    return str(snap) if _has_weights(snap) else None
+
+
+def _has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(any(path.glob(p)) for p in WEIGHT_FILES)
+
+
+def architecture_spec(tunebench_model: str | None, model_name_or_path: str | None) -> ModelSpec:
+    """The architecture for random weights: --tunebench_model, else the model name/path itself."""
+    value = tunebench_model or model_name_or_path
+    if not value:
+        raise ValueError("random weights need an architecture: pass --tunebench_model NAME_OR_CONFIG")
+    path = Path(value).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        value = str(path / "config.json")
+    return get_model(value)
+
+
+def is_moe(spec: ModelSpec | None, pretrained_path: str | None) -> bool:
+    """Mixture-of-experts architecture? (catalog spec, else the checkpoint's config.json)."""
+    if spec is not None:
+        return bool(spec.num_local_experts)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(pretrained_path, local_files_only=True)
+    return bool(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0))
+
+
+# ---------------------------------------------------------------------------------------------- configs
+
+
+def _common(spec: ModelSpec) -> dict[str, Any]:
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+    )
+    out = {k: getattr(spec, k) for k in keys if getattr(spec, k) is not None}
+    for k in ("rope_theta", "attention_bias", "mlp_bias", "sliding_window"):
+        if spec.extra.get(k) is not None:
+            out[k] = spec.extra[k]
+    return out
+
+
+def config_dict_from_spec(spec: ModelSpec) -> dict[str, Any]:
+    """transformers config kwargs for a catalog architecture (key names differ per model_type)."""
+    mt = spec.model_type
+    if spec.extra.get("config"):  # a config.json: use it as is
+        return {k: v for k, v in spec.extra["config"].items() if k not in ("architectures", "_name_or_path")}
+    if mt == "llava_next":
+        raise NotImplementedError("vision models (llava_next) are not supported by the worker yet")
+    if mt == "gpt_bigcode":  # GPTBigCodeConfig names: n_embd, n_inner, n_layer, n_head, n_positions
+        cfg = {
+            "n_embd": spec.hidden_size,
+            "n_inner": spec.intermediate_size,
+            "n_layer": spec.num_hidden_layers,
+            "n_head": spec.num_attention_heads,
+            "n_positions": spec.max_position_embeddings,
+            "vocab_size": spec.vocab_size,
+            "multi_query": spec.extra.get("multi_query", spec.num_key_value_heads == 1),
+        }
+        if spec.extra.get("activation_function"):
+            cfg["activation_function"] = spec.extra["activation_function"]
+        return {"model_type": mt, **{k: v for k, v in cfg.items() if v is not None}}
+    if mt == "bloom":  # BloomConfig: hidden_size, n_layer, n_head (MLP is 4 x hidden)
+        cfg = {"hidden_size": spec.hidden_size, "n_layer": spec.num_hidden_layers, "n_head": spec.num_attention_heads}
+        return {"model_type": mt, "vocab_size": spec.vocab_size, **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = {"model_type": mt, **_common(spec)}
+    if spec.num_local_experts is not None and mt in ("mixtral", "granitemoe", "granitemoehybrid"):
+        cfg["num_local_experts"] = spec.num_local_experts
+        cfg["num_experts_per_tok"] = spec.num_experts_per_tok
+    if mt.startswith("granite"):
+        cfg.update(spec.extra.get("granite_multipliers") or {})
+    if mt == "granitemoehybrid":
+        cfg.update({k: v for k, v in (spec.extra.get("mamba") or {}).items() if k != "mamba_d_inner"})
+        for k in ("shared_intermediate_size", "position_embedding_type"):
+            if spec.extra.get(k) is not None:
+                cfg[k] = spec.extra[k]
+        attn = set(spec.extra.get("attention_layer_indices") or [])
+        cfg["layer_types"] = ["attention" if i in attn else "mamba" for i in range(spec.num_hidden_layers or 0)]
+    return cfg
+
+
+def shrink(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A tiny version of an architecture: same type and features, test-sized (TINY)."""
+    cfg = dict(cfg)
+    mt = cfg["model_type"]
+    if mt == "gpt_bigcode":
+        cfg.update(n_embd=TINY["hidden_size"], n_inner=TINY["intermediate_size"], n_layer=2, n_head=4, n_positions=4096)
+        return cfg
+    if mt == "bloom":
+        cfg.update(hidden_size=TINY["hidden_size"], n_layer=2, n_head=4)
+        cfg.pop("n_embed", None)
+        return cfg
+    mqa = cfg.get("num_key_value_heads") == 1
+    for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
+        cfg[k] = TINY[k]
+    cfg["num_key_value_heads"] = 1 if mqa else TINY["num_key_value_heads"]
+    cfg["max_position_embeddings"] = min(cfg.get("max_position_embeddings") or TINY["max_position_embeddings"], 4096)
+    if cfg.get("num_local_experts"):
+        cfg.update(num_local_experts=TINY["num_local_experts"], num_experts_per_tok=TINY["num_experts_per_tok"])
+    if "shared_intermediate_size" in cfg:
+        cfg["shared_intermediate_size"] = TINY["intermediate_size"]
+    if mt == "granitemoehybrid":
+        cfg.update(TINY_MAMBA)
+        cfg["layer_types"] = ["mamba", "attention"]  # keep the hybrid: one layer of each
+    return cfg
+
+
+def build_config(
+    spec: ModelSpec, tiny: bool, tokenizer_vocab: int, special_ids: dict[str, int | None]
+) -> PretrainedConfig:
+    """transformers config of the architecture; vocabulary at least the tokenizer's (tiny: exactly)."""
+    from transformers import CONFIG_MAPPING
+
+    cfg = config_dict_from_spec(spec)
+    if tiny:
+        cfg = shrink(cfg)
+        cfg["vocab_size"] = tokenizer_vocab
+    else:
+        cfg["vocab_size"] = max(int(cfg.get("vocab_size") or 0), tokenizer_vocab)
+    cfg.update({k: v for k, v in special_ids.items() if v is not None})
+    cfg["use_cache"] = False  # fms-hf-tuning loads with use_cache=False (training)
+    mt = cfg.pop("model_type")
+    return CONFIG_MAPPING[mt].from_dict(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def _fsdp_enabled() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def target_device(on_gpu: bool) -> torch.device:
+    """cuda:<LOCAL_RANK> on GPU (CPU under FSDP: accelerate shards and moves it), else cpu."""
+    if on_gpu and not _fsdp_enabled():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def bnb_config(dtype: torch.dtype) -> Any:
+    """QLoRA quantisation: bitsandbytes NF4 with double quantisation, compute in the run's dtype."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+    )
+
+
+def load_model(
+    args: Any,
+    on_gpu: bool,
+    tokenizer_vocab: int,
+    special_ids: dict[str, int | None],
+    pretrained_path: str | None,
+) -> LoadedModel:
+    """Build or load the model in the target dtype and device (see module docstring)."""
+    dtype = DTYPES[args.torch_dtype]
+    attn = attn_implementation(args.use_flash_attn)
+    device = target_device(on_gpu)
+    quant = "bnb-nf4-double" if args.peft_method == "qlora" else ("gptq" if args.auto_gptq else None)
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn}
+    if pretrained_path:
+        if quant == "bnb-nf4-double":
+            kwargs["quantization_config"] = bnb_config(dtype)
+        if device.type == "cuda":
+            kwargs["device_map"] = {"": device.index}
+        model = AutoModelForCausalLM.from_pretrained(pretrained_path, local_files_only=True, use_cache=False, **kwargs)
+        return LoadedModel(model, "pretrained", pretrained_path, None, quant)
+
+    spec = architecture_spec(args.tunebench_model, args.model_name_or_path)
+    config = build_config(spec, args.tunebench_tiny, tokenizer_vocab, special_ids)
+    if quant == "bnb-nf4-double":
+        # bitsandbytes quantises while loading: save the random model once, load it quantised.
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with tempfile.TemporaryDirectory(prefix="tunebench-random-") as tmp:
+            model.save_pretrained(tmp)
+            del model
+            model = AutoModelForCausalLM.from_pretrained(
+                tmp, quantization_config=bnb_config(dtype), device_map={"": device.index or 0}, **kwargs
+            )
+    else:
+        with device:  # random init directly on the target device and in the target dtype
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+    return LoadedModel(model, "random", spec.config_path or spec.name, spec.name, quant)
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Unique parameters (tied weights once), total and trainable."""
+    seen, total, trainable = set(), 0, 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)  # 4-bit params pack two per element
+        total += n
+        trainable += n if p.requires_grad else 0
+    return {"total": total, "trainable": trainable}

@@ -1,0 +1,135 @@
+"""Command line of the training worker.
+
+Flag names follow spec 004 "Commandline" (the fms-hf-tuning flags) verbatim, plus tunebench's own
+``--tunebench_*``, ``--weights``, ``--stop_after_seconds``, ``--auto_stop_*``, ``--result_path``,
+``--metrics_interval_seconds``, ``--host_memory_limit_gib`` and ``--seed``. Flags the worker does
+not know are accepted and recorded in the result (``unknown_args``), never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+from collections.abc import Sequence
+from typing import Any
+
+AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # spec 004 "auto_stop_method"
+PEFT_METHODS = ("none", "lora", "pt", "qlora")
+WEIGHTS = ("auto", "pretrained", "random")
+DTYPES = ("bfloat16", "float16", "float32")  # spec 004 "torch_dtype"
+
+
+class ArgsError(ValueError):
+    """A command line the worker cannot parse (recorded as status 'error')."""
+
+
+def to_bool(text: str) -> bool:
+    """'True/False/true/false/1/0/yes/no' -> bool (spec 004 passes booleans as True/False)."""
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes", "y", "on"):
+        return True
+    if value in ("false", "0", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (True/False), got {text!r}")
+
+
+def unescape(text: str) -> str:
+    """'\\n### Response:' as typed on a command line -> a real newline (fms-hf-tuning unescapes too)."""
+    return codecs.decode(text, "unicode_escape") if "\\" in text else text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # never sys.exit: the worker must still write its result file
+        raise ArgsError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m tunebench.worker", description=__doc__, allow_abbrev=False)
+    a = p.add_argument
+    # --- spec 004 "Commandline" (fms-hf-tuning flags); defaults are the spec's where it states one.
+    a("--model_name_or_path", default=None, help="local path or HF id (local cache only) of the weights")
+    a("--torch_dtype", default="bfloat16", choices=DTYPES)
+    a("--use_flash_attn", type=to_bool, default=False, help="flash-attention 2 (needs an NVIDIA GPU + flash-attn)")
+    a("--training_data_path", required=True, help="JSONL file of {dataset_text_field: text} records")
+    a("--response_template", default="\n### Response:", type=unescape)
+    a("--dataset_text_field", default="output")
+    a("--log_level", default="passive")
+    a("--num_train_epochs", type=float, default=1.0)
+    a("--max_steps", type=int, default=-1)
+    a("--per_device_train_batch_size", type=int, default=8)
+    a("--max_seq_length", type=int, default=4096)
+    a("--eval_strategy", default="no")
+    a("--output_dir", default=None)
+    a("--gradient_accumulation_steps", type=int, default=1)
+    a("--save_strategy", default="no")
+    # ado-sfttrainer.md §6.2 hardcoded training arguments are the defaults here.
+    a("--learning_rate", type=float, default=1e-5)
+    a("--weight_decay", type=float, default=0.0)
+    a("--warmup_ratio", type=float, default=0.03)
+    a("--lr_scheduler_type", default="cosine")
+    a("--logging_steps", type=int, default=1)
+    a("--include_tokens_per_second", type=to_bool, default=True, help="accepted; tunebench counts tokens itself")
+    a("--gradient_checkpointing", type=to_bool, default=False)
+    a("--gradient_checkpointing_kwargs", type=json.loads, default=None, help='JSON, e.g. {"use_reentrant": false}')
+    a("--packing", type=to_bool, default=False)
+    a("--peft_method", default="none", choices=PEFT_METHODS)
+    a("--target_modules", nargs="+", default=None)
+    a("--r", type=int, default=4)  # spec 004 entity default r=4, lora_alpha=16 (ado-sfttrainer.md §4)
+    a("--lora_alpha", type=int, default=16)
+    a("--lora_dropout", type=float, default=0.05)  # ado-sfttrainer.md §6.2
+    a("--num_virtual_tokens", type=int, default=8)  # fms-hf-tuning PromptTuningConfig defaults (hf-stack.md §7.2.1)
+    a("--prompt_tuning_init", default="TEXT", choices=("TEXT", "RANDOM"))
+    a("--prompt_tuning_init_text", default="Classify if the tweet is a complaint or not:")
+    a("--optim", default="adamw_torch")  # spec 004 "optim" default
+    a("--bf16", type=to_bool, default=False)  # spec 004: default False -> pure bf16 with torch_dtype bfloat16
+    a("--fp16", type=to_bool, default=False)
+    a("--fast_moe", nargs="+", default=None, help="expert-parallel degree (fms-acceleration-moe)")
+    a("--fast_kernels", nargs="+", default=None, help="fms-acceleration-foak: fast_loss rms_layernorm rope")
+    a("--fused_lora", nargs="+", default=None, help="fms-acceleration-foak: base layer, fused")
+    a("--auto_gptq", nargs="+", default=None, help="GPTQ-LoRA kernel (triton_v2); GPU only")
+    a("--dataset_image_field", default=None)
+    a("--remove_unused_columns", type=to_bool, default=True)
+    a("--dataset_kwargs_skip_prepare_dataset", type=to_bool, default=False)
+    a("--use_cpu", type=to_bool, default=False, help="train on the CPU even when CUDA is available")
+    a("--tokenizer_name_or_path", default=None, help="local tokenizer (default: the model's, else an in-process BPE)")
+    # --- tunebench's own.
+    a("--tunebench_model", default=None, help="catalog name or config.json: the architecture for random weights")
+    a("--tunebench_tiny", type=to_bool, default=False, help="shrink the architecture to a tiny test model")
+    a("--weights", default="auto", choices=WEIGHTS)
+    a("--stop_after_seconds", type=float, default=-1.0)  # spec 004 default -1 (off)
+    a("--auto_stop_method", default="None", choices=AUTO_STOP_METHODS)
+    a("--auto_stop_warmup_seconds", type=float, default=60.0)  # spec 004 "auto_stop_method": 60 s warm-up
+    a("--auto_stop_stable_seconds", type=float, default=120.0)  # ... the longer of 120 s
+    a("--auto_stop_stable_steps", type=int, default=10)  # ... or 10 optimisation steps
+    a("--result_path", default=None, help="rank r writes RESULT_PATH.rank<r>.json; rank 0 also RESULT_PATH")
+    a("--metrics_interval_seconds", type=float, default=1.0)
+    a("--host_memory_limit_gib", type=float, default=-1.0, help="RSS limit of this node's training processes")
+    a("--seed", type=int, default=42)  # transformers TrainingArguments default seed
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """Parse the worker's flags; returns (known, unknown flags verbatim)."""
+    args, unknown = build_parser().parse_known_args(argv)
+    if args.auto_stop_method == "None":
+        args.auto_stop_method = None
+    if args.gradient_checkpointing_kwargs is None:
+        args.gradient_checkpointing_kwargs = {"use_reentrant": False}  # spec 004 default use_reentrant False
+    return args, list(unknown)
+
+
+def result_path_from_argv(argv: Sequence[str]) -> str | None:
+    """--result_path out of a command line the parser rejected (so the failure can still be written)."""
+    argv = list(argv)
+    for i, item in enumerate(argv):
+        if item == "--result_path" and i + 1 < len(argv):
+            return argv[i + 1]
+        if item.startswith("--result_path="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def args_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags as JSON-safe values (for the result file)."""
+    return {k: v for k, v in vars(args).items()}

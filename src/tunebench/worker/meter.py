@@ -1,0 +1,179 @@
+"""Step timing and token counting of a measured run (a TrainerCallback and a thin Trainer subclass).
+
+Per optimisation step the meter records the wall duration (float seconds, from the end of the
+previous step, or train begin, to the end of this one, so data loading is included), and the
+samples, non-padding tokens (attention-mask sum) and padded tokens (input_ids.numel()) of every
+micro-batch the step actually consumed: counted in ``training_step``, once per micro-batch, so the
+numbers are right for any gradient_accumulation_steps and with gradient checkpointing on or off
+(reference bug IBM/ado#65, ado-sfttrainer.md §16 #3).
+
+Across ranks: at every step end the elapsed time since train begin is agreed with an
+all_reduce(MAX) (the longest-running rank's clock) and the step's duration is the growth of that
+clock, so every rank holds the same duration list, Σ durations is the run's wall time, and every
+rank takes the same stop decision at the same step (stop_after_seconds, auto-stop:
+tunebench.worker.stopping). Token counts are summed over ranks once, at the end (``global_counts``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from tunebench.worker.stopping import AutoStopWindows, StopRule
+
+MAX_RECORDED_INDICES = 1 << 16  # consumed entry indices kept for the result (per rank)
+
+
+def _dist_ready() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+class StepMeter:
+    """Per-step durations and counts of this rank; decides when training stops."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        stop_after_seconds: float = -1.0,
+        auto_stop: AutoStopWindows | None = None,
+        progress: bool = False,
+    ):
+        self.device = device
+        self.rule = StopRule(stop_after_seconds, auto_stop)
+        self.progress = progress
+        self.durations: list[float] = []  # agreed across ranks (max)
+        self.local_durations: list[float] = []
+        self.step_end_times: list[float] = []  # time.monotonic() at each step end (this process)
+        self.samples: list[int] = []
+        self.non_pad_tokens: list[int] = []
+        self.padded_tokens: list[int] = []
+        self.consumed_indices: list[int] = []
+        self.consumed_total = 0
+        self.stopped_by: str | None = None
+        self.begin_monotonic: float | None = None
+        self.begin_wall: float | None = None
+        self.end_wall: float | None = None
+        self._t_last = 0.0
+        self._agreed_elapsed = 0.0
+        self._reset_pending()
+
+    def _reset_pending(self) -> None:
+        self._non_pad: torch.Tensor | int = 0  # stays on the device until the step ends (no sync per micro-batch)
+        self._padded = 0
+        self._samples = 0
+
+    # -- called by the trainer / callback
+    def begin(self) -> None:
+        self.begin_monotonic = self._t_last = time.monotonic()
+        self.begin_wall = time.time()
+
+    def count_batch(self, inputs: dict[str, Any]) -> None:
+        """Count one micro-batch; removes its 'entry_index' list (not a model input)."""
+        indices = inputs.pop("entry_index", None)
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        self._non_pad = self._non_pad + (mask.sum() if mask is not None else ids.numel())
+        self._padded += ids.numel()
+        self._samples += ids.shape[0]
+        if indices is not None:
+            self.consumed_total += len(indices)
+            room = MAX_RECORDED_INDICES - len(self.consumed_indices)
+            if room > 0:
+                self.consumed_indices.extend(int(i) for i in indices[:room])
+
+    def end_step(self) -> bool:
+        """Close the step; True when training must stop after it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's kernels are part of its time
+        now = time.monotonic()
+        local = now - self._t_last
+        self._t_last = now
+        elapsed = now - self.begin_monotonic
+        if _dist_ready() and torch.distributed.get_world_size() > 1:
+            # Agree on the elapsed time since train begin (the longest rank's); the step's duration
+            # is the growth of that agreed clock, so Σ durations = the run's wall time.
+            t = torch.tensor([elapsed], dtype=torch.float64, device=self.device)
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+            elapsed = float(t.item())
+        agreed = max(elapsed - self._agreed_elapsed, 0.0)
+        self._agreed_elapsed += agreed
+        self.local_durations.append(local)
+        self.durations.append(agreed)
+        self.step_end_times.append(now)
+        self.non_pad_tokens.append(int(self._non_pad))
+        self.padded_tokens.append(int(self._padded))
+        self.samples.append(int(self._samples))
+        self._reset_pending()
+        if self.progress:
+            print(
+                "TUNEBENCH_STEP "
+                + json.dumps(
+                    {
+                        "step": len(self.durations),
+                        "duration_s": round(agreed, 6),
+                        "elapsed_s": round(self._agreed_elapsed, 6),
+                        "non_pad_tokens_local": self.non_pad_tokens[-1],
+                    }
+                ),
+                flush=True,
+            )
+        if self.rule.update(agreed):
+            self.stopped_by = self.rule.stopped_by
+            return True
+        return False
+
+    def end(self) -> None:
+        self.end_wall = time.time()
+
+    # -- after training
+    def global_counts(self) -> dict[str, list[int]]:
+        """Per-step samples / non-pad / padded tokens summed over ranks (one all_reduce)."""
+        local = {"samples": self.samples, "non_pad_tokens": self.non_pad_tokens, "padded_tokens": self.padded_tokens}
+        if not (_dist_ready() and torch.distributed.get_world_size() > 1):
+            return {k: list(v) for k, v in local.items()}
+        t = torch.tensor([self.samples, self.non_pad_tokens, self.padded_tokens], dtype=torch.int64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        rows = t.cpu().tolist()
+        return {"samples": rows[0], "non_pad_tokens": rows[1], "padded_tokens": rows[2]}
+
+    def warmup_end_monotonic(self, warmup_steps: int) -> float | None:
+        """This process's monotonic time at the end of the warm-up (None without warm-up)."""
+        return self.step_end_times[warmup_steps - 1] if warmup_steps > 0 else None
+
+
+class MeasureCallback(TrainerCallback):
+    """Starts/stops the meter (and the metrics sampler) with training; asks Trainer to stop when due."""
+
+    def __init__(self, meter: StepMeter, sampler: Any | None = None):
+        self.meter = meter
+        self.sampler = sampler
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.sampler is not None:
+            self.sampler.start()
+        self.meter.begin()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.meter.end_step():
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.meter.end()
+        if self.sampler is not None:
+            self.sampler.stop()
+
+
+class MeasuredTrainer(Trainer):
+    """transformers.Trainer whose training_step lets the meter count each micro-batch first."""
+
+    def __init__(self, *args, meter: StepMeter, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.meter = meter
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.meter.count_batch(inputs)
+        return super().training_step(model, inputs, num_items_in_batch)

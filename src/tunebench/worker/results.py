@@ -1,0 +1,203 @@
+"""Rank result files of the training worker and the spec's measured properties computed from them.
+
+Every rank writes ``<result_path>.rank<RANK>.json`` (see :mod:`tunebench.worker` for the format);
+on success rank 0 also writes ``<result_path>`` (the aggregate: every rank's result plus the
+properties). These functions are pure and import neither torch nor transformers, so the parent
+process can use them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tunebench.metrics import cpu_properties, gpu_properties
+
+SCHEMA = "tunebench.worker.rank-result/1"
+AGGREGATE_SCHEMA = "tunebench.worker.result/1"
+EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
+
+# Spec 004 "Runs raising the following errors are considered invalid due to running out of GPU
+# memory" and ado-sfttrainer.md §5.3 (lower-cased substring match on RuntimeError messages).
+OOM_MESSAGES = ("cuda error: out of memory", "an illegal memory access was encountered")
+# Host allocator failures: out of memory on CPU runs, where host RAM is the device memory.
+HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "can't allocate memory")
+
+# The four rates spec 004 omits when stop_after_seconds > 0 (ado-sfttrainer.md §7.2).
+HF_RATES = (
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "train_tokens_per_second",
+    "train_tokens_per_gpu_per_second",
+)
+
+
+def rank_file(result_path: str | os.PathLike, rank: int) -> Path:
+    return Path(f"{result_path}.rank{rank}.json")
+
+
+def read_rank_results(result_path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every ``<result_path>.rank*.json`` that exists, sorted by rank."""
+    path = Path(result_path)
+    found = []
+    for f in path.parent.glob(path.name + ".rank*.json"):
+        try:
+            found.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return sorted(found, key=lambda r: r.get("rank", 0))
+
+
+def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------- outcomes
+
+
+def _chain(exc: BaseException) -> Iterable[BaseException]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _is_torch_oom(exc: BaseException) -> bool:
+    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+
+
+def classify_exception(exc: BaseException, host_memory_exceeded: str | None = None, on_cpu: bool = False):
+    """(status, reason) of a failed run: 'oom' or 'error'.
+
+    oom: torch.cuda.OutOfMemoryError; a RuntimeError whose lower-cased message contains "cuda error:
+    out of memory" or "an illegal memory access was encountered" (spec 004); the host-memory limit
+    (``host_memory_exceeded`` is the watchdog's message); on CPU runs, a MemoryError or a host
+    allocator failure. Anything else: error. The exception's cause/context chain is searched too.
+    """
+    if host_memory_exceeded:
+        return "oom", host_memory_exceeded
+    for e in _chain(exc):
+        if type(e).__name__ == "HostMemoryLimitExceeded":
+            return "oom", str(e)
+        text = str(e).lower()
+        if _is_torch_oom(e):
+            return "oom", f"GPU out of memory: {type(e).__name__}: {_first_line(e)}"
+        if isinstance(e, RuntimeError) and any(m in text for m in OOM_MESSAGES):
+            return "oom", f"GPU out of memory: {type(e).__name__}: {_first_line(e)}"
+        if on_cpu and (isinstance(e, MemoryError) or any(m in text for m in HOST_OOM_MESSAGES)):
+            return "oom", f"host memory exhausted: {type(e).__name__}: {_first_line(e)}"
+    return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException, limit: int = 500) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else "")[:limit]
+
+
+def outcome(rank_results: Sequence[dict[str, Any]], world_size: int | None = None) -> tuple[str, str | None]:
+    """Outcome of a run from its rank results: ('valid'|'invalid'|'failed', reason).
+
+    Any rank 'oom' -> invalid (ado-sfttrainer.md §5.4: OOM on any rank invalidates the entity);
+    else any 'error', or fewer results than ranks, or none -> failed; else valid.
+    """
+    if not rank_results:
+        return "failed", "no rank wrote a result"
+    for r in rank_results:
+        if r.get("status") == "oom":
+            return "invalid", f"rank {r.get('rank')}: {r.get('reason')}"
+    for r in rank_results:
+        if r.get("status") != "ok":
+            return "failed", f"rank {r.get('rank')}: {r.get('reason')}"
+    expected = world_size or max(r.get("world_size", 1) for r in rank_results)
+    if len({r.get("rank") for r in rank_results}) < expected:
+        return "failed", f"only {len(rank_results)} of {expected} ranks wrote a result"
+    return "valid", None
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+
+def _global_steps(rank_results: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per-step durations and global counts: rank 0's all-reduced values, else the sum of the ranks' own."""
+    r0 = min(rank_results, key=lambda r: r.get("rank", 0))
+    steps = r0["steps"]
+    if steps.get("global"):
+        return {"durations_s": steps["durations_s"], **steps["global"]}
+    total: dict[str, list[float]] = {}
+    for r in rank_results:
+        for key, values in r["steps"]["local"].items():
+            acc = total.setdefault(key, [0] * len(values))
+            for i, v in enumerate(values[: len(acc)]):
+                acc[i] += v
+    return {"durations_s": steps["durations_s"], **total}
+
+
+def properties_from_results(
+    rank_results: Sequence[dict[str, Any]],
+    number_gpus: int,
+    stop_after_seconds: float = -1.0,
+    auto_stop: str | None = None,
+) -> dict[str, float]:
+    """Spec 004 measured properties (all but is_valid, which the caller sets) from successful rank results.
+
+    Over the post-warm-up steps (all steps without auto-stop), with global counts (summed over ranks):
+
+    - train_runtime = Σ step durations (s);
+    - train_samples_per_second, train_steps_per_second;
+    - train_tokens_per_second = padded tokens (padding included) / runtime; _per_gpu_ divides by
+      max(1, number_gpus) — the four omitted when stop_after_seconds > 0 (spec 004). They are kept
+      with auto-stop: they come from the steps actually run after the warm-up, not from HF's
+      planned step count, so the inflation that made the reference drop them does not arise;
+    - dataset_tokens_per_second = non-padding tokens trained on (= Σ min(len(tokens(entry)),
+      max_seq_length, tokenizer.model_max_length) over the consumed entries) / runtime, and per GPU;
+    - gpu_* and cpu_* from the local-rank-0 sampler summaries (tunebench.metrics), 0.0 without GPUs;
+    - extra: gpu_memory_allocated_peak_gib / gpu_memory_reserved_peak_gib, the max over ranks of
+      torch.cuda.max_memory_allocated / max_memory_reserved (0.0 without CUDA).
+
+    Raises ValueError when a rank did not succeed or no post-warm-up step was run.
+    """
+    if not rank_results:
+        raise ValueError("no rank results")
+    bad = [r for r in rank_results if r.get("status") != "ok"]
+    if bad:
+        raise ValueError(f"rank {bad[0].get('rank')} did not succeed: {bad[0].get('reason')}")
+    per_gpu = max(1, int(number_gpus))
+    r0 = min(rank_results, key=lambda r: r.get("rank", 0))
+    steps = _global_steps(rank_results)
+    warmup = int(r0["steps"].get("warmup", 0))
+    post = slice(warmup, None)
+    runtime = float(sum(steps["durations_s"][post]))
+    n_steps = len(steps["durations_s"][post])
+    if n_steps == 0 or runtime <= 0:
+        raise ValueError("no optimisation step after the warm-up: nothing to measure")
+    samples = sum(steps["samples"][post])
+    non_pad = sum(steps["non_pad_tokens"][post])
+    padded = sum(steps["padded_tokens"][post])
+
+    props: dict[str, float] = {"train_runtime": runtime}
+    if not stop_after_seconds or stop_after_seconds <= 0:
+        props["train_samples_per_second"] = samples / runtime
+        props["train_steps_per_second"] = n_steps / runtime
+        props["train_tokens_per_second"] = padded / runtime
+        props["train_tokens_per_gpu_per_second"] = padded / runtime / per_gpu
+    props["dataset_tokens_per_second"] = non_pad / runtime
+    props["dataset_tokens_per_second_per_gpu"] = non_pad / runtime / per_gpu
+
+    systems = [r["system"] for r in rank_results if r.get("system")]
+    gpus = [g for s in systems for g in s.get("gpus", [])] if number_gpus > 0 else []
+    props.update(gpu_properties(gpus))
+    props.update(cpu_properties(systems))
+
+    peaks = [r.get("torch_memory") or {} for r in rank_results]
+    props["gpu_memory_allocated_peak_gib"] = max((p.get("max_allocated_gib", 0.0) for p in peaks), default=0.0)
+    props["gpu_memory_reserved_peak_gib"] = max((p.get("max_reserved_gib", 0.0) for p in peaks), default=0.0)
+    return props

@@ -1,0 +1,138 @@
+"""The measuring actuator end to end: real subprocesses training tiny models on the CPU.
+
+Models are given as config.json paths (a user-facing feature) with random weights, so nothing is
+downloaded; data sets are small generated ones (news-chars-256-entries-32).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tunebench.measure as measure_module
+from tunebench.experiments import BENCHMARK_MEASURED, get_experiment, make_entity
+from tunebench.measure import measure
+
+pytestmark = pytest.mark.slow
+
+TINY_LLAMA = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
+}  # fmt: skip
+PARAMS = {"max_steps": 3, "dataset_id": "news-chars-256-entries-32", "gradient_accumulation_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def entity_of(experiment, model: str, **extra):
+    return make_entity(experiment, {"model_name": model, "model_max_length": 64, "number_gpus": 0,
+                                    "batch_size": 4, "target_modules": "q_proj,v_proj", **extra}
+                       if experiment.uses_lora else
+                       {"model_name": model, "model_max_length": 64, "number_gpus": 0, "batch_size": 4, **extra})  # fmt: skip
+
+
+def opts(tmp_path: Path, **extra) -> dict:
+    return {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 300, **extra}
+
+
+@pytest.mark.parametrize("experiment_id", ["finetune_full_benchmark-v1.0.0", "finetune_lora_benchmark-v1.0.0",
+                                           "finetune_pt_benchmark-v1.0.0"])  # fmt: skip
+def test_methods_produce_every_measured_property(tmp_path, tiny, experiment_id):
+    exp = get_experiment(experiment_id, PARAMS)
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
+    assert result.status == "valid", (result.error, result.log_tail)
+    assert set(BENCHMARK_MEASURED) <= set(result.properties)
+    p = result.properties
+    assert p["is_valid"] == 1 and p["train_runtime"] > 0
+    assert p["train_steps_per_second"] == pytest.approx(3 / p["train_runtime"], rel=1e-6)
+    assert p["train_samples_per_second"] == pytest.approx(12 / p["train_runtime"], rel=1e-6)  # 3 steps x 4
+    # every entry is longer than 64 tokens: padding-free batches, dataset tokens = 64 per sample
+    assert p["dataset_tokens_per_second"] == pytest.approx(64 * 12 / p["train_runtime"], rel=1e-6)
+    assert p["train_tokens_per_second"] == pytest.approx(p["dataset_tokens_per_second"], rel=1e-6)
+    assert all(p[k] == 0.0 for k in BENCHMARK_MEASURED if k.startswith("gpu_"))
+    assert 0 < p["cpu_compute_utilization"] and 0 < p["cpu_memory_utilization"] < 100
+    assert result.metadata["weights"] == "random" and result.metadata["versions"]["torch"]
+
+
+def test_invalid_entity_is_not_run(tmp_path, tiny):
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
+    result = measure(exp, entity_of(exp, tiny, batch_size=0), opts(tmp_path))
+    assert result.status == "invalid" and result.properties == {"is_valid": 0}
+    assert "rule 4" in result.reasons[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_host_memory_limit_is_out_of_memory(tmp_path, tiny):
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
+    # the limit is below what the Python process with torch loaded already holds
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path, host_memory_limit_gib=0.2))
+    assert result.status == "invalid", (result.status, result.error, result.log_tail)
+    assert result.properties == {"is_valid": 0}
+    assert "host memory" in result.reasons[0]
+
+
+def _replace_command(monkeypatch, script: str) -> None:
+    original = measure_module.node_command
+
+    def fake(plan, node, out_dir, options):
+        command, env = original(plan, node, out_dir, options)
+        return [sys.executable, "-c", script], env
+
+    monkeypatch.setattr(measure_module, "node_command", fake)
+
+
+def test_crashing_worker_is_failed_with_reason(tmp_path, tiny, monkeypatch):
+    _replace_command(monkeypatch, "import os, signal; print('about to crash', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
+    assert result.status == "failed" and result.properties == {}
+    assert "SIGKILL" in result.error and "about to crash" in result.log_tail
+
+
+def test_hanging_worker_times_out(tmp_path, tiny, monkeypatch):
+    _replace_command(monkeypatch, "import time; print('hanging', flush=True); time.sleep(600)")
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
+    started = time.monotonic()
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path, timeout_seconds=3))
+    assert time.monotonic() - started < 30
+    assert result.status == "failed" and result.error.startswith("timeout") and "hanging" in result.log_tail
+
+
+def test_stop_after_seconds_drops_the_hf_rates(tmp_path, tiny):
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", {**PARAMS, "max_steps": 200, "stop_after_seconds": 0.5})
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
+    assert result.status == "valid", result.error
+    for rate in ("train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
+                 "train_tokens_per_gpu_per_second"):  # fmt: skip
+        assert rate not in result.properties
+    assert result.properties["dataset_tokens_per_second"] > 0
+    assert result.metadata["stopped_by"] == "stop_after_seconds" and result.metadata["steps"] < 200
+
+
+def test_stability_experiment_reports_fractions(tmp_path, tiny):
+    exp = get_experiment("finetune_full_stability-v1.0.0", {"dataset_id": "news-chars-256-entries-32"})
+    entity = make_entity(exp, {"model_name": tiny, "model_max_length": 32, "number_gpus": 0, "batch_size": 2,
+                               "gradient_accumulation_steps": 1})  # fmt: skip
+    result = measure(exp, entity, opts(tmp_path))
+    assert result.status == "valid", result.metadata
+    assert result.properties == {"f_gpu_oom": 0.0, "f_other_error": 0.0, "f_no_error": 1.0, "is_valid": 1}
+    assert [r["status"] for r in result.metadata["runs"]] == ["valid"] * 5
+
+
+def test_ddp_with_two_cpu_processes_sums_throughput(tmp_path, tiny):
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0", PARAMS)
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path, cpu_processes=2))
+    assert result.status == "valid", (result.error, result.log_tail)
+    assert result.metadata["world_size"] == 2
+    p = result.properties
+    # 3 steps x batch 4 (2 per process) x 64 tokens, over both processes
+    assert p["dataset_tokens_per_second"] == pytest.approx(3 * 4 * 64 / p["train_runtime"], rel=1e-6)
