@@ -1,0 +1,148 @@
+"""``tunebench datasets``: list, generate and count the tokens of the artificial data sets.
+
+Bad input (unknown id or model, a max length below 1) prints one line naming the field and the
+allowed values on stderr and exits with code 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tunebench import paths
+from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
+from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
+from tunebench.errors import InputError
+
+app = typer.Typer(help="Artificial data sets of spec 004 and their token counts.", no_args_is_help=True)
+
+DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
+
+
+def describe(spec: DatasetId) -> str:
+    """One line on what each entry holds."""
+    if spec.kind == "chars":
+        return f"{spec.chars} chars input + {spec.chars} chars response + prompt"
+    if spec.kind == "tokens":
+        return f">= {spec.min_tokens} tokens (>= {spec.min_tokens} words of response)"
+    return f"{spec.width}x{spec.height} JPEG + chat of >= {spec.min_tokens} tokens"
+
+
+@app.command("list")
+def list_cmd(
+    data_dir: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The data set ids of spec 004 and whether their files are in the data directory."""
+    rows = []
+    for ds_id in KNOWN_DATASET_IDS:
+        spec = parse_dataset_id(ds_id)
+        m = read_manifest(spec, data_dir)
+        path = dataset_path(spec, data_dir)
+        present = m is not None and path.is_file() and path.stat().st_size == m.size_bytes
+        rows.append({
+            "id": ds_id, "kind": spec.kind, "entries": spec.entries, "entry": describe(spec),
+            "file": str(path) if present else None, "size_bytes": m.size_bytes if present else None,
+        })
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"data sets in {paths.data_dir(data_dir)}")
+    for col in ("id", "kind", "entries", "each entry", "file"):
+        table.add_column(col)
+    for r in rows:
+        size = f"{r['size_bytes'] / 1e6:.1f} MB" if r["size_bytes"] is not None else "-"
+        table.add_row(r["id"], r["kind"], str(r["entries"]), r["entry"], size)
+    Console().print(table)
+    typer.echo("Other sizes: news-chars-N-entries-M, news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M.")
+
+
+@app.command()
+def generate(
+    dataset_id: str = typer.Argument(..., help="Data set id, e.g. news-tokens-16384plus-entries-4096."),
+    data_dir: Path | None = DirOption,
+    force: bool = typer.Option(False, "--force", help="Rewrite even if a valid file exists."),
+) -> None:
+    """Generate a data set (or verify the existing file) and print its manifest."""
+    try:
+        spec = parse_dataset_id(dataset_id)
+        t0 = time.perf_counter()
+        with _progress(f"generating {spec.id}") as update:
+            if force:
+                generate_dataset(spec, data_dir, update)
+            else:
+                ensure_dataset(spec, data_dir, update)
+        m = verify(spec, data_dir)
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if m is None:  # cannot happen unless the file changes under us
+        typer.echo(f"error: {spec.id} failed verification after generation", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{dataset_path(spec, data_dir)}  {m.entries} entries  {m.size_bytes} bytes  "
+               f"sha256 {m.sha256}  ({time.perf_counter() - t0:.1f} s)")
+
+
+@app.command()
+def stats(
+    dataset_id: str = typer.Argument(..., help="Data set id."),
+    model: str = typer.Option(..., "--model", help="Catalog model name, or a local tokenizer/model directory."),
+    max_len: int | None = typer.Option(None, "--max-len", help="max_seq_length of the run in tokens."),
+    data_dir: Path | None = DirOption,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Tokens per entry (min/avg/max) of a data set for a model, truncated at --max-len."""
+    from tunebench.datasets.tokens import token_counts
+
+    try:
+        spec = parse_dataset_id(dataset_id)
+        with _progress(f"counting tokens of {spec.id}") as update:
+            counts = token_counts(spec, model, max_seq_length=max_len, data_dir=data_dir, progress=update)
+    except InputError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    s = counts.summary()
+    if as_json:
+        typer.echo(json.dumps(s, indent=1))
+        return
+    why = ("text only, no image tokens" if spec.is_vision and counts.source != "fallback"
+           else {"fallback": "fallback rule", "offline": "stand-in tokenizer"}.get(counts.source, ""))
+    exact = "exact" if counts.exact else f"not exact ({why})"
+    typer.echo(f"{spec.id}: {s['entries']} entries, tokens per entry min {s['min_tokens']} "
+               f"avg {s['avg_tokens']:.1f} max {s['max_tokens']} (max length {s['max_length'] or 'none'})")
+    typer.echo(f"tokenizer: {counts.tokenizer} [{counts.source}], {exact}; "
+               f"{'from cache' if counts.from_cache else 'counted'} in {counts.seconds:.2f} s")
+
+
+class _progress:
+    """A rich progress bar fed by (done, total) callbacks; shows only when something happens."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.bar: Progress | None = None
+        self.task = None
+
+    def __enter__(self):
+        console = Console(stderr=True)
+
+        def update(done: int, total: int) -> None:
+            if not console.is_terminal:  # no bar in logs and pipes
+                return
+            if self.bar is None:
+                self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), console=console, transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(self.label, total=total)
+            self.bar.update(self.task, completed=done, total=total)
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,207 @@
+"""Data set files: generation, atomic writes, manifest, verification and locking.
+
+    <data_dir>/<id>.jsonl | <id>.parquet    the data set
+    <data_dir>/<id>.manifest.json           sha256, size, entries, generator version, created
+    <data_dir>/.<id>.lock                    cross-process lock (filelock)
+
+A file is used only when its manifest matches it (generator version, size and sha256); otherwise
+it is regenerated. Writes go to a temporary file in the same directory, are fsynced, then renamed
+over the target (os.replace), so readers never see a partial file. Two processes asking for the
+same id serialise on the lock: the second waits, then finds a valid file and reuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from filelock import FileLock
+
+from tunebench import paths
+from tunebench.datasets.entries import text_entries
+from tunebench.datasets.ids import DatasetId, parse_dataset_id
+
+# Bump when the bytes of any data set change (prose, recipe or layout): old files then fail
+# verification and are regenerated, and token caches (keyed by sha256) no longer match.
+GENERATOR_VERSION = "1"
+WRITE_CHUNK = 64  # entries per write() call: ~6.5 MB for the 16384plus id
+
+Progress = Callable[[int, int], None]  # (entries done, entries in all)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a data set file must be. size_bytes in bytes; created is ISO 8601 UTC."""
+
+    dataset_id: str
+    file: str
+    format: str
+    entries: int
+    size_bytes: int
+    sha256: str
+    generator_version: str
+    created: str
+
+
+def dataset_path(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> Path:
+    """Where the file of dataset_id lives (it may not exist)."""
+    spec = _spec(dataset_id)
+    return paths.data_dir(data_dir) / f"{spec.id}{spec.suffix}"
+
+
+def manifest_path(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> Path:
+    spec = _spec(dataset_id)
+    return paths.data_dir(data_dir) / f"{spec.id}.manifest.json"
+
+
+def read_manifest(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> Manifest | None:
+    """The manifest of dataset_id if present, readable and of this generator version, else None."""
+    try:
+        raw = json.loads(manifest_path(dataset_id, data_dir).read_text())
+        m = Manifest(**raw)
+    except (OSError, ValueError, TypeError):
+        return None
+    if m.generator_version != GENERATOR_VERSION or m.dataset_id != _spec(dataset_id).id:
+        return None
+    return m
+
+
+def verify(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> Manifest | None:
+    """The manifest if the file matches it (size, then sha256 of every byte), else None."""
+    m = read_manifest(dataset_id, data_dir)
+    path = dataset_path(dataset_id, data_dir)
+    if m is None:
+        return None
+    try:
+        if path.stat().st_size != m.size_bytes:
+            return None
+        return m if sha256_file(path) == m.sha256 else None
+    except OSError:
+        return None
+
+
+def ensure_dataset(
+    dataset_id: str | DatasetId,
+    data_dir: str | os.PathLike | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """Path of a verified file of dataset_id, generating it first if missing, stale or corrupt.
+
+    Raises InputError (field dataset_id) for an id of no known form, before touching the disk.
+    """
+    spec = _spec(dataset_id)
+    path = dataset_path(spec, data_dir)
+    if verify(spec, data_dir):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with lock(spec, data_dir):
+        if verify(spec, data_dir) is None:  # another process may have written it meanwhile
+            _generate(spec, data_dir, progress)
+    return path
+
+
+def generate_dataset(
+    dataset_id: str | DatasetId,
+    data_dir: str | os.PathLike | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """(Re)write the file of dataset_id and its manifest, under the id's lock."""
+    spec = _spec(dataset_id)
+    paths.data_dir(data_dir).mkdir(parents=True, exist_ok=True)
+    with lock(spec, data_dir):
+        return _generate(spec, data_dir, progress)
+
+
+def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:
+    """Write the file and then the manifest (the caller holds the lock)."""
+    path = dataset_path(spec, data_dir)
+    with _atomic_path(path) as tmp:
+        if spec.is_vision:
+            from tunebench.datasets.vision import write_parquet
+
+            rows = write_parquet(tmp, spec, progress)
+        else:
+            rows = _write_jsonl(tmp, spec, progress)
+        _fsync(tmp)
+        size = tmp.stat().st_size
+        digest = sha256_file(tmp)
+    m = Manifest(
+        dataset_id=spec.id,
+        file=path.name,
+        format=spec.suffix.lstrip("."),
+        entries=rows,
+        size_bytes=size,
+        sha256=digest,
+        generator_version=GENERATOR_VERSION,
+        created=datetime.now(UTC).isoformat(timespec="milliseconds"),
+    )
+    write_atomic(manifest_path(spec, data_dir), (json.dumps(asdict(m), indent=1) + "\n").encode())
+    return m
+
+
+def lock(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> FileLock:
+    """The cross-process lock of one data set id (a hidden file beside the data)."""
+    return FileLock(str(paths.data_dir(data_dir) / f".{_spec(dataset_id).id}.lock"))
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes to path via a temporary file in the same directory and os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+        _fsync(tmp)
+
+
+@contextlib.contextmanager
+def _atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside path; renamed over path on success, removed on failure."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data sets are shareable like any cache file
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _write_jsonl(path: Path, spec: DatasetId, progress: Progress | None) -> int:
+    rows = 0
+    lines: list[str] = []
+    with open(path, "wb", buffering=0) as f:
+        for text in text_entries(spec):
+            lines.append(json.dumps({"output": text}))
+            rows += 1
+            if len(lines) == WRITE_CHUNK:
+                f.write(("\n".join(lines) + "\n").encode())
+                lines = []
+                if progress:
+                    progress(rows, spec.entries)
+        if lines:
+            f.write(("\n".join(lines) + "\n").encode())
+            if progress:
+                progress(rows, spec.entries)
+    return rows
+
+
+def _spec(dataset_id: str | DatasetId) -> DatasetId:
+    return dataset_id if isinstance(dataset_id, DatasetId) else parse_dataset_id(dataset_id)
