@@ -1,0 +1,340 @@
+"""tunebench's command line: small focused commands over experiments, catalogs and plans.
+
+Every command that takes an entity reads properties as KEY=VALUE with the spec's names. Input errors
+print one line naming the field and the allowed values and exit with code 2 (see ``main``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunebench import __version__
+from tunebench.catalog import list_gpus, list_models
+from tunebench.errors import InputError
+from tunebench.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.properties import PROPERTIES, REQUIRED, render_value
+
+app = typer.Typer(
+    help="Plan, measure and explore fine-tuning jobs: memory, OOM, GPU count, throughput, cost.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(soft_wrap=True)  # long ids stay on one line (copy-pasteable)
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+Params = Annotated[
+    list[str] | None,
+    typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable)."),
+]
+Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _human_count(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def resolve(experiment_id: str, params: list[str] | None, props: list[str] | None) -> tuple[Experiment, Any]:
+    """Parse EXPERIMENT, --param and KEY=VALUE arguments into (experiment, entity)."""
+    experiment = get_experiment(experiment_id, parse_assignments(params or []))
+    entity = make_entity(experiment, parse_assignments(props or []))
+    return experiment, entity
+
+
+@app.command()
+def version() -> None:
+    """Print tunebench's version."""
+    typer.echo(__version__)
+
+
+@app.command()
+def models(as_json: Json = False) -> None:
+    """List the model catalog."""
+    specs = list_models()
+    if as_json:
+        _print_json(
+            [
+                {k: getattr(m, k) for k in ("name", "hf_id", "model_type", "total_params", "num_hidden_layers",
+                 "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                 "max_position_embeddings", "num_local_experts", "decoder_layer_class", "confidence")}
+                for m in specs
+            ]
+        )  # fmt: skip
+        return
+    table = Table(title=f"tunebench models ({len(specs)})")
+    for col in ("name", "params", "layers", "hidden", "heads/kv", "vocab", "max context", "FSDP wrap", "confidence"):
+        table.add_column(col, no_wrap=col == "name")
+    for m in specs:
+        experts = f" ({m.num_local_experts} experts)" if m.num_local_experts else ""
+        table.add_row(
+            m.name,
+            _human_count(m.total_params) + experts,
+            str(m.num_hidden_layers or "?"),
+            str(m.hidden_size or "?"),
+            f"{m.num_attention_heads or '?'}/{m.num_key_value_heads or '?'}",
+            str(m.vocab_size or "?"),
+            str(m.max_position_embeddings or "?"),
+            m.wrap_classes or "?",
+            m.confidence,
+        )
+    console.print(table)
+
+
+@app.command()
+def gpus(as_json: Json = False) -> None:
+    """List the GPU catalog (keyed by the Kubernetes gpu.product label)."""
+    specs = list_gpus()
+    if as_json:
+        _print_json([{k: v for k, v in vars(g).items()} for g in specs])
+        return
+    table = Table(title=f"tunebench gpus ({len(specs)})")
+    for col in ("gpu_model", "memory GiB", "bf16 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "TDP W", "interconnect", "aliases"):
+        table.add_column(col)
+    for g in specs:
+        bf16 = g.bf16_tflops if g.bf16_tflops is not None else f"fp16 {g.fp16_tflops}"
+        table.add_row(
+            g.name, f"{g.memory_gib:g}", str(bf16), f"{g.fp32_tflops:g}", f"{g.memory_bandwidth_gbps:g}",
+            f"{g.tdp_watts:g}", g.interconnect, ", ".join(g.aliases[:4]),
+        )  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def experiments(as_json: Json = False) -> None:
+    """List the experiments."""
+    exps = list_experiments()
+    if as_json:
+        _print_json([{"id": e.id, "method": e.method, "description": e.description} for e in exps])
+        return
+    table = Table(title="tunebench experiments")
+    table.add_column("experiment", no_wrap=True)
+    table.add_column("method")
+    table.add_column("description")
+    for e in exps:
+        table.add_row(e.id, e.method, e.description)
+    console.print(table)
+
+
+def describe_dict(experiment: Experiment) -> dict[str, Any]:
+    """Everything `describe` prints, as data."""
+
+    def prop(name: str, default: Any = REQUIRED) -> dict[str, Any]:
+        p = PROPERTIES[name]
+        allowed = experiment.restricted.get(name)
+        out = {"name": name, "domain": ", ".join(map(str, allowed)) if allowed else p.domain()}
+        if default is not REQUIRED:
+            out["default"] = list(default) if isinstance(default, tuple) else default
+        out["description"] = p.description
+        return out
+
+    return {
+        "id": experiment.id,
+        "method": experiment.method,
+        "description": experiment.description,
+        "required": [prop(n) for n in experiment.required],
+        "optional": [prop(n, experiment.default(n)) for n in experiment.optional],
+        "hardcoded": {k: list(v) if isinstance(v, tuple) else v for k, v in experiment.hardcoded.items()},
+        "measured": list(experiment.measured),
+    }
+
+
+@app.command()
+def describe(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    params: Params = None,
+    as_json: Json = False,
+) -> None:
+    """Required and optional properties (defaults, domains), hardcoded values, measured properties."""
+    exp = get_experiment(experiment, parse_assignments(params or []))
+    info = describe_dict(exp)
+    if as_json:
+        _print_json(info)
+        return
+    console.print(f"[bold]{info['id']}[/bold] ({info['method']})\n{info['description']}\n")
+    table = Table(title="entity properties")
+    for col in ("property", "default", "domain", "description"):
+        table.add_column(col, overflow="fold")
+    for p in info["required"]:
+        table.add_row(f"[bold]{p['name']}[/bold]", "required", p["domain"], p["description"])
+    for p in info["optional"]:
+        table.add_row(p["name"], render_value(p["default"]) if p["default"] is not None else "None",
+                      p["domain"], p["description"])  # fmt: skip
+    console.print(table)
+    hard = Table(title="hardcoded")
+    hard.add_column("parameter")
+    hard.add_column("value")
+    for k, v in info["hardcoded"].items():
+        hard.add_row(k, repr(v) if isinstance(v, str) else json.dumps(v))
+    console.print(hard)
+    console.print("measured: " + ", ".join(info["measured"]))
+
+
+@app.command()
+def validate(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    props: Props = None,
+    params: Params = None,
+    as_json: Json = False,
+) -> None:
+    """Check an entity against the validity rules: prints is_valid and the reasons."""
+    from tunebench.validity import check
+
+    exp, entity = resolve(experiment, params, props)
+    result = check(exp, entity)
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    mark = "[green]valid[/green]" if result.is_valid else "[red]invalid[/red]"
+    console.print(f"{entity.id}: {mark}")
+    for reason in result.reasons:
+        console.print(f"  - {reason}")
+
+
+@app.command("launch-plan")
+def launch_plan(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    props: Props = None,
+    params: Params = None,
+    data_dir: Annotated[str | None, typer.Option(help="Data-set directory (default: TUNEBENCH_DATA_DIR).")] = None,
+    weights: Annotated[str, typer.Option(help="auto | pretrained | random")] = "auto",
+    main_process_ip: Annotated[str | None, typer.Option(help="Rendezvous host of multi-node runs.")] = None,
+    port: Annotated[int, typer.Option(help="Rendezvous port.")] = 29500,
+    as_json: Json = False,
+) -> None:
+    """Dry run: the accelerate config, command line and environment a measurement would execute."""
+    from tunebench.launch import build_launch_plan
+
+    exp, entity = resolve(experiment, params, props)
+    plan = build_launch_plan(
+        exp, entity, data_directory=data_dir, weights=weights, main_process_ip=main_process_ip,
+        main_process_port=port,
+    )  # fmt: skip
+    if as_json:
+        _print_json(plan.to_dict())
+        return
+    console.print(f"[bold]{plan.experiment_id}[/bold]\n{plan.entity_id}")
+    console.print(
+        f"mode {plan.mode}, {plan.number_nodes} node(s) x {plan.processes_per_node} process(es), "
+        f"per-device batch {plan.per_device_train_batch_size}\n"
+    )
+    for node in plan.nodes:
+        console.rule(f"node {node.machine_rank}")
+        if node.accelerate_config is not None:
+            console.print("[bold]accelerate_config.yaml[/bold]")
+            typer.echo(node.accelerate_config_yaml())
+        console.print("[bold]environment[/bold] " + " ".join(f"{k}={v!r}" for k, v in node.env.items()))
+        console.print("[bold]command[/bold]")
+        typer.echo(node.command_line)
+
+
+def print_result(result: Any) -> None:
+    """A Result as a readable table (properties, then why it is invalid or failed)."""
+    colour = {"valid": "green", "invalid": "yellow", "failed": "red"}[result.status]
+    console.print(f"[bold]{result.experiment_id}[/bold]\n{result.entity_id}: [{colour}]{result.status}[/{colour}]")
+    for reason in result.reasons:
+        console.print(f"  - {reason}")
+    if result.error:
+        console.print(f"[red]error[/red] {result.error}")
+        if result.log_tail:
+            console.print("[dim]" + result.log_tail.replace("[", "\\[") + "[/dim]")
+    if result.properties:
+        table = Table(show_header=True)
+        table.add_column("property")
+        table.add_column("value", justify="right")
+        for name, value in result.properties.items():
+            table.add_row(name, f"{value:,.4g}" if isinstance(value, float) else str(value))
+        console.print(table)
+
+
+def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]) -> Any:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from tunebench.measure import measure
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(f"measuring {entity.id}")
+        return measure(exp, entity, options, progress=lambda m: progress.update(task, description=f"measuring: {m}"))
+
+
+@app.command()
+def run(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    props: Props = None,
+    params: Params = None,
+    weights: Annotated[str, typer.Option(help="auto | pretrained | random (random: no download).")] = "auto",
+    data_dir: Annotated[str | None, typer.Option(help="Data-set directory.")] = None,
+    output_dir: Annotated[str | None, typer.Option(help="Where the run's logs and result files go.")] = None,
+    timeout: Annotated[float, typer.Option(help="Wall-clock limit of the run in seconds.")] = 3600.0,
+    cpu_processes: Annotated[int, typer.Option(help="DDP processes for a CPU entity (gloo).")] = 1,
+    host_memory_limit_gib: Annotated[
+        float | None, typer.Option(help="CPU runs: exceeding this host memory is out of memory.")
+    ] = None,
+    as_json: Json = False,
+) -> int:
+    """Measure an entity for real: train and report every measured property of the experiment."""
+    exp, entity = resolve(experiment, params, props)
+    options = {"weights": weights, "data_dir": data_dir, "output_dir": output_dir, "timeout_seconds": timeout,
+               "cpu_processes": cpu_processes, "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
+    result = _measure_with_progress(exp, entity, options)
+    if as_json:
+        typer.echo(result.to_json())
+    else:
+        print_result(result)
+    return 1 if result.status == "failed" else 0
+
+
+@app.command()
+def demo() -> int:
+    """The main job on the CPU: measure a small LoRA fine-tuning of smollm2-135m (random weights)."""
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2, "dataset_id": "news-chars-512-entries-4096"})
+    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 128, "number_gpus": 0, "batch_size": 2})
+    console.print(f"[bold]experiment[/bold] {exp.id}\n[bold]entity[/bold]     {entity.id}\n")
+    result = _measure_with_progress(exp, entity, {"weights": "random", "timeout_seconds": 600})
+    print_result(result)
+    return 1 if result.status == "failed" else 0
+
+
+def _mount_subcommands() -> None:
+    from tunebench.datasets.cli import app as datasets_app
+
+    app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point (console script: sys.exit(main())). InputError -> one line on stderr, exit code 2."""
+    _mount_subcommands()
+    try:
+        result = app(args=argv, standalone_mode=False, prog_name="tunebench")
+    except InputError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

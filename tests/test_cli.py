@@ -1,0 +1,72 @@
+"""The tunebench command line, run as a real subprocess where the exit code matters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tunebench.cli import main
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tunebench.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_help_lists_the_commands():
+    out = run("--help")
+    assert out.returncode == 0
+    for command in ("models", "gpus", "experiments", "describe", "validate", "launch-plan", "datasets", "demo"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["validate", "finetune_lora_benchmark-v1.0.0", "model_name=smollm2-135m", "model_max_length=512",
+          "number_gpus=0", "batch_size=two"], "batch_size"),
+        (["validate", "finetune_lora_bench-v1.0.0"], "experiment"),
+        (["launch-plan", "finetune_full_benchmark-v1.0.0", "model_name=nope", "model_max_length=1",
+          "number_gpus=0", "batch_size=1"], "model_name"),
+        (["describe", "finetune_full_benchmark-v1.0.0", "-p", "optim=adam"], "optim"),
+        (["validate", "finetune_full_benchmark-v1.0.0", "model_name"], "KEY=VALUE"),
+    ],
+)  # fmt: skip
+def test_input_errors_exit_2_with_one_line(args, field):
+    out = run(*args)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_validate_json(capsys):
+    code = main(["validate", "finetune_lora_benchmark-v1.0.0", "model_name=smollm2-135m", "model_max_length=512",
+                 "number_gpus=4", "batch_size=6", "gpu_model=H100", "--json"])  # fmt: skip
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result == {"is_valid": False, "reasons": ["rule 1: batch_size 6 is not divisible by number_gpus 4"]}
+
+
+def test_launch_plan_json(capsys):
+    code = main(["launch-plan", "finetune_full_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=2048",
+                 "number_gpus=4", "batch_size=8", "gpu_model=A100-80GB", "--json", "--data-dir", "/d"])  # fmt: skip
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["mode"] == "FSDP" and plan["nodes"][0]["accelerate_config"]["num_processes"] == 4
+
+
+def test_describe_and_listings(capsys):
+    assert main(["describe", "finetune_gptq-lora_benchmark-v1.0.0", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    dtype = next(p for p in info["optional"] if p["name"] == "torch_dtype")
+    assert dtype == {**dtype, "default": "float16", "domain": "float16"}
+    assert info["measured"][-1] == "is_valid"
+    assert main(["models", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) >= 41
+    assert main(["gpus", "--json"]) == 0
+    assert any(g["name"] == "NVIDIA-H100-PCIe" for g in json.loads(capsys.readouterr().out))
+    assert main(["models"]) == 0
+    assert "smollm2-135m" in capsys.readouterr().out
