@@ -304,7 +304,7 @@ def run(
 def demo() -> int:
     """The main job on the CPU: measure a small LoRA fine-tuning of smollm2-135m (random weights)."""
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2, "dataset_id": "news-chars-512-entries-4096"})
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 128, "number_gpus": 0, "batch_size": 2})
+    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 256, "number_gpus": 0, "batch_size": 2})
     console.print(f"[bold]experiment[/bold] {exp.id}\n[bold]entity[/bold]     {entity.id}\n")
     result = _measure_with_progress(exp, entity, {"weights": "random", "timeout_seconds": 600})
     print_result(result)
@@ -312,9 +312,15 @@ def demo() -> int:
 
 
 def _mount_subcommands() -> None:
+    """Commands whose modules own them: datasets (issue 3), plan/recommend/deploy-spec/calibrate (issue 6)."""
+    if getattr(app, "_tunebench_mounted", False):
+        return
     from tunebench.datasets.cli import app as datasets_app
+    from tunebench.plan.cli import register as register_plan
 
     app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
+    register_plan(app)
+    app._tunebench_mounted = True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -312,7 +312,7 @@ class Entity:
 
     values: Mapping[str, Any]
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         """ado-style identifier: model_name.X-number_gpus.Y-model_max_length.Z-batch_size.W[-k.v ...]."""
         keys = [k for k in _ID_ORDER if k in self.values]

@@ -1,0 +1,351 @@
+"""The planner's commands: plan, recommend, deploy-spec, calibrate.
+
+``register(app)`` adds them to tunebench's Typer app. Bad input raises ``InputError`` (tunebench's
+``main`` prints ``error: <field>: ...`` and exits 2); nothing here calls sys.exit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunebench.errors import InputError
+from tunebench.experiments import get_experiment, make_entity, parse_assignments
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+Params = Annotated[
+    list[str] | None, typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).")
+]
+Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
+Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+CalibrationPath = Annotated[
+    Path | None, typer.Option("--calibration", help="Calibration JSON (default: your refit, else the shipped one).")
+]
+Network = Annotated[
+    float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
+]
+
+
+def _echo_json(obj: Any, indent: int | None = 2) -> None:
+    typer.echo(json.dumps(obj, indent=indent, default=str, allow_nan=False))
+
+
+def _options(price: float | None, calibration: Path | None, network: float | None):
+    from tunebench.plan.predict import PlanOptions, load_calibration
+
+    if price is not None and price < 0:
+        raise InputError("--price-per-gpu-hour", f"must be >= 0 (got {price})")
+    if calibration is not None and not calibration.is_file():
+        raise InputError("--calibration", f"no file {str(calibration)!r}")
+    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network)
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _print_plan(console: Console, out: dict[str, Any]) -> None:
+    status = "[green]fits[/green]" if out["is_valid"] else "[red]invalid[/red]"
+    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
+    for reason in out["reasons"]:
+        console.print(f"  - {reason}")
+    table = Table(title="GPU memory per GPU (GiB)")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    for k, v in out["breakdown"].items():
+        if v:
+            table.add_row(k.replace("_", " "), _fmt(v, 2))
+    table.add_row("[bold]allocated peak (torch)[/bold]", _fmt(out["gpu_memory_allocated_peak_gib"], 2))
+    table.add_row("[bold]reserved peak (torch)[/bold]", _fmt(out["gpu_memory_reserved_peak_gib"], 2))
+    table.add_row("[bold]peak (nvidia-smi)[/bold]", _fmt(out["gpu_memory_peak_gib"], 2))
+    table.add_row("capacity", _fmt(out.get("capacity_gib"), 2))
+    table.add_row("headroom", _fmt(out.get("headroom_gib"), 2))
+    table.add_row("utilization peak (%)", _fmt(out["gpu_memory_utilization_peak"], 1))
+    console.print(table)
+    speed = Table(title="Throughput and time")
+    speed.add_column("property")
+    speed.add_column("value", justify="right")
+    speed.add_row("peak set by", str(out.get("peak_phase") or "-").replace("_", " "))
+    speed.add_row("train tokens/s (all GPUs)", _fmt(out["train_tokens_per_second"], 0))
+    speed.add_row("train tokens/s per GPU", _fmt(out["train_tokens_per_gpu_per_second"], 0))
+    speed.add_row("dataset tokens/s", _fmt(out["dataset_tokens_per_second"], 0))
+    speed.add_row("step time", _duration(out.get("step_seconds")))
+    speed.add_row("steps", _fmt(out.get("steps"), 0))
+    speed.add_row("train runtime", _duration(out["train_runtime"]))
+    speed.add_row("MFU", _fmt((out.get("mfu") or 0) * 100, 1) + " %")
+    speed.add_row("GPU-hours", _fmt(out.get("gpu_hours"), 2))
+    if out.get("cost") is not None:
+        speed.add_row("cost", _fmt(out["cost"], 2))
+    console.print(speed)
+    for note in out.get("notes") or []:
+        console.print(f"note: {note}")
+    console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
+
+
+def _batch_items(path: Path) -> list[tuple[Any, Any]]:
+    """(experiment, entity) per JSONL line; InputError names the line."""
+    if not path.is_file():
+        raise InputError("--batch", f"no file {str(path)!r}")
+    items = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError("--batch", f"line {n} is not JSON: {exc.msg}") from None
+        if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity", {}), dict):
+            raise InputError("--batch", f'line {n}: expected {{"experiment": ID, "entity": {{...}}}}')
+        try:
+            exp = get_experiment(req["experiment"], req.get("parameters") or None)
+            items.append((exp, make_entity(exp, req.get("entity") or {})))
+        except InputError as err:
+            raise InputError(err.field, f"line {n}: {err.message}", err.allowed) from None
+    return items
+
+
+def plan(
+    experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
+    props: Props = None,
+    params: Params = None,
+    batch: Annotated[Path | None, typer.Option("--batch", help="JSON lines of {\"experiment\", \"entity\"}.")] = None,
+    as_json: Json = False,
+    price: Price = None,
+    calibration: CalibrationPath = None,
+    network: Network = None,
+) -> None:
+    """Predict memory, out-of-memory, throughput, runtime and cost of an entity (or a JSONL batch)."""
+    from tunebench.plan.predict import plan_json, predict_many
+
+    opts = _options(price, calibration, network)
+    kw = {
+        "calibration": opts.calibration,
+        "price_per_gpu_hour": opts.price_per_gpu_hour,
+        "network_gbps": opts.network_gbps,
+    }
+    if batch is not None:
+        if experiment is not None:
+            raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
+        results = predict_many(_batch_items(batch), **kw)
+        if as_json:
+            for r in results:
+                typer.echo(json.dumps(plan_json(r), default=str, allow_nan=False))
+            return
+        console = Console()
+        table = Table(title=f"{len(results)} plans")
+        for col in ("#", "experiment", "entity", "fits", "peak GiB", "util %", "tokens/s", "runtime"):
+            table.add_column(col)
+        for i, r in enumerate(results, 1):
+            o = plan_json(r)
+            table.add_row(str(i), r.experiment_id, r.entity_id, "yes" if o["is_valid"] else "no",
+                          _fmt(o["gpu_memory_peak_gib"]), _fmt(o["gpu_memory_utilization_peak"]),
+                          _fmt(o["train_tokens_per_second"], 0), _duration(o["train_runtime"]))  # fmt: skip
+        console.print(table)
+        return
+    if experiment is None:
+        raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
+    exp = get_experiment(experiment, parse_assignments(params or []))
+    entity = make_entity(exp, parse_assignments(props or []))
+    result = predict_many([(exp, entity)], **kw)[0]
+    out = plan_json(result)
+    if as_json:
+        _echo_json(out)
+        return
+    _print_plan(Console(), out)
+
+
+def recommend(
+    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    props: Props = None,
+    params: Params = None,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")] = 8,
+    max_gpus: Annotated[int, typer.Option("--max-gpus", help="Largest GPU count to consider.")] = 64,
+    as_json: Json = False,
+    price: Price = None,
+    calibration: CalibrationPath = None,
+    network: Network = None,
+) -> None:
+    """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method."""
+    from tunebench.plan.recommend import recommend as run
+
+    opts = _options(price, calibration, network)
+    exp = get_experiment(experiment, parse_assignments(params or []))
+    out = run(exp, parse_assignments(props or []), opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+    if as_json:
+        _echo_json(out)
+        return
+    console = Console()
+    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
+
+    def line(title: str, c: dict | None) -> None:
+        if c is None:
+            console.print(f"{title}: [red]nothing fits[/red] up to {max_gpus} GPUs")
+            return
+        cost = f", cost {c['cost']:,.2f}" if c.get("cost") is not None else ""
+        console.print(
+            f"{title}: {c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
+            f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU, {c['dataset_tokens_per_second']:,.0f} tokens/s, "
+            f"data set in {_duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
+        )
+        for note in c.get("notes") or []:
+            console.print(f"  note: {note}")
+
+    line("minimum", out["minimum"])
+    line("fastest", out["fastest"])
+    line("cheapest", out["cheapest"])
+    table = Table(title=f"Per method on {out['gpu_model']} (seed 000 style)")
+    for col in ("method", "GPUs", "nodes", "peak GiB/GPU", "tokens/s", "data set time", "GPU-hours", "cost", "notes"):
+        table.add_column(col)
+    for row in out["methods"]:
+        if not row.get("fits", True) or "number_gpus" not in row:
+            table.add_row(row["method"], "-", "-", "-", "-", "-", "-", "-", "; ".join(row.get("notes", [])))
+            continue
+        table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), _fmt(row["gpu_memory_peak_gib"]),
+                      _fmt(row["dataset_tokens_per_second"], 0), _duration(row["train_runtime"]), _fmt(row["gpu_hours"], 2),
+                      _fmt(row.get("cost"), 2), "; ".join(row.get("notes", [])))  # fmt: skip
+    console.print(table)
+
+
+def deploy_spec(
+    model: Annotated[str | None, typer.Option("--model", help="Catalog model or config.json path.")] = None,
+    params_b: Annotated[float | None, typer.Option("--params-b", help="Parameters in billions.")] = None,
+    quantization: Annotated[str, typer.Option("--quantization", help="none | 4bit | 8bit")] = "none",
+    adapters: Annotated[int, typer.Option("--adapters", help="Number of LoRA adapters served.")] = 1,
+    adapter_size_gb: Annotated[float, typer.Option("--adapter-size-gb", help="Size of one adapter, GB.")] = 0.125,
+    gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory of one GPU, GB.")] = 80.0,
+    name: Annotated[str | None, typer.Option("--name", help="Hardware specification name.")] = None,
+    description: Annotated[str | None, typer.Option("--description", help="Hardware specification description.")] = None,
+    post: Annotated[str | None, typer.Option("--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")] = None,
+    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
+    as_json: Json = False,
+) -> None:
+    """Size a LoRA/QLoRA deployment by seed 002's formula and print (or POST) its hardware spec."""
+    from tunebench.plan.deploy import deploy_spec as size
+    from tunebench.plan.deploy import post_hardware_spec
+
+    if (model is None) == (params_b is None):
+        raise InputError("--model", "give exactly one of --model NAME_OR_CONFIG or --params-b B")
+    if model is not None:
+        from tunebench.catalog import get_model
+        from tunebench.plan.arch import arch_of
+
+        params_b = arch_of(get_model(model)).total_params / 1e9
+    spec = size(params_b, quantization, adapters, adapter_size_gb, gpu_memory_gb, name, description)  # type: ignore[arg-type]
+    out = spec.to_dict()
+    if model is not None:
+        out["model"] = model
+    if post:
+        out["post"] = {"url": post, **post_hardware_spec(post, spec.hardware_spec, token_env)}
+    if as_json:
+        _echo_json(out)
+    else:
+        console = Console()
+        table = Table(title="Deployment (seed 002)")
+        table.add_column("resource")
+        table.add_column("value", justify="right")
+        table.add_row("parameters (B)", f"{spec.params_b:g}")
+        table.add_row("GPU memory (GB)", f"{spec.gpu_memory_gb:g} ~ {spec.cpu_memory_gb}")
+        table.add_row("GPUs", str(spec.num_gpus))
+        table.add_row("CPUs", str(spec.num_cpus))
+        table.add_row("CPU memory (GB)", str(spec.cpu_memory_gb))
+        console.print(table)
+        typer.echo(json.dumps(spec.hardware_spec, indent=2))
+        if post:
+            typer.echo(f"POST {post}: HTTP {out['post']['status']}")
+            typer.echo(json.dumps(out["post"]["body"], indent=2, default=str))
+    if post and not out["post"]["ok"]:
+        raise typer.Exit(code=1)
+
+
+def calibrate(
+    store: Annotated[str | None, typer.Option("--store", help="Results store URL (issue 5) to refit on.")] = None,
+    sources: Annotated[
+        list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the calibration JSON.")] = None,
+    save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
+    lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
+    as_json: Json = False,
+) -> None:
+    """Refit the planner's coefficients on measurements; report leave-one-model-out error."""
+    from tunebench.plan import calibration as cal
+    from tunebench.plan.predict import user_calibration_path
+
+    records: list[Any] = []
+    if store:
+        try:
+            records += cal.store_records(store)
+        except ImportError:
+            raise InputError("--store", "the sample store is not available in this installation; use --from CSV") from None
+        except InputError:
+            raise
+        except Exception as exc:  # a URL SQLAlchemy cannot open, a foreign schema, ...
+            raise InputError("--store", f"cannot read {store}: {exc}") from None
+    for path in sources or []:
+        if not path.is_file():
+            raise InputError("--from", f"no file {str(path)!r}")
+        records += cal.read_csv(path)
+    label = "fms-acceleration reference runs + ado CPU example (shared/reference-data)"
+    if not store and not sources:
+        records = cal.default_records()
+        if not records:
+            raise InputError("--from", "no measurements given and the shared fms-acceleration data is not found")
+    else:
+        label = ", ".join([*(str(p) for p in sources or []), *([store] if store else [])])
+    if not records:
+        raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
+    result = cal.calibrate(records, source=label, lomo=lomo)
+    target = output or user_calibration_path()
+    if save:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        result.save(target)
+    out = {**result.to_dict(), "saved_to": str(target) if save else None}
+    if as_json:
+        _echo_json(out)
+        return
+    console = Console()
+    console.print(f"calibrated on {result.records} runs of {len(result.models)} models from {label}")
+    table = Table(title="coefficients")
+    table.add_column("name")
+    table.add_column("value", justify="right")
+    for k, v in result.coefficients.to_dict().items():
+        table.add_row(k, f"{v:.4g}")
+    console.print(table)
+    for title, m in (("in-sample", result.metrics.get("in_sample")),
+                     ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled"))):  # fmt: skip
+        if m:
+            console.print(
+                f"{title}: allocated MdAPE {_fmt(m['allocated_mdape_pct'])} %, nvidia-smi MdAPE "
+                f"{_fmt(m['nvidia_smi_mdape_pct'])} %, OOM accuracy {_fmt(m['oom_accuracy_pct'])} %, "
+                f"throughput MdAPE {_fmt(m['throughput_mdape_pct'])} %"
+            )
+    if save:
+        console.print(f"saved to {target}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add plan, recommend, deploy-spec and calibrate to a Typer app."""
+    app.command("plan")(plan)
+    app.command("recommend")(recommend)
+    app.command("deploy-spec")(deploy_spec)
+    app.command("calibrate")(calibrate)

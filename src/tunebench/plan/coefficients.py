@@ -1,0 +1,133 @@
+"""The planner's free coefficients: what calibration fits, with physically motivated defaults.
+
+Everything else in the model is arithmetic on shapes and datasheet numbers. These few numbers absorb
+what the arithmetic cannot know (allocator behaviour, kernel efficiency, framework copies) and are
+fitted to measurements by ``tunebench.plan.calibration`` (estimation.md §11 steps 4 and 6). The
+defaults below are the starting points of the fit, from estimation.md; the shipped values live in
+``plan/data/default_calibration.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).parent / "data"
+DEFAULT_FILE = DATA / "default_calibration.json"
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Free coefficients of the memory and throughput models (units in the names)."""
+
+    # --- memory: activations -----------------------------------------------------------------
+    # Multiplier on the per-token activation widths of arch.py (checkpoints + one layer): the
+    # backward's gradient buffers of the recomputed layer and small tensors the width count omits.
+    # estimation.md §4.3 measures 1.1-1.2x the §4.2 formula.
+    activation_scale: float = 1.15
+    # Bytes per vocabulary entry per token held by the loss with HF's cross-entropy (bf16 logits +
+    # fp32 upcast + fp32 gradient); estimation.md §4.2 "c_V ~ 6".
+    loss_bytes_per_vocab: float = 6.0
+    # The same with fused/chunked cross-entropy kernels (fast_kernels[0] = fast_loss).
+    fused_loss_bytes_per_vocab: float = 3.0
+    # Extra copies of the checkpointed layer inputs (2 h L bytes per token) that PEFT methods keep
+    # under multi-GPU FSDP (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x from 1 to 2 GPUs).
+    fsdp_peft_checkpoint_copies: float = 1.0
+    # --- memory: allocator and driver -----------------------------------------------------------
+    # CUDA context, cuBLAS/cuDNN workspaces: invisible to torch, visible to nvidia-smi (estimation.md §5).
+    cuda_context_gib: float = 0.6
+    # NCCL communicator buffers per process in multi-GPU runs (estimation.md §5: hundreds of MB to >1 GiB).
+    nccl_gib: float = 0.6
+    # Caching-allocator slack: reserved - allocated = fixed + fraction of the transient bytes
+    # (activations and loss tensors are freed and re-allocated every step, fragmenting the pool).
+    reserve_fixed_gib: float = 1.0
+    reserve_transient_fraction: float = 0.15
+    reserve_loss_fraction: float = 0.5
+    # Memory the allocator cannot hand out on a full device: OOM when allocated peak + this > capacity.
+    oom_margin_gib: float = 1.5
+    # --- throughput ------------------------------------------------------------------------------
+    # Hardware FLOPs utilisation of dense bf16 tensor work at large matrices (HFU, recomputation
+    # counted). estimation.md §8: HF fine-tuning reaches ~45-60 % of A100 peak.
+    hfu_max: float = 0.62
+    # Matrix size at which efficiency is half of hfu_max: eta = hfu_max * h / (h + hidden_half).
+    hidden_half: float = 600.0
+    # Relative speed of method implementations (1 = dense bf16 LoRA/full with HF kernels).
+    qlora_speed: float = 0.87  # HF PEFT + bitsandbytes NF4 dequantisation (estimation.md §6)
+    gptq_speed: float = 0.95  # fms-acceleration GPTQ triton kernels
+    fast_kernels_speed: float = 1.12  # fused loss, RMSNorm and RoPE (fms-acceleration "foak")
+    # Reads + writes of every activation element by elementwise kernels over forward, recomputation and
+    # backward (memory-bound time = tokens x activation bytes x passes / HBM bandwidth).
+    elementwise_passes: float = 8.0
+    # Fixed time per decoder layer per micro-batch (kernel launches, host syncs), seconds.
+    layer_overhead_s: float = 0.0006
+    # Fixed time per expert per MoE layer per micro-batch for eager (looped) MoE, seconds.
+    expert_overhead_s: float = 0.0008
+    # Latency of one expert-parallel all-to-all including its host sync (fast_moe > 1), seconds.
+    alltoall_latency_s: float = 0.0005
+    # Share of FSDP/DDP communication time not hidden behind compute.
+    comm_exposed_fraction: float = 0.3
+    # Achieved fraction of the link's nominal bandwidth for collectives.
+    link_efficiency: float = 0.7
+    # CPU training (number_gpus = 0): achieved TFLOP/s of the host (ado CPU example, smollm2-135m).
+    cpu_tflops: float = 2.5
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Coefficients:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: float(v) for k, v in data.items() if k in known})
+
+    def replace(self, **changes: float) -> Coefficients:
+        return Coefficients.from_dict({**self.to_dict(), **changes})
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Coefficients plus where they came from and how well they did (leave-one-model-out)."""
+
+    coefficients: Coefficients = field(default_factory=Coefficients)
+    source: str = "defaults (estimation.md)"
+    records: int = 0
+    models: tuple[str, ...] = ()
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "coefficients": self.coefficients.to_dict(),
+            "source": self.source,
+            "records": self.records,
+            "models": list(self.models),
+            "metrics": self.metrics,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        return cls(
+            coefficients=Coefficients.from_dict(data.get("coefficients", {})),
+            source=data.get("source", "?"),
+            records=int(data.get("records", 0)),
+            models=tuple(data.get("models", ())),
+            metrics=data.get("metrics", {}),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+_DEFAULT: Calibration | None = None
+
+
+def default_calibration() -> Calibration:
+    """The shipped calibration (fitted on the fms-acceleration runs), or the defaults if absent."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Calibration.load(DEFAULT_FILE) if DEFAULT_FILE.exists() else Calibration()
+    return _DEFAULT

@@ -1,0 +1,149 @@
+"""Deployment sizing of a tuned model on watsonx.ai (seed 002) and its hardware-specification body.
+
+Seed 002 ("Creating customized hardware specifications", watsonx.ai docs):
+
+    GPU memory  = (params_B x bytes per param + adapters x adapter size GB) x 1.5
+                  bytes per param: 2 (non-quantized LoRA), 1 (8-bit), 0.5 (4-bit QLoRA)
+    GPUs        = ceil(GPU memory / GPU memory per GPU)          ("1 GPU = 80 GB")
+    CPUs        = GPUs + 1
+    CPU memory  = GPU memory
+
+Worked examples (seed 002; the tests): 10 B, 2 adapters of 0.125 GB -> 30.375 GB ~ 31 GB (none),
+7.875 ~ 8 GB (4-bit), 15.375 ~ 16 GB (8-bit; the seed's text multiplies 2 x 0.128 there but
+states 15.375, which is 2 x 0.125).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from tunebench.errors import InputError
+
+BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5}
+OVERHEAD = 1.5  # "+ 50 % additional memory" (seed 002)
+DEFAULT_GPU_MEMORY_GB = 80.0  # "1GPU = 80 GB" (seed 002)
+DEFAULT_NAME = "custom_hw_spec"  # seed 002's example body
+DEFAULT_DESCRIPTION = "Custom hardware specification for foundation models"
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    """Seed 002's sizing and the hardware-specification request body."""
+
+    params_b: float
+    quantization: str
+    adapters: int
+    adapter_size_gb: float
+    gpu_memory_per_gpu_gb: float
+    gpu_memory_gb: float  # the formula's exact value
+    num_gpus: int
+    num_cpus: int
+    cpu_memory_gb: int  # GPU memory rounded up to whole GB ("30.375 ~= 31 GB")
+    name: str
+    description: str
+
+    @property
+    def hardware_spec(self) -> dict[str, Any]:
+        """The JSON body of POST /v2/hardware_specifications, exactly seed 002's shape."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "nodes": {
+                "cpu": {"units": str(self.num_cpus)},
+                "mem": {"size": f"{self.cpu_memory_gb}Gi"},
+                "gpu": {"num_gpu": self.num_gpus},
+            },
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_memory_gb": self.gpu_memory_gb,
+            "num_gpus": self.num_gpus,
+            "num_cpus": self.num_cpus,
+            "cpu_memory_gb": self.cpu_memory_gb,
+            "hardware_spec": self.hardware_spec,
+            "params_b": self.params_b,
+            "quantization": self.quantization,
+            "adapters": self.adapters,
+            "adapter_size_gb": self.adapter_size_gb,
+            "gpu_memory_per_gpu_gb": self.gpu_memory_per_gpu_gb,
+            "gpu_memory_gb_rounded": self.cpu_memory_gb,
+        }
+
+
+def deploy_spec(
+    params_b: float,
+    quantization: str = "none",
+    adapters: int = 1,
+    adapter_size_gb: float = 0.125,
+    gpu_memory_gb: float = DEFAULT_GPU_MEMORY_GB,
+    name: str | None = None,
+    description: str | None = None,
+) -> DeploySpec:
+    """Size a deployment by seed 002's formula; InputError names a bad field."""
+    if quantization not in BYTES_PER_PARAM:
+        raise InputError("--quantization", f"unknown value {quantization!r}", allowed=", ".join(BYTES_PER_PARAM))
+    if not params_b > 0:
+        raise InputError("--params-b", f"must be positive (got {params_b})")
+    if adapters < 0:
+        raise InputError("--adapters", f"must be >= 0 (got {adapters})")
+    if adapter_size_gb < 0:
+        raise InputError("--adapter-size-gb", f"must be >= 0 (got {adapter_size_gb})")
+    if not gpu_memory_gb > 0:
+        raise InputError("--gpu-memory-gb", f"must be positive (got {gpu_memory_gb})")
+    memory = (params_b * BYTES_PER_PARAM[quantization] + adapters * adapter_size_gb) * OVERHEAD
+    memory = round(memory, 9)  # 30.375, not 30.375000000000004
+    gpus = max(1, math.ceil(memory / gpu_memory_gb))
+    return DeploySpec(
+        params_b=params_b,
+        quantization=quantization,
+        adapters=adapters,
+        adapter_size_gb=adapter_size_gb,
+        gpu_memory_per_gpu_gb=gpu_memory_gb,
+        gpu_memory_gb=memory,
+        num_gpus=gpus,
+        num_cpus=gpus + 1,
+        cpu_memory_gb=math.ceil(memory),
+        name=name or DEFAULT_NAME,
+        description=description or DEFAULT_DESCRIPTION,
+    )
+
+
+def post_hardware_spec(
+    url: str, body: dict[str, Any], token_env: str = "TOKEN", timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """POST the body to url with 'Authorization: Bearer $<token_env>' (seed 002's curl); the reply.
+
+    Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL.
+    """
+    token = os.environ.get(token_env)
+    if not token:
+        raise InputError("--token-env", f"environment variable {token_env} is not set (it must hold the bearer token)")
+    if not url.startswith(("http://", "https://")):
+        raise InputError("--post", f"not an http(s) URL: {url!r}")
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (the user's URL)
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except urllib.error.URLError as exc:
+        raise InputError("--post", f"cannot reach {url}: {exc.reason}") from None
+    text = raw.decode(errors="replace")
+    try:
+        parsed: Any = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        parsed = text
+    return {"status": status, "ok": 200 <= status < 300, "body": parsed}

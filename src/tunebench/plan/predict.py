@@ -1,0 +1,323 @@
+"""The predicting actuator: a Result for any (experiment, entity), one at a time or a whole space.
+
+``predict`` and ``predict_many`` return ``tunebench.results.Result`` objects with
+``actuator="predict"``: status ``valid`` with the predicted measured properties (the measuring
+actuator's names), or ``invalid`` when a validity rule breaks or the job will not fit on the GPU
+(``reasons`` say which). ``metadata`` explains the prediction: the per-component memory breakdown
+(GiB per GPU), the phase that sets the peak, headroom, step time, steps, MFU, cost.
+
+``predict_many`` groups entities by their categorical settings and evaluates each group as numpy
+arrays (``workload.py``), so screening 100,000 entities takes about a second; ``predict`` is
+``predict_many`` of one, so both always agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tunebench import paths
+from tunebench.catalog import ModelSpec
+from tunebench.errors import InputError
+from tunebench.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
+from tunebench.plan.coefficients import Calibration, default_calibration
+from tunebench.plan.memory import predict_memory
+from tunebench.plan.throughput import predict_throughput
+from tunebench.plan.workload import NUMERIC, build_workload, group_key
+from tunebench.results import Result
+from tunebench.validity import check_values
+
+# The measured properties the planner predicts (spec 004 names, plus the GiB extras of issue 6).
+PREDICTED = (
+    "gpu_memory_utilization_peak", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+    "train_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second",
+    "dataset_tokens_per_second_per_gpu", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
+    "gpu_memory_peak_gib",
+)  # fmt: skip
+USER_CALIBRATION = "calibration.json"
+
+
+def user_calibration_path() -> Path:
+    """Where ``tunebench calibrate`` writes a refit by default (and predictions pick it up)."""
+    return paths.home() / USER_CALIBRATION
+
+
+def load_calibration(path: str | os.PathLike | None = None) -> Calibration:
+    """An explicit calibration file, else the user's refit (if any), else the shipped default."""
+    if path:
+        return _cached_calibration(str(Path(path).expanduser()), Path(path).expanduser().stat().st_mtime)
+    user = user_calibration_path()
+    if user.exists():
+        return _cached_calibration(str(user), user.stat().st_mtime)
+    return default_calibration()
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Options of a prediction that are not entity properties."""
+
+    calibration: Calibration | None = None
+    price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost
+    network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
+
+
+def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
+    """The predicted Result of one entity (options: calibration, price_per_gpu_hour, network_gbps)."""
+    return predict_many([(experiment, entity)], **options)[0]
+
+
+def predict_many(
+    items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], **options: Any
+) -> list[Result]:
+    """Predicted Results of many (experiment, entity) pairs, in order; raw dicts are parsed first."""
+    # Building ~10^5 small dicts triggers the cyclic collector over and over; nothing here makes
+    # cycles, so it is paused for the call (halves the time of a 100,000-entity space).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _predict_many(items, PlanOptions(**options))
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _predict_many(
+    items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], opts: PlanOptions
+) -> list[Result]:
+    prepared = []
+    defaults: dict[int, tuple[str, dict[str, Any]]] = {}  # per experiment: (id, hardcoded + defaults)
+    keys = []
+    for experiment, entity in items:
+        if not isinstance(entity, Entity):
+            entity = make_entity(experiment, entity)
+        exp_id, values = _effective_values(experiment, entity, defaults)
+        validity = check_values(values, single_node_only=experiment.single_node_only)
+        prepared.append((exp_id, experiment, entity, values, validity.reasons))
+        # group by experiment + the entity's own non-numeric values; the rest are the experiment's defaults
+        # (entity values are canonical and hashable: tuples, not lists)
+        keys.append((exp_id, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC]))
+    columns = predict_values([(e.method, v) for _, e, _, v, _ in prepared], opts, keys=keys)
+    return _results(columns, [(exp_id, entity.id, reasons) for exp_id, _, entity, _, reasons in prepared], opts)
+
+
+def _effective_values(
+    experiment: Experiment, entity: Entity, cache: dict[int, tuple[str, dict[str, Any]]]
+) -> tuple[str, dict[str, Any]]:
+    """(experiment id, tunebench.experiments.effective_values) with the defaults merged once per experiment."""
+    cached = cache.get(id(experiment))
+    if cached is None:
+        cached = cache[id(experiment)] = (experiment.id, {**experiment.hardcoded, **resolved_defaults(experiment)})
+    exp_id, base = cached
+    values = dict(base)
+    values.update(entity.values)
+    if experiment.uses_lora and not values.get("target_modules"):
+        values["target_modules"] = target_modules_for(experiment, values["model_name"])
+    return exp_id, values
+
+
+def predict_values(
+    rows: Sequence[tuple[str, Mapping[str, Any]]],
+    options: PlanOptions | None = None,
+    model: ModelSpec | None = None,
+    keys: Sequence[tuple] | None = None,
+) -> dict[str, Any]:
+    """Core: (method, effective values) rows -> columns of predictions (numpy arrays, row order).
+
+    The explorer can call this directly on a whole space; ``predict_many`` wraps it into Results.
+    Rows whose GPU is unknown (rule 5) get NaN predictions. ``keys`` (optional, one per row) replace
+    ``workload.group_key`` for grouping: they may split groups further, never merge rows whose
+    group_key differs; callers that know a cheaper key pass it.
+    """
+    opts = options or PlanOptions()
+    cal = opts.calibration or load_calibration()
+    c = cal.coefficients
+    n = len(rows)
+    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, "step_seconds", "steps", "mfu",
+                                                            "flops_per_token", "headroom_gib", "capacity_gib",
+                                                            "per_device_batch", "tokens_per_sample",
+                                                            "padded_tokens_per_sample", "gpu_hours")}  # fmt: skip
+    out["fits"] = np.ones(n, dtype=bool)
+    out["peak_phase"] = np.full(n, "", dtype=object)
+    out["breakdown"] = [None] * n
+    out["notes"] = [[] for _ in range(n)]
+    out["calibration"] = cal.source
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, (method, values) in enumerate(rows):
+        if values.get("number_gpus", 0) > 0 and not values.get("gpu_model"):
+            continue  # rule 5: nothing to plan against
+        groups[keys[i] if keys is not None else group_key(values, method)].append(i)
+    for idx in groups.values():
+        method = rows[idx[0]][0]
+        w = build_workload(method, [rows[i][1] for i in idx], model=model)
+        m = predict_memory(w, c)
+        t = predict_throughput(w, c, opts.network_gbps)
+        real, padded = w.sample_tokens()
+        cols = {
+            "gpu_memory_utilization_peak": m.utilization_pct,
+            "gpu_memory_allocated_peak_gib": m.allocated_gib,
+            "gpu_memory_reserved_peak_gib": m.reserved_gib,
+            "gpu_memory_peak_gib": m.nvidia_smi_gib,
+            "train_runtime": t.train_runtime,
+            "train_samples_per_second": t.train_samples_per_second,
+            "train_steps_per_second": t.train_steps_per_second,
+            "train_tokens_per_second": t.train_tokens_per_second,
+            "train_tokens_per_gpu_per_second": t.train_tokens_per_gpu_per_second,
+            "dataset_tokens_per_second": t.dataset_tokens_per_second,
+            "dataset_tokens_per_second_per_gpu": t.dataset_tokens_per_second / w.devices,
+            "step_seconds": t.step_seconds,
+            "steps": t.steps,
+            "mfu": t.mfu,
+            "flops_per_token": t.flops_per_token,
+            "per_device_batch": w.per_device_batch,
+            "tokens_per_sample": real * np.ones(w.size),
+            "padded_tokens_per_sample": padded * np.ones(w.size),
+            "gpu_hours": t.train_runtime / 3600 * w.gpus,
+        }
+        if m.capacity_gib is not None:
+            cols["capacity_gib"] = np.full(w.size, m.capacity_gib)
+            cols["headroom_gib"] = m.capacity_gib - m.nvidia_smi_gib
+        for k, v in cols.items():
+            out[k][idx] = v
+        out["fits"][idx] = m.fits
+        out["peak_phase"][idx] = m.peak_phase
+        names = list(m.breakdown_gib)
+        stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
+        no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
+        for j, i in enumerate(idx):
+            out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
+            if no_sync[j] and w.method == "full":
+                out["notes"][i].append(
+                    "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
+                    "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
+                )
+            if w.unmatched_target_modules:
+                out["notes"][i].append(
+                    f"target_modules {', '.join(w.unmatched_target_modules)} match no linear layer of {w.model.name}"
+                )
+    if opts.price_per_gpu_hour is not None:
+        out["cost"] = out["gpu_hours"] * opts.price_per_gpu_hour
+    return out
+
+
+_META = ("capacity_gib", "headroom_gib", "step_seconds", "steps", "mfu", "flops_per_token", "per_device_batch",
+         "tokens_per_sample", "gpu_hours")  # fmt: skip
+
+
+def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: PlanOptions) -> list[Result]:
+    """Columns -> one Result per entity (column-wise .tolist(), NaN as None: fast for large spaces)."""
+    extra = ("cost",) if "cost" in cols else ()
+    lists = {  # NaN -> None (v != v only for NaN)
+        k: [None if v != v else v for v in np.asarray(cols[k], dtype=float).tolist()]
+        for k in (*PREDICTED, *_META, *extra)
+    }
+    pred_lists = [lists[k] for k in PREDICTED]
+    meta_lists = [lists[k] for k in (*_META, *extra)]
+    meta_names = (*_META, *extra)
+    fits = cols["fits"].tolist()
+    phase = cols["peak_phase"].tolist()
+    out = []
+    for i, (experiment_id, entity_id, rule_reasons) in enumerate(ids):
+        predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))
+        meta: dict[str, Any] = dict(zip(meta_names, [col[i] for col in meta_lists], strict=True))
+        meta["predicted"] = predicted
+        meta["breakdown"] = cols["breakdown"][i] or {}
+        meta["peak_phase"] = phase[i] or None
+        meta["fits"] = fits[i]
+        meta["calibration"] = cols["calibration"]
+        meta["notes"] = cols["notes"][i]
+        if extra:
+            meta["price_per_gpu_hour"] = opts.price_per_gpu_hour
+        reasons = list(rule_reasons)
+        if not fits[i]:
+            alloc = predicted["gpu_memory_allocated_peak_gib"] or 0.0
+            reasons.append(
+                f"out of GPU memory: predicted peak {alloc:.1f} GiB allocated per GPU "
+                f"({(meta['peak_phase'] or '').replace('_', ' ')}) does not fit the {meta['capacity_gib']:.1f} GiB GPU"
+            )
+        if reasons:
+            out.append(Result.invalid(experiment_id, entity_id, reasons, metadata=meta, actuator="predict"))
+        else:
+            props = {k: v for k, v in predicted.items() if v is not None}
+            out.append(Result.valid(experiment_id, entity_id, props, metadata=meta, actuator="predict"))
+    return out
+
+
+def plan_json(result: Result) -> dict[str, Any]:
+    """The `tunebench plan --json` object: the issue's keys first, then the explanation."""
+    meta = result.metadata
+    pred = meta.get("predicted", {})
+    out: dict[str, Any] = {
+        "experiment_id": result.experiment_id,
+        "entity_id": result.entity_id,
+        "is_valid": result.status == "valid",
+        "reasons": list(result.reasons),
+    }
+    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_peak_gib",
+                "gpu_memory_utilization_peak", "train_tokens_per_second", "train_tokens_per_gpu_per_second",
+                "dataset_tokens_per_second", "train_runtime"):  # fmt: skip
+        out[key] = _round(pred.get(key))
+    out["breakdown"] = meta.get("breakdown", {})
+    for key in ("dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second"):
+        out[key] = _round(pred.get(key))
+    for key in ("fits", "peak_phase", "capacity_gib", "headroom_gib", "step_seconds", "steps", "mfu",
+                "per_device_batch", "tokens_per_sample", "gpu_hours", "cost", "price_per_gpu_hour",
+                "calibration", "notes"):  # fmt: skip
+        if key in meta:
+            out[key] = _round(meta[key])
+    return out
+
+
+def _round(v: Any) -> Any:
+    if isinstance(v, float):
+        return round(v, 4)
+    return v
+
+
+# --- the actuator contract of tunebench.executors (fn(experiment, entity, options) -> Result) ----------
+ACTUATOR_OPTIONS = ("calibration", "price_per_gpu_hour", "network_gbps")
+_EXECUTOR_OPTIONS = ("visible_devices", "output_dir")  # what executors add; the planner ignores them
+
+
+def _actuator_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(ACTUATOR_OPTIONS) - set(_EXECUTOR_OPTIONS))
+    if unknown:
+        raise InputError("actuator.options", f"unknown option(s) of the predict actuator: {', '.join(unknown)}",
+                         allowed=", ".join(ACTUATOR_OPTIONS))  # fmt: skip
+    out: dict[str, Any] = {}
+    if options.get("calibration"):
+        path = Path(str(options["calibration"])).expanduser()
+        if not path.is_file():
+            raise InputError("actuator.options.calibration", f"no file {str(path)!r}")
+        out["calibration"] = load_calibration(path)
+    for key in ("price_per_gpu_hour", "network_gbps"):
+        if options.get(key) is not None:
+            try:
+                out[key] = float(options[key])
+            except (TypeError, ValueError):
+                raise InputError(f"actuator.options.{key}", f"{options[key]!r} is not a number") from None
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_calibration(path: str, mtime: float) -> Calibration:
+    """A calibration file, read once per modification time."""
+    return Calibration.load(path)
+
+
+def predict_actuator(experiment: Experiment, entity: Entity, options: Mapping[str, Any] | None = None) -> Result:
+    """The 'predict' actuator of explore: a Result predicted in microseconds, never a GPU used.
+
+    options: calibration (JSON path), price_per_gpu_hour, network_gbps; executor keys are ignored.
+    """
+    return predict(experiment, entity, **_actuator_options(options or {}))
+
+
+predict_actuator.check_options = _actuator_options  # type: ignore[attr-defined]

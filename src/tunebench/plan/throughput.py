@@ -1,0 +1,213 @@
+"""Step time, throughput, runtime and cost.
+
+    FLOPs per token  full 6N, PEFT 4N (no weight gradients), + 2N when checkpointing recomputes the
+                     forward, + the attention core (estimation.md §6; Kaplan et al. 2020; PaLM App. B)
+    t_micro          FLOPs / (peak x efficiency) + fixed per-layer (and eager-MoE per-expert) overhead
+    t_comm           FSDP all-gathers and reduce-scatters, DDP all-reduces, over NVLink / PCIe /
+                     the network (RoCE or TCP), partly hidden behind compute
+    t_optimizer      optimizer state traffic / HBM bandwidth (memory-bound)
+    t_step           accumulation x t_micro + exposed comm + t_optimizer
+
+Efficiency is a calibrated function of model width (small matrices run below peak), method
+(bitsandbytes / GPTQ dequantisation) and fused kernels (estimation.md §8, §11 step 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tunebench.plan.coefficients import Coefficients
+from tunebench.plan.memory import OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, trainable_params
+from tunebench.plan.workload import Workload, total_steps
+
+# Network bandwidth per node for multi-node runs, GB/s per direction (assumptions, override with
+# network_gbps): RoCE NICs at 200 Gb/s; without RoCE the reference sets NCCL_IB_DISABLE=1 and NCCL falls
+# back to TCP sockets (ado-sfttrainer.md §9), which reach a fraction of a 100 GbE link.
+ROCE_GBPS = 25.0
+TCP_GBPS = 4.0
+
+
+def flops_per_token(w: Workload) -> np.ndarray:
+    """Hardware FLOPs per (padded) token of one training step, recomputation included."""
+    a = w.arch
+    mm = a.matmul_params_per_token
+    body = mm - a.lm_head_params  # lm_head sits outside the checkpointed layers: never recomputed
+    recompute = 1.0 if w.checkpointing else 0.0
+    if w.method == "full":
+        dense = 6 * mm + 2 * recompute * body  # fwd 2N + input grads 2N + weight grads 2N
+    else:
+        dense = 4 * mm + 2 * recompute * body  # frozen base: no weight-gradient GEMMs
+        dense = dense + 6 * trainable_params(w)  # adapters: negligible, counted
+    _, padded = w.sample_tokens()
+    # attention core: forward attn_ctx * s (causal half), backward 2x, recompute 1x (llm-foundry, PaLM)
+    attention = a.attention_flops_per_token_per_context * padded * (3 + recompute)
+    return dense + attention
+
+
+def peak_tflops(w: Workload) -> float:
+    """Dense tensor peak for the compute dtype (catalog, datasheet values without sparsity)."""
+    g = w.gpu
+    if g is None:
+        return 0.0
+    if w.compute_bytes == 4:
+        return g.fp32_tflops  # torch keeps TF32 off for matmuls by default
+    if w.torch_dtype == "float16" or w.settings.get("fp16"):
+        return g.fp16_tflops
+    return g.bf16_tflops if g.bf16_tflops is not None else g.fp32_tflops  # no bf16 tensor cores: emulated
+
+
+def efficiency(w: Workload, c: Coefficients) -> float:
+    """Achieved fraction of peak: width-limited kernel efficiency x method and kernel factors."""
+    eta = c.hfu_max * w.arch.hidden / (w.arch.hidden + c.hidden_half)
+    if w.method == "qlora":
+        eta *= c.qlora_speed
+    elif w.method == "gptq-lora":
+        eta *= c.gptq_speed
+    if any(w.fast_kernels):
+        eta *= c.fast_kernels_speed
+    return eta
+
+
+def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.ndarray:
+    """Per-direction bandwidth the collectives see: NVLink/PCIe within a node, the NIC across nodes.
+
+    The catalog's intra_node_bandwidth_gbps is bidirectional (NVLink 3 600 GB/s, PCIe 4.0 x16 64 GB/s),
+    so one direction is half of it.
+    """
+    intra = (w.gpu.intra_node_bandwidth_gbps / 2) if w.gpu is not None else 1.0
+    if network_gbps is None:
+        network_gbps = ROCE_GBPS if w.settings.get("enable_roce") else TCP_GBPS
+    bw = np.where(w.nodes > 1, np.minimum(intra, network_gbps), intra)
+    return bw * c.link_efficiency * 1e9
+
+
+def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None) -> np.ndarray:
+    """Collective communication per optimizer step (ring algorithms: (D-1)/D of the payload per GPU)."""
+    a = w.arch
+    mode = w.mode()
+    d = w.devices
+    ring = (d - 1) / d
+    degree, gathers_all = sharding_degree(w)
+    n_train = trainable_params(w)
+    grad_bytes = n_train * param_bytes(w)
+    if w.method == "qlora":
+        compute_param = 0.516
+    elif w.method == "gptq-lora":
+        compute_param = 0.52
+    else:
+        compute_param = 4.0 if w.compute_bytes == 4 else 2.0
+    params = a.total_params * compute_param * (1 - expert_fraction(w))  # EP experts are never gathered
+    ga = w.grad_accum
+    # FSDP: all-gather parameters in forward and again in backward (FULL/HYBRID) or once
+    # (SHARD_GRAD_OP), reduce-scatter gradients at each sync; HYBRID adds an all-reduce across nodes.
+    gathers = np.where(gathers_all, 1.0, 2.0)
+    fsdp = ga * gathers * params * (degree - 1) / np.maximum(degree, 1) + grad_bytes * ring
+    if w.sharding.startswith("HYBRID"):
+        fsdp = fsdp + 2 * grad_bytes / np.maximum(degree, 1) * (w.nodes - 1) / w.nodes
+    allreduce = 2 * grad_bytes * ring  # DDP / NO_SHARD: one all-reduce per optimizer step
+    dp = ga * params * ring + allreduce  # DataParallel: broadcasts weights every forward
+    volume = np.where(mode == "FSDP", np.where(w.sharding == "NO_SHARD", allreduce, fsdp), 0.0)
+    volume = np.where(mode == "DDP", allreduce, volume)
+    volume = np.where(mode == "DP", dp, volume)
+    return volume / _link_gbps(w, c, network_gbps)
+
+
+def optimizer_seconds(w: Workload) -> np.ndarray:
+    """Optimizer step: read param, grad and states, write param and states, over HBM (memory-bound)."""
+    if w.gpu is None:
+        return np.zeros(w.size)
+    opt = OPTIMIZERS.get(w.optim, _ADAM)
+    degree, _ = sharding_degree(w)
+    pb = param_bytes(w)
+    per_param = 3 * pb + 2 * (opt.state_copies * pb + opt.state_bytes)
+    return trainable_params(w) / degree * per_param / (w.gpu.memory_bandwidth_gbps * 1e9)
+
+
+@dataclass
+class ThroughputPrediction:
+    """Per-entity timing and rates (arrays)."""
+
+    step_seconds: np.ndarray
+    compute_seconds: np.ndarray
+    comm_seconds: np.ndarray
+    flops_per_token: np.ndarray
+    mfu: np.ndarray  # model FLOPs utilisation (6N / 4N accounting, no recomputation)
+    train_tokens_per_gpu_per_second: np.ndarray
+    train_tokens_per_second: np.ndarray
+    dataset_tokens_per_second: np.ndarray
+    train_samples_per_second: np.ndarray
+    train_steps_per_second: np.ndarray
+    steps: np.ndarray
+    train_runtime: np.ndarray
+
+
+def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None) -> ThroughputPrediction:
+    """Step time and the spec's throughput properties for every entity of a workload."""
+    a = w.arch
+    real, padded = w.sample_tokens()
+    micro_tokens = w.per_device_batch * padded
+    fpt = flops_per_token(w)
+    micro_flops = micro_tokens * fpt
+    if a.vision and w.dataset.kind == "vision":  # the tower encodes every tile of the sample's image
+        tower = a.vision["tower_params"]
+        per_token = 6 if w.method == "full" else 4
+        micro_flops = micro_flops + w.per_device_batch * w.image_encoder_tokens() * tower * per_token
+    on_gpu = w.gpus >= 1
+    if w.gpu is not None:
+        rate = peak_tflops(w) * 1e12 * efficiency(w, c)
+    else:
+        rate = c.cpu_tflops * 1e12
+    rate = np.where(on_gpu, rate, c.cpu_tflops * 1e12)
+    compute = micro_flops / rate
+    if w.gpu is not None:
+        # memory-bound elementwise work (norms, activations, RoPE, residual adds, casts): every saved
+        # activation element is written and read a few times per pass; scales with HBM bandwidth,
+        # not with tensor FLOPs, which is why small models and fast GPUs reach a lower fraction of peak
+        traffic = micro_tokens * a.stack_width * w.compute_bytes * c.elementwise_passes
+        compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
+    overhead = c.layer_overhead_s * a.layers
+    if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)
+        overhead += c.expert_overhead_s * a.layers * a.experts
+    micro = compute + overhead
+    comm = np.where(on_gpu, comm_seconds(w, c, network_gbps), 0.0)
+    step_compute = w.grad_accum * micro
+    exposed = np.maximum(c.comm_exposed_fraction * comm, comm - step_compute)
+    if a.experts and w.fast_moe >= 1:
+        # ScatterMoE (fast_moe = ep degree): token sort/dispatch and combine in forward, recompute and
+        # backward of every MoE layer (6 per layer), each behind a host sync for the split sizes; with
+        # ep > 1 they are all-to-alls carrying top_k copies of each token, on the critical path
+        ep = w.fast_moe
+        per_a2a = micro_tokens * a.top_k * a.hidden * 2 * (ep - 1) / ep / _link_gbps(w, c, network_gbps)
+        exposed = exposed + w.grad_accum * 6 * a.layers * (c.alltoall_latency_s + per_a2a)
+    step = step_compute + exposed + optimizer_seconds(w)
+
+    samples_per_step = w.batch * w.grad_accum  # ado batch_size is already per-device x devices
+    devices = w.devices
+    tokens_gpu = w.grad_accum * micro_tokens / step
+    steps = total_steps(w)
+    runtime = steps * step
+    stop = w.stop_after_seconds
+    runtime = np.where(stop > 0, np.minimum(runtime, np.ceil(stop / step) * step), runtime)
+    if w.settings.get("auto_stop_method"):
+        # WARMUP_60S_STABLE_120S_OR_10_STEPS: the measured window after a 60 s warm-up is the
+        # longer of 120 s or 10 steps (ado-sfttrainer.md §8.2), never past the end of training
+        runtime = np.minimum(np.maximum(120.0, 10 * step), np.maximum(runtime - 60.0, step))
+    model_flops = (6 if w.method == "full" else 4) * a.matmul_params_per_token
+    peak = peak_tflops(w) * 1e12 if w.gpu is not None else c.cpu_tflops * 1e12
+    mfu = tokens_gpu * model_flops / peak
+    return ThroughputPrediction(
+        step_seconds=step,
+        compute_seconds=step_compute,
+        comm_seconds=comm,
+        flops_per_token=fpt,
+        mfu=mfu,
+        train_tokens_per_gpu_per_second=tokens_gpu,
+        train_tokens_per_second=tokens_gpu * devices,
+        dataset_tokens_per_second=samples_per_step * real / step,
+        train_samples_per_second=samples_per_step / step,
+        train_steps_per_second=1.0 / step,
+        steps=steps,
+        train_runtime=runtime,
+    )

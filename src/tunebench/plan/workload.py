@@ -1,0 +1,279 @@
+"""What the planner computes with: an entity's settings resolved into a Workload.
+
+A Workload is a group of entities that share the model, the method and every categorical setting
+(dtype, optimizer, backend, sharding, checkpointing, kernels, GPU, data set); their numeric
+properties (GPUs, nodes, batch, sequence length, accumulation, LoRA rank, steps) are numpy arrays,
+so one pass of the memory and throughput formulas plans a whole group. ``predict`` plans a group
+of one; ``predict_many`` groups a space first. Same code path, so batch equals single by design.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from tunebench.catalog import GPUSpec, ModelSpec, get_gpu, get_model
+from tunebench.datasets import parse_dataset_id
+from tunebench.datasets.ids import DatasetId
+from tunebench.plan.arch import Arch, arch_of, image_tiles
+
+# Numeric entity properties, vectorised per group (spec 004 names).
+NUMERIC = (
+    "number_gpus", "number_nodes", "batch_size", "model_max_length", "gradient_accumulation_steps",
+    "r", "max_steps", "num_train_epochs", "stop_after_seconds",
+)  # fmt: skip
+NUMERIC_DEFAULTS = {"number_nodes": 1, "gradient_accumulation_steps": 1, "r": 0, "max_steps": -1,
+                    "num_train_epochs": 1.0, "stop_after_seconds": -1.0}  # fmt: skip
+# Categorical settings that define a group (with model_name and method).
+CATEGORICAL = (
+    "target_modules", "torch_dtype", "bf16", "fp16", "accelerate_config_mixed_precision", "optim",
+    "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
+    "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
+    "loss_implementation",
+)  # fmt: skip
+
+# Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
+# news-tokens-Kplus: a response of >= K words at 1.20-1.33 tokens per word (entries.py docstring),
+# plus ~30 tokens of prompt template; news-chars-N: 2N characters + the 117-character template at
+# 4.68-5.12 characters per token (datasets/resolve.py, measured on tunebench prose), + BOS/EOS.
+TOKENS_PER_WORD = 1.27
+TEMPLATE_TOKENS = 30
+CHARS_PER_TOKEN = 4.9
+TEMPLATE_CHARS = 117
+VISION_USER_WORDS = 38  # entries.py: the user turn of a vision row
+# tokenizer model_max_length of models whose tokenizer truncates below the requested length
+# (shared/reference-data/ado/sfttrainer_model_hashes.json; 1e30 / int64-max sentinels mean "none").
+TOKENIZER_MAX_LENGTH = {"granite-13b-v2": 8192, "granite-20b-v2": 8192, "granite-34b-code-base": 8192}
+
+
+@dataclass
+class Workload:
+    """A group of entities: shared categorical settings, numeric properties as float arrays."""
+
+    model: ModelSpec
+    arch: Arch
+    method: str  # full | lora | qlora | gptq-lora | pt
+    gpu: GPUSpec | None
+    dataset: DatasetId
+    settings: dict[str, Any]
+    gpus: np.ndarray
+    nodes: np.ndarray
+    batch: np.ndarray
+    max_length: np.ndarray
+    grad_accum: np.ndarray
+    rank: np.ndarray
+    max_steps: np.ndarray
+    epochs: np.ndarray
+    stop_after_seconds: np.ndarray
+    lora_params_per_rank: int = 0
+    unmatched_target_modules: tuple[str, ...] = ()
+    derived: dict[str, np.ndarray] = field(default_factory=dict)
+
+    # --- settings --------------------------------------------------------------------------------
+    @property
+    def peft(self) -> bool:
+        return self.method != "full"
+
+    @property
+    def checkpointing(self) -> bool:
+        return bool(self.settings.get("gradient_checkpointing", True))
+
+    @property
+    def torch_dtype(self) -> str:
+        return self.settings.get("torch_dtype") or "bfloat16"
+
+    @property
+    def amp(self) -> bool:
+        """Automatic mixed precision: HF bf16/fp16 flags or accelerate mixed_precision (spec 004)."""
+        mp = self.settings.get("accelerate_config_mixed_precision") or "no"
+        return bool(self.settings.get("bf16")) or bool(self.settings.get("fp16")) or mp != "no"
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of an activation element: fp32 only when weights are fp32 and no autocast."""
+        return 4 if self.torch_dtype == "float32" and not self.amp else 2
+
+    @property
+    def fast_kernels(self) -> tuple[bool, bool, bool]:
+        fk = self.settings.get("fast_kernels") or (False, False, False)
+        return tuple(bool(x) for x in fk)  # type: ignore[return-value]
+
+    @property
+    def loss_implementation(self) -> str:
+        """'hf' (transformers cross-entropy), 'fused' (fast_loss kernel) or 'fused_linear' (Liger FLCE)."""
+        explicit = self.settings.get("loss_implementation")
+        if explicit:
+            return explicit
+        return "fused" if self.fast_kernels[0] else "hf"
+
+    @property
+    def backend(self) -> str | None:
+        return self.settings.get("distributed_backend")
+
+    @property
+    def sharding(self) -> str:
+        return self.settings.get("fsdp_sharding_strategy") or "FULL_SHARD"
+
+    @property
+    def optim(self) -> str:
+        return self.settings.get("optim") or "adamw_torch"
+
+    @property
+    def fast_moe(self) -> int:
+        return int(self.settings.get("fast_moe") or 0)
+
+    @property
+    def size(self) -> int:
+        return len(self.gpus)
+
+    # --- derived arrays ----------------------------------------------------------------------------
+    @cached_property
+    def devices(self) -> np.ndarray:
+        """Processes sharing the batch: max(1, number_gpus) (CPU counts as one device)."""
+        return np.maximum(self.gpus, 1)
+
+    @cached_property
+    def per_device_batch(self) -> np.ndarray:
+        return self.batch / self.devices
+
+    @cached_property
+    def multi_gpu(self) -> np.ndarray:
+        return self.gpus >= 2
+
+    def mode(self) -> np.ndarray:
+        """Per entity: 'FSDP', 'DDP', 'DP' (one process, torch DataParallel) or 'single'."""
+        return self._mode
+
+    @cached_property
+    def _mode(self) -> np.ndarray:
+        if self.backend in ("FSDP", "DDP"):
+            return np.where(self.multi_gpu, self.backend, "single")
+        return np.where(self.multi_gpu, "DP", "single")
+
+    @cached_property
+    def gpus_per_node(self) -> np.ndarray:
+        return self.devices / np.maximum(self.nodes, 1)
+
+    def sample_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """(real tokens per sample, padded tokens per sample) after truncation.
+
+        Real tokens are what dataset_tokens_per_second counts (ado-sfttrainer.md §7.3); padded tokens
+        are what the GPU processes (right padding to the longest sample of the batch). The synthetic
+        entries of one data set have nearly equal lengths, so padding adds little (1 %).
+        """
+        if "real" in self.derived:
+            return self.derived["real"], self.derived["padded"]
+        ds = self.dataset
+        if ds.kind == "tokens":
+            entry = TOKENS_PER_WORD * ds.min_tokens + TEMPLATE_TOKENS
+            pad = 1.0
+        elif ds.kind == "chars":
+            entry = (2 * ds.chars + TEMPLATE_CHARS) / CHARS_PER_TOKEN + 2
+            pad = 1.01
+        else:  # vision: text of the chat + the image's visual tokens
+            entry = TOKENS_PER_WORD * (ds.min_tokens + VISION_USER_WORDS) + self.image_tokens()
+            pad = 1.0
+        cap = self.tokenizer_max_length()
+        limit = self.max_length if cap is None else np.minimum(self.max_length, cap)
+        real = np.minimum(limit, entry)
+        if self.method == "pt":
+            virtual = self.settings.get("num_virtual_tokens") or 8
+            padded = np.minimum(limit, entry) * pad + virtual  # prompt tuning prepends virtual tokens
+        else:
+            padded = np.minimum(limit, entry * pad)
+        self.derived["real"], self.derived["padded"] = real, padded
+        return real, padded
+
+    def image_tokens(self) -> float:
+        """Visual tokens of the row's image in the language sequence (LLaVA-NeXT anyres tiles)."""
+        if not self.arch.vision or self.dataset.kind != "vision":
+            return 0.0
+        tiles = image_tiles(self.arch, self.dataset.width, self.dataset.height)
+        return float(tiles * self.arch.vision["patches_per_tile"])
+
+    def image_encoder_tokens(self) -> float:
+        """Tokens the vision tower encodes per sample (every tile, base image included)."""
+        return self.image_tokens()
+
+    def tokenizer_max_length(self) -> int | None:
+        return self.model.extra.get("tokenizer_model_max_length") or TOKENIZER_MAX_LENGTH.get(self.model.name)
+
+
+def group_key(values: Mapping[str, Any], method: str) -> tuple:
+    """The categorical identity of an entity's settings (what a Workload shares)."""
+    get = values.get
+    return (values["model_name"], method, *[_hashable(get(name)) for name in CATEGORICAL])
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def build_workload(
+    method: str, rows: list[Mapping[str, Any]], model: ModelSpec | None = None
+) -> Workload:
+    """One Workload from effective-value dicts that share group_key (the first row's settings)."""
+    first = rows[0]
+    spec = model or get_model(first["model_name"])
+    arch = arch_of(spec)
+    gpu_label = first.get("gpu_model")
+    gpu = get_gpu(gpu_label) if gpu_label else None
+    settings = {name: first.get(name) for name in CATEGORICAL}
+    cols = {}
+    for name in NUMERIC:
+        default = NUMERIC_DEFAULTS.get(name, 0)
+        col = [r.get(name) for r in rows]
+        cols[name] = np.array([default if v is None else v for v in col], dtype=float)
+    per_rank, unmatched = (0, ())
+    if method in ("lora", "qlora", "gptq-lora"):
+        per_rank, unmatched = arch.lora_params_per_rank(tuple(first.get("target_modules") or ()))
+    return Workload(
+        model=spec,
+        arch=arch,
+        method=method,
+        gpu=gpu,
+        dataset=parse_dataset_id(first.get("dataset_id") or "news-tokens-16384plus-entries-4096"),
+        settings=settings,
+        gpus=cols["number_gpus"],
+        nodes=np.maximum(cols["number_nodes"], 1),
+        batch=cols["batch_size"],
+        max_length=cols["model_max_length"],
+        grad_accum=np.maximum(cols["gradient_accumulation_steps"], 1),
+        rank=cols["r"],
+        max_steps=cols["max_steps"],
+        epochs=cols["num_train_epochs"],
+        stop_after_seconds=cols["stop_after_seconds"],
+        lora_params_per_rank=per_rank,
+        unmatched_target_modules=unmatched,
+        derived=_known_tokens(rows),
+    )
+
+
+def _known_tokens(rows: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Measured tokens per sample (calibration records of unpacked runs carry them), else nothing."""
+    if not all(r.get("_tokens_per_sample") for r in rows):
+        return {}
+    tokens = np.array([float(r["_tokens_per_sample"]) for r in rows])
+    return {"real": tokens, "padded": tokens}
+
+
+def steps_per_epoch(entries: int, batch: np.ndarray, grad_accum: np.ndarray) -> np.ndarray:
+    """Optimizer steps in one epoch, as HF Trainer counts them: len(dataloader) // GA, at least 1.
+
+    batch is ado's effective batch (per-device x devices), so one dataloader pass has
+    ceil(entries / batch) micro-batches per process (transformers Trainer._inner_training_loop).
+    """
+    micro = np.ceil(entries / np.maximum(batch, 1))
+    return np.maximum(np.floor(micro / grad_accum), 1)
+
+
+def total_steps(w: Workload) -> np.ndarray:
+    """max_steps if set, else ceil(epochs x steps per epoch) (HF TrainingArguments semantics)."""
+    per_epoch = steps_per_epoch(w.dataset.entries, w.batch, w.grad_accum)
+    by_epochs = np.ceil(w.epochs * per_epoch)
+    return np.where(w.max_steps > 0, w.max_steps, by_epochs)
+

@@ -1,0 +1,162 @@
+"""Calibration: CSV readers (both layouts), store records, fitting, the shipped default."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tunebench.plan.calibration import (
+    SHARED,
+    Batch,
+    _log_sq,
+    fit,
+    fms_records,
+    read_csv,
+    records_from_store,
+    scores,
+    store_records,
+)
+from tunebench.plan.cli import register
+from tunebench.plan.coefficients import DEFAULT_FILE, Calibration, Coefficients, default_calibration
+
+# Rows in the fms-acceleration layout (refs_a100_80gb.csv / refs_a100_80gb_liger.csv).
+FMS_CSV = """bf16,epoch,fp16,framework_config,learning_rate,lora_alpha,lora_dropout,mem_nvidia_mem_reserved,mem_peak_torch_mem_alloc_in_bytes,mem_torch_mem_alloc_in_bytes,model_name_or_path,num_gpus,peft_method,per_device_train_batch_size,r,target_modules,torch_dtype,train_loss,train_runtime,train_samples_per_second,train_steps_per_second,train_tokens_per_second
+,0.07,,none,2.00E-05,,,77256,72434837504,43467876352,mistralai/Mistral-7B-v0.1,1,,4,,,bfloat16,0.9,534.9538,0.748,0.187,3062.694
+,0.07,,none,2.00E-05,,,44382,36225939968,28984199680,mistralai/Mistral-7B-v0.1,2,,2,,,bfloat16,0.9,294.9755,1.356,0.339,2777.18
+,,,none,2.00E-05,16,,29576,26704571904,14664493056,mistralai/Mistral-7B-v0.1,1,lora,4,16,q_proj k_proj v_proj o_proj,bfloat16,0.9,492.8771,0.81,0.203,3324.155
+,,,none,2.00E-05,16,,43232,38742912512,14664886272,mistralai/Mistral-7B-v0.1,1,lora,8,16,q_proj k_proj v_proj o_proj,bfloat16,0.9,977.0384,0.819,0.102,3353.809
+,,,accelerated-peft-bnb,2.00E-05,16,,19912,16373838336,4306496512,mistralai/Mistral-7B-v0.1,1,lora,4,16,q_proj k_proj v_proj o_proj,bfloat16,0.9,455.6536,0.878,0.219,3595.714
+,,,none,2.00E-05,16,,81214,,,mistralai/Mixtral-8x7B-Instruct-v0.1,1,lora,4,16,q_proj k_proj v_proj o_proj,bfloat16,,,,,
+True,,,foak-fast-kernels-liger,2e-05,16,,25465,24905936896,16241584128,meta-llama/Meta-Llama-3-8B,1,lora,4,16,q_proj k_proj v_proj o_proj,bfloat16,1.0,426.2687,0.938,0.235,3843.585
+True,,,foak-fast-kernels-liger,2e-05,16,,34681,33567698944,16241977344,meta-llama/Meta-Llama-3-8B,1,lora,8,16,q_proj k_proj v_proj o_proj,bfloat16,1.0,844.8273,0.947,0.118,3878.662
+,0.07,,none,2.00E-05,,,15116,11267745280,6770300416,bigcode/gpt_bigcode-santacoder,1,,4,,,bfloat16,2.3,47.6604,8.393,2.098,17188.262
+"""
+# The spec's measured-property layout (ado's CSV export, shared/reference-data/ado/...).
+SPEC_CSV = """,identifier,experiment_id,model_name,number_gpus,model_max_length,batch_size,gpu_model,gpu_memory_utilization_peak,train_runtime,train_samples_per_second,dataset_tokens_per_second,dataset_tokens_per_second_per_gpu,is_valid
+0,x,SFTTrainer.finetune_full_benchmark-v1.0.0-fms_hf_tuning_version.2.8.2-stop_after_seconds.30-flash_attn.0,smollm2-135m,0,512,1,,0.0,30.4385,134.566,2624.0452059069926,2624.0452059069926,1
+1,y,SFTTrainer.finetune_lora_benchmark-v1.0.0,llama3.1-8b,1,2048,4,NVIDIA-A100-SXM4-80GB,55.0,100.0,1.0,4000.0,4000.0,1
+2,z,SFTTrainer.finetune_full_benchmark-v1.0.0,llama3-70b,1,2048,4,NVIDIA-A100-SXM4-80GB,,,,,,0
+"""
+
+
+def invoke(*args: str):
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """test app"""
+
+    register(app)
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture
+def fms_csv(tmp_path):
+    path = tmp_path / "refs.csv"
+    path.write_text(FMS_CSV)
+    return path
+
+
+def test_read_fms_layout(fms_csv):
+    recs = read_csv(fms_csv)
+    assert len(recs) == 9
+    full = recs[0]
+    assert full.method == "full" and full.values["batch_size"] == 4 and full.values["number_gpus"] == 1
+    assert full.properties["gpu_memory_allocated_peak_gib"] == pytest.approx(72434837504 / 2**30)
+    assert full.properties["gpu_memory_peak_gib"] == pytest.approx(77256 / 1024)
+    assert "gpu_memory_peak_gib" not in recs[1].properties  # multi-GPU nvidia-smi is averaged: not used
+    assert recs[1].values["batch_size"] == 4  # per-device 2 x 2 GPUs
+    assert recs[4].method == "qlora" and recs[5].valid is False
+    assert recs[6].values["loss_implementation"] == "fused_linear" and recs[6].values["bf16"] is True
+    assert recs[8].family == "bigcode/gpt_bigcode-santacoder"
+
+
+def test_read_spec_layout(tmp_path):
+    path = tmp_path / "ado.csv"
+    path.write_text(SPEC_CSV)
+    recs = read_csv(path)
+    assert [r.experiment_id for r in recs] == ["finetune_full_benchmark-v1.0.0", "finetune_lora_benchmark-v1.0.0",
+                                               "finetune_full_benchmark-v1.0.0"]  # fmt: skip
+    assert recs[0].values["stop_after_seconds"] == 30 and recs[0].values["flash_attn"] is False
+    assert recs[0].values["fms_hf_tuning_version"] == "2.8.2"
+    assert recs[1].properties["gpu_memory_peak_gib"] == pytest.approx(0.55 * 80)
+    assert recs[2].valid is False
+    pred = Batch.of(recs).predict(default_calibration().coefficients)
+    assert np.isfinite(pred["dtps"]).all()
+
+
+def test_records_from_store_triples():
+    recs = records_from_store([
+        ("finetune_lora_benchmark-v1.0.0", {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 1,
+                                            "batch_size": 4, "gpu_model": "NVIDIA-A100-SXM4-80GB"},
+         {"is_valid": 1, "gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0}),
+    ])  # fmt: skip
+    assert recs[0].values["target_modules"] == ("q_proj", "v_proj") and recs[0].values["r"] == 4
+
+
+def test_fit_lowers_the_log_error_and_stays_in_bounds(fms_csv):
+    recs = read_csv(fms_csv)
+    start = Coefficients()
+    fitted = fit(recs, start)
+    alloc = np.array([r.properties.get("gpu_memory_allocated_peak_gib", np.nan) for r in recs])
+    speed = np.array([r.properties.get("train_tokens_per_gpu_per_second", np.nan) for r in recs])
+    before, after = Batch.of(recs).predict(start), Batch.of(recs).predict(fitted)
+    assert _log_sq(after["allocated"], alloc) < _log_sq(before["allocated"], alloc)
+    assert _log_sq(after["tps"], speed) < _log_sq(before["tps"], speed)
+    assert 0.7 <= fitted.activation_scale <= 2.0 and 0.2 <= fitted.hfu_max <= 0.95
+
+
+def test_store_records_use_measurements_only(tmp_path):
+    from tunebench.experiments import get_experiment, make_entity
+    from tunebench.results import Result
+    from tunebench.store import Store
+    from tunebench.store.store import Record as StoreRecord
+
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0")
+    ent = make_entity(exp, {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 1, "batch_size": 4,
+                            "gpu_model": "A100-80GB"})  # fmt: skip
+    measured = Result.valid(exp.id, ent.id, {"gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0})
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with Store(url) as store:
+        store.record_many([StoreRecord(exp, ent, measured, actuator="measure", source_key="m1")])
+    recs = store_records(url)
+    assert len(recs) == 1 and recs[0].properties["gpu_memory_peak_gib"] == pytest.approx(40.0)
+    assert recs[0].properties["train_tokens_per_gpu_per_second"] == 3000.0
+
+
+def test_cli_calibrate_from_csv(fms_csv, tmp_path):
+    out = tmp_path / "cal.json"
+    res = invoke("calibrate", "--from", str(fms_csv), "--output", str(out), "--no-lomo", "--json")
+    assert res.exit_code == 0, res.output
+    saved = Calibration.load(out)
+    assert saved.records == 9 and "mistral-7b-v0.1" in saved.models
+    assert json.loads(res.output)["saved_to"] == str(out)
+    res = invoke("plan", "finetune_lora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024",
+                 "number_gpus=1", "batch_size=2", "gpu_model=A100-80GB", "--calibration", str(out), "--json")  # fmt: skip
+    assert res.exit_code == 0 and json.loads(res.output)["calibration"] == saved.source
+
+
+def test_cli_calibrate_errors(tmp_path):
+    res = invoke("calibrate", "--from", str(tmp_path / "missing.csv"))
+    assert res.exception is not None and res.exception.field == "--from"
+    res = invoke("calibrate", "--store", str(tmp_path / "empty.db"))
+    assert res.exception is not None and res.exception.field == "--store"  # an empty store: nothing to fit
+
+
+def test_shipped_default_calibration_is_fitted_with_leave_one_model_out_metrics():
+    assert DEFAULT_FILE.exists()
+    cal = default_calibration()
+    assert cal.records > 300 and len(cal.models) >= 6
+    lomo = cal.metrics["leave_one_model_out"]["pooled"]
+    assert lomo["allocated_mdape_pct"] < 15 and lomo["throughput_mdape_pct"] < 25 and lomo["oom_accuracy_pct"] > 90
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="shared fms-acceleration data not present")
+def test_shipped_coefficients_reproduce_the_shared_runs():
+    recs = fms_records()
+    s = scores(recs, Batch.of(recs).predict(default_calibration().coefficients))
+    assert s["allocated_mdape_pct"] < 10 and s["throughput_mdape_pct"] < 15 and s["oom_accuracy_pct"] > 95

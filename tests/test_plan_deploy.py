@@ -1,0 +1,119 @@
+"""deploy-spec: seed 002's formula, its worked examples, the hardware-spec body, --post."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tunebench.errors import InputError
+from tunebench.plan.cli import register
+from tunebench.plan.deploy import deploy_spec
+
+
+def invoke(*args: str, env: dict | None = None):
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """test app"""
+
+    register(app)
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@pytest.mark.parametrize(
+    ("quantization", "exact", "rounded"),
+    [("none", 30.375, 31), ("4bit", 7.875, 8), ("8bit", 15.375, 16)],  # seed 002's three worked examples
+)
+def test_seed_002_worked_examples(quantization, exact, rounded):
+    spec = deploy_spec(10, quantization, adapters=2, adapter_size_gb=0.125)
+    assert spec.gpu_memory_gb == exact
+    assert spec.cpu_memory_gb == rounded
+    assert (spec.num_gpus, spec.num_cpus) == (1, 2)
+    res = invoke("deploy-spec", "--params-b", "10", "--quantization", quantization, "--adapters", "2",
+                 "--adapter-size-gb", "0.125", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["gpu_memory_gb"] == exact and out["cpu_memory_gb"] == rounded
+    assert out["hardware_spec"] == {
+        "name": "custom_hw_spec",
+        "description": "Custom hardware specification for foundation models",
+        "nodes": {"cpu": {"units": "2"}, "mem": {"size": f"{rounded}Gi"}, "gpu": {"num_gpu": 1}},
+    }
+
+
+def test_many_gpus_and_cpus_for_a_large_model():
+    spec = deploy_spec(70, "none", adapters=4, adapter_size_gb=0.5, gpu_memory_gb=80, name="big")
+    assert spec.gpu_memory_gb == (140 + 2) * 1.5 == 213
+    assert spec.num_gpus == 3 and spec.num_cpus == 4 and spec.hardware_spec["nodes"]["gpu"]["num_gpu"] == 3
+    assert spec.hardware_spec["name"] == "big"
+
+
+def test_model_from_the_catalog():
+    res = invoke("deploy-spec", "--model", "llama3.1-8b", "--quantization", "4bit", "--adapters", "1", "--json")
+    out = json.loads(res.output)
+    assert out["params_b"] == pytest.approx(8.030261248)
+    assert out["gpu_memory_gb"] == pytest.approx((8.030261248 * 0.5 + 0.125) * 1.5)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--params-b", "10", "--quantization", "2bit"], "--quantization"),
+        (["--quantization", "none"], "--model"),
+        (["--params-b", "10", "--model", "llama3.1-8b"], "--model"),
+        (["--params-b", "-1"], "--params-b"),
+        (["--model", "nope"], "model_name"),
+    ],
+)
+def test_input_errors(args, field):
+    res = invoke("deploy-spec", *args)
+    assert isinstance(res.exception, InputError), res.output
+    assert res.exception.field == field
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server API)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Recorder.seen.append((self.path, self.headers.get("Authorization"), json.loads(body)))
+        reply = json.dumps({"metadata": {"asset_id": "hw-1"}}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_post_sends_the_body_with_a_bearer_token_to_a_local_server():
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/v2/hardware_specifications?space_id=s1"
+        res = invoke("deploy-spec", "--params-b", "10", "--adapters", "2", "--post", url, "--token-env", "TB_TEST_TOKEN",
+                     "--json", env={"TB_TEST_TOKEN": "secret-1"})  # fmt: skip
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["post"]["status"] == 201 and out["post"]["body"]["metadata"]["asset_id"] == "hw-1"
+        path, auth, body = _Recorder.seen[-1]
+        assert path == "/v2/hardware_specifications?space_id=s1" and auth == "Bearer secret-1"
+        assert body == out["hardware_spec"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_post_without_a_token_is_an_input_error():
+    res = invoke("deploy-spec", "--params-b", "10", "--post", "http://127.0.0.1:9/x", "--token-env", "TB_UNSET_TOKEN_X",
+                 env={"TB_UNSET_TOKEN_X": ""})  # fmt: skip
+    assert isinstance(res.exception, InputError) and res.exception.field == "--token-env"

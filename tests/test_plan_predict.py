@@ -1,0 +1,251 @@
+"""The predicting actuator: Results, throughput arithmetic, batch == single, input errors, commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tunebench.errors import InputError
+from tunebench.experiments import BENCHMARK_MEASURED, effective_values, get_experiment, make_entity
+from tunebench.plan import PREDICTED, plan_json, predict, predict_many
+from tunebench.plan.cli import register
+from tunebench.plan.coefficients import Calibration, Coefficients
+from tunebench.plan.predict import _effective_values
+from tunebench.plan.throughput import flops_per_token, predict_throughput
+from tunebench.plan.workload import build_workload
+
+FULL = get_experiment("finetune_full_benchmark-v1.0.0")
+LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
+BASE = {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 2, "batch_size": 8, "gpu_model": "A100-80GB"}
+PLAN_KEYS = ["is_valid", "reasons", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
+             "gpu_memory_peak_gib", "gpu_memory_utilization_peak", "train_tokens_per_second",
+             "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "train_runtime", "breakdown"]  # fmt: skip
+
+
+def app() -> typer.Typer:
+    a = typer.Typer(pretty_exceptions_enable=False)
+
+    @a.callback()
+    def _root() -> None:
+        """test app"""
+
+    register(a)
+    return a
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app(), list(args))
+
+
+def test_valid_result_predicts_the_measured_properties():
+    r = predict(LORA, BASE)
+    assert r.actuator == "predict" and r.status == "valid" and r.is_valid
+    spec_names = set(BENCHMARK_MEASURED) | {"gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
+                                           "gpu_memory_peak_gib"}  # fmt: skip
+    assert set(PREDICTED) <= spec_names
+    assert set(r.properties) == set(PREDICTED) | {"is_valid"}
+    p = r.properties
+    assert p["train_tokens_per_second"] == pytest.approx(2 * p["train_tokens_per_gpu_per_second"])
+    assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2)
+    assert p["gpu_memory_peak_gib"] > p["gpu_memory_reserved_peak_gib"] >= p["gpu_memory_allocated_peak_gib"]
+    assert r.metadata["breakdown"]["weights"] > 0 and r.metadata["peak_phase"] in ("forward_backward", "optimizer_step")
+    json.loads(r.to_json())
+
+
+def test_rule_breaks_and_out_of_memory_are_invalid_with_reasons():
+    r = predict(LORA, {**BASE, "batch_size": 7})
+    assert r.status == "invalid" and r.properties == {"is_valid": 0}
+    assert any(reason.startswith("rule 1") for reason in r.reasons)
+    oom = predict(FULL, {**BASE, "model_name": "llama3-70b", "number_gpus": 1})
+    assert oom.status == "invalid" and "out of GPU memory" in oom.reasons[0]
+    assert oom.metadata["predicted"]["gpu_memory_utilization_peak"] > 100
+
+
+def test_batch_equals_single():
+    entities = [
+        (FULL, {**BASE, "number_gpus": g, "batch_size": 8 * g, "model_max_length": ml})
+        for g in (1, 2, 4) for ml in (512, 4096)
+    ] + [(LORA, {**BASE, "r": r, "gradient_accumulation_steps": 1}) for r in (4, 16)] + [
+        (LORA, {**BASE, "model_name": "granite-4.0-h-tiny"}), (FULL, {**BASE, "batch_size": 7})
+    ]  # fmt: skip
+    many = predict_many(entities)
+    for (exp, ent), batch_result in zip(entities, many, strict=True):
+        assert predict(exp, ent).to_dict() == batch_result.to_dict()
+
+
+def test_fast_effective_values_equal_the_experiments_module():
+    cache: dict = {}
+    for exp, raw in ((FULL, BASE), (LORA, {**BASE, "r": 8}), (get_experiment("finetune_gptq-lora_benchmark-v1.0.0"),
+                     {**BASE, "model_name": "mistral-7b-v0.1"}), (get_experiment("finetune_pt_benchmark-v1.0.0"), BASE)):  # fmt: skip
+        ent = make_entity(exp, raw)
+        assert _effective_values(exp, ent, cache)[1] == effective_values(exp, ent)
+
+
+@pytest.mark.parametrize(
+    ("experiment", "raw", "field"),
+    [
+        (LORA, {**BASE, "model_name": "no-such-model"}, "model_name"),
+        (LORA, {**BASE, "batch_size": "two"}, "batch_size"),
+        (LORA, {**BASE, "gpu_model": "Z9000"}, "gpu_model"),
+        (FULL, {**BASE, "model_name": "granite-8b-japanese"}, "model_name"),
+        (LORA, {**BASE, "optim": "adam"}, "optim"),
+    ],
+)
+def test_input_errors_name_the_field(experiment, raw, field):
+    with pytest.raises(InputError) as err:
+        predict(experiment, raw)
+    assert err.value.field == field
+
+
+def test_flops_per_token_by_hand():
+    values = effective_values(FULL, make_entity(FULL, {**BASE, "gradient_checkpointing": False}))
+    w = build_workload("full", [values])
+    a = w.arch
+    attention = 2 * a.attention_layers * a.heads * a.head_dim * 2048 * 3
+    assert flops_per_token(w)[0] == pytest.approx(6 * a.matmul_params_per_token + attention)
+    values = effective_values(LORA, make_entity(LORA, {**BASE, "r": 8}))
+    w = build_workload("lora", [values])
+    recompute = 2 * (a.matmul_params_per_token - a.lm_head_params)
+    n_t = 8 * w.lora_params_per_rank
+    assert flops_per_token(w)[0] == pytest.approx(4 * a.matmul_params_per_token + recompute + 6 * n_t + attention / 3 * 4)
+
+
+def test_runtime_is_steps_times_step_time_and_cost_follows_price():
+    values = effective_values(FULL, make_entity(FULL, {**BASE, "num_train_epochs": 2}))
+    w = build_workload("full", [values])
+    t = predict_throughput(w, Calibration().coefficients)
+    entries, per_step = 4096, 8 * 4  # news-tokens-16384plus-entries-4096, batch 8 x GA 4
+    assert t.steps[0] == 2 * (entries // 8 // 4) == 2 * entries / per_step
+    assert t.train_runtime[0] == pytest.approx(t.steps[0] * t.step_seconds[0])
+    r = predict(FULL, {**BASE, "num_train_epochs": 2}, price_per_gpu_hour=3.0)
+    assert r.metadata["cost"] == pytest.approx(r.properties["train_runtime"] / 3600 * 2 * 3.0)
+    capped = predict(FULL, {**BASE, "max_steps": 10})
+    assert capped.metadata["steps"] == 10
+
+
+def test_dataset_tokens_for_chars_and_tokens_datasets():
+    r = predict(LORA, {**BASE, "dataset_id": "news-chars-512-entries-4096"})
+    per_sample = r.metadata["tokens_per_sample"]
+    assert 200 < per_sample < 300  # (2 x 512 + 117) chars at ~4.9 chars per token
+    long = predict(LORA, {**BASE, "model_max_length": 65536})
+    assert long.metadata["tokens_per_sample"] < 65536  # entries of ~1.27 x 16384 tokens are shorter
+
+
+def test_more_gpus_raise_throughput():
+    rates = [predict(LORA, {**BASE, "number_gpus": g, "batch_size": 4 * g}).properties["train_tokens_per_second"] for g in (1, 2, 4, 8)]
+    assert rates == sorted(rates)
+
+
+def test_roce_speeds_up_multi_node():
+    common = {**BASE, "number_gpus": 16, "number_nodes": 2, "batch_size": 32}
+    slow = predict(FULL, common).properties["train_tokens_per_second"]
+    fast = predict(FULL, {**common, "enable_roce": True}).properties["train_tokens_per_second"]
+    assert fast > slow
+
+
+def test_cpu_entities_plan_without_a_gpu():
+    r = predict(LORA, {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2})
+    assert r.status == "valid" and r.properties["gpu_memory_utilization_peak"] == 0
+
+
+def test_calibration_option_changes_predictions():
+    base = predict(LORA, BASE).properties["gpu_memory_allocated_peak_gib"]
+    heavy = Calibration(coefficients=Coefficients(activation_scale=2.0))
+    assert predict(LORA, BASE, calibration=heavy).properties["gpu_memory_allocated_peak_gib"] > base
+
+
+def test_plan_json_has_the_issue_keys():
+    out = plan_json(predict(LORA, BASE))
+    assert list(out)[2:13] == PLAN_KEYS
+    assert out["is_valid"] is True and out["reasons"] == []
+
+
+def test_cli_plan_json_and_table():
+    args = ["plan", LORA.id, *(f"{k}={v}" for k, v in BASE.items())]
+    res = invoke(*args, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert all(k in out for k in PLAN_KEYS)
+    table = invoke(*args, "--price-per-gpu-hour", "2")
+    assert table.exit_code == 0 and "headroom" in table.output and "cost" in table.output
+
+
+def test_cli_plan_batch_one_result_per_line_in_order(tmp_path):
+    requests = [
+        {"experiment": FULL.id, "entity": {**BASE, "number_gpus": 4, "batch_size": 16}},
+        {"experiment": LORA.id, "entity": BASE},
+        {"experiment": FULL.id, "entity": {**BASE, "model_name": "llama3-70b", "number_gpus": 1}},
+    ]
+    path = tmp_path / "batch.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    res = invoke("plan", "--batch", str(path), "--json")
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in res.output.strip().splitlines()]
+    assert len(lines) == 3 and [x["is_valid"] for x in lines] == [True, True, False]
+    for req, line in zip(requests, lines, strict=True):
+        exp = get_experiment(req["experiment"])
+        assert line == json.loads(json.dumps(plan_json(predict(exp, req["entity"]))))
+
+
+def test_cli_batch_errors_name_the_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"experiment": LORA.id, "entity": BASE}) + "\n"
+                    + json.dumps({"experiment": LORA.id, "entity": {**BASE, "model_name": "nope"}}) + "\n")  # fmt: skip
+    res = invoke("plan", "--batch", str(path), "--json")
+    assert isinstance(res.exception, InputError)
+    assert res.exception.field == "model_name" and "line 2" in str(res.exception)
+
+
+def test_cli_plan_input_error():
+    res = invoke("plan", LORA.id, "model_name=llama3.1-8b", "model_max_length=x", "number_gpus=1", "batch_size=1")
+    assert isinstance(res.exception, InputError) and res.exception.field == "model_max_length"
+
+
+def test_cli_recommend():
+    res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8",
+                 "gpu_model=A100-80GB", "--max-gpus", "8", "--json", "--price-per-gpu-hour", "1.5")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["minimum"]["number_gpus"] == 1 and out["minimum"]["fits"]
+    assert out["fastest"]["dataset_tokens_per_second"] >= out["minimum"]["dataset_tokens_per_second"]
+    assert [row["method"] for row in out["methods"]] == ["full", "lora", "qlora"]
+    assert all(row.get("cost") is not None for row in out["methods"] if row.get("fits"))
+    table = invoke("recommend", FULL.id, "model_name=llama3.1-8b", "model_max_length=4096", "batch_size=8",
+                   "gpu_model=A100-80GB", "gradient_accumulation_steps=1", "--max-gpus", "8")  # fmt: skip
+    assert table.exit_code == 0 and "minimum" in table.output
+
+
+def test_recommend_needs_a_gpu_model():
+    res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8")
+    assert isinstance(res.exception, InputError) and res.exception.field == "gpu_model"
+
+
+def test_minimum_gpus_grow_with_the_model():
+    from tunebench.plan.predict import PlanOptions, load_calibration
+    from tunebench.plan.recommend import minimum_gpus
+
+    opts = PlanOptions(calibration=load_calibration())
+    counts = []
+    for model in ("llama3.2-1b", "llama3.1-8b", "llama3-70b"):
+        values = effective_values(FULL, make_entity(FULL, {**BASE, "model_name": model, "number_gpus": 1,
+                                                            "batch_size": 16, "gradient_accumulation_steps": 1}))  # fmt: skip
+        cand = minimum_gpus(FULL, values, opts, gpus_per_node=8, max_gpus=64)
+        counts.append(cand.number_gpus if cand else np.inf)
+    assert counts == sorted(counts) and counts[0] == 1
+
+
+def test_predict_actuator_contract_of_the_executors():
+    from tunebench.executors.task import check_options, resolve_actuator
+
+    fn = resolve_actuator("predict")
+    ent = make_entity(LORA, BASE)
+    result = fn(LORA, ent, {"visible_devices": "", "output_dir": ".", "price_per_gpu_hour": "2"})
+    assert result.actuator == "predict" and result.status == "valid" and result.metadata["cost"] > 0
+    check_options("predict", {"price_per_gpu_hour": 2})
+    with pytest.raises(InputError) as err:
+        check_options("predict", {"weights": "random"})
+    assert err.value.field == "actuator.options"
