@@ -1,0 +1,136 @@
+"""The local executor: at most max_parallel measurements at once on this machine, GPUs never shared.
+
+Each measurement runs in a supervising thread that calls the actuator; the measuring actuator
+starts the training in its own subprocess, so a crash of the training never takes the explorer
+down. GPUs come from a free pool (NVML, restricted to $CUDA_VISIBLE_DEVICES when set): a task that
+needs n GPUs waits until n are free and gets them as ``options["visible_devices"]``; none on a CPU
+machine, where CPU measurements (number_gpus = 0) run max_parallel at a time. A task this machine
+can never run (more GPUs than it has, several nodes, another GPU model) fails at once with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass
+
+from tunebench.executors.task import Finished, Task, run_task
+from tunebench.results import Result
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: str  # as CUDA_VISIBLE_DEVICES spells it
+    name: str  # NVML product name, e.g. "NVIDIA A100-SXM4-80GB"
+
+
+def detect_gpus() -> list[Gpu]:
+    """This machine's GPUs via NVML (PCI bus order), limited to $CUDA_VISIBLE_DEVICES; [] without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            names = []
+            for i in range(count):
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                names.append(name.decode() if isinstance(name, bytes) else str(name))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU, no pynvml: a CPU machine
+        return []
+    gpus = [Gpu(str(i), n) for i, n in enumerate(names)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        gpus = [g for g in gpus if g.index in wanted]
+    return gpus
+
+
+def _same_gpu_model(label: str, nvml_name: str) -> bool:
+    """Whether an NVML product name is the catalog GPU label (unknown names are given the benefit of the doubt)."""
+    from tunebench.catalog import get_gpu
+
+    try:
+        return get_gpu(label).name == get_gpu(nvml_name).name
+    except Exception:
+        return True
+
+
+class LocalExecutor:
+    """Runs tasks on this machine; submit() never blocks, poll() hands back finished tasks."""
+
+    name = "local"
+
+    def __init__(self, max_parallel: int = 1, gpus: list[Gpu] | None = None):
+        self.max_parallel = max(1, int(max_parallel))
+        self.gpus = detect_gpus() if gpus is None else list(gpus)
+        self._free = [g.index for g in self.gpus]
+        self._waiting: list[Task] = []
+        self._running: dict[int, list[str]] = {}  # request id -> GPUs it holds
+        self._done: queue.Queue[Finished] = queue.Queue()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting) + len(self._running)
+
+    def submit(self, task: Task) -> None:
+        why = self._cannot_run(task)
+        if why:
+            self._done.put(
+                Finished(
+                    task.request_id, Result.failed(task.experiment_id, task.entity_id, why, actuator=task.actuator)
+                )
+            )
+            return
+        self._waiting.append(task)
+        self._start_ready()
+
+    def poll(self, timeout: float = 0.0) -> list[Finished]:
+        """Finished tasks (waits up to timeout seconds for the first one)."""
+        out: list[Finished] = []
+        try:
+            out.append(self._done.get(timeout=timeout) if timeout > 0 else self._done.get_nowait())
+            while True:
+                out.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        for finished in out:
+            self._free += self._running.pop(finished.request_id, [])
+        self._start_ready()
+        return out
+
+    def close(self) -> None:
+        """Forget tasks not started yet (their claims are released by the explorer)."""
+        self._waiting.clear()
+
+    def _cannot_run(self, task: Task) -> str | None:
+        if task.number_nodes > 1:
+            return f"number_nodes is {task.number_nodes}: multi-node measurements need --executor ray"
+        if task.number_gpus > len(self.gpus):
+            have = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPU"
+            return f"needs {task.number_gpus} GPU(s); this machine has {have} (local executor)"
+        if task.number_gpus > 0 and task.gpu_model:
+            names = {g.name for g in self.gpus}
+            if not any(_same_gpu_model(task.gpu_model, n) for n in names):
+                return f"needs gpu_model {task.gpu_model}; this machine has {', '.join(sorted(names))}"
+        return None
+
+    def _start_ready(self) -> None:
+        for task in list(self._waiting):
+            if len(self._running) >= self.max_parallel:
+                return
+            if task.number_gpus > len(self._free):
+                continue  # first fit: a smaller task behind it may start
+            self._waiting.remove(task)
+            devices, self._free = self._free[: task.number_gpus], self._free[task.number_gpus :]
+            self._running[task.request_id] = devices
+            task.options["visible_devices"] = ",".join(devices)
+            thread = threading.Thread(target=self._run, args=(task,), name=f"measure-{task.request_id}", daemon=True)
+            thread.start()
+
+    def _run(self, task: Task) -> None:
+        result = run_task(task, {"executor": self.name})
+        self._done.put(Finished(task.request_id, result))

@@ -1,0 +1,27 @@
+"""Exploring entity spaces: space files, samplers (grid, random, optimize) and the explorer loop.
+
+    from tunebench.explore import explore, load_space, Settings
+
+Names are imported on first use (PEP 562), so ``tunebench show`` does not pay for the explorer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Settings": "tunebench.explore.explorer",
+    "Summary": "tunebench.explore.explorer",
+    "explore": "tunebench.explore.explorer",
+    "Space": "tunebench.explore.space",
+    "load_space": "tunebench.explore.space",
+    "parse_space": "tunebench.explore.space",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

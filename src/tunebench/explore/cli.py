@@ -1,0 +1,272 @@
+"""Commands ``explore``, ``show``, ``import`` and ``export``: ``register(app)`` adds them to tunebench's CLI.
+
+Input errors raise ``InputError`` (tunebench's main prints one line and exits with code 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tunebench.errors import InputError, one_of
+
+if TYPE_CHECKING:
+    from tunebench.explore.samplers import Point
+    from tunebench.explore.space import Space
+    from tunebench.store import Store
+    from tunebench.store.store import Outcomes
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir."
+    ),
+]
+SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
+OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
+
+
+def open_store(url: str | None) -> Store:
+    """The store at url; InputError if the URL cannot be used."""
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
+    from tunebench.store import SchemaError, Store
+
+    try:
+        return Store(url)
+    except (ArgumentError, OperationalError, SchemaError) as exc:
+        raise InputError("--store", f"cannot open the store: {exc}".splitlines()[0]) from None
+    except ModuleNotFoundError as exc:  # e.g. a PostgreSQL URL without its driver
+        raise InputError("--store", f"the store's database driver is not installed: {exc}") from None
+
+
+def explore(
+    space: Annotated[Path, typer.Argument(help="Space file (YAML): experiments, entity_space, actuator, operation.")],
+    executor: Annotated[
+        str | None, typer.Option("--executor", help="local or ray (default: the space file's, else local).")
+    ] = None,
+    store: StoreOpt = None,
+    max_parallel: Annotated[
+        int | None, typer.Option("--max-parallel", min=1, help="Measurements in flight at once.")
+    ] = None,
+    remeasure: Annotated[
+        bool, typer.Option("--remeasure", help="Measure again points that already have results.")
+    ] = False,
+    max_retries: Annotated[
+        int | None, typer.Option("--max-retries", min=0, help="Retries of a failed measurement.")
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="auto | ray://host:port (default: a local Ray).")
+    ] = None,
+    lease_seconds: Annotated[
+        float | None, typer.Option("--lease-seconds", min=1, help="Claim lease, renewed while measuring.")
+    ] = None,
+    actuator: Annotated[
+        str | None,
+        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | module:function; "
+                     "default: the space file's."),
+    ] = None,
+    skip_predicted_oom: Annotated[
+        bool, typer.Option("--skip-predicted-oom", help="Do not measure points the planner predicts will not fit.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Measure the points of a space (grid, random or optimize); resumable by running it again."""
+    from rich.console import Console
+
+    from tunebench.explore.explorer import Settings
+    from tunebench.explore.explorer import explore as run
+    from tunebench.explore.progress import ProgressDisplay
+    from tunebench.explore.space import load_space
+
+    spec = load_space(space)
+    if actuator:
+        spec = dataclasses.replace(spec, actuator=actuator)  # its own operation id: results never mix
+    if skip_predicted_oom and spec.operation.sampler == "optimize":
+        raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
+    execution = spec.execution
+    kind = executor or execution.executor
+    if kind not in ("local", "ray"):
+        raise InputError("--executor", f"unknown executor {kind!r}", allowed="local, ray")
+    settings = Settings(
+        max_parallel=max_parallel or execution.max_parallel,
+        max_retries=execution.max_retries if max_retries is None else max_retries,
+        remeasure=remeasure,
+        lease_seconds=lease_seconds or execution.lease_seconds,
+        skip_predicted_oom=skip_predicted_oom,
+    )
+    sample_store = open_store(store)
+    if kind == "ray":
+        from tunebench.executors.ray import RayExecutor
+
+        runner = RayExecutor(ray_address or execution.ray_address)
+    else:
+        from tunebench.executors.local import LocalExecutor
+
+        runner = LocalExecutor(settings.max_parallel)
+    console = Console(stderr=True)
+    try:
+        with ProgressDisplay(console, enabled=not quiet and console.is_terminal) as display:
+            summary = run(spec, sample_store, runner, settings, on_progress=display.update)
+    finally:
+        sample_store.close()
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
+        return
+    typer.echo(
+        f"{summary.operation_id}: {summary.done}/{summary.total} done — valid {summary.valid}, "
+        f"invalid {summary.invalid} ({summary.rules} by rule), failed {summary.failed}; "
+        f"measured {summary.measured} now, memoised {summary.memoised}, "
+        f"retried {summary.retried}; {summary.elapsed_s:.1f} s"
+    )
+    if summary.skipped:
+        typer.echo(f"{summary.skipped} point(s) not measured: the planner predicts they will not fit")
+    if summary.elsewhere:
+        typer.echo(f"{summary.elsewhere} point(s) are being measured by another explorer")
+    if summary.best:
+        typer.echo("best: " + json.dumps(summary.best, default=str))
+    typer.echo(f"show them: tunebench show --operation {summary.operation_id}")
+
+
+def show(
+    space: SpaceOpt = None,
+    operation: OperationOpt = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
+    store: StoreOpt = None,
+    actuator: Annotated[
+        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows in the terminal table.")] = 50,
+) -> None:
+    """Stored results, one row per entity x experiment: constitutive then measured columns."""
+    from tunebench.report import FORMATS, build, render
+
+    if fmt not in FORMATS:
+        raise InputError("--format", f"unknown format {fmt!r}", allowed=", ".join(FORMATS))
+    if fmt == "parquet" and output is None:
+        raise InputError("--output", "parquet needs a file: --output FILE.parquet")
+    sample_store = open_store(store)
+    try:
+        outcomes, columns, title = _select(sample_store, space, operation, actuator)
+    finally:
+        sample_store.close()
+    render(build(outcomes, constitutive=columns), fmt, output, limit=limit, title=title)
+
+
+def import_csv(
+    file: Annotated[
+        Path, typer.Argument(help="CSV: ado's `show measurements -o csv`, or LLMFineTuningBench's ado-sfttrainer.csv.")
+    ],
+    store: StoreOpt = None,
+    skip_bad_rows: Annotated[
+        bool, typer.Option("--skip-bad-rows", help="Import the rows tunebench understands, skip the others.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Load measurements of the reference system; they count for memoisation and calibration."""
+    from tunebench.store.csvio import import_csv as load
+
+    sample_store = open_store(store)
+    try:
+        summary = load(sample_store, file, skip_bad_rows=skip_bad_rows)
+    finally:
+        sample_store.close()
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=1))
+        return
+    typer.echo(
+        f"{file.name}: {summary.rows} rows, {summary.added} added ({summary.valid} valid, {summary.invalid} invalid "
+        f"in the file), {summary.already_present} already in the store"
+    )
+    for reason, n in summary.skipped.most_common():
+        typer.echo(f"  skipped {n}: {reason}")
+    if summary.ignored_columns:
+        typer.echo("  ignored columns: " + ", ".join(summary.ignored_columns))
+
+
+def export(
+    fmt: Annotated[
+        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`).")
+    ] = "ado-csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout).")] = None,
+    space: SpaceOpt = None,
+    operation: OperationOpt = None,
+    store: StoreOpt = None,
+    actuator: Annotated[
+        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
+    ] = None,
+) -> None:
+    """Write valid and invalid results in the reference's CSV layout."""
+    from tunebench.report import build, write_csv
+    from tunebench.store import INVALID, VALID
+
+    if fmt != "ado-csv":
+        raise InputError("--format", f"unknown export format {fmt!r}", allowed="ado-csv")
+    sample_store = open_store(store)
+    try:
+        outcomes, _, _ = _select(sample_store, space, operation, actuator, statuses=[VALID, INVALID])
+    finally:
+        sample_store.close()
+    table = build(outcomes, ado=True)
+    if output:
+        with output.open("w", newline="") as out:
+            write_csv(table, out)
+        typer.echo(f"{len(table)} rows -> {output}", err=True)
+    else:
+        write_csv(table, sys.stdout)
+
+
+def _select(
+    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None
+) -> tuple[Outcomes, list[str], str | None]:
+    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store."""
+    if space and operation:
+        raise InputError("--space", "give --space or --operation, not both")
+    if operation:
+        op = store.operation(operation)
+        if op is None:
+            known = [o["id"] for o in store.operations()]
+            raise InputError(
+                "--operation", f"no operation {operation!r} in {store.url}", allowed=one_of(known) or "none yet"
+            )
+        dims = list((op["space"] or {}).get("entity_space", {}))
+        outcomes = store.table(operation_id=operation, actuator=actuator, statuses=statuses)
+        return outcomes, dims, f"{operation} ({op['sampler']})"
+    if space:
+        from tunebench.explore.space import load_space
+
+        spec = load_space(space)
+        points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
+        ids = store.request_ids(points, actuator=actuator or spec.actuator)
+        outcomes = store.table(request_ids=[ids[p] for p in points if p in ids], statuses=statuses)
+        return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
+    return store.table(actuator=actuator, statuses=statuses), [], None
+
+
+MAX_SHOW_POINTS = 200_000
+
+
+def _space_points(spec: Space) -> list[Point]:
+    """Every point of a space to look up: the sampled ones, or the whole grid for optimize."""
+    from tunebench.explore.samplers import point, sample
+
+    if spec.operation.sampler != "optimize":
+        return sample(spec)
+    if spec.size * len(spec.experiments) > MAX_SHOW_POINTS:
+        raise InputError("--space", f"the space has {spec.size:,} entities; use --operation {spec.operation_id}")
+    return [point(e, spec.entity_values(i)) for i in range(spec.size) for e in spec.experiments]
+
+
+def register(app: typer.Typer) -> None:
+    """Add explore, show, import and export to a Typer app."""
+    app.command("explore")(explore)
+    app.command("show")(show)
+    app.command("import")(import_csv)
+    app.command("export")(export)

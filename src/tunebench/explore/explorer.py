@@ -1,0 +1,265 @@
+"""The explorer loop: sample points, claim them, hand them to an executor, store each result.
+
+    space = load_space("space.yaml")
+    with Store() as store:
+        summary = explore(space, store, LocalExecutor(max_parallel=2), Settings(max_parallel=2))
+
+One pass:
+
+1. open (or resume) the operation, re-queue requests whose explorer died (expired lease, or a dead
+   process on this host);
+2. grid/random: register every point (memoised, invalid by rule, or pending); optimize: points are
+   proposed a few at a time (tunebench.explore.optimize);
+3. loop: claim pending requests while fewer than max_parallel are in flight, submit them, store each
+   result as it arrives (failed ones return to pending while attempts <= max_retries), renew the
+   leases of the claims in flight, until nothing of the operation is pending or in flight here.
+
+Every store write is its own transaction, so the loop can be killed anywhere: re-running the same
+space resumes (done points are memoised, claims of the dead explorer are re-queued). Ctrl-C gives the
+in-flight claims back before stopping.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tunebench.executors.task import Finished, Task, check_options, make_task
+from tunebench.experiments import Experiment, get_experiment, make_entity
+from tunebench.explore.samplers import sample
+from tunebench.explore.space import Space
+from tunebench.paths import home
+from tunebench.results import Result
+from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
+
+POLL_S = 0.2  # longest wait for a result before the loop looks at the store again
+
+
+class Executor(Protocol):
+    name: str
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def submit(self, task: Task) -> None: ...
+
+    def poll(self, timeout: float = 0.0) -> list[Finished]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Settings:
+    """How to run an operation (CLI options over the space file's execution section)."""
+
+    max_parallel: int = 1
+    max_retries: int = 2
+    remeasure: bool = False
+    lease_seconds: float = 60.0
+    output_root: Path | None = None  # default <home>/runs
+    skip_predicted_oom: bool = False  # grid/random: do not measure points the planner says will not fit
+
+
+@dataclass
+class Progress:
+    """Counts of the operation's points, as the progress display shows them."""
+
+    operation_id: str
+    total: int
+    done: int = 0  # points with a final outcome (valid, invalid, failed)
+    running: int = 0  # in flight here
+    valid: int = 0
+    invalid: int = 0
+    failed: int = 0
+    memoised: int = 0  # done before this run (or by other operations): not measured again
+    rules: int = 0  # invalid by a validity rule: recorded without running
+    measured: int = 0  # actuator runs completed by this run (retries included)
+    retried: int = 0
+    lost: int = 0  # results whose claim had expired (kept as history)
+    elsewhere: int = 0  # requests of this operation another explorer is running
+    skipped: int = 0  # not measured: the planner predicts they will not fit (--skip-predicted-oom)
+
+
+@dataclass
+class Summary(Progress):
+    elapsed_s: float = 0.0
+    best: dict[str, Any] | None = None
+    interrupted: bool = False
+    final: dict[str, int] = field(default_factory=dict)  # the operation's requests by status at the end
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def explore(
+    space: Space,
+    store: Store,
+    executor: Executor,
+    settings: Settings | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Summary:
+    """Run (or resume) the space's operation to completion; returns what happened."""
+    settings = settings or Settings()
+    check_options(space.actuator, space.options)  # fail fast on a bad actuator, before anything is stored
+    started = time.monotonic()
+    op_id = space.operation_id
+    sampler = space.operation.sampler
+    store.open_operation(op_id, sampler=sampler, actuator=space.actuator, space=space.source, name=space.name)
+    store.requeue_stale(max_retries=settings.max_retries)
+    owner = owner_id()
+    output_root = settings.output_root or home() / "runs"
+    progress = Progress(op_id, total=0)
+
+    search = None
+    if sampler == "optimize":
+        from tunebench.explore.optimize import OptunaSearch
+
+        search = OptunaSearch(space, store, op_id, remeasure=settings.remeasure)
+        progress.total = search.budget
+        progress.memoised = search.evaluated
+    else:
+        points = sample(space)
+        if settings.skip_predicted_oom and space.actuator != "predict":
+            points, skipped = screen_predicted_oom(points)
+            progress.skipped = len(skipped)
+        regs = store.register(
+            op_id, points, actuator=space.actuator, generator=sampler, remeasure=settings.remeasure
+        )
+        progress.total = len({r.request_id for r in regs})
+        progress.memoised = sum(r.origin == "memoised" for r in {r.request_id: r for r in regs}.values())
+        progress.rules = sum(r.origin == "rules" for r in {r.request_id: r for r in regs}.values())
+    _refresh(store, op_id, progress, search)
+
+    experiments: dict[str, Experiment] = {}
+    in_flight: dict[int, Claim] = {}
+    last_renew = last_requeue = time.monotonic()
+    report = on_progress or (lambda p: None)
+    report(progress)
+    interrupted = False
+    try:
+        while True:
+            now = time.monotonic()
+            if in_flight and now - last_renew > settings.lease_seconds / 3:
+                store.renew(in_flight.values(), settings.lease_seconds)
+                last_renew = now
+            if now - last_requeue > settings.lease_seconds / 2:
+                store.requeue_stale(max_retries=settings.max_retries)
+                last_requeue = now
+
+            capacity = settings.max_parallel - len(in_flight)
+            claims: list[Claim] = []
+            if capacity > 0:
+                if search is None:
+                    claims = store.claim(op_id, owner, capacity, settings.lease_seconds)
+                else:
+                    search.check_watched()
+                    search.propose(capacity - len(search.claimable(exclude=in_flight)))
+                    wanted = search.claimable(exclude=in_flight)[:capacity]
+                    claims = store.claim(op_id, owner, capacity, settings.lease_seconds, request_ids=wanted)
+                    search.lost_race(set(wanted) - {c.request_id for c in claims})
+            for claim in claims:
+                in_flight[claim.request_id] = claim
+                try:
+                    executor.submit(_task(claim, experiments, space, output_root))
+                except Exception as exc:  # e.g. the Ray cluster went away: this attempt failed
+                    in_flight.pop(claim.request_id)
+                    failed = Result.failed(claim.experiment_id, claim.entity_id, f"submit: {type(exc).__name__}: {exc}")
+                    store.complete(claim, failed, max_retries=settings.max_retries, generator=sampler)
+
+            finished = executor.poll(timeout=POLL_S if in_flight else 0.0)
+            for fin in finished:
+                claim = in_flight.pop(fin.request_id)
+                status = store.complete(claim, fin.result, max_retries=settings.max_retries, generator=sampler)
+                progress.measured += 1
+                progress.retried += status == PENDING
+                progress.lost += status == "lost"
+                if search is not None and status in (VALID, INVALID, FAILED):
+                    search.tell(claim.request_id, status, fin.result.properties)
+                elif search is not None and status == "lost":
+                    search.lost_race([claim.request_id])
+            if claims or finished:
+                _refresh(store, op_id, progress, search, running=len(in_flight))
+                report(progress)
+
+            if not in_flight and not claims:
+                if search is not None:
+                    if search.finished():
+                        break
+                    if search.watched and not search.claimable():
+                        time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
+                elif store.counts(op_id).get(PENDING, 0) == 0:
+                    break
+                else:
+                    time.sleep(0.05)  # pending requests were claimed by someone else meanwhile
+    except KeyboardInterrupt:
+        interrupted = True
+        store.release(in_flight.values())
+        in_flight.clear()
+        raise
+    finally:
+        executor.close()
+        if not interrupted:
+            _refresh(store, op_id, progress, search, running=len(in_flight))
+            report(progress)
+
+    summary = Summary(**asdict(progress))
+    summary.elapsed_s = time.monotonic() - started
+    summary.final = store.counts(op_id)
+    summary.best = search.best() if search is not None else _best(store, space)
+    return summary
+
+
+def screen_predicted_oom(points: list) -> tuple[list, list]:
+    """Split points into (to measure, skipped): skipped are rule-valid points the planner predicts will
+    not fit in GPU memory. Points that break a rule stay: they are recorded invalid without running."""
+    from tunebench.plan import predict_many
+
+    candidates = [i for i, (_, _, reasons) in enumerate(points) if not reasons]
+    predictions = predict_many([(points[i][0], points[i][1]) for i in candidates])
+    drop = {i for i, r in zip(candidates, predictions, strict=True) if r.status == "invalid"}
+    return [p for i, p in enumerate(points) if i not in drop], [p for i, p in enumerate(points) if i in drop]
+
+
+def _task(claim: Claim, experiments: dict[str, Experiment], space: Space, output_root: Path) -> Task:
+    experiment = experiments.get(claim.experiment_id)
+    if experiment is None:
+        experiment = experiments[claim.experiment_id] = get_experiment(claim.base_id, claim.parameters)
+    entity = make_entity(experiment, claim.entity_values)
+    options = dict(space.options)
+    run_dir = output_root / (claim.operation_id or "adhoc") / f"{claim.request_id}-{claim.attempt}"
+    options["output_dir"] = str(run_dir)
+    return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options)
+
+
+def _refresh(store: Store, op_id: str, progress: Progress, search: Any, running: int = 0) -> None:
+    """Progress counts from the store (shared with other explorers, so read, not tallied)."""
+    counts = store.counts(op_id)
+    progress.valid, progress.invalid, progress.failed = (
+        counts.get(VALID, 0),
+        counts.get(INVALID, 0),
+        counts.get(FAILED, 0),
+    )
+    progress.running = running
+    progress.elsewhere = max(0, counts.get(RUNNING, 0) - running)
+    if search is None:
+        progress.done = progress.valid + progress.invalid + progress.failed
+    else:
+        progress.done = min(search.evaluated - len(search.open), progress.total)
+        progress.memoised = search.memoised
+        progress.rules = search.rules
+
+
+def _best(store: Store, space: Space) -> dict[str, Any] | None:
+    """The best valid result of the operation by the operation's metric, if any were measured."""
+    metric, maximize = space.operation.metric, space.operation.direction == "maximize"
+    best = None
+    for row in store.rows(operation_id=space.operation_id, statuses=[VALID]):
+        value = (row["properties"] or {}).get(metric)
+        if not isinstance(value, (int, float)):
+            continue
+        if best is None or (value > best[metric] if maximize else value < best[metric]):
+            best = {"experiment": row["experiment_id"], "entity": row["entity"], metric: value}
+    return best

@@ -1,0 +1,319 @@
+"""Space files: which experiments, which entities, which actuator, which operation (YAML, pydantic).
+
+In the spirit of ado's discovery space + operation resources (ado-sfttrainer.md §12.5), in one file::
+
+    name: smollm2-cpu                      # optional
+    experiments:                           # the measurement space
+      - id: finetune_lora_benchmark-v1.0.0
+        parameters: {max_steps: 2, dataset_id: news-chars-512-entries-4096}
+    entity_space:                          # the grid is the cartesian product, in this order
+      model_name: [smollm2-135m]           # a list of values
+      model_max_length: {min: 64, max: 256, step: 64}   # a range, both ends included
+      batch_size: [1, 2]
+      number_gpus: 0                       # a fixed value
+    actuator:                              # what measures: measure | predict | noop | module:function
+      name: measure
+      weights: random                      # auto | pretrained | random
+      data_dir: ~/datasets                 # where the data sets are (default: tunebench's)
+      model_map: {smollm2-135m: /models/smollm2}
+      timeout_seconds: 1800
+      host_memory_limit_gib: 16            # any other key goes to the actuator as is (it checks them)
+    operation:
+      sampler: grid                        # grid | random | optimize
+      n: 10                                # grid: the first n entities; random: n entities (seeded)
+      seed: 0
+      metric: dataset_tokens_per_second    # optimize: the property to optimise among valid results
+      direction: maximize                  # optimize: maximize | minimize
+      budget: 20                           # optimize: distinct entities to evaluate
+    execution:                             # defaults; the explore command's options override them
+      executor: local                      # local | ray
+      max_parallel: 1
+      max_retries: 2
+      ray_address: null                    # auto | ray://host:port | null = a local Ray started on demand
+      lease_seconds: 60
+
+Errors name the field (``entity_space.batch_size[2]: ...``) and raise ``InputError``.
+
+The operation id is a hash of what the operation measures (experiment ids, entity space, actuator
+name, operation), so running the same file again resumes the same operation; actuator options and
+execution settings are not part of it (changing a timeout does not start a new operation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tunebench.errors import InputError
+from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
+from tunebench.properties import render_value
+
+MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExperimentSpec(_Strict):
+    id: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class RangeSpec(_Strict):
+    """A discrete range: min, min + step, ... up to max (included when on the grid)."""
+
+    min: float
+    max: float
+    step: float = 1
+
+    @model_validator(mode="after")
+    def _check(self) -> RangeSpec:
+        if self.step <= 0:
+            raise ValueError("step must be > 0")
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+
+class ActuatorSpec(BaseModel):
+    """The actuator and its options; keys not named here go to the actuator as they are (it checks them)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = "measure"
+    weights: Literal["auto", "pretrained", "random"] | None = None
+    data_dir: str | None = None
+    model_map: dict[str, Any] | None = None
+    timeout_seconds: float | None = Field(default=None, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def to_options(self) -> dict[str, Any]:
+        """The actuator's options dict (keys of tunebench.measure: weights, data_dir, model_map, timeout_seconds)."""
+        out = {**dict(self.model_extra or {}), **self.options}
+        for key in ("weights", "data_dir", "model_map", "timeout_seconds"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+class OperationSpec(_Strict):
+    sampler: Literal["grid", "random", "optimize"] = "grid"
+    n: int | None = Field(default=None, gt=0)
+    seed: int = 0
+    metric: str = "dataset_tokens_per_second"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    budget: int | None = Field(default=None, gt=0)
+    startup_trials: int | None = Field(default=None, ge=1)  # optimize: random trials before TPE
+
+    @model_validator(mode="after")
+    def _check(self) -> OperationSpec:
+        if self.sampler == "random" and self.n is None:
+            raise ValueError("sampler 'random' needs n (how many entities to draw)")
+        if self.sampler == "optimize" and self.budget is None:
+            raise ValueError("sampler 'optimize' needs budget (how many entities to evaluate)")
+        return self
+
+
+class ExecutionSpec(_Strict):
+    executor: Literal["local", "ray"] = "local"
+    max_parallel: int = Field(default=1, ge=1)
+    max_retries: int = Field(default=2, ge=0)
+    ray_address: str | None = None
+    lease_seconds: float = Field(default=60.0, gt=0)
+
+
+class SpaceFile(_Strict):
+    name: str | None = None
+    experiments: list[ExperimentSpec] = Field(min_length=1)
+    entity_space: dict[str, Any] = Field(min_length=1)
+    actuator: ActuatorSpec = Field(default_factory=ActuatorSpec)
+    operation: OperationSpec = Field(default_factory=OperationSpec)
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One property of the entity space and its values, in the file's order."""
+
+    name: str
+    values: tuple[Any, ...]
+    kind: str  # list | range | fixed
+
+
+@dataclass
+class Space:
+    """A validated space file."""
+
+    experiments: list[Experiment]
+    dimensions: list[Dimension]
+    actuator: str
+    options: dict[str, Any]
+    operation: OperationSpec
+    execution: ExecutionSpec
+    name: str | None = None
+    source: dict[str, Any] = field(default_factory=dict)  # the file's content, validated
+
+    @property
+    def size(self) -> int:
+        """Entities in the space (the grid's size); points = size x experiments."""
+        return math.prod(len(d.values) for d in self.dimensions)
+
+    @property
+    def operation_id(self) -> str:
+        identity = {
+            "experiments": [e.id for e in self.experiments],
+            "entity_space": {d.name: [render_value(v) for v in d.values] for d in self.dimensions},
+            "actuator": self.actuator,
+            "operation": self.operation.model_dump(),
+        }
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+        return "op-" + digest[:12]
+
+    def entity_values(self, index: int) -> dict[str, Any]:
+        """The index-th entity of the grid (row-major over the dimensions, last varies fastest)."""
+        values: dict[str, Any] = {}
+        for dim in reversed(self.dimensions):
+            index, i = divmod(index, len(dim.values))
+            values[dim.name] = dim.values[i]
+        return {d.name: values[d.name] for d in self.dimensions}
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a space file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError("space", f"no such file: {path}") from None
+    except yaml.YAMLError as exc:
+        raise InputError("space", f"{path} is not valid YAML: {exc}") from None
+    return parse_space(raw)
+
+
+def parse_space(raw: Any) -> Space:
+    """Validate a space given as a dict (the YAML's content)."""
+    if not isinstance(raw, dict):
+        raise InputError("space", "must be a mapping with experiments, entity_space, actuator and operation")
+    try:
+        spec = SpaceFile.model_validate(raw)
+    except ValidationError as exc:
+        raise _input_error(exc) from None
+    experiments = []
+    for i, e in enumerate(spec.experiments):
+        try:
+            experiments.append(get_experiment(e.id, e.parameters))
+        except InputError as exc:
+            raise InputError(f"experiments[{i}].{_field(exc.field, 'id')}", exc.message, exc.allowed) from None
+    dimensions = [_dimension(name, value) for name, value in spec.entity_space.items()]
+    missing = [n for n in REQUIRED_PROPERTIES if n not in spec.entity_space]
+    if missing:
+        raise InputError(f"entity_space.{missing[0]}", "is required (every experiment needs it)")
+    space = Space(
+        experiments=experiments,
+        dimensions=dimensions,
+        actuator=spec.actuator.name,
+        options=spec.actuator.to_options(),
+        operation=spec.operation,
+        execution=spec.execution,
+        name=spec.name,
+        source=spec.model_dump(mode="json"),
+    )
+    if space.size > MAX_GRID_POINTS:
+        raise InputError("entity_space", f"has {space.size:,} entities; at most {MAX_GRID_POINTS:,} are supported")
+    _check_values(space)
+    if spec.operation.sampler == "optimize":
+        _check_metric(space)
+    return space
+
+
+def _dimension(name: str, value: Any) -> Dimension:
+    where = f"entity_space.{name}"
+    if isinstance(value, list):
+        if not value:
+            raise InputError(where, "is an empty list")
+        if len({json.dumps(v, sort_keys=True, default=str) for v in value}) != len(value):
+            raise InputError(where, "lists a value twice")
+        return Dimension(name, tuple(value), "list")
+    if isinstance(value, dict):
+        try:
+            r = RangeSpec.model_validate(value)
+        except ValidationError as exc:
+            raise _input_error(exc, prefix=where) from None
+        integral = all(float(x).is_integer() for x in (r.min, r.max, r.step))
+        count = int(math.floor((r.max - r.min) / r.step + 1e-9)) + 1
+        if count > MAX_GRID_POINTS:
+            raise InputError(where, f"range has {count:,} values")
+        if integral:
+            values = tuple(int(r.min) + i * int(r.step) for i in range(count))
+        else:
+            values = tuple(round(r.min + i * r.step, 12) for i in range(count))
+        return Dimension(name, values, "range")
+    return Dimension(name, (value,), "fixed")
+
+
+def _check_values(space: Space) -> None:
+    """Every value of every dimension must be valid for every experiment (errors name the field)."""
+    first = {d.name: d.values[0] for d in space.dimensions}
+    names = {d.name for d in space.dimensions}
+    for experiment in space.experiments:
+        for dim in space.dimensions:
+            if dim.name not in REQUIRED_PROPERTIES and dim.name not in experiment.optional:
+                try:  # InputError explaining why (hardcoded, not a property, a typo ...)
+                    make_entity(experiment, {dim.name: dim.values[0]})
+                except InputError as exc:
+                    raise InputError(
+                        f"entity_space.{dim.name}", f"{exc.message} (experiment {experiment.id})", exc.allowed
+                    ) from None
+        try:
+            make_entity(experiment, first)
+        except InputError as exc:
+            if exc.field not in names:  # e.g. target_modules, which the space does not set
+                raise InputError(
+                    f"entity_space ({exc.field})", f"{exc.message} (experiment {experiment.id})", exc.allowed
+                ) from None
+            # else: the loop below names the dimension and the value
+        for dim in space.dimensions:
+            for i, value in enumerate(dim.values):
+                try:
+                    make_entity(experiment, {**first, dim.name: value})
+                except InputError as exc:
+                    if exc.field != dim.name:
+                        continue  # another dimension's first value; reported when that dimension is checked
+                    where = f"entity_space.{dim.name}" + (f"[{i}]" if dim.kind != "fixed" else "")
+                    raise InputError(where, f"{exc.message} (experiment {experiment.id})", exc.allowed) from None
+
+
+def _check_metric(space: Space) -> None:
+    metric = space.operation.metric
+    for experiment in space.experiments:
+        if metric not in experiment.measured:
+            raise InputError(
+                "operation.metric",
+                f"{metric!r} is not measured by {experiment.base_id}",
+                allowed=", ".join(p for p in experiment.measured if p != "is_valid"),
+            )
+
+
+def _field(inner: str, default: str) -> str:
+    return inner if inner and inner != "experiment" else default
+
+
+def _input_error(exc: ValidationError, prefix: str = "") -> InputError:
+    """The first pydantic error as an InputError naming the field path."""
+    err = exc.errors()[0]
+    loc = ""
+    for part in err["loc"]:
+        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc or prefix else str(part))
+    where = (prefix + loc) if prefix else (loc or "space")
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown key"
+    return InputError(where, message)

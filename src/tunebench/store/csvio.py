@@ -1,0 +1,268 @@
+"""Import measurements from CSV files of the reference system; export in its layout.
+
+Two layouts are read (the columns tell them apart, and they may be mixed):
+
+1. ado's ``show measurements -o csv`` (ado-sfttrainer.md §12.5): an index column, ``identifier``,
+   ``generatorid``, ``experiment_id`` (``SFTTrainer.<experiment>-<param>.<value>...``), the
+   constitutive columns, the measured columns;
+2. the public LLMFineTuningBench ``ado-sfttrainer.csv`` (§14): ``identifier``, ``experiment_id``,
+   ``method``, constitutive columns (with ``tokens_per_sample`` for the sequence length, numbers
+   written as floats: ``2.0``), measured columns and bookkeeping (``lh_created_at``,
+   ``model_load_time``). Settings that only the identifier records (e.g. ``dataset_id``,
+   ``torch_dtype``) are read from it.
+
+The experiment comes from ``experiment_id`` (its ``-key.value`` suffix is the parameterisation;
+a key tunebench does not know is an error that names it), else from ``method`` (full, lora,
+qlora, gptq-lora, pt -> the benchmark experiments). ``is_valid`` comes from its column, else from
+``train_runtime`` (present -> 1, absent -> 0 = out of memory: §13.2). Valid rows keep every measured
+column; invalid rows are ``{is_valid: 0}`` (tunebench's Result contract). Columns that are neither
+properties nor known bookkeeping are ignored and listed in the summary.
+
+Import is all or nothing by default: a row tunebench cannot understand (unknown experiment such as
+the old ``finetune-full-fsdp-v1.3.0``, unknown model, value outside its domain) is an InputError
+naming the row and the field; ``skip_bad_rows`` imports the others and reports the skipped ones by
+reason. Importing a file twice adds nothing (each row's content hash is stored).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tunebench.errors import InputError, one_of
+from tunebench.experiments import (
+    BENCHMARK_MEASURED,
+    REQUIRED_PROPERTIES,
+    STABILITY_MEASURED,
+    Experiment,
+    get_experiment,
+    list_experiments,
+    make_entity,
+)
+from tunebench.properties import PROPERTIES
+from tunebench.report import ADO_PREFIX, build, write_csv
+from tunebench.results import Result
+from tunebench.store.schema import INVALID, VALID
+from tunebench.store.store import Record, Store
+
+# LLMFineTuningBench "method" -> experiment (ado-sfttrainer.md §3, §13.2)
+METHOD_EXPERIMENTS = {
+    "full": "finetune_full_benchmark-v1.0.0",
+    "lora": "finetune_lora_benchmark-v1.0.0",
+    "qlora": "finetune_qlora_benchmark-v1.0.0",
+    "gptq-lora": "finetune_gptq-lora_benchmark-v1.0.0",
+    "pt": "finetune_pt_benchmark-v1.0.0",
+}
+MEASURED = set(BENCHMARK_MEASURED) | set(STABILITY_MEASURED)
+# Columns that are neither properties nor measurements, but expected (not reported as ignored).
+BOOKKEEPING = {"", "identifier", "generatorid", "experiment_id", "method", "tokens_per_sample", "lh_created_at",
+               "model_load_time", "index", "Unnamed: 0"}  # fmt: skip
+_KEY = re.compile(r"-(?=(%s)\.)" % "|".join(sorted(map(re.escape, PROPERTIES), key=len, reverse=True)))
+_SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
+
+
+@dataclass
+class ImportSummary:
+    rows: int = 0
+    added: int = 0
+    already_present: int = 0
+    valid: int = 0
+    invalid: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> rows
+    ignored_columns: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows, "added": self.added, "already_present": self.already_present,
+            "valid": self.valid, "invalid": self.invalid, "skipped": dict(self.skipped),
+            "ignored_columns": self.ignored_columns,
+        }  # fmt: skip
+
+
+def split_pairs(text: str) -> tuple[str, dict[str, str]]:
+    """'head-k1.v1-k2.v2' -> ('head', {k1: v1, k2: v2}) splitting only before known property names."""
+    parts = _KEY.split(text)
+    # re.split with a capturing group returns [head, key1, rest1, key2, rest2, ...]; rest starts with "key."
+    head, pairs = parts[0], {}
+    for i in range(1, len(parts), 2):
+        key, rest = parts[i], parts[i + 1]
+        pairs[key] = rest[len(key) + 1 :]
+    return head, pairs
+
+
+def parse_entity_id(identifier: str) -> dict[str, str]:
+    """Properties in an ado entity identifier ('model_name.X-number_gpus.Y-...')."""
+    head, pairs = split_pairs("-" + identifier)
+    return pairs if not head else {}
+
+
+def parse_experiment_id(text: str) -> Experiment:
+    """An ado experiment id ('SFTTrainer.<base>-k.v...') as a parameterised experiment; InputError names unknowns."""
+    text = text.strip().removeprefix(ADO_PREFIX)
+    bases = sorted((e.base_id for e in list_experiments()), key=len, reverse=True)
+    base = next((b for b in bases if text == b or text.startswith(b + "-")), None)
+    if base is None:
+        name = text.split("-v")[0] if "-v" in text else text
+        raise InputError(
+            "experiment_id",
+            f"unknown experiment {name!r} in {text!r}",
+            allowed=one_of(e.base_id for e in list_experiments()),
+        )
+    head, pairs = split_pairs(text[len(base) :])
+    if head:
+        raise InputError("experiment_id", f"cannot read the parameterisation {head!r} of {text!r}")
+    for key, value in pairs.items():
+        unknown = _SUSPECT.search(value)
+        if unknown and unknown.group(1) not in PROPERTIES:
+            raise InputError("experiment_id", f"unknown parameter {unknown.group(1)!r} in {text!r}")
+        if key not in get_experiment(base).optional:
+            raise InputError("experiment_id", f"parameter {key!r} of {text!r} is not an optional property of {base}")
+    return get_experiment(base, {k: _coerce(k, v) for k, v in pairs.items()})
+
+
+def _coerce(name: str, raw: str) -> Any:
+    """A CSV cell for property name: '2.0' -> 2 for integers and booleans (LLMFineTuningBench writes floats)."""
+    prop = PROPERTIES.get(name)
+    text = raw.strip()
+    if prop is not None and prop.kind in ("int", "bool"):
+        try:
+            number = float(text)
+        except ValueError:
+            return text
+        if number.is_integer():
+            return int(number)
+    return text
+
+
+def _number(text: str) -> float | int | None:
+    text = text.strip()
+    if not text or text.lower() in ("nan", "none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str = "") -> Record:
+    """One CSV row as a Record; InputError if it cannot be understood."""
+    if row.get("experiment_id", "").strip():
+        experiment = parse_experiment_id(row["experiment_id"])
+    elif row.get("method", "").strip():
+        method = row["method"].strip()
+        if method not in METHOD_EXPERIMENTS:
+            raise InputError("method", f"unknown method {method!r}", allowed=one_of(METHOD_EXPERIMENTS))
+        experiment = get_experiment(METHOD_EXPERIMENTS[method])
+    else:
+        raise InputError("experiment_id", "the row has neither experiment_id nor method")
+    settable = set(REQUIRED_PROPERTIES) | set(experiment.optional)
+    values: dict[str, Any] = {}
+    for key, raw in parse_entity_id(row.get("identifier", "")).items():
+        if key in settable:
+            values[key] = _coerce(key, raw)
+    for key, raw in row.items():
+        if key in PROPERTIES and key not in MEASURED and raw is not None and raw.strip():
+            value = _coerce(key, raw)
+            if key not in settable:
+                if PROPERTIES[key].parse(value) == PROPERTIES[key].default:
+                    continue  # e.g. fast_moe 0 for an experiment without fast_moe
+                raise InputError(key, f"is not a property of {experiment.base_id}")
+            values[key] = value
+    if "model_max_length" not in values and (row.get("tokens_per_sample") or "").strip():
+        values["model_max_length"] = _coerce("model_max_length", row["tokens_per_sample"])
+    entity = make_entity(experiment, values)
+
+    props: dict[str, Any] = {}
+    for key in MEASURED:
+        if key in row and row[key] is not None:
+            value = _number(row[key])
+            if value is not None:
+                props[key] = value
+    is_valid = props.pop("is_valid", None)
+    if is_valid is None:  # ado-sfttrainer.md §13.2: no is_valid column -> train_runtime present means valid
+        is_valid = 1 if props.get("train_runtime") is not None else 0
+    metadata = {"source": source} if source else {}
+    extra = {k: v for k, v in row.items() if k in ("model_load_time", "lh_created_at") and v}
+    if extra:
+        metadata["columns"] = extra
+    if int(is_valid) == 1:
+        result = Result.valid(experiment.id, entity.id, props, actuator="import", metadata=metadata)
+    else:
+        why = "imported with is_valid=0 (out of memory or a rejected configuration)"
+        result = Result.invalid(experiment.id, entity.id, [why], actuator="import", metadata=metadata)
+    content = json.dumps({k: v for k, v in sorted(row.items()) if k not in ("", "index", "Unnamed: 0")})
+    return Record(
+        experiment=experiment,
+        entity=entity,
+        result=result,
+        actuator=actuator,
+        generator=(row.get("generatorid") or "").strip() or "import",
+        source_key=hashlib.sha256(content.encode()).hexdigest(),
+        source_identifier=(row.get("identifier") or "").strip() or None,
+        source_experiment_id=(row.get("experiment_id") or "").strip() or None,
+    )
+
+
+def import_csv(
+    store: Store, path: str | Path, *, skip_bad_rows: bool = False, actuator: str = "measure"
+) -> ImportSummary:
+    """Load a CSV of measurements into the store (memoised like measurements of actuator)."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="")
+    except FileNotFoundError:
+        raise InputError("FILE", f"no such file: {path}") from None
+    summary = ImportSummary()
+    records: list[Record] = []
+    errors: list[tuple[int, InputError]] = []
+    with handle:
+        reader = csv.DictReader(handle)
+        columns = reader.fieldnames or []
+        summary.ignored_columns = [
+            c for c in columns if c not in PROPERTIES and c not in MEASURED and c not in BOOKKEEPING
+        ]
+        if "experiment_id" not in columns and "method" not in columns:
+            raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
+        for number, row in enumerate(reader, start=2):  # line 1 is the header
+            summary.rows += 1
+            try:
+                records.append(row_to_record(row, actuator=actuator, source=f"{path.name}:{number}"))
+            except InputError as exc:
+                errors.append((number, exc))
+    if errors and not skip_bad_rows:
+        number, first = errors[0]
+        raise InputError(
+            f"{path.name} line {number}: {first.field}",
+            f"{first.message} ({len(errors)} of {summary.rows} rows cannot be imported; nothing was imported; "
+            "--skip-bad-rows imports the others)",
+            first.allowed,
+        )
+    for _, exc in errors:
+        summary.skipped[_reason(exc)] += 1
+    summary.added, summary.already_present = store.record_many(records)
+    for r in records:
+        summary.valid += r.result.status == VALID
+        summary.invalid += r.result.status == INVALID
+    return summary
+
+
+def _reason(exc: InputError) -> str:
+    text = f"{exc.field}: {exc.message}"
+    return re.sub(r"'[^']*'", "'...'", text) if "unknown experiment" not in text else text.split(" in ")[0]
+
+
+def export_csv(store: Store, out: IO[str], *, operation_id: str | None = None, request_ids: list[int] | None = None,
+               actuator: str | None = None) -> int:  # fmt: skip
+    """Write valid and invalid results in the reference's CSV layout; returns the number of rows."""
+    table = build(
+        store.table(operation_id=operation_id, request_ids=request_ids, actuator=actuator, statuses=[VALID, INVALID]),
+        ado=True,
+    )
+    write_csv(table, out)
+    return len(table)

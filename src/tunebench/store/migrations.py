@@ -1,0 +1,62 @@
+"""Schema versions: an ordered list of DDL steps and a ``schema_version`` table.
+
+A fresh store is created at ``SCHEMA_VERSION`` straight from ``schema.py`` and stamped with it
+(Alembic's recommended "create_all + stamp head" for new databases). An existing store at version
+v < SCHEMA_VERSION is upgraded by ``UPGRADES[v + 1]``, ``UPGRADES[v + 2]``, ... in order, each step
+in its own transaction together with its ``schema_version`` row, so an interrupted upgrade resumes
+where it stopped. A store written by a newer tunebench (version > SCHEMA_VERSION) is refused.
+
+To change the schema: edit ``schema.py``, bump ``SCHEMA_VERSION`` and add
+``UPGRADES[new] = (description, fn(conn))`` that brings a store of the previous version to the new
+shape with portable SQLAlchemy DDL (``sa.schema.CreateTable``, ``AddColumn`` via
+``conn.exec_driver_sql`` for the plain ``ALTER TABLE t ADD COLUMN c TYPE`` all dialects accept).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import Connection, Engine, func, inspect, select
+
+from tunebench.store import db
+from tunebench.store.schema import metadata, schema_version
+
+SCHEMA_VERSION = 1
+
+# version -> (description, step that upgrades a store at version - 1). Empty: 1 is the first schema.
+UPGRADES: dict[int, tuple[str, Callable[[Connection], None]]] = {}
+
+
+class SchemaError(RuntimeError):
+    """The store cannot be used by this tunebench (e.g. it was written by a newer version)."""
+
+
+def current_version(conn: Connection) -> int | None:
+    """The store's schema version; None if it has no schema yet."""
+    if not inspect(conn).has_table(schema_version.name):
+        return None
+    return conn.execute(select(func.max(schema_version.c.version))).scalar()
+
+
+def migrate(engine: Engine) -> int:
+    """Create or upgrade the store's schema to SCHEMA_VERSION; returns the version."""
+    target = SCHEMA_VERSION
+    with db.write(engine) as conn:  # SQLite: BEGIN IMMEDIATE serialises concurrent first opens
+        version = current_version(conn)
+        if version is None:
+            metadata.create_all(conn)
+            conn.execute(schema_version.insert().values(version=target, description="create", applied_at=time.time()))
+            return target
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"the store has schema version {version}, newer than this tunebench's {SCHEMA_VERSION}; upgrade tunebench"
+        )
+    for step in range(version + 1, target + 1):
+        description, upgrade = UPGRADES[step]
+        with db.write(engine) as conn:
+            if current_version(conn) >= step:  # another process applied it meanwhile
+                continue
+            upgrade(conn)
+            conn.execute(schema_version.insert().values(version=step, description=description, applied_at=time.time()))
+    return target

@@ -1,0 +1,94 @@
+"""The local executor: GPUs from a free pool, never shared; what a machine cannot run fails at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
+from tunebench.executors.task import make_task, resolve_actuator, run_task
+from tunebench.experiments import get_experiment, make_entity
+
+EXP = get_experiment("finetune_full_benchmark-v1.0.0")
+A100 = "NVIDIA-A100-80GB-PCIe"
+
+
+def task(i: int, gpus: int, log, *, actuator="tunebench.explore.testing:sleepy", gpu_model=A100, nodes=1, sleep_s=0.3):
+    values = {
+        "model_name": "smollm2-135m",
+        "model_max_length": 64 * (i + 1),
+        "batch_size": max(1, gpus) * 2,
+        "number_gpus": gpus,
+    }
+    if gpus:
+        values["gpu_model"] = gpu_model
+    if nodes > 1:
+        values["number_nodes"] = nodes
+    entity = make_entity(EXP, values)
+    return make_task(i, 1, actuator, EXP, entity, {"call_log": str(log), "sleep_s": sleep_s})
+
+
+def drain(executor: LocalExecutor, n: int, timeout: float = 30.0):
+    done, deadline = {}, time.monotonic() + timeout
+    while len(done) < n and time.monotonic() < deadline:
+        for fin in executor.poll(0.1):
+            done[fin.request_id] = fin.result
+    return done
+
+
+def test_gpus_are_never_shared(tmp_path):
+    log = tmp_path / "calls.jsonl"
+    gpus = [Gpu(str(i), "NVIDIA A100 80GB PCIe") for i in range(3)]
+    executor = LocalExecutor(max_parallel=4, gpus=gpus)
+    tasks = [task(i, 1, log) for i in range(4)] + [task(4 + i, 2, log) for i in range(2)]
+    for t in tasks:
+        executor.submit(t)
+    done = drain(executor, len(tasks))
+    assert {r.status for r in done.values()} == {"valid"}
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    spans: dict[str, dict] = {}
+    for e in events:
+        spans.setdefault(e["entity"], {})[e["event"]] = e
+    intervals = [
+        (s["start"]["t"], s["end"]["t"], set(s["start"]["visible_devices"].split(","))) for s in spans.values()
+    ]
+    for i, (a0, a1, da) in enumerate(intervals):
+        for b0, b1, db in intervals[i + 1 :]:
+            if a0 < b1 and b0 < a1:  # overlapping in time
+                assert not da & db, f"GPUs {da & db} shared"
+    assert sorted(len(d) for *_, d in intervals) == [1, 1, 1, 1, 2, 2]
+    assert done[4].metadata["execution"]["visible_devices"].count(",") == 1
+
+
+def test_what_this_machine_cannot_run_fails_at_once(tmp_path):
+    log = tmp_path / "calls.jsonl"
+    executor = LocalExecutor(max_parallel=2, gpus=[Gpu("0", "NVIDIA L40S")])
+    executor.submit(task(0, 2, log))  # more GPUs than there are
+    executor.submit(task(1, 1, log, gpu_model=A100))  # another GPU model
+    executor.submit(task(2, 2, log, nodes=2, gpu_model="NVIDIA-L40S"))  # several nodes
+    done = drain(executor, 3, timeout=5)
+    assert {r.status for r in done.values()} == {"failed"}
+    assert "this machine has 1 GPU" in done[0].error
+    assert "needs gpu_model NVIDIA-A100-80GB-PCIe" in done[1].error
+    assert "--executor ray" in done[2].error
+    assert not log.exists()
+    cpu_only = LocalExecutor(gpus=[])
+    cpu_only.submit(task(3, 1, log))
+    assert "no GPU" in drain(cpu_only, 1, timeout=5)[3].error
+
+
+def test_actuator_errors_become_failed_results(tmp_path):
+    result = run_task(task(0, 0, tmp_path / "log", actuator="tunebench.explore.testing:crashing"))
+    assert result.status == "failed" and result.error == "RuntimeError: actuator crashed"
+    assert result.experiment_id == EXP.id and result.metadata["execution"]["attempt"] == 1
+    result = run_task(task(0, 0, tmp_path / "log", actuator="tunebench.no_such_module:fn"))
+    assert result.status == "failed" and "cannot be imported" in result.error
+
+
+def test_actuator_names():
+    assert resolve_actuator("noop").__name__ == "noop"
+    assert resolve_actuator("tunebench.explore.testing:sleepy").__name__ == "sleepy"
+
+
+def test_detect_gpus_on_this_machine():
+    assert isinstance(detect_gpus(), list)  # [] without NVML; never raises

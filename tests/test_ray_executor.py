@@ -1,0 +1,116 @@
+"""The Ray executor on a local Ray cluster of simulated nodes (ray.cluster_utils.Cluster, no real GPUs).
+
+Three worker nodes, each with one simulated GPU (Ray allows num_gpus without devices) and a GPU
+model as custom resource: one "NVIDIA-A100-80GB-PCIe", two "NVIDIA-L40S". Everything listens on
+127.0.0.1 (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray on the loopback address, as on a laptop).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from tunebench.explore import Settings, explore, parse_space  # noqa: E402
+from tunebench.store import Store  # noqa: E402
+
+pytestmark = pytest.mark.ray
+A100, L40S = "NVIDIA-A100-80GB-PCIe", "NVIDIA-L40S"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    old = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only, in the processes Ray starts ...
+    ray_constants.ENABLE_RAY_CLUSTER = False  # ... and in this one (read when ray was imported)
+    temp = tempfile.mkdtemp(prefix="tbray")  # short: Ray's socket paths must fit 107 bytes
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp})
+    nodes = {
+        A100: [c.add_node(num_cpus=4, num_gpus=1, resources={A100: 1})],
+        L40S: [c.add_node(num_cpus=4, num_gpus=1, resources={L40S: 1}) for _ in range(2)],
+    }
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield {model: {n.node_id for n in group} for model, group in nodes.items()}
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+        ray_constants.ENABLE_RAY_CLUSTER = old[1]
+        if old[0] is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = old[0]
+
+
+def space(actuator: str, entity_space: dict, **options) -> dict:
+    return {
+        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, **entity_space},
+        "actuator": {"name": f"tunebench.explore.testing:{actuator}", **options},
+        "operation": {"sampler": "grid"},
+    }
+
+
+def execution(store: Store, request_id: int) -> dict:
+    return store.results_of(request_id)[-1].metadata["execution"]
+
+
+def test_sweep_lands_on_the_nodes_of_each_gpu_model(cluster, tmp_path):
+    from tunebench.executors.ray import RayExecutor
+
+    spec = parse_space(
+        space("where", {"number_gpus": [0, 1], "batch_size": [2, 4], "gpu_model": [A100, L40S, "NVIDIA-H100-PCIe"]})
+    )
+    with Store(tmp_path / "s.db") as store:
+        summary = explore(spec, store, RayExecutor(), Settings(max_parallel=4, max_retries=0))
+        rows = store.rows(operation_id=summary.operation_id)
+        placed = {
+            (r["entity"].get("number_gpus"), r["entity"].get("gpu_model")): (r, execution(store, r["request_id"]))
+            for r in rows
+        }
+    assert summary.total == 12 and summary.valid == 10 and summary.failed == 2
+    for (gpus, model), (row, ex) in placed.items():
+        if gpus == 1 and model in (A100, L40S):
+            assert row["status"] == "valid" and ex["node_id"] in cluster[model], (model, ex)
+            assert ex["visible_devices"] == "0" and ex["node_ip"] == "127.0.0.1"
+        elif gpus == 1:  # no node has an H100: fails at once instead of waiting forever
+            assert row["status"] == "failed" and "no node with" in row["error"] and "NVIDIA-H100-PCIe" in row["error"]
+        else:  # CPU measurements: anywhere, no GPU
+            assert row["status"] == "valid" and ex["visible_devices"] == ""
+
+
+def test_two_node_measurement_rendezvous_over_gloo(cluster, tmp_path):
+    from tunebench.executors.ray import RayExecutor
+
+    spec = parse_space(
+        space("gloo_allreduce", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": L40S})
+    )
+    with Store(tmp_path / "s.db") as store:
+        summary = explore(spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0))
+        (row,) = store.rows(operation_id=summary.operation_id)
+        result = store.results_of(row["request_id"])[-1]
+    assert row["status"] == "valid", row["error"]
+    assert result.metadata["allreduce_sums"] == [3.0, 3.0]  # ranks 0 and 1 each contributed rank + 1
+    ex = result.metadata["execution"]
+    assert ex["placement"] == "STRICT_SPREAD" and ex["rendezvous"].startswith("127.0.0.1:")
+    assert len(set(ex["node_ids"])) == 2 and set(ex["node_ids"]) == cluster[L40S]  # one bundle per L40S node
+
+
+def test_multi_node_needing_more_nodes_than_exist_fails(cluster, tmp_path):
+    from tunebench.executors.ray import RayExecutor
+
+    spec = parse_space(
+        space("gloo_allreduce", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": A100})
+    )
+    with Store(tmp_path / "s.db") as store:
+        summary = explore(spec, store, RayExecutor(), Settings(max_retries=0))
+        (row,) = store.rows(operation_id=summary.operation_id)
+    assert row["status"] == "failed" and "needs 2" in row["error"]

@@ -1,0 +1,252 @@
+"""The sample store on real SQLite files: schema versions, claims, leases, retries, bulk records."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from sqlalchemy import inspect, select, text
+
+from tunebench.experiments import get_experiment, make_entity
+from tunebench.results import Result
+from tunebench.store import SCHEMA_VERSION, SchemaError, Store, migrations, owner_id, store_url
+from tunebench.store.schema import TABLES, metadata, requests, results, schema_version
+from tunebench.store.store import Record
+
+EXP = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2})
+
+
+def points(n: int, reasons: list[str] | None = None):
+    return [
+        (EXP, make_entity(EXP, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 64 * (i + 1),
+                                "batch_size": 1}), list(reasons or []))
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "store.db") as s:
+        s.open_operation("op-test", sampler="grid", actuator="noop", space={}, name=None)
+        yield s
+
+
+def test_url_resolution(tmp_path, monkeypatch):
+    assert store_url(tmp_path / "a.db") == f"sqlite:///{tmp_path / 'a.db'}"
+    assert store_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
+    monkeypatch.setenv("TUNEBENCH_STORE", str(tmp_path / "env.db"))
+    assert store_url(None) == f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.delenv("TUNEBENCH_STORE")
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    assert store_url(None) == f"sqlite:///{tmp_path / 'home' / 'store.db'}"
+
+
+def test_fresh_store_has_schema_and_wal(tmp_path):
+    with Store(tmp_path / "s.db") as s:
+        assert s.version == SCHEMA_VERSION
+        with s.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+            versions = conn.execute(select(schema_version.c.version)).scalars().all()
+        assert versions == [SCHEMA_VERSION]
+        # the database has exactly the tables and columns schema.py declares (no drift)
+        inspector = inspect(s.engine)
+        for table in TABLES:
+            assert {c["name"] for c in inspector.get_columns(table.name)} == set(table.columns.keys())
+    with Store(tmp_path / "s.db") as again:  # reopening migrates nothing
+        assert again.version == SCHEMA_VERSION
+
+
+def test_upgrade_steps_run_in_order_once(tmp_path, monkeypatch):
+    Store(tmp_path / "s.db").close()  # a store at version SCHEMA_VERSION
+
+    calls = []
+
+    def add_column(conn):
+        calls.append(SCHEMA_VERSION + 1)
+        conn.exec_driver_sql("ALTER TABLE results ADD COLUMN energy_joules FLOAT")
+
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setitem(migrations.UPGRADES, SCHEMA_VERSION + 1, ("results.energy_joules", add_column))
+    with Store(tmp_path / "s.db") as s:
+        assert s.version == SCHEMA_VERSION + 1
+        assert "energy_joules" in {c["name"] for c in inspect(s.engine).get_columns("results")}
+    with Store(tmp_path / "s.db"):
+        pass
+    assert calls == [SCHEMA_VERSION + 1]
+
+
+def test_newer_store_is_refused(tmp_path):
+    with Store(tmp_path / "s.db") as s, s.engine.begin() as conn:
+        conn.execute(schema_version.insert().values(version=SCHEMA_VERSION + 5, description="future", applied_at=0.0))
+    with pytest.raises(SchemaError, match="newer"):
+        Store(tmp_path / "s.db")
+
+
+def test_register_claim_complete_and_memoise(store):
+    regs = store.register("op-test", points(3), actuator="noop", generator="grid")
+    assert [r.origin for r in regs] == ["new"] * 3
+    claims = store.claim("op-test", owner_id(), 10, lease_seconds=60)
+    assert [c.attempt for c in claims] == [1, 1, 1]
+    assert store.claim("op-test", owner_id(), 10, lease_seconds=60) == []  # nothing pending any more
+    for c in claims:
+        assert (
+            store.complete(c, Result.valid(c.experiment_id, c.entity_id, {"train_runtime": 1.0}), max_retries=0)
+            == "valid"
+        )
+    regs = store.register("op-test", points(3), actuator="noop", generator="grid")
+    assert [r.origin for r in regs] == ["memoised"] * 3
+    # another actuator does not reuse them (a prediction never stands in for a measurement)
+    assert [r.origin for r in store.register("op-test", points(3), actuator="predict", generator="grid")] == ["new"] * 3
+    # remeasure sends them back to pending and keeps the old results
+    regs = store.register("op-test", points(1), actuator="noop", generator="grid", remeasure=True)
+    assert regs[0].origin == "new" and regs[0].status == "pending"
+    assert len(store.results_of(regs[0].request_id)) == 1
+
+
+def test_invalid_by_rule_is_recorded_without_running(store):
+    regs = store.register("op-test", points(1, reasons=["rule 4: batch_size must be greater than 0"]), actuator="noop",
+                          generator="grid")  # fmt: skip
+    assert regs[0].origin == "rules" and regs[0].status == "invalid"
+    assert store.claim("op-test", owner_id(), 5, 60) == []
+    (row,) = store.rows(operation_id="op-test")
+    assert row["properties"] == {"is_valid": 0} and row["reasons"] == ["rule 4: batch_size must be greater than 0"]
+    assert row["origin"] == "rules"
+
+
+def test_failed_is_retried_up_to_max_retries(store):
+    store.register("op-test", points(1), actuator="noop", generator="grid")
+    statuses = []
+    for _ in range(3):
+        (c,) = store.claim("op-test", owner_id(), 1, 60)
+        statuses.append(store.complete(c, Result.failed(c.experiment_id, c.entity_id, "boom"), max_retries=2))
+    assert statuses == ["pending", "pending", "failed"]
+    assert store.claim("op-test", owner_id(), 1, 60) == []
+    assert store.counts("op-test") == {"failed": 1}
+    # a new run gives failed points a fresh retry budget
+    (reg,) = store.register("op-test", points(1), actuator="noop", generator="grid")
+    assert reg.status == "pending"
+    (c,) = store.claim("op-test", owner_id(), 1, 60)
+    assert c.attempt == 1
+    assert len(store.results_of(c.request_id)) == 3  # every failure is kept as history
+
+
+def test_claims_are_atomic_across_threads(store):
+    store.register("op-test", points(40), actuator="noop", generator="grid")
+    won: list[list[int]] = [[] for _ in range(4)]
+
+    def worker(i):
+        other = Store(store.url)  # its own engine and connections, like another process
+        while True:
+            claims = other.claim("op-test", f"{socket.gethostname()}:{os.getpid()}:{i}", 3, 60)
+            if not claims:
+                break
+            won[i] += [c.request_id for c in claims]
+        other.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [rid for w in won for rid in w]
+    assert len(every) == len(set(every)) == 40
+
+
+def test_expired_lease_is_requeued_and_late_result_is_kept(store):
+    store.register("op-test", points(1), actuator="noop", generator="grid")
+    (old,) = store.claim("op-test", "elsewhere:1:1", 1, lease_seconds=0.01)
+    time.sleep(0.05)
+    assert store.requeue_stale(max_retries=3) == 1
+    (new,) = store.claim("op-test", owner_id(), 1, 60)
+    assert new.attempt == 2
+    # the first explorer comes back late: its result is kept as history, the claim belongs to the new one
+    assert store.complete(old, Result.valid(old.experiment_id, old.entity_id, {}), max_retries=3) == "lost"
+    assert store.complete(new, Result.valid(new.experiment_id, new.entity_id, {}), max_retries=3) == "valid"
+    assert len(store.results_of(new.request_id)) == 2
+
+
+def test_dead_explorer_on_this_host_is_requeued_at_once(store):
+    store.register("op-test", points(2), actuator="noop", generator="grid")
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"{socket.gethostname()}:{proc.stdout.strip()}:1"
+    store.claim("op-test", dead, 1, lease_seconds=3600)
+    store.claim("op-test", owner_id(), 1, lease_seconds=3600)  # alive: left alone
+    assert store.requeue_stale(max_retries=3) == 1
+    assert store.counts("op-test") == {"pending": 1, "running": 1}
+
+
+def test_explorer_dying_too_often_fails_the_request(store):
+    store.register("op-test", points(1), actuator="noop", generator="grid")
+    for _ in range(2):
+        store.claim("op-test", "elsewhere:1:1", 1, lease_seconds=0.0)
+        store.requeue_stale(max_retries=1, now=time.time() + 1)
+    assert store.counts("op-test") == {"failed": 1}
+    (row,) = store.rows(operation_id="op-test")
+    assert "stopped while measuring" in row["error"]
+
+
+def test_release_gives_claims_back_uncounted(store):
+    store.register("op-test", points(2), actuator="noop", generator="grid")
+    claims = store.claim("op-test", owner_id(), 2, 60)
+    assert store.release(claims) == 2
+    assert [c.attempt for c in store.claim("op-test", owner_id(), 2, 60)] == [1, 1]
+
+
+def test_record_many_is_idempotent_and_sets_status(store):
+    recs = [
+        Record(EXP, e, Result.valid(EXP.id, e.id, {"dataset_tokens_per_second": 100.0 + i}, actuator="import"),
+               source_key=f"key{i}")
+        for i, (_, e, _) in enumerate(points(5))
+    ]  # fmt: skip
+    assert store.record_many(recs) == (5, 0)
+    assert store.record_many(recs) == (0, 5)
+    regs = store.register("op-test", points(5), actuator="measure", generator="grid")
+    assert {r.origin for r in regs} == {"memoised"}
+    with store.engine.connect() as conn:
+        assert conn.execute(select(results.c.dataset_tokens_per_second).order_by(results.c.id)).scalars().all() == [
+            100.0,
+            101.0,
+            102.0,
+            103.0,
+            104.0,
+        ]
+        assert set(conn.execute(select(requests.c.status)).scalars()) == {"valid"}
+
+
+def test_a_killed_writer_leaves_no_half_written_result(tmp_path):
+    """kill -9 in the middle of a transaction: the store keeps the state before it."""
+    path = tmp_path / "s.db"
+    with Store(path) as s:
+        s.open_operation("op-test", sampler="grid", actuator="noop", space={}, name=None)
+        s.register("op-test", points(1), actuator="noop", generator="grid")
+    code = f"""
+import os, signal
+from tunebench.store import Store, owner_id
+from tunebench.store import db
+from sqlalchemy import text
+s = Store({str(path)!r})
+(c,) = s.claim("op-test", owner_id(), 1, 60)
+with db.write(s.engine) as conn:
+    conn.execute(text("INSERT INTO results (request_id, status, actuator, extra_properties, reasons, meta, created_at) "
+                      "VALUES (:r, 'valid', 'x', '{{}}', '[]', '{{}}', 0)"), {{"r": c.request_id}})
+    conn.execute(text("UPDATE requests SET status='valid' WHERE id=:r"), {{"r": c.request_id}})
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], env=os.environ.copy())
+    assert proc.returncode == -9
+    with Store(path) as s:
+        assert s.counts("op-test") == {"running": 1}  # the claim committed, the half result did not
+        with s.engine.connect() as conn:
+            assert conn.execute(text("SELECT COUNT(*) FROM results")).scalar() == 0
+        assert s.requeue_stale(max_retries=2) == 1
+        assert s.counts("op-test") == {"pending": 1}
+
+
+def test_metadata_declares_every_table():
+    assert {t.name for t in TABLES} == set(metadata.tables)

@@ -1,0 +1,116 @@
+"""Import and export in the reference's layouts (ado `show measurements -o csv`, LLMFineTuningBench)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tunebench.errors import InputError
+from tunebench.explore.__main__ import main
+from tunebench.store import Store
+from tunebench.store.csvio import export_csv, import_csv, parse_entity_id, parse_experiment_id
+
+DATA = Path(__file__).parent / "data"
+ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"  # copy of ../shared/reference-data/ado/
+BENCH_CSV = DATA / "llmfinetuningbench_layout_sample.csv"  # LLMFineTuningBench's header, made-up rows
+
+
+def test_round_trip_of_the_reference_layout_is_exact(tmp_path):
+    with Store(tmp_path / "s.db") as store:
+        summary = import_csv(store, ADO_CSV)
+        assert (summary.rows, summary.added, summary.valid, summary.ignored_columns) == (4, 4, 4, [])
+        out = io.StringIO()
+        assert export_csv(store, out) == 4
+    assert out.getvalue() == ADO_CSV.read_text()
+
+
+def test_imported_rows_are_memoised_under_tunebench_ids(tmp_path):
+    with Store(tmp_path / "s.db") as store:
+        import_csv(store, ADO_CSV)
+        again = import_csv(store, ADO_CSV)
+        assert (again.added, again.already_present) == (0, 4)
+        rows = store.rows()
+    assert len(rows) == 4
+    assert {r["experiment_id"] for r in rows} == {
+        "finetune_full_benchmark-v1.0.0-flash_attn.0-fms_hf_tuning_version.2.8.2-stop_after_seconds.30"
+    }
+    first = rows[0]
+    assert first["entity_id"] == "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.1"
+    assert first["properties"]["dataset_tokens_per_second"] == 2624.0452059069926
+    assert first["properties"]["is_valid"] == 1 and first["status"] == "valid"
+
+
+def test_export_of_native_results_reimports_identically(tmp_path):
+    with Store(tmp_path / "a.db") as a:
+        import_csv(a, ADO_CSV)
+        first = io.StringIO()
+        export_csv(a, first)
+    (tmp_path / "a.csv").write_text(first.getvalue())
+    with Store(tmp_path / "b.db") as b:
+        import_csv(b, tmp_path / "a.csv")
+        second = io.StringIO()
+        export_csv(b, second)
+    assert second.getvalue() == first.getvalue()
+
+
+def test_llmfinetuningbench_layout(tmp_path):
+    with Store(tmp_path / "s.db") as store:
+        with pytest.raises(InputError, match=r"line 5: experiment_id.*finetune-full-fsdp.*--skip-bad-rows"):
+            import_csv(store, BENCH_CSV)
+        assert store.rows() == []  # all or nothing
+        summary = import_csv(store, BENCH_CSV, skip_bad_rows=True)
+        assert (summary.added, summary.valid, summary.invalid) == (3, 2, 1)
+        assert sum(summary.skipped.values()) == 1
+        rows = {r["entity_id"]: r for r in store.rows()}
+    lora = rows[
+        "model_name.llama3.1-70b-number_gpus.16-model_max_length.1024-batch_size.32"
+        "-gpu_model.NVIDIA-A100-SXM4-80GB-number_nodes.2"
+    ]
+    assert lora["experiment_id"] == "finetune_lora_benchmark-v1.0.0-fms_hf_tuning_version.2.4.0"
+    assert lora["properties"]["dataset_tokens_per_second"] == 5775.5 and lora["properties"]["is_valid"] == 1
+    oom = next(r for r in rows.values() if r["entity"]["model_name"] == "granite-3.1-8b-instruct")
+    assert oom["status"] == "invalid" and oom["properties"] == {"is_valid": 0}
+    assert oom["entity"]["enable_roce"] is True and oom["entity"]["model_max_length"] == 8192
+    # no is_valid value but a train_runtime: valid; the experiment comes from `method`
+    l40s = rows["model_name.llama3-8b-number_gpus.2-model_max_length.2048-batch_size.8-gpu_model.NVIDIA-L40S"]
+    assert l40s["experiment_id"] == "finetune_full_benchmark-v1.0.0" and l40s["status"] == "valid"
+
+
+def test_experiment_ids_with_unknown_parameters_are_named():
+    exp = parse_experiment_id(
+        "SFTTrainer.finetune_full_benchmark-v1.0.0-fms_hf_tuning_version.2.8.2-stop_after_seconds.30-flash_attn.0"
+    )
+    assert exp.parameters == {"fms_hf_tuning_version": "2.8.2", "stop_after_seconds": 30.0, "flash_attn": False}
+    exp = parse_experiment_id("finetune_lora_benchmark-v1.0.0-dataset_id.news-chars-512-entries-4096-max_steps.2")
+    assert exp.parameters["dataset_id"] == "news-chars-512-entries-4096"
+    with pytest.raises(InputError, match="unknown parameter 'warp_speed'"):
+        parse_experiment_id("SFTTrainer.finetune_full_benchmark-v1.0.0-stop_after_seconds.30-warp_speed.9")
+    with pytest.raises(InputError, match="unknown experiment"):
+        parse_experiment_id("SFTTrainer.finetune-full-fsdp-v1.3.0")
+    assert parse_entity_id("dataset_id.news-tokens-16384plus-entries-4096-model_name.llama3-8b-number_gpus.2.0") == {
+        "dataset_id": "news-tokens-16384plus-entries-4096", "model_name": "llama3-8b", "number_gpus": "2.0",
+    }  # fmt: skip
+
+
+def test_cli_import_export_show(tmp_path, capsys):
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(ADO_CSV), "--store", db]) == 0
+    assert "4 added" in capsys.readouterr().out
+    out = tmp_path / "out.csv"
+    assert main(["export", "--format", "ado-csv", "--output", str(out), "--store", db]) == 0
+    assert out.read_text() == ADO_CSV.read_text()
+    assert main(["show", "--format", "json", "--store", db]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert len(records) == 4 and records[0]["status"] == "valid" and records[0]["model_max_length"] == 512
+    assert main(["show", "--format", "parquet", "--output", str(tmp_path / "x.parquet"), "--store", db]) == 0
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert table.num_rows == 4 and table.schema.field("dataset_tokens_per_second").type == "double"
+    assert main(["export", "--format", "xml", "--store", db]) == 2
+    assert "allowed: ado-csv" in capsys.readouterr().err
+    assert main(["import", str(BENCH_CSV), "--store", db]) == 2
+    assert "--skip-bad-rows" in capsys.readouterr().err
