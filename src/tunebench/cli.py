@@ -312,14 +312,16 @@ def demo() -> int:
 
 
 def _mount_subcommands() -> None:
-    """Commands whose modules own them: datasets (issue 3), plan/recommend/deploy-spec/calibrate (issue 6)."""
+    """Commands whose modules own them: datasets; plan/recommend/deploy-spec/calibrate; explore/show/import/export."""
     if getattr(app, "_tunebench_mounted", False):
         return
     from tunebench.datasets.cli import app as datasets_app
+    from tunebench.explore.cli import register as register_explore
     from tunebench.plan.cli import register as register_plan
 
     app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
     register_plan(app)
+    register_explore(app)
     app._tunebench_mounted = True
 
 

@@ -222,6 +222,7 @@ def node_command(
     env = {**os.environ, **node.env}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if opts.visible_devices is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the executor numbers GPUs as NVML does (PCI bus order)
         env["CUDA_VISIBLE_DEVICES"] = opts.visible_devices
     if plan.number_gpus == 0 and plan.processes_per_node > 1:
         env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
@@ -234,7 +235,10 @@ def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout:
     Returns (returncode, timed_out); a negative returncode is the signal that ended the process.
     """
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )  # fmt: skip
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
@@ -243,6 +247,18 @@ def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout:
         except BaseException:  # KeyboardInterrupt: leave no orphan training processes behind
             _kill_group(proc)
             raise
+
+
+def _terminate_with_parent() -> None:
+    """In the child: SIGTERM when the measuring process dies (even by kill -9), so no training runs on
+    orphaned (the worker writes a failed result on SIGTERM; accelerate's launcher stops its ranks).
+    Linux prctl(PR_SET_PDEATHSIG); elsewhere a no-op."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _kill_group(proc: subprocess.Popen, grace_seconds: float = 5.0) -> None:

@@ -349,7 +349,7 @@ def store_records(url: str) -> list[Record]:
     with Store(url) as store:
         rows = store.rows(statuses=DONE)
     return records_from_store(
-        (r["experiment_id"], r["entity"] or {}, r["properties"] or {}) for r in rows if r.get("actuator") != "predict"
+        (r["experiment_id"], r["entity"] or {}, r["properties"] or {}) for r in rows if r.get("actuator") == "measure"
     )
 
 

@@ -133,6 +133,12 @@ def plan(
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity.")
+    ] = False,
+    store: Annotated[
+        str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
+    ] = None,
 ) -> None:
     """Predict memory, out-of-memory, throughput, runtime and cost of an entity (or a JSONL batch)."""
     from tunebench.plan.predict import plan_json, predict_many
@@ -168,10 +174,71 @@ def plan(
     entity = make_entity(exp, parse_assignments(props or []))
     result = predict_many([(exp, entity)], **kw)[0]
     out = plan_json(result)
+    if compare:
+        measured = measured_result(store, exp.id, entity.id)
+        rows = compare_rows(out, measured)
+        if as_json:
+            _echo_json({"predicted": out, "measured": measured, "comparison": rows})
+            return
+        _print_comparison(Console(), out, measured, rows)
+        return
     if as_json:
         _echo_json(out)
         return
     _print_plan(Console(), out)
+
+
+# Properties both actuators produce, compared line by line by `plan --compare`.
+COMPARED = (
+    "is_valid", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_utilization_peak",
+    "train_runtime", "train_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second",
+    "dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second",
+)  # fmt: skip
+
+
+def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
+    """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
+    from tunebench.explore.cli import open_store
+    from tunebench.store import DONE
+
+    with open_store(store_url) as sample_store:
+        ids = sample_store.request_ids([(experiment_id, entity_id)], actuator="measure")
+        if not ids:
+            return None
+        rows = sample_store.rows(request_ids=list(ids.values()), statuses=DONE)
+    return rows[-1] if rows else None
+
+
+def compare_rows(predicted: dict, measured: dict | None) -> list[dict]:
+    """[{property, predicted, measured, error_percent}] for the properties both sides have."""
+    props = (measured or {}).get("properties") or {}
+    out = []
+    for name in COMPARED:
+        p = predicted.get(name)
+        m = props.get(name)
+        if isinstance(p, bool):
+            p = int(p)
+        err = None
+        if isinstance(p, (int, float)) and isinstance(m, (int, float)) and m and name != "is_valid":
+            err = 100.0 * (p - m) / m
+        out.append({"property": name, "predicted": p, "measured": m, "error_percent": err})
+    return out
+
+
+def _print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
+    console.print(f"[bold]{predicted.get('experiment_id', '')}[/bold]\n{predicted.get('entity_id', '')}")
+    if measured is None:
+        console.print("[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
+                      "`tunebench import` first; the prediction alone:")  # fmt: skip
+        _print_plan(console, predicted)
+        return
+    table = Table(title="predicted vs measured")
+    for col in ("property", "predicted", "measured", "error %"):
+        table.add_column(col, justify="left" if col == "property" else "right")
+    for r in rows:
+        table.add_row(r["property"], _fmt(r["predicted"]), _fmt(r["measured"]),
+                      "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
+    console.print(table)
 
 
 def recommend(

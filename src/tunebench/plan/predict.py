@@ -283,7 +283,12 @@ def _round(v: Any) -> Any:
 
 # --- the actuator contract of tunebench.executors (fn(experiment, entity, options) -> Result) ----------
 ACTUATOR_OPTIONS = ("calibration", "price_per_gpu_hour", "network_gbps")
-_EXECUTOR_OPTIONS = ("visible_devices", "output_dir")  # what executors add; the planner ignores them
+# What executors add, and the measuring actuator's own options (tunebench.measure.MeasureOptions): the
+# planner ignores them, so a space file written for measuring can be screened with the planner as is.
+_EXECUTOR_OPTIONS = (
+    "visible_devices", "output_dir", "weights", "data_dir", "model_map", "timeout_seconds", "cpu_processes",
+    "host_memory_limit_gib", "metrics_interval_seconds", "auto_stop_windows_seconds", "extra_worker_args",
+)  # fmt: skip
 
 
 def _actuator_options(options: Mapping[str, Any]) -> dict[str, Any]:
