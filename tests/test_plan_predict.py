@@ -14,7 +14,7 @@ from tunebench.experiments import BENCHMARK_MEASURED, effective_values, get_expe
 from tunebench.plan import PREDICTED, plan_json, predict, predict_many
 from tunebench.plan.cli import register
 from tunebench.plan.coefficients import Calibration, Coefficients
-from tunebench.plan.predict import _effective_values
+from tunebench.plan.predictor import _effective_values
 from tunebench.plan.throughput import flops_per_token, predict_throughput
 from tunebench.plan.workload import build_workload
 
@@ -225,7 +225,7 @@ def test_recommend_needs_a_gpu_model():
 
 
 def test_minimum_gpus_grow_with_the_model():
-    from tunebench.plan.predict import PlanOptions, load_calibration
+    from tunebench.plan.predictor import PlanOptions, load_calibration
     from tunebench.plan.recommend import minimum_gpus
 
     opts = PlanOptions(calibration=load_calibration())
@@ -246,6 +246,8 @@ def test_predict_actuator_contract_of_the_executors():
     result = fn(LORA, ent, {"visible_devices": "", "output_dir": ".", "price_per_gpu_hour": "2"})
     assert result.actuator == "predict" and result.status == "valid" and result.metadata["cost"] > 0
     check_options("predict", {"price_per_gpu_hour": 2})
+    # the measuring actuator's options are ignored: a space written for measuring screens as it is
+    check_options("predict", {"weights": "random", "timeout_seconds": 60, "host_memory_limit_gib": 8})
     with pytest.raises(InputError) as err:
-        check_options("predict", {"weights": "random"})
+        check_options("predict", {"wieghts": "random"})
     assert err.value.field == "actuator.options"

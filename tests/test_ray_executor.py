@@ -104,6 +104,40 @@ def test_two_node_measurement_rendezvous_over_gloo(cluster, tmp_path):
     assert len(set(ex["node_ids"])) == 2 and set(ex["node_ids"]) == cluster[L40S]  # one bundle per L40S node
 
 
+@pytest.mark.slow
+def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
+    """Real training: the 2-node DDP launch plan (accelerate static rendezvous) on two simulated L40S
+    nodes, gloo on the CPU (the nodes' 'GPUs' are simulated, so torch sees no CUDA)."""
+    import json
+
+    from tunebench.executors.ray import RayExecutor
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 512, "max_position_embeddings": 512}))  # fmt: skip
+    spec = parse_space({
+        "experiments": [{"id": "finetune_full_benchmark-v1.0.0",
+                         "parameters": {"max_steps": 3, "dataset_id": "news-chars-256-entries-32",
+                                        "gradient_accumulation_steps": 1}}],
+        "entity_space": {"model_name": str(config), "model_max_length": 64, "number_gpus": 2, "number_nodes": 2,
+                         "batch_size": 4, "gpu_model": L40S, "distributed_backend": "DDP", "flash_attn": False},
+        "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300},
+        "operation": {"sampler": "grid"},
+    })  # fmt: skip
+    with Store(tmp_path / "s.db") as store:
+        summary = explore(spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0, output_root=tmp_path))
+        (row,) = store.rows(operation_id=summary.operation_id)
+        result = store.results_of(row["request_id"])[-1]
+    assert row["status"] == "valid", (row["error"], result.log_tail)
+    ex = result.metadata["execution"]
+    assert set(ex["node_ids"]) == cluster[L40S] and ex["placement"] == "STRICT_SPREAD"
+    p = result.properties
+    # 3 steps x batch 4 (2 per process, one process on each node) x 64 tokens, summed over both nodes
+    assert p["dataset_tokens_per_second"] == pytest.approx(3 * 4 * 64 / p["train_runtime"], rel=1e-6)
+    assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2, rel=1e-6)
+
+
 def test_multi_node_needing_more_nodes_than_exist_fails(cluster, tmp_path):
     from tunebench.executors.ray import RayExecutor
 

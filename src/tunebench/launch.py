@@ -313,6 +313,7 @@ def build_launch_plan(
         worker_args=args,
     )
     if cpu_ddp:
+        env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
         command = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(cpu_processes)]
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
         command += ["--main_process_port", str(main_process_port), "-m", WORKER_MODULE, *args]

@@ -32,7 +32,7 @@ import yaml
 
 from tunebench.datasets import ensure_dataset
 from tunebench.experiments import Entity, Experiment, effective_values
-from tunebench.launch import OUTPUT_DIR, LaunchPlan, NodePlan, build_launch_plan
+from tunebench.launch import MAIN_PROCESS_IP, OUTPUT_DIR, NodePlan, build_launch_plan
 from tunebench.paths import home
 from tunebench.results import Result
 from tunebench.validity import check_values
@@ -123,7 +123,7 @@ def _measure_once(
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
 
     (node,) = plan.nodes
-    command, env = node_command(plan, node, out_dir, opts)
+    command, env = node_command(node, out_dir, opts)
     meta["command"] = command
     log_path = out_dir / "worker.log"
     if progress:
@@ -198,18 +198,27 @@ def _measure_stability(
 
 
 def node_command(
-    plan: LaunchPlan, node: NodePlan, out_dir: Path, opts: MeasureOptions
+    node: NodePlan,
+    out_dir: Path,
+    opts: MeasureOptions | None = None,
+    main_process_ip: str | None = None,
+    python_executable: str = sys.executable,
 ) -> tuple[list[str], dict[str, str]]:
-    """The node's command with placeholders filled and programs resolved to this interpreter."""
+    """A node's command and environment with placeholders filled, programs resolved to this interpreter
+    and the accelerate config written to its --config_file path."""
+    opts = opts or MeasureOptions()
     fill = {OUTPUT_DIR: str(out_dir)}
+    if main_process_ip:
+        fill[MAIN_PROCESS_IP] = main_process_ip
     command = [_fill(a, fill) for a in node.command]
     if node.accelerate_config is not None:
-        cfg_path = Path(_fill(command[command.index("--config_file") + 1], fill))
-        cfg_path.write_text(yaml.safe_dump(node.accelerate_config, sort_keys=False))
+        cfg = {k: _fill(v, fill) if isinstance(v, str) else v for k, v in node.accelerate_config.items()}
+        path = command[command.index("--config_file") + 1] if "--config_file" in command else None
+        Path(path or out_dir / "accelerate_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     if command[0] == "python":
-        command = [sys.executable, *command[1:]]
+        command = [python_executable, *command[1:]]
     elif command[:2] == ["accelerate", "launch"]:
-        command = [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
+        command = [python_executable, "-m", "accelerate.commands.launch", *command[2:]]
     if opts.host_memory_limit_gib:
         command += ["--host_memory_limit_gib", f"{opts.host_memory_limit_gib:g}"]
     if opts.metrics_interval_seconds:
@@ -219,13 +228,11 @@ def node_command(
         command += ["--auto_stop_warmup_seconds", f"{warm:g}", "--auto_stop_stable_seconds", f"{stable:g}"]
         command += ["--auto_stop_stable_steps", str(int(steps))]
     command += list(opts.extra_worker_args)
-    env = {**os.environ, **node.env}
+    env = {**os.environ, **{k: _fill(v, fill) for k, v in node.env.items()}}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if opts.visible_devices is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the executor numbers GPUs as NVML does (PCI bus order)
         env["CUDA_VISIBLE_DEVICES"] = opts.visible_devices
-    if plan.number_gpus == 0 and plan.processes_per_node > 1:
-        env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
     return command, env
 
 

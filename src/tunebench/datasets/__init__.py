@@ -6,38 +6,23 @@
     resolve_tokenizer(model, ...)      which tokenizer counts, never downloading (resolve.py)
 """
 
-from tunebench.datasets.entries import PROMPT_TEMPLATE, RESPONSE_TEMPLATE
-from tunebench.datasets.generate import (
-    GENERATOR_VERSION,
-    Manifest,
-    dataset_path,
-    ensure_dataset,
-    generate_dataset,
-    read_manifest,
-    verify,
-)
-from tunebench.datasets.ids import DEFAULT_DATASET_ID, KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
-from tunebench.datasets.resolve import ResolvedTokenizer, resolve_tokenizer
-from tunebench.datasets.tokens import TokenCounts, entries_per_step, processed_tokens, token_counts
+import importlib
+from typing import Any
 
-__all__ = [
-    "DEFAULT_DATASET_ID",
-    "GENERATOR_VERSION",
-    "KNOWN_DATASET_IDS",
-    "PROMPT_TEMPLATE",
-    "RESPONSE_TEMPLATE",
-    "DatasetId",
-    "Manifest",
-    "ResolvedTokenizer",
-    "TokenCounts",
-    "dataset_path",
-    "ensure_dataset",
-    "entries_per_step",
-    "generate_dataset",
-    "parse_dataset_id",
-    "processed_tokens",
-    "read_manifest",
-    "resolve_tokenizer",
-    "token_counts",
-    "verify",
-]
+from tunebench.datasets.ids import DEFAULT_DATASET_ID, KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
+
+# The rest loads on first use (PEP 562): validating a dataset_id needs none of it.
+_EXPORTS = {
+    "PROMPT_TEMPLATE": "entries", "RESPONSE_TEMPLATE": "entries",
+    "GENERATOR_VERSION": "generate", "Manifest": "generate", "dataset_path": "generate",
+    "ensure_dataset": "generate", "generate_dataset": "generate", "read_manifest": "generate", "verify": "generate",
+    "ResolvedTokenizer": "resolve", "resolve_tokenizer": "resolve",
+    "TokenCounts": "tokens", "entries_per_step": "tokens", "processed_tokens": "tokens", "token_counts": "tokens",
+}  # fmt: skip
+__all__ = sorted([*_EXPORTS, "DEFAULT_DATASET_ID", "KNOWN_DATASET_IDS", "DatasetId", "parse_dataset_id"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"tunebench.datasets.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'tunebench.datasets' has no attribute {name!r}")

@@ -35,11 +35,8 @@ in it, so the measuring actuator can call it for its own single-node runs too.
 
 from __future__ import annotations
 
-import os
 import queue
-import shlex
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -50,8 +47,8 @@ from typing import Any
 
 from tunebench.errors import InputError
 from tunebench.executors.task import Finished, Task, resolve_actuator, run_task
-from tunebench.experiments import Entity, Experiment
-from tunebench.launch import MAIN_PROCESS_IP, OUTPUT_DIR, LaunchPlan, NodePlan, build_launch_plan
+from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.launch import LaunchPlan, NodePlan, build_launch_plan
 from tunebench.results import Result
 
 LOG_TAIL_CHARS = 4000
@@ -93,23 +90,6 @@ class NodeResult:
     records: list[dict[str, Any]] = field(default_factory=list)  # the worker's rank result files
 
 
-def _fill(text: str, output_dir: str, main_process_ip: str | None) -> str:
-    text = text.replace(OUTPUT_DIR, output_dir)
-    return text.replace(MAIN_PROCESS_IP, main_process_ip) if main_process_ip else text
-
-
-def node_command(
-    node_plan: NodePlan, output_dir: str, python_executable: str, main_process_ip: str | None
-) -> list[str]:
-    """The node's command with placeholders filled and programs resolved to python_executable."""
-    command = [_fill(a, output_dir, main_process_ip) for a in node_plan.command]
-    if command and command[0] == "python":
-        command[0] = python_executable
-    elif command and command[0] == "accelerate":  # accelerate's console script, run by the same interpreter
-        command = [python_executable, "-m", "accelerate.commands.launch", *command[2:]]
-    return command
-
-
 def run_node_plan(
     node_plan: NodePlan,
     output_dir: str | Path,
@@ -125,35 +105,17 @@ def run_node_plan(
     node's environment over this process's, logs to ``output_dir/node<rank>.log`` and reads the rank
     result files the worker wrote (``tunebench.worker.results.read_rank_results``).
     """
-    import yaml
+    from tunebench.measure import node_command, run_logged
+    from tunebench.worker.results import read_rank_results
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if node_plan.accelerate_config is not None:
-        config = {k: _fill(v, str(out), main_process_ip) if isinstance(v, str) else v
-                  for k, v in node_plan.accelerate_config.items()}  # fmt: skip
-        (out / "accelerate_config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    command = node_command(node_plan, str(out), python_executable, main_process_ip)
-    env = {**os.environ, **{k: _fill(v, str(out), main_process_ip) for k, v in node_plan.env.items()}}
+    command, env = node_command(node_plan, out, None, main_process_ip, python_executable)
     log_path = out / f"node{node_plan.machine_rank}.log"
     started = time.monotonic()
-    with log_path.open("w") as log:
-        log.write("$ " + " ".join(shlex.quote(a) for a in command) + "\n")
-        log.flush()
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(out))
-        try:
-            returncode: int | None = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            returncode = None
-    records: list[dict[str, Any]] = []
-    try:
-        from tunebench.worker.results import read_rank_results
-
-        records = read_rank_results(out / "result")
-    except ImportError:
-        pass
+    code, timed_out = run_logged(command, env, log_path, timeout_s)
+    returncode: int | None = None if timed_out else code
+    records = read_rank_results(out / "result")
     return NodeResult(
         machine_rank=node_plan.machine_rank,
         returncode=returncode,
@@ -241,9 +203,20 @@ def _rendezvous_on_worker() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-def _node_on_worker(node_plan: NodePlan, output_dir: str, main_process_ip: str, timeout_s: float | None) -> NodeResult:
+def _node_on_worker(
+    node_plan: NodePlan,
+    output_dir: str,
+    main_process_ip: str,
+    timeout_s: float | None,
+    dataset_id: str | None = None,
+    data_dir: str | None = None,
+) -> NodeResult:
     import ray
 
+    if dataset_id:  # every machine reads its own copy: generate (or verify) it here, as measure does
+        from tunebench.datasets import ensure_dataset
+
+        ensure_dataset(dataset_id, data_dir)
     result = run_node_plan(node_plan, output_dir, sys.executable, main_process_ip=main_process_ip, timeout_s=timeout_s)
     result.node_ip = ray.util.get_node_ip_address()
     result.node_id = ray.get_runtime_context().get_node_id()
@@ -396,12 +369,13 @@ class RayExecutor:
             plan = hooks.plan(experiment, entity, dict(task.options), ip, port)
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")
             timeout = task.options.get("timeout_seconds")
+            dataset_id = effective_values(experiment, entity).get("dataset_id")
             refs = [
                 self._node.options(
                     num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                     resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                     scheduling_strategy=on(i), max_retries=0,
-                ).remote(plan.nodes[i], str(out / f"node{i}"), ip, timeout)
+                ).remote(plan.nodes[i], str(out / f"node{i}"), ip, timeout, dataset_id, task.options.get("data_dir"))
                 for i in range(nodes)
             ]  # fmt: skip
             try:

@@ -9,28 +9,19 @@ Public API:
     options: calibration=Calibration, price_per_gpu_hour=float, network_gbps=float
 """
 
-from tunebench.plan.coefficients import Calibration, Coefficients, default_calibration
-from tunebench.plan.predict import (
-    PREDICTED,
-    PlanOptions,
-    load_calibration,
-    plan_json,
-    predict,
-    predict_actuator,
-    predict_many,
-    predict_values,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "PREDICTED",
-    "Calibration",
-    "Coefficients",
-    "PlanOptions",
-    "default_calibration",
-    "load_calibration",
-    "plan_json",
-    "predict",
-    "predict_actuator",
-    "predict_many",
-    "predict_values",
-]
+# Loaded on first use (PEP 562): the CLI registers the planner's commands without importing numpy.
+_EXPORTS = {
+    "Calibration": "coefficients", "Coefficients": "coefficients", "default_calibration": "coefficients",
+    "PREDICTED": "predictor", "PlanOptions": "predictor", "load_calibration": "predictor", "plan_json": "predictor",
+    "predict": "predictor", "predict_actuator": "predictor", "predict_many": "predictor", "predict_values": "predictor",
+}  # fmt: skip
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"tunebench.plan.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'tunebench.plan' has no attribute {name!r}")

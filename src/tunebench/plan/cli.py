@@ -37,7 +37,7 @@ def _echo_json(obj: Any, indent: int | None = 2) -> None:
 
 
 def _options(price: float | None, calibration: Path | None, network: float | None):
-    from tunebench.plan.predict import PlanOptions, load_calibration
+    from tunebench.plan.predictor import PlanOptions, load_calibration
 
     if price is not None and price < 0:
         raise InputError("--price-per-gpu-hour", f"must be >= 0 (got {price})")
@@ -141,7 +141,7 @@ def plan(
     ] = None,
 ) -> None:
     """Predict memory, out-of-memory, throughput, runtime and cost of an entity (or a JSONL batch)."""
-    from tunebench.plan.predict import plan_json, predict_many
+    from tunebench.plan.predictor import plan_json, predict_many
 
     opts = _options(price, calibration, network)
     kw = {
@@ -356,7 +356,7 @@ def calibrate(
 ) -> None:
     """Refit the planner's coefficients on measurements; report leave-one-model-out error."""
     from tunebench.plan import calibration as cal
-    from tunebench.plan.predict import user_calibration_path
+    from tunebench.plan.predictor import user_calibration_path
 
     records: list[Any] = []
     if store:

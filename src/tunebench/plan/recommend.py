@@ -17,7 +17,7 @@ from typing import Any
 
 from tunebench.errors import InputError
 from tunebench.experiments import Experiment, effective_values, get_experiment, make_entity
-from tunebench.plan.predict import PlanOptions, predict_values
+from tunebench.plan.predictor import PlanOptions, predict_values
 from tunebench.validity import check_values
 
 METHOD_EXPERIMENTS = {
