@@ -19,7 +19,7 @@ _EXPORTS = {
     "ResolvedTokenizer": "resolve", "resolve_tokenizer": "resolve",
     "TokenCounts": "tokens", "entries_per_step": "tokens", "processed_tokens": "tokens", "token_counts": "tokens",
 }  # fmt: skip
-__all__ = sorted([*_EXPORTS, "DEFAULT_DATASET_ID", "KNOWN_DATASET_IDS", "DatasetId", "parse_dataset_id"])
+__all__ = ["DEFAULT_DATASET_ID", "KNOWN_DATASET_IDS", "DatasetId", "parse_dataset_id", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:

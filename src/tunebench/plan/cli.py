@@ -180,7 +180,7 @@ def plan(
         if as_json:
             _echo_json({"predicted": out, "measured": measured, "comparison": rows})
             return
-        _print_comparison(Console(), out, measured, rows)
+        print_comparison(Console(), out, measured, rows)
         return
     if as_json:
         _echo_json(out)
@@ -225,7 +225,7 @@ def compare_rows(predicted: dict, measured: dict | None) -> list[dict]:
     return out
 
 
-def _print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
+def print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
     console.print(f"[bold]{predicted.get('experiment_id', '')}[/bold]\n{predicted.get('entity_id', '')}")
     if measured is None:
         console.print("[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
