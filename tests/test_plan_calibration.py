@@ -130,7 +130,7 @@ def test_store_records_use_measurements_only(tmp_path):
 
 def test_cli_calibrate_from_csv(fms_csv, tmp_path):
     out = tmp_path / "cal.json"
-    res = invoke("calibrate", "--from", str(fms_csv), "--output", str(out), "--no-lomo", "--json")
+    res = invoke("calibrate", "--from", str(fms_csv), "--output", str(out), "--no-lomo", "--json", "--replace")
     assert res.exit_code == 0, res.output
     saved = Calibration.load(out)
     assert saved.records == 9 and "mistral-7b-v0.1" in saved.models
@@ -160,3 +160,25 @@ def test_shipped_coefficients_reproduce_the_shared_runs():
     recs = fms_records()
     s = scores(recs, Batch.of(recs).predict(default_calibration().coefficients))
     assert s["allocated_mdape_pct"] < 10 and s["throughput_mdape_pct"] < 15 and s["oom_accuracy_pct"] > 95
+
+
+def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
+    """A refit on a few local runs keeps the reference runs (the GPU coefficients stay informed)."""
+    from pathlib import Path
+
+    from tunebench.plan import calibration as cal
+    from tunebench.plan.cli import register
+
+    reference = cal.default_records()
+    if not reference:
+        pytest.skip("the shared reference runs are not beside the checkout")
+    app = typer.Typer()
+    register(app)
+    csv = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+    runner = CliRunner()
+    out = runner.invoke(app, ["calibrate", "--from", str(csv), "--no-lomo", "--no-save", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["records"] == len(reference) + 4
+    alone = runner.invoke(app, ["calibrate", "--from", str(csv), "--no-lomo", "--no-save", "--json", "--replace"])
+    assert alone.exit_code == 0, alone.output
+    assert json.loads(alone.output)["records"] == 4

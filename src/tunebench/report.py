@@ -267,8 +267,9 @@ def render(
         write_csv(table, buffer)
     elif fmt == "json":
         write_json(table, buffer)
-    else:  # a table into a file: the whole of it
-        print_table(table, limit=len(table), title=title, file=buffer)
+    else:  # a table into a file: the first `limit` rows, as on a terminal (csv/json/parquet hold every row;
+        # rich takes minutes to lay out 100,000 rows that nobody reads as a table)
+        print_table(table, limit=limit, title=title, file=buffer)
     text = buffer.getvalue()
     if output:
         Path(output).write_text(text)

@@ -143,7 +143,7 @@ def show(
     actuator: Annotated[
         str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows in the terminal table.")] = 50,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
 ) -> None:
     """Stored results, one row per entity x experiment: constitutive then measured columns."""
     from tunebench.report import FORMATS, build, render

@@ -33,7 +33,18 @@ Network = Annotated[
 
 
 def _echo_json(obj: Any, indent: int | None = 2) -> None:
-    typer.echo(json.dumps(obj, indent=indent, default=str, allow_nan=False))
+    """Strict JSON: a metric that could not be computed (NaN, inf) is null."""
+    typer.echo(json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _options(price: float | None, calibration: Path | None, network: float | None):
@@ -352,9 +363,18 @@ def calibrate(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the calibration JSON.")] = None,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
     lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
+                     "default calibration is fitted on."),
+    ] = False,
     as_json: Json = False,
 ) -> None:
-    """Refit the planner's coefficients on measurements; report leave-one-model-out error."""
+    """Refit the planner's coefficients on measurements; report leave-one-model-out error.
+
+    Your measurements are added to the reference runs the default calibration is fitted on, so a few
+    local runs (say, four CPU measurements) refine the coefficients they inform instead of replacing
+    every GPU coefficient; --replace fits on them alone."""
     from tunebench.plan import calibration as cal
     from tunebench.plan.predictor import user_calibration_path
 
@@ -379,6 +399,10 @@ def calibrate(
             raise InputError("--from", "no measurements given and the shared fms-acceleration data is not found")
     else:
         label = ", ".join([*(str(p) for p in sources or []), *([store] if store else [])])
+        if records and not replace:
+            reference = cal.default_records()
+            records = reference + records
+            label += f" + {len(reference)} reference runs" if reference else " (reference runs not found: alone)"
     if not records:
         raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
     result = cal.calibrate(records, source=label, lomo=lomo)
