@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,24 @@ def test_describe_and_listings(capsys):
     assert any(g["name"] == "NVIDIA-H100-PCIe" for g in json.loads(capsys.readouterr().out))
     assert main(["models"]) == 0
     assert "smollm2-135m" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["import", "{tmp}/missing.csv", "--store", "{tmp}/s.db"],
+        ["explore", "{tmp}/missing.yaml", "--store", "{tmp}/s.db"],
+        ["show", "--format", "xml", "--store", "{tmp}/s.db"],
+        ["datasets", "generate", "news-chars-x", "--dir", "{tmp}/data"],
+        ["run", "finetune_full_benchmark-v1.0.0", "model_name=smollm2-135m", "model_max_length=64", "number_gpus=0",
+         "batch_size=1", "optim=adam", "--output-dir", "{tmp}/run"],
+    ],
+)  # fmt: skip
+def test_bad_input_writes_nothing(tmp_path, args):
+    home = tmp_path / "home"
+    out = subprocess.run(
+        [sys.executable, "-m", "tunebench.cli", *(a.format(tmp=tmp_path) for a in args)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "TUNEBENCH_HOME": str(home)},
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stderr.startswith("error: "), out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "bad input left files behind"

@@ -171,11 +171,12 @@ def import_csv(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Load measurements of the reference system; they count for memoisation and calibration."""
-    from tunebench.store.csvio import import_csv as load
+    from tunebench.store.csvio import read_import, write_import
 
+    records, summary = read_import(file, skip_bad_rows=skip_bad_rows)  # bad input: nothing is written
     sample_store = open_store(store)
     try:
-        summary = load(sample_store, file, skip_bad_rows=skip_bad_rows)
+        summary = write_import(sample_store, records, summary)
     finally:
         sample_store.close()
     if as_json:

@@ -213,6 +213,14 @@ def import_csv(
     store: Store, path: str | Path, *, skip_bad_rows: bool = False, actuator: str = "measure"
 ) -> ImportSummary:
     """Load a CSV of measurements into the store (memoised like measurements of actuator)."""
+    records, summary = read_import(path, skip_bad_rows=skip_bad_rows, actuator=actuator)
+    return write_import(store, records, summary)
+
+
+def read_import(
+    path: str | Path, *, skip_bad_rows: bool = False, actuator: str = "measure"
+) -> tuple[list[Record], ImportSummary]:
+    """Parse and check every row of a CSV of measurements; InputError before anything is stored."""
     path = Path(path)
     try:
         handle = path.open(newline="")
@@ -245,6 +253,11 @@ def import_csv(
         )
     for _, exc in errors:
         summary.skipped[_reason(exc)] += 1
+    return records, summary
+
+
+def write_import(store: Store, records: list[Record], summary: ImportSummary) -> ImportSummary:
+    """Store the records read_import parsed; one transaction per batch."""
     summary.added, summary.already_present = store.record_many(records)
     for r in records:
         summary.valid += r.result.status == VALID
