@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -12,26 +11,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import worker_data
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 pytestmark = pytest.mark.slow  # subprocesses that train (the marker is informational: CI runs them)
 
+_WORDS = "market shares rose after the company reported strong quarterly earnings".split()  # this file's own records (worker_data.write_data)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TIMEOUT_S = 240  # a hung worker fails the test instead of hanging CI
 
 
 def write_data(path: Path, n: int = 48, seed: int = 0) -> Path:
-    """Reference-style records {"output": "### Input:\\n... \\n\\n### Response: ..."} of varied length."""
-    rng = random.Random(seed)
-    words = "market shares rose after the company reported strong quarterly earnings".split()
-    with open(path, "w") as f:
-        for _ in range(n):
-            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
-            response = " ".join(rng.choice(words) for _ in range(rng.randint(2, 40)))
-            f.write(json.dumps({"output": f"### Input:\n{prompt}\n\n### Response: {response}"}) + "\n")
-    return path
+    return worker_data.write_data(path, n, seed, words=_WORDS)
 
 
 def _env(**extra: str) -> dict[str, str]:

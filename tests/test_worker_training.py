@@ -7,7 +7,6 @@ byte-level BPE tokenizer, a few steps each: seconds per run on a 2-core CPU.
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,9 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from worker_data import write_data  # noqa: E402
+
+from tunebench.experiments import BENCHMARK_MEASURED  # noqa: E402
 from tunebench.worker.run import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test here trains a model (the marker is informational: CI runs them)
@@ -27,42 +29,7 @@ ARCHS = {
     "gpt_bigcode": "granite-20b-v2",
     "bloom": "hf-tiny-model-private/tiny-random-BloomForCausalLM",
 }
-SPEC_PROPERTIES = (  # spec 004 "Measured properties" (is_valid is the caller's)
-    "gpu_compute_utilization_min",
-    "gpu_compute_utilization_avg",
-    "gpu_compute_utilization_max",
-    "gpu_memory_utilization_min",
-    "gpu_memory_utilization_avg",
-    "gpu_memory_utilization_max",
-    "gpu_power_percent_min",
-    "gpu_power_percent_avg",
-    "gpu_power_percent_max",
-    "gpu_power_watts_min",
-    "gpu_power_watts_avg",
-    "gpu_power_watts_max",
-    "gpu_memory_utilization_peak",
-    "cpu_compute_utilization",
-    "cpu_memory_utilization",
-    "train_runtime",
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_tokens_per_second",
-    "train_tokens_per_gpu_per_second",
-    "dataset_tokens_per_second",
-    "dataset_tokens_per_second_per_gpu",
-)
-WORDS = "market shares rose after the company reported strong quarterly earnings while analysts expected".split()
-
-
-def write_data(path: Path, n: int = 48, seed: int = 0) -> Path:
-    """Reference-style records {"output": "### Input:\\n... \\n\\n### Response: ..."} of varied length."""
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 20)))
-            response = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40)))
-            f.write(json.dumps({"output": f"### Input:\n{prompt}\n\n### Response: {response}"}) + "\n")
-    return path
+SPEC_PROPERTIES = BENCHMARK_MEASURED[:-1]  # spec 004 "Measured properties" (is_valid is the caller's)
 
 
 def run(tmp_path: Path, *extra: str, model: str = "llama3-8b", steps: int = 3, **flags) -> tuple[int, dict, dict]:

@@ -93,19 +93,23 @@ def measure(
             experiment.id, entity.id, "number_nodes > 1 needs one process per machine: use the ray executor"
         )
     if "repetitions" in experiment.hardcoded:
-        return _measure_stability(experiment, entity, opts, int(experiment.hardcoded["repetitions"]), progress)
-    return _measure_once(experiment, entity, opts, progress)
+        return _measure_stability(experiment, entity, values, opts, int(experiment.hardcoded["repetitions"]), progress)
+    return _measure_once(experiment, entity, values, opts, progress)
 
 
 def _measure_once(
-    experiment: Experiment, entity: Entity, opts: MeasureOptions, progress: Callable[[str], None] | None
+    experiment: Experiment,
+    entity: Entity,
+    values: dict[str, Any],
+    opts: MeasureOptions,
+    progress: Callable[[str], None] | None,
 ) -> Result:
+    """One run of a valid entity; values are its effective property values."""
     started = time.time()
     out_dir = Path(opts.output_dir) if opts.output_dir else _new_output_dir(experiment, entity)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta: dict[str, Any] = {"output_dir": str(out_dir), "weights_requested": opts.weights}
     try:
-        values = effective_values(experiment, entity)
         if progress:
             progress(f"data set {values['dataset_id']}")
         ensure_dataset(values["dataset_id"], opts.data_dir)
@@ -153,7 +157,6 @@ def _measure_once(
         elif not ranks:
             reason = f"worker exited with code {returncode} and wrote no result"
         return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=log_tail, metadata=meta)
-    values = effective_values(experiment, entity)
     try:
         props = properties_from_results(
             ranks, values["number_gpus"], values.get("stop_after_seconds", -1.0), values.get("auto_stop_method")
@@ -166,6 +169,7 @@ def _measure_once(
 def _measure_stability(
     experiment: Experiment,
     entity: Entity,
+    values: dict[str, Any],
     opts: MeasureOptions,
     repetitions: int,
     progress: Callable[[str], None] | None,
@@ -180,7 +184,7 @@ def _measure_stability(
         if progress:
             progress(f"repetition {i + 1}/{repetitions}")
         run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
-        runs.append(_measure_once(experiment, entity, run_opts, None))
+        runs.append(_measure_once(experiment, entity, values, run_opts, None))
     oom = sum(r.status == "invalid" for r in runs)
     ok = sum(r.status == "valid" for r in runs)
     other = repetitions - oom - ok

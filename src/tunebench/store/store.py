@@ -446,6 +446,10 @@ class Store:
 
     def renew(self, claims: Iterable[Claim], lease_seconds: float) -> int:
         """Extend the leases of claims this explorer still holds; returns how many it still holds."""
+        return self._update_held(claims, lease_expires_at=time.time() + lease_seconds)
+
+    def _update_held(self, claims: Iterable[Claim], **values: Any) -> int:
+        """Set values on the requests of claims still held (running under their token); one transaction."""
         tokens = [c.token for c in claims]
         if not tokens:
             return 0
@@ -453,7 +457,7 @@ class Store:
             return conn.execute(
                 update(requests)
                 .where(requests.c.claim_token.in_(tokens), requests.c.status == RUNNING)
-                .values(lease_expires_at=time.time() + lease_seconds)
+                .values(**values)
             ).rowcount
 
     def complete(self, claim: Claim, result: Result, *, max_retries: int, generator: str | None = None) -> str:
@@ -484,21 +488,10 @@ class Store:
 
     def release(self, claims: Iterable[Claim]) -> int:
         """Give claims back unmeasured (an interrupted explorer): pending again, the attempt not counted."""
-        tokens = [c.token for c in claims]
-        if not tokens:
-            return 0
-        with db.write(self.engine) as conn:
-            return conn.execute(
-                update(requests)
-                .where(requests.c.claim_token.in_(tokens), requests.c.status == RUNNING)
-                .values(
-                    status=PENDING,
-                    attempts=requests.c.attempts - 1,
-                    owner=None,
-                    claim_token=None,
-                    lease_expires_at=None,
-                )  # fmt: skip
-            ).rowcount
+        return self._update_held(
+            claims, status=PENDING, attempts=requests.c.attempts - 1, owner=None, claim_token=None,
+            lease_expires_at=None,
+        )  # fmt: skip
 
     def requeue_stale(self, *, max_retries: int, now: float | None = None) -> int:
         """Re-queue running requests whose explorer is gone: lease expired, or (same host) process dead.
