@@ -7,7 +7,6 @@ import json
 import pytest
 
 from tunebench.catalog import get_model, list_models
-from tunebench.catalog.models import SUPPORTED_MODEL_TYPES
 from tunebench.errors import InputError
 
 
@@ -98,8 +97,31 @@ EXPECTED = {  # (hidden, layers, heads, kv, intermediate, tied, wrap)
 }
 
 
-def test_every_supported_model_type_has_a_case():
-    assert set(CONFIGS) == set(SUPPORTED_MODEL_TYPES) == set(EXPECTED)
+def test_every_case_has_its_expected_reading():
+    assert set(CONFIGS) == set(EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expected"),
+    [
+        # MPT (transformers' own names): d_model, n_heads, n_layers, expansion_ratio, attn_config.kv_n_heads
+        ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "expansion_ratio": 4, "vocab_size": 512,
+          "max_seq_len": 2048, "attn_config": {"kv_n_heads": 2}}, (64, 2, 4, 2, 256, 2048)),
+        # first-generation Qwen (remote code): kv_channels is the head dimension, seq_length the context
+        ({"model_type": "qwen", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "intermediate_size": 344, "vocab_size": 512, "kv_channels": 16, "seq_length": 8192}, (64, 2, 4, 4, 344, 8192)),
+        # ChatGLM (remote code): num_layers, multi_query_group_num, padded_vocab_size, ffn_hidden_size
+        ({"model_type": "chatglm", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
+          "multi_query_group_num": 2, "ffn_hidden_size": 128, "padded_vocab_size": 512}, (64, 2, 4, 2, 128, None)),
+    ],
+)  # fmt: skip
+def test_any_model_type_is_read_by_its_usual_field_names(tmp_path, cfg, expected):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = get_model(str(path))
+    got = (spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
+           spec.intermediate_size, spec.max_position_embeddings)  # fmt: skip
+    assert got == expected and spec.model_type == cfg["model_type"] and spec.vocab_size == 512
 
 
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
@@ -119,10 +141,14 @@ def test_config_json_models(tmp_path, model_type):
 def test_config_json_errors(tmp_path):
     with pytest.raises(InputError, match="^model_name: no config.json"):
         get_model(str(tmp_path / "missing" / "config.json"))
-    bad = tmp_path / "t5.json"
-    bad.write_text('{"model_type": "t5"}')
-    with pytest.raises(InputError, match="model_type 't5'.*allowed: llama"):
-        get_model(str(bad))
+    untyped = tmp_path / "untyped.json"
+    untyped.write_text('{"hidden_size": 64}')
+    with pytest.raises(InputError, match="has no model_type"):
+        get_model(str(untyped))
+    array = tmp_path / "array.json"
+    array.write_text("[1, 2]")
+    with pytest.raises(InputError, match="not a JSON object"):
+        get_model(str(array))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
     with pytest.raises(InputError, match="cannot read"):

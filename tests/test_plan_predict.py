@@ -52,7 +52,11 @@ def test_valid_result_predicts_the_measured_properties():
     assert p["train_tokens_per_second"] == pytest.approx(2 * p["train_tokens_per_gpu_per_second"])
     assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2)
     assert p["gpu_memory_peak_gib"] > p["gpu_memory_reserved_peak_gib"] >= p["gpu_memory_allocated_peak_gib"]
-    assert r.metadata["breakdown"]["weights"] > 0 and r.metadata["peak_phase"] in ("forward_backward", "optimizer_step")
+    from tunebench.plan.trace import MOMENTS
+
+    assert r.metadata["breakdown"]["weights"] > 0 and r.metadata["peak_phase"] in (*MOMENTS, "optimizer_step")
+    assert 0 <= r.metadata["oom_probability"] < 0.5 and r.metadata["headroom_gib"] > 0
+    assert r.metadata["headroom_gib"] == pytest.approx(r.metadata["usable_gib"] - r.metadata["required_gib"])
     json.loads(r.to_json())
 
 
@@ -104,7 +108,7 @@ def test_input_errors_name_the_field(experiment, raw, field):
 def test_flops_per_token_by_hand():
     values = effective_values(FULL, make_entity(FULL, {**BASE, "gradient_checkpointing": False}))
     w = build_workload("full", [values])
-    a = w.arch
+    a = w.structure
     attention = 2 * a.attention_layers * a.heads * a.head_dim * 2048 * 3
     assert flops_per_token(w)[0] == pytest.approx(6 * a.matmul_params_per_token + attention)
     values = effective_values(LORA, make_entity(LORA, {**BASE, "r": 8}))
@@ -137,7 +141,7 @@ def test_dataset_tokens_for_chars_and_tokens_datasets():
 
 def test_more_gpus_raise_throughput():
     rates = [predict(LORA, {**BASE, "number_gpus": g, "batch_size": 4 * g}).properties["train_tokens_per_second"] for g in (1, 2, 4, 8)]
-    assert rates == sorted(rates)
+    assert all(later > earlier for earlier, later in zip(rates, rates[1:]))
 
 
 def test_roce_speeds_up_multi_node():
@@ -154,7 +158,7 @@ def test_cpu_entities_plan_without_a_gpu():
 
 def test_calibration_option_changes_predictions():
     base = predict(LORA, BASE).properties["gpu_memory_allocated_peak_gib"]
-    heavy = Calibration(coefficients=Coefficients(activation_scale=2.0))
+    heavy = Calibration(coefficients=Coefficients(fsdp_peft_checkpoint_copies=3.0))  # BASE: LoRA under 2-GPU FSDP
     assert predict(LORA, BASE, calibration=heavy).properties["gpu_memory_allocated_peak_gib"] > base
 
 
@@ -191,13 +195,28 @@ def test_cli_plan_batch_one_result_per_line_in_order(tmp_path):
         assert line == json.loads(json.dumps(plan_json(predict(exp, req["entity"]))))
 
 
-def test_cli_batch_errors_name_the_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"experiment": LORA.id, "entity": BASE}) + "\n"
-                    + json.dumps({"experiment": LORA.id, "entity": {**BASE, "model_name": "nope"}}) + "\n")  # fmt: skip
+def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):
+    lines = [
+        json.dumps({"experiment": LORA.id, "entity": BASE}),
+        json.dumps({"experiment": LORA.id, "entity": {**BASE, "model_name": "nope"}}),
+        "{not json",
+        json.dumps({"experiment": FULL.id, "entity": {**BASE, "gpu_model": "MyGPU-9000"}}),  # no numbers for it
+        json.dumps({"experiment": FULL.id, "entity": {**BASE, "number_gpus": 4, "batch_size": 16}}),
+    ]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
     res = invoke("plan", "--batch", str(path), "--json")
-    assert isinstance(res.exception, InputError)
-    assert res.exception.field == "model_name" and "line 2" in str(res.exception)
+    assert res.exit_code == 1, res.output
+    out = [json.loads(x) for x in res.output.strip().splitlines()]
+    assert len(out) == 5
+    assert out[0]["is_valid"] is True and out[4]["is_valid"] is True
+    assert out[1] == {"line": 2, "error": out[1]["error"]} and out[1]["error"].startswith("model_name: unknown model")
+    assert out[2]["line"] == 3 and out[2]["error"].startswith("--batch: not JSON")
+    assert out[3]["line"] == 4 and out[3]["error"].startswith("gpu_model: unknown GPU 'MyGPU-9000'")
+    good = invoke("plan", "--batch", str(path.with_name("good.jsonl")), "--json")
+    assert good.exit_code != 0  # a missing file is an input error
+    path.with_name("good.jsonl").write_text(lines[0] + "\n")
+    assert invoke("plan", "--batch", str(path.with_name("good.jsonl")), "--json").exit_code == 0
 
 
 def test_cli_plan_input_error():

@@ -93,7 +93,8 @@ class Property:
             "list": "a list of names (comma or space separated, or JSON)" + (" or None" if self.nullable else ""),
             "bool_list": "a list of 3 booleans [fast_loss, fast_rms_layernorm, fast_rope_embeddings] or None",
             "model": "a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
-            "gpu": "a GPU label from `tunebench gpus` (or an alias), or None",
+            "gpu": "a GPU label from `tunebench gpus` (or an alias), any other node label (planning then needs "
+            "its numbers), or None",
             "dataset": "a dataset id from `tunebench datasets list` or the forms news-chars-N-entries-M, "
             "news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M",
         }[self.kind]
@@ -231,12 +232,18 @@ def _parse_model(prop: Property, raw: Any) -> str:
 
 
 def _parse_gpu(prop: Property, raw: Any) -> str | None:
-    from tunebench.catalog import get_gpu
+    """A catalog GPU's canonical label (aliases resolved), else any node label as given: the spec takes
+    any nvidia.com/gpu.product value; planning then needs the GPU's numbers (catalog.user_gpus)."""
+    from tunebench.catalog.gpus import LABEL, get_gpu, is_known_gpu
 
     text = str(raw).strip()
     if not text:
         return None  # empty is in the domain; rule 5 judges it when number_gpus > 0
-    return get_gpu(text).name
+    if is_known_gpu(text):
+        return get_gpu(text).name
+    if not LABEL.match(text):
+        raise prop.error(raw, f"{text!r} is not a node label (letters, digits, '.', '_', '-')")
+    return text
 
 
 def _parse_dataset(prop: Property, raw: Any) -> str:

@@ -19,7 +19,7 @@ from tunebench.errors import InputError, one_of, suggest
 
 DATA = Path(__file__).parent / "data"
 
-ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell")  # oldest first
+ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell", "Custom")  # oldest first; Custom: user-defined
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,11 @@ def _index() -> dict[str, str]:
 
 
 def get_gpu(value: str) -> GPUSpec:
-    """The GPU named by a label, an alias or an nvidia-smi name; InputError (field gpu_model) if unknown."""
+    """The GPU named by a label, an alias or an nvidia-smi name: a GPU the user defined (custom_gpu,
+    a user catalog file) first, then the catalog. InputError (field gpu_model) if unknown."""
+    user = _user_gpus()
+    if _key(value) in user:
+        return user[_key(value)]
     gpus = load_gpus()
     if value in gpus:
         return gpus[value]
@@ -101,9 +105,64 @@ def get_gpu(value: str) -> GPUSpec:
     choices = [text for spec in gpus.values() for text in (spec.name, *spec.aliases)]
     raise InputError(
         "gpu_model",
-        f"unknown GPU {value!r}." + suggest(str(value), choices),
+        f"unknown GPU {value!r}; give its numbers (--gpu-memory-gib, --gpu-bf16-tflops, --gpu-interconnect-gbps) "
+        "or a GPU catalog file (--gpu-catalog, TUNEBENCH_GPU_CATALOG)." + suggest(str(value), choices),
         allowed=one_of(spec.name for spec in list_gpus()),
     )
+
+
+def is_known_gpu(value: str) -> bool:
+    """Whether a label names a catalog or user-defined GPU."""
+    try:
+        get_gpu(value)
+    except InputError:
+        return False
+    return True
+
+
+# --- GPUs outside the catalog ---------------------------------------------------------------------------
+LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")  # a Kubernetes label value (nvidia.com/gpu.product)
+# Memory bandwidth of a GPU given without it: compute / bandwidth of the catalog's median data-centre GPU
+# (A100 80GB SXM: 312 TFLOP/s over 2,039 GB/s = 153 FLOP per byte). An assumption, said in the plan.
+FLOP_PER_BYTE = 153.0
+_CUSTOM: dict[str, GPUSpec] = {}
+
+
+def custom_gpu(name: str, memory_gib: float, bf16_tflops: float, interconnect_gbps: float,
+               memory_bandwidth_gbps: float | None = None, fp32_tflops: float | None = None,
+               field: str = "gpu_model") -> GPUSpec:  # fmt: skip
+    """A GPU described by its numbers: memory (GiB), dense bf16 peak (TFLOP/s), GPU-to-GPU bandwidth
+    within a node (GB/s, bidirectional); memory bandwidth (GB/s) optional."""
+    from tunebench.catalog.user_gpus import GPUNumbers
+
+    numbers = GPUNumbers.checked(field, name=name, memory_gib=memory_gib, bf16_tflops=bf16_tflops,
+                                 interconnect_gbps=interconnect_gbps, memory_bandwidth_gbps=memory_bandwidth_gbps,
+                                 fp32_tflops=fp32_tflops)  # fmt: skip
+    return numbers.spec()
+
+
+def register_gpu(spec: GPUSpec) -> GPUSpec:
+    """Make a user-defined GPU known to get_gpu (this process)."""
+    _CUSTOM[_key(spec.name)] = spec
+    for alias in spec.aliases:
+        _CUSTOM[_key(alias)] = spec
+    return spec
+
+
+def _user_gpus() -> dict[str, GPUSpec]:
+    """GPUs registered in this process, then those of the user catalog file (TUNEBENCH_GPU_CATALOG)."""
+    import os
+
+    path = os.environ.get("TUNEBENCH_GPU_CATALOG")
+    if not path:
+        return _CUSTOM
+    from tunebench.catalog.user_gpus import read_catalog
+
+    return {**{_key(k): v for spec in read_catalog(path) for k, v in _names(spec)}, **_CUSTOM}
+
+
+def _names(spec: GPUSpec) -> list[tuple[str, GPUSpec]]:
+    return [(text, spec) for text in (spec.name, *spec.aliases)]
 
 
 def list_gpus() -> list[GPUSpec]:

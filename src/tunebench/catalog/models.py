@@ -34,7 +34,6 @@ DECODER_LAYER_CLASS = {
     "bloom": "BloomBlock",
 }
 VISION_LAYER_CLASS = {"clip_vision_model": "CLIPEncoderLayer", "siglip_vision_model": "SiglipEncoderLayer"}
-SUPPORTED_MODEL_TYPES = (*DECODER_LAYER_CLASS, "llava_next")
 
 # PretrainedConfig subclasses' default for tie_word_embeddings when config.json omits it
 # (transformers/models/<type>/configuration_*.py).
@@ -76,7 +75,8 @@ class ModelSpec:
 
     @property
     def is_vision(self) -> bool:
-        return self.model_type == "llava_next"
+        """A vision-language model (LLaVA-NeXT and others with a vision tower)."""
+        return self.model_type == "llava_next" or bool((self.extra.get("config") or {}).get("vision_config"))
 
     @property
     def wrap_classes(self) -> str | None:
@@ -129,36 +129,56 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+# Names the usual config fields go by across model families (transformers configuration_*.py and
+# the remote-code configs of the Hub): the first one present wins.
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model", "hidden_dim", "model_dim", "embed_dim", "dim")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+HEAD_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+KV_KEYS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+FFN_KEYS = ("intermediate_size", "ffn_hidden_size", "n_inner", "d_ff", "ffn_dim", "mlp_dim")
+VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "max_sequence_length", "n_ctx")
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def text_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config (``text_config`` of multimodal models), else the config."""
+    text = cfg.get("text_config") or cfg.get("llm_config")
+    return {**text, "model_type": text.get("model_type")} if isinstance(text, dict) else cfg
+
+
 def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config dict (key names differ per model_type)."""
+    """A ModelSpec from a Hugging Face config dict of any model type (key names differ per family).
+
+    The spec is what commands display and validity rules read; the planner sizes the model from the
+    config itself (tunebench.plan.structure), so no model type is refused here.
+    """
     model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise InputError(
-            "model_name",
-            f"config {name!r} has model_type {model_type!r}, which tunebench does not support",
-            allowed=", ".join(SUPPORTED_MODEL_TYPES),
-        )
-    text = cfg
-    vision_class = None
-    if model_type == "llava_next":
-        text = cfg.get("text_config") or {}
-        text.setdefault("model_type", "llama")
-        vision_class = VISION_LAYER_CLASS.get((cfg.get("vision_config") or {}).get("model_type", "clip_vision_model"))
-    text_type = text.get("model_type", model_type)
-    hidden = _first(text, "hidden_size", "n_embd")
-    heads = _first(text, "num_attention_heads", "n_head")
-    if text_type == "gpt_bigcode":
-        kv = 1 if text.get("multi_query", True) else heads
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError("model_name", f"config {name!r} has no model_type", allowed="a Hugging Face config.json")
+    text = text_fields(cfg)
+    # LlavaNextConfig's text model defaults to llama (transformers models/llava_next/configuration_llava_next.py)
+    text_type = text.get("model_type") or ("llama" if model_type == "llava_next" else model_type)
+    hidden = _first(text, *HIDDEN_KEYS)
+    heads = _first(text, *HEAD_KEYS)
+    attn_config = text.get("attn_config") if isinstance(text.get("attn_config"), dict) else {}
+    if text.get("multi_query") is True or (text_type == "gpt_bigcode" and text.get("multi_query", True)):
+        kv = 1
     else:
-        kv = _first(text, "num_key_value_heads") or heads
-    intermediate = _first(text, "intermediate_size", "n_inner")
-    if intermediate is None and hidden and text_type in ("gpt_bigcode", "bloom"):
-        intermediate = 4 * hidden  # GPTBigCode n_inner=None and Bloom both use 4*hidden
-    head_dim = _first(text, "head_dim") or (hidden // heads if hidden and heads else None)
+        kv = _first(text, *KV_KEYS) or attn_config.get("kv_n_heads") or heads
+    intermediate = _first(text, *FFN_KEYS)
+    if intermediate is None and hidden and text.get("expansion_ratio"):
+        intermediate = int(text["expansion_ratio"] * hidden)  # MPT
+    if intermediate is None and hidden and text_type in ("gpt_bigcode", "bloom", "gpt2", "falcon", "gpt_neox"):
+        intermediate = 4 * hidden  # these families default to a 4 x hidden MLP
+    head_dim = _first(text, "head_dim", "kv_channels") or (hidden // heads if hidden and heads else None)
     tie = _first(cfg, "tie_word_embeddings")
+    if tie is None:
+        tie = _first(text, "tie_word_embeddings")
     if tie is None:
         tie = _TIE_DEFAULT.get(text_type, False)
     decoder = DECODER_LAYER_CLASS.get(text_type)
+    vision_class = VISION_LAYER_CLASS.get((cfg.get("vision_config") or {}).get("model_type", ""))
     wrap = tuple(c for c in (decoder, vision_class) if c)
     return ModelSpec(
         name=name,
@@ -167,15 +187,15 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
         architectures=tuple(cfg.get("architectures") or ()),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=_first(text, "num_hidden_layers", "n_layer"),
+        num_hidden_layers=_first(text, *LAYER_KEYS),
         num_attention_heads=heads,
         num_key_value_heads=kv,
         head_dim=head_dim,
-        vocab_size=_first(text, "vocab_size"),
-        max_position_embeddings=_first(text, "max_position_embeddings", "n_positions", "seq_length"),
+        vocab_size=_first(text, *VOCAB_KEYS),
+        max_position_embeddings=_first(text, *POSITION_KEYS),
         tie_word_embeddings=bool(tie),
-        num_local_experts=_first(text, "num_local_experts", "num_experts"),
-        num_experts_per_tok=_first(text, "num_experts_per_tok"),
+        num_local_experts=_first(text, *EXPERT_KEYS),
+        num_experts_per_tok=_first(text, "num_experts_per_tok", "moe_top_k", "top_k"),
         decoder_layer_class=decoder,
         fsdp_wrap_classes=wrap,
         confidence="config.json",
@@ -198,8 +218,10 @@ def load_config_model(value: str) -> ModelSpec:
         raise InputError("model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path")
     try:
         cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError("model_name", f"cannot read {str(path)!r} as JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise InputError("model_name", f"{str(path)!r} is not a JSON object", allowed="a Hugging Face config.json")
     resolved = str(path.resolve())
     return spec_from_config(cfg, name=resolved, config_path=resolved)
 

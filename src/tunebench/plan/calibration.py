@@ -1,359 +1,39 @@
-"""Fit the planner's free coefficients to measurements; leave-one-model-out error.
+"""Fit the planner's few free coefficients to measurements; leave-one-model-out and leave-one-source-out error.
 
-Inputs are records ``(experiment_id, entity values, measured properties)``: the store will hand its
-results over as such (``fit_records``), and two CSV layouts read into them:
-
-- the fms-acceleration benchmark layout (``shared/reference-data/fms-acceleration/*.csv``:
-  framework_config, model_name_or_path, num_gpus, per_device_train_batch_size, peft_method, ...,
-  mem_nvidia_mem_reserved (MiB), mem_peak_torch_mem_alloc_in_bytes, train_tokens_per_second per
-  device; empty throughput = failed run, an out-of-memory when memory sits at capacity), and
-- the spec's measured-property layout (ado's CSV export: experiment_id, the entity's properties,
-  gpu_memory_utilization_peak, train_tokens_per_gpu_per_second, dataset_tokens_per_second_per_gpu,
-  is_valid, ...).
-
-Fitting (estimation.md §10 warns against tuning to one stack): each coefficient is pulled towards its
-physical prior (a ridge penalty in log space), memory and throughput are fitted separately by
-Nelder-Mead on log errors, and the honest score is leave-one-model-out: refit without a model
-family, predict it.
+Memory comes from arithmetic and traced activations (plan.memory, plan.trace); what is fitted is
+what neither can see (estimation.md §10 warns against tuning to one stack): the fused kernels' bytes,
+FSDP's extra checkpoint copies under PEFT, the CUDA context and the caching allocator's slack
+(reserved, nvidia-smi), the fragmentation left when the device is full (the out-of-memory
+boundary), the log-error of the peak (the out-of-memory probability), and the throughput model's
+efficiencies and fixed costs. Each coefficient is pulled towards its physical prior (a Gaussian prior
+in log space, DATA_SIGMA / PRIOR_SIGMA) and bounded; groups are fitted in turn by scipy's bounded
+least squares on log errors. The
+honest score holds out a whole model family (leave-one-model-out) or a whole measuring stack
+(leave-one-source-out), refits without it and predicts it.
 """
 
 from __future__ import annotations
 
-import csv
 import math
-import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tunebench.catalog import ModelSpec, get_model
-from tunebench.catalog.models import spec_from_config
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, list_experiments
 from tunebench.plan.coefficients import Calibration, Coefficients
+from tunebench.plan.measurements import Record, resolve_model
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import Workload, build_workload, group_key
 
-GIB = 2**30
-SHARED = Path(__file__).resolve().parents[4] / "shared" / "reference-data" / "fms-acceleration"
-
-# Models of the fms-acceleration runs that the catalog lacks, from their config.json:
-# bigcode/gpt_bigcode-santacoder (GPTBigCode MQA, n_inner = 4 n_embd, tokenizer max 2048) and
-# ibm/PowerLM-3b (Granite; dimensions from the PowerLM paper, arXiv:2408.13359 Table 4). Their
-# parameter counts match the runs' "allocated after training" = 6N (santacoder 1.128 B, PowerLM 3.515 B).
-EXTRA_MODELS: dict[str, dict[str, Any]] = {
-    "bigcode/gpt_bigcode-santacoder": {
-        "model_type": "gpt_bigcode", "n_embd": 2048, "n_layer": 24, "n_head": 16, "multi_query": True,
-        "vocab_size": 49280, "n_positions": 2048, "n_inner": None, "tie_word_embeddings": True,
-        "tokenizer_model_max_length": 2048,
-    },
-    "ibm/PowerLM-3b": {
-        "model_type": "granite", "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 40,
-        "num_attention_heads": 36, "num_key_value_heads": 36, "vocab_size": 49152, "tie_word_embeddings": True,
-        "max_position_embeddings": 4096,
-    },
-}  # fmt: skip
-# fms-acceleration checkpoints -> catalog names (GPTQ checkpoints share their base's architecture).
-FMS_MODELS = {
-    "mistralai/Mistral-7B-v0.1": "mistral-7b-v0.1",
-    "TheBloke/Mistral-7B-v0.1-GPTQ": "mistral-7b-v0.1",
-    "mistralai/Mixtral-8x7B-Instruct-v0.1": "mixtral-8x7b-instruct-v0.1",
-    "TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ": "mixtral-8x7b-instruct-v0.1",
-    "NousResearch/Llama-2-70b-hf": "llama2-70b",
-    "TheBloke/Llama-2-70B-GPTQ": "llama2-70b",
-    "meta-llama/Meta-Llama-3-8B": "llama3-8b",
-    "TechxGenus/Meta-Llama-3-8B-GPTQ": "llama3-8b",
-    # granite-3.0-3b-a800m has the dimensions of the catalog's granite-3.1-3b-a800m-instruct
-    "ibm-granite/granite-3.0-3b-a800m-instruct": "granite-3.1-3b-a800m-instruct",
-}
-METHOD_EXPERIMENT = {
-    "full": "finetune_full_benchmark-v1.0.0",
-    "lora": "finetune_lora_benchmark-v1.0.0",
-    "qlora": "finetune_qlora_benchmark-v1.0.0",
-    "gptq-lora": "finetune_gptq-lora_benchmark-v1.0.0",
-    "pt": "finetune_pt_benchmark-v1.0.0",
-}
-# Evaluated but not fitted on: the orca-math runs are unpacked, so the padded length that sets their
-# activation memory is unknown (the files give only mean tokens per sample), and their multi-GPU fp16
-# runs spend 0.7-3 s per step that no FLOP or bandwidth term explains (see docs/planner.md).
-EVALUATION_ONLY = ("refs_orca_a100_80gb_pf.csv", "refs_orca_a100_80gb_mp.csv")
-FMS_MAX_SEQ_LENGTH = 4096  # fms-acceleration scripts/benchmarks: alpaca packed to 4096 tokens
-FMS_DEFAULT_FILES = ("refs_a100_80gb.csv", "refs_a100_80gb_granite.csv", "refs_a100_80gb_liger.csv",
-                     "refs_orca_a100_80gb_pf.csv", "refs_orca_a100_80gb_mp.csv", "refs_a100_80gb_moe.csv",
-                     "hist_8af8fa7_refs_l40_40gb.csv")  # fmt: skip
+MEMORY_KEYS = {"allocated": "gpu_memory_allocated_peak_gib", "reserved": "gpu_memory_reserved_peak_gib",
+               "smi": "gpu_memory_peak_gib"}  # fmt: skip
+NEAR_LIMIT = 0.75  # a run "near the limit" used >= 75 % of the GPU's memory (or ran out of it)
 
 
-@dataclass
-class Record:
-    """One measured run: the experiment, the values it ran with, what was measured."""
-
-    experiment_id: str
-    values: dict[str, Any]
-    properties: dict[str, float]
-    source: str = ""
-    fit: bool = True  # False: evaluated, never fitted on (see EVALUATION_ONLY)
-
-    @property
-    def method(self) -> str:
-        return get_experiment(self.experiment_id).method
-
-    @property
-    def family(self) -> str:
-        """The model architecture (the leave-one-model-out group)."""
-        return resolve_model(self.values["model_name"]).name
-
-    @property
-    def valid(self) -> bool:
-        return bool(self.properties.get("is_valid", 1))
-
-
-def resolve_model(name: str) -> ModelSpec:
-    """A catalog model, a config.json, or one of the calibration-only EXTRA_MODELS."""
-    if name in EXTRA_MODELS:
-        cfg = dict(EXTRA_MODELS[name])
-        spec = spec_from_config(cfg, name=name)
-        if cfg.get("tokenizer_model_max_length"):
-            spec.extra["tokenizer_model_max_length"] = cfg["tokenizer_model_max_length"]
-        return spec
-    return get_model(FMS_MODELS.get(name, name))
-
-
-# --- readers ---------------------------------------------------------------------------------------
-def _f(row: Mapping[str, str], key: str) -> float | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _truthy(text: str | None) -> bool:
-    return (text or "").strip().lower() in ("true", "1", "yes")
-
-
-def read_fms_csv(path: str | Path) -> list[Record]:
-    """Records from a CSV in the fms-acceleration benchmark layout (see module docstring)."""
-    path = Path(path)
-    gpu = "NVIDIA-L40" if "l40" in path.name.lower() else "NVIDIA-A100-SXM4-80GB"
-    unpacked = "orca" in path.name or "moe" in path.name
-    out = []
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            rec = _fms_row(row, gpu, unpacked, path.name)
-            if rec is not None:
-                out.append(rec)
-    return out
-
-
-def _fms_row(row: Mapping[str, str], gpu: str, unpacked: bool, source: str) -> Record | None:
-    model = (row.get("model_name_or_path") or "").strip()
-    if "orca" in source and not model:
-        model = "mistralai/Mistral-7B-v0.1"  # the orca multipack file omits the column: Mistral-7B runs
-    if "tiny-preview" in model or "moe-7b-1b" in model:
-        return None  # architectures not in the catalog (granite-4.0-tiny-preview, moe-7b-1b-shared)
-    if model not in EXTRA_MODELS and model not in FMS_MODELS:
-        return None
-    framework = (row.get("framework_config") or "none").strip()
-    peft = (row.get("peft_method") or "").strip()
-    if not peft:
-        method = "full"
-    elif "autogptq" in framework:
-        method = "gptq-lora"
-    elif "bnb" in framework:
-        method = "qlora"
-    else:
-        method = "lora"
-    gpus = int(_f(row, "num_gpus") or 1)
-    per_device = int(_f(row, "per_device_train_batch_size") or 1)
-    ga = int(_f(row, "gradient_accumulation_steps") or 1)
-    dtype = (row.get("torch_dtype") or "bfloat16").strip()
-    values: dict[str, Any] = {
-        "model_name": model,
-        "model_max_length": FMS_MAX_SEQ_LENGTH,
-        "number_gpus": gpus,
-        "batch_size": per_device * gpus,
-        "gpu_model": gpu,
-        "gradient_accumulation_steps": ga,
-        "gradient_checkpointing": True,
-        "torch_dtype": dtype,
-        "bf16": _truthy(row.get("bf16")),
-        "fp16": _truthy(row.get("fp16")) or method == "gptq-lora",
-        "distributed_backend": "FSDP" if gpus > 1 else None,
-        "fsdp_sharding_strategy": "FULL_SHARD",
-        "optim": "adamw_torch",
-        "max_steps": 100,
-        "dataset_id": "news-tokens-16384plus-entries-4096",
-        "fast_kernels": (True, True, True) if "foak" in framework else None,
-        "loss_implementation": "fused_linear" if "liger" in framework else None,
-        "lora_dropout": 0.05 if method != "full" else None,
-        "target_modules": tuple((row.get("target_modules") or "").split()) or None,
-        "r": int(_f(row, "r") or 16) if method != "full" else None,
-    }
-    ep = re.search(r"-ep(\d+)", framework)
-    if "scattermoe" in framework and ep:
-        values["fast_moe"] = int(ep.group(1))
-    props: dict[str, float] = {}
-    tps = _f(row, "train_tokens_per_second")
-    sps = _f(row, "train_steps_per_second")
-    props["is_valid"] = 1.0 if tps else 0.0
-    if tps:
-        props["train_tokens_per_gpu_per_second"] = tps  # HF's value is per device (estimation.md §12)
-    if unpacked:
-        if not (tps and sps):
-            return None  # unpacked: tokens per sample unknown without a measurement
-        values["_tokens_per_sample"] = tps / sps / ga / per_device
-    smi = _f(row, "mem_nvidia_mem_reserved")
-    if smi and tps and gpus <= 1:
-        # the file averages nvidia-smi over devices while torch is rank 0 (estimation.md §12):
-        # multi-GPU rows mix ranks, so only single-GPU rows calibrate the nvidia-smi model
-        props["gpu_memory_peak_gib"] = smi / 1024
-    alloc = _f(row, "mem_peak_torch_mem_alloc_in_bytes")
-    if alloc and tps:
-        props["gpu_memory_allocated_peak_gib"] = alloc / GIB
-    values = {k: v for k, v in values.items() if v is not None}
-    return Record(METHOD_EXPERIMENT[method], values, props, source, fit=source not in EVALUATION_ONLY)
-
-
-def _split_experiment_id(text: str) -> tuple[str, dict[str, str]]:
-    """'SFTTrainer.<base>-k.v-k.v' -> (base id, {k: v}); parameter values may contain '.' and '-'."""
-    text = text.strip().removeprefix("SFTTrainer.")
-    for exp in sorted(list_experiments(), key=lambda e: -len(e.base_id)):
-        if text.startswith(exp.base_id):
-            rest = text[len(exp.base_id):]
-            names = sorted(exp.optional, key=len, reverse=True)
-            pattern = re.compile(r"-(" + "|".join(re.escape(n) for n in names) + r")\.")
-            params: dict[str, str] = {}
-            marks = list(pattern.finditer(rest))
-            for i, m in enumerate(marks):
-                end = marks[i + 1].start() if i + 1 < len(marks) else len(rest)
-                params[m.group(1)] = rest[m.end():end]
-            return exp.base_id, params
-    raise InputError("experiment_id", f"unknown experiment in {text!r}")
-
-
-def _measured_properties(values: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, float]:
-    """The measured properties calibration uses, from spec-named properties (percent -> GiB)."""
-    from tunebench.catalog import get_gpu
-
-    props: dict[str, float] = {}
-    valid = _num_or_none(raw.get("is_valid"))
-    props["is_valid"] = 1.0 if valid is None else valid
-    for k in ("train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
-              "gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):  # fmt: skip
-        v = _num_or_none(raw.get(k))
-        if v:
-            props[k] = v
-    util = _num_or_none(raw.get("gpu_memory_utilization_peak"))
-    if util and "gpu_memory_peak_gib" not in props and values.get("gpu_model") and (values.get("number_gpus") or 0) > 0:
-        props["gpu_memory_peak_gib"] = util / 100 * get_gpu(values["gpu_model"]).memory_gib
-    return props
-
-
-def _num_or_none(v: Any) -> float | None:
-    if v is None or (isinstance(v, str) and not v.strip()):
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def _spec_values(experiment_id: str, entity: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(base experiment id, effective values) of a possibly parameterised experiment id and entity."""
-    from tunebench.experiments import target_modules_for
-    from tunebench.properties import PROPERTIES
-
-    base, params = _split_experiment_id(experiment_id)
-    exp = get_experiment(base)
-    values: dict[str, Any] = dict(exp.hardcoded)
-    values.update({k: exp.default(k) for k in exp.optional})
-    values.update({k: exp.parse(k, v) for k, v in params.items()})
-    for k, v in entity.items():
-        if k in PROPERTIES and v not in (None, ""):
-            values[k] = exp.parse(k, v)
-    if exp.uses_lora and not values.get("target_modules"):
-        values["target_modules"] = target_modules_for(exp, values["model_name"])
-    return base, values
-
-
-def read_spec_csv(path: str | Path) -> list[Record]:
-    """Records from a CSV in the spec's measured-property layout (ado's export, our store's)."""
-    out = []
-    with Path(path).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            base, values = _spec_values(row.get("experiment_id") or "", row)
-            out.append(Record(base, values, _measured_properties(values, row), str(path)))
-    return out
-
-
-def read_csv(path: str | Path) -> list[Record]:
-    """Either layout, recognised by its header."""
-    with Path(path).open(newline="") as fh:
-        header = next(csv.reader(fh), [])
-    if "experiment_id" in header:
-        return read_spec_csv(path)
-    if "framework_config" in header or "model_name_or_path" in header:
-        return read_fms_csv(path)
-    raise InputError("--from", f"{path}: neither the fms-acceleration nor the measured-property CSV layout")
-
-
-def fms_records(directory: str | Path | None = None, files: Iterable[str] = FMS_DEFAULT_FILES) -> list[Record]:
-    """The shared fms-acceleration calibration data (estimation.md §10.1), deduplicated."""
-    directory = Path(directory) if directory else SHARED
-    out: list[Record] = []
-    seen = set()
-    for name in files:
-        path = directory / name
-        if not path.exists():
-            continue
-        for rec in read_fms_csv(path):
-            key = (rec.experiment_id, tuple(sorted((k, str(v)) for k, v in rec.values.items())))
-            if key not in seen:
-                seen.add(key)
-                out.append(rec)
-    return out
-
-
-def default_records(directory: str | Path | None = None) -> list[Record]:
-    """What the shipped calibration is fitted on: the fms-acceleration runs plus the reference
-    system's CPU example (shared/reference-data/ado/ado_docs_example_smollm2_cpu_measurements.csv),
-    the only CPU measurements available, which set cpu_tflops."""
-    records = fms_records(directory)
-    cpu = (Path(directory) if directory else SHARED).parent / "ado" / "ado_docs_example_smollm2_cpu_measurements.csv"
-    if cpu.exists():
-        records += read_spec_csv(cpu)
-    return records
-
-
-def records_from_store(rows: Iterable[tuple[str, Mapping[str, Any], Mapping[str, float]]]) -> list[Record]:
-    """Records from (experiment_id, entity values, measured properties) triples, e.g. the results store."""
-    out = []
-    for experiment_id, entity, props in rows:
-        base, values = _spec_values(experiment_id, entity)
-        out.append(Record(base, values, _measured_properties(values, props), "store"))
-    return out
-
-
-def store_records(url: str) -> list[Record]:
-    """Measured (not predicted) valid and invalid outcomes of the sample store at url (issue 5)."""
-    from tunebench.store import DONE, Store
-
-    with Store(url) as store:
-        rows = store.rows(statuses=DONE)
-    return records_from_store(
-        (r["experiment_id"], r["entity"] or {}, r["properties"] or {}) for r in rows if r.get("actuator") == "measure"
-    )
-
-
-# --- evaluation ------------------------------------------------------------------------------------
 @dataclass
 class Batch:
     """Records grouped into Workloads once, so a fit evaluates every coefficient vector quickly."""
@@ -375,15 +55,18 @@ class Batch:
         return cls(records, groups)
 
     def predict(self, c: Coefficients, memory: bool = True, throughput: bool = True) -> dict[str, np.ndarray]:
-        """Per record: allocated, nvidia-smi GiB, fits, train tokens/s/GPU, dataset tokens/s/GPU."""
+        """Per record: memory peaks (GiB), the OOM verdict and probability, train and dataset tokens/s/GPU."""
         n = len(self.records)
-        out = {k: np.full(n, np.nan) for k in ("allocated", "smi", "fits", "tps", "dtps")}
+        out = {k: np.full(n, np.nan) for k in (*MEMORY_KEYS, "fits", "p_oom", "capacity", "tps", "dtps")}
         for w, idx in self.groups:
             if memory:
                 m = predict_memory(w, c)
                 out["allocated"][idx] = m.allocated_gib
+                out["reserved"][idx] = m.reserved_gib
                 out["smi"][idx] = m.nvidia_smi_gib
                 out["fits"][idx] = m.fits
+                out["p_oom"][idx] = m.oom_probability
+                out["capacity"][idx] = m.capacity_gib if m.capacity_gib is not None else np.nan
             if throughput:
                 t = predict_throughput(w, c)
                 out["tps"][idx] = t.train_tokens_per_gpu_per_second
@@ -391,29 +74,46 @@ class Batch:
         return out
 
 
-def _measured(records: list[Record], key: str) -> np.ndarray:
+def measured(records: list[Record], key: str) -> np.ndarray:
     return np.array([r.properties.get(key, np.nan) for r in records], dtype=float)
 
 
-def _throughput_measured(records: list[Record]) -> tuple[np.ndarray, np.ndarray]:
+def measured_throughput(records: list[Record]) -> tuple[np.ndarray, np.ndarray]:
     """(measured per-GPU tokens/s, 1 if it is a train_tokens figure else 0 for dataset tokens)."""
-    train = _measured(records, "train_tokens_per_gpu_per_second")
-    data = _measured(records, "dataset_tokens_per_second_per_gpu")
+    train = measured(records, "train_tokens_per_gpu_per_second")
+    data = measured(records, "dataset_tokens_per_second_per_gpu")
     use_train = ~np.isnan(train)
     return np.where(use_train, train, data), use_train.astype(float)
 
 
-MEMORY_FIT = ("activation_scale", "loss_bytes_per_vocab", "fused_loss_bytes_per_vocab", "fsdp_peft_checkpoint_copies")
-SMI_FIT = ("cuda_context_gib", "reserve_fixed_gib", "reserve_transient_fraction", "reserve_loss_fraction")
+def near_limit(records: list[Record], pred: dict[str, np.ndarray]) -> np.ndarray:
+    """Runs within 25 % of the GPU's memory: the flag a data set gives, else measured >= 75 % or OOM."""
+    out = np.zeros(len(records), dtype=bool)
+    for i, r in enumerate(records):
+        if r.near_limit is not None:
+            out[i] = r.near_limit
+            continue
+        cap = pred["capacity"][i]
+        used = max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
+        out[i] = (not r.valid) or (cap == cap and used >= NEAR_LIMIT * cap)
+    return out
+
+
+# --- fitting --------------------------------------------------------------------------------------
+MEMORY_FIT = ("fused_loss_bytes_per_vocab", "fast_kernels_activation_fraction", "fsdp_peft_checkpoint_copies")
+SLACK_FIT = ("cuda_context_gib", "reserve_fixed_gib", "reserve_transient_fraction", "reserve_loss_fraction")
 SPEED_FIT = (
     "hfu_max", "hidden_half", "elementwise_passes", "qlora_speed", "gptq_speed", "fast_kernels_speed",
     "layer_overhead_s", "expert_overhead_s", "alltoall_latency_s", "comm_exposed_fraction", "cpu_tflops",
 )  # fmt: skip
-RIDGE = 0.02  # weight of the log-space pull towards the physical prior, per coefficient
+# The fit is a maximum a posteriori estimate: each measurement's log error ~ N(0, DATA_SIGMA) and each
+# coefficient's log ratio to its physical prior ~ N(0, PRIOR_SIGMA). Hundreds of runs outweigh the
+# priors; a handful (a held-out source, a user's few CPU runs) move them only as far as they inform.
+DATA_SIGMA = 0.10
+PRIOR_SIGMA = 0.5
 BOUNDS = {
-    "activation_scale": (0.7, 2.0),
-    "loss_bytes_per_vocab": (2.0, 16.0),
     "fused_loss_bytes_per_vocab": (0.0, 12.0),
+    "fast_kernels_activation_fraction": (0.3, 1.0),
     "fsdp_peft_checkpoint_copies": (0.0, 3.0),
     "cuda_context_gib": (0.2, 3.0),
     "reserve_fixed_gib": (0.0, 6.0),
@@ -421,7 +121,7 @@ BOUNDS = {
     "reserve_loss_fraction": (0.0, 2.0),
     "hfu_max": (0.2, 0.95),
     "hidden_half": (0.0, 4000.0),
-    "elementwise_passes": (0.0, 100.0),
+    "elementwise_passes": (0.0, 20.0),
     "qlora_speed": (0.4, 1.5),
     "gptq_speed": (0.4, 1.5),
     "fast_kernels_speed": (0.8, 1.6),
@@ -433,105 +133,95 @@ BOUNDS = {
 }
 
 
-def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 400, step: float = 0.15) -> np.ndarray:
-    """Minimise f from x0 (Nelder & Mead 1965, standard coefficients 1, 2, 0.5, 0.5)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] * (abs(x0[i]) if x0[i] else 1.0) for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        centroid = np.mean(simplex[:-1], axis=0)
-        worst = simplex[-1]
-        xr = centroid + (centroid - worst)
-        fr = f(xr)
-        if fr < values[0]:
-            xe = centroid + 2 * (centroid - worst)
-            fe = f(xe)
-            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = xr, fr
-        else:
-            xc = centroid + 0.5 * (worst - centroid)
-            fc = f(xc)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = xc, fc
-            else:
-                best = simplex[0]
-                simplex = [best + 0.5 * (x - best) for x in simplex]
-                values = [f(x) for x in simplex]
-        if max(values) - min(values) < 1e-9:
-            break
-    return simplex[int(np.argmin(values))]
+def _fit_group(batch: Batch, base: Coefficients, names: tuple[str, ...], residuals: Callable[[dict], np.ndarray],
+               memory: bool) -> Coefficients:  # fmt: skip
+    """Coefficients `names` at the posterior mode (see DATA_SIGMA), by scipy's bounded least squares."""
+    from scipy.optimize import least_squares
 
-
-def _fit_group(
-    batch: Batch, base: Coefficients, names: tuple[str, ...], loss: Callable[[dict], float], memory: bool
-) -> Coefficients:
     prior = base.to_dict()
+    lo = np.array([BOUNDS[n][0] for n in names])
+    hi = np.array([BOUNDS[n][1] for n in names])
 
     def coeffs(x: np.ndarray) -> Coefficients:
-        vals = {}
-        for name, v in zip(names, x, strict=True):
-            lo, hi = BOUNDS[name]
-            vals[name] = float(np.clip(v, lo, hi))
-        return base.replace(**vals)
+        return base.replace(**{n: float(v) for n, v in zip(names, np.clip(x, lo, hi), strict=True)})
 
-    def objective(x: np.ndarray) -> float:
+    def objective(x: np.ndarray) -> np.ndarray:
         c = coeffs(x)
-        ridge = 0.0
-        for name in names:
-            p0, v = prior[name], getattr(c, name)
-            ridge += (math.log((v + 1e-3) / (p0 + 1e-3))) ** 2
-        return loss(batch.predict(c, memory=memory, throughput=not memory)) + RIDGE * ridge
+        r = residuals(batch.predict(c, memory=memory, throughput=not memory))
+        ridge = [math.log((getattr(c, n) + 1e-3) / (prior[n] + 1e-3)) / PRIOR_SIGMA for n in names]
+        return np.concatenate([r / DATA_SIGMA, ridge])
 
-    x0 = np.array([prior[n] for n in names], dtype=float)
-    best = _nelder_mead(objective, x0)
-    return coeffs(best)
+    x0 = np.clip(np.array([prior[n] for n in names], dtype=float), lo, hi)
+    scale = np.maximum(np.abs(x0), (hi - lo) * 1e-3)
+    best = least_squares(objective, x0, bounds=(lo, hi), x_scale=scale, diff_step=1e-3, max_nfev=40 * len(names))
+    return coeffs(best.x)
+
+
+def _log_residuals(pred: np.ndarray, meas: np.ndarray) -> np.ndarray:
+    ok = ~np.isnan(meas) & (meas > 0) & (pred > 0)
+    return np.log(pred[ok] / meas[ok])
 
 
 def _log_sq(pred: np.ndarray, meas: np.ndarray) -> float:
-    ok = ~np.isnan(meas) & (meas > 0) & (pred > 0)
-    if not ok.any():
-        return 0.0
-    return float(np.mean(np.log(pred[ok] / meas[ok]) ** 2))
+    r = _log_residuals(pred, meas)
+    return float(np.mean(r**2)) if r.size else 0.0
 
 
-def _oom_margin(batch: Batch, c: Coefficients) -> float:
-    """The OOM margin (GiB) that classifies the fitted runs best (ties: the smallest)."""
+def log_errors(records: list[Record], pred: dict[str, np.ndarray]) -> np.ndarray:
+    """ln(measured / predicted) of every memory measurement, each against the prediction of its kind."""
+    return -np.concatenate([_log_residuals(pred[key], measured(records, prop)) for key, prop in MEMORY_KEYS.items()])
+
+
+def _memory_residuals(records: list[Record], keys: tuple[str, ...]) -> Callable[[dict], np.ndarray]:
+    meas = {k: measured(records, MEMORY_KEYS[k]) for k in keys}
+
+    def residuals(p: dict) -> np.ndarray:
+        return np.concatenate([_log_residuals(p[k], meas[k]) for k in keys])
+
+    return residuals
+
+
+def _oom_fragmentation(batch: Batch, c: Coefficients) -> float:
+    """The fragmentation fraction that classifies the runs best (ties: the smallest)."""
     labels = np.array([r.valid for r in batch.records])
-    best, best_acc = c.oom_margin_gib, -1.0
-    for margin in np.arange(0.0, 6.01, 0.25):
-        acc = float(np.mean(batch.predict(c.replace(oom_margin_gib=margin), throughput=False)["fits"] == labels))
+    best, best_acc = c.oom_fragmentation_fraction, -1.0
+    for fraction in np.arange(0.0, 0.51, 0.025):
+        fits = batch.predict(c.replace(oom_fragmentation_fraction=float(fraction)), throughput=False)["fits"]
+        acc = float(np.mean((fits > 0) == labels))
         if acc > best_acc + 1e-12:
-            best, best_acc = float(margin), acc
+            best, best_acc = float(fraction), acc
     return best
 
 
 def fit(records: list[Record], start: Coefficients | None = None) -> Coefficients:
-    """Coefficients fitted to records (memory, then nvidia-smi, then OOM margin, then throughput)."""
+    """Coefficients fitted to records: memory, allocator slack, OOM boundary, peak log-error, throughput."""
     c = start or Coefficients()
     records = [r for r in records if r.fit]
     if not records:
         raise InputError("--from", "no measurements to fit on")
     batch = Batch.of(records)
-    alloc = _measured(records, "gpu_memory_allocated_peak_gib")
-    smi = _measured(records, "gpu_memory_peak_gib")
-    speed, is_train = _throughput_measured(records)
-    if np.isfinite(alloc).sum() >= 4:
-        c = _fit_group(batch, c, MEMORY_FIT, lambda p: _log_sq(p["allocated"], alloc), memory=True)
-    if np.isfinite(smi).sum() >= 4:
-        c = _fit_group(batch, c, SMI_FIT, lambda p: _log_sq(p["smi"], smi), memory=True)
+    if np.isfinite(measured(records, MEMORY_KEYS["allocated"])).sum() >= 4:
+        c = _fit_group(batch, c, MEMORY_FIT, _memory_residuals(records, ("allocated",)), memory=True)
+    if sum(np.isfinite(measured(records, MEMORY_KEYS[k])).sum() for k in ("reserved", "smi")) >= 4:
+        c = _fit_group(batch, c, SLACK_FIT, _memory_residuals(records, ("reserved", "smi")), memory=True)
     if any(not r.valid for r in records):
-        c = c.replace(oom_margin_gib=_oom_margin(batch, c))
+        c = c.replace(oom_fragmentation_fraction=_oom_fragmentation(batch, c))
+    errors = log_errors(records, batch.predict(c, throughput=False))
+    if errors.size >= 4:
+        c = c.replace(peak_log_sigma=float(max(0.02, _robust_sd(errors))))
+    speed, is_train = measured_throughput(records)
     if np.isfinite(speed).sum() >= 4:
-        c = _fit_group(
-            batch, c, SPEED_FIT, lambda p: _log_sq(np.where(is_train > 0, p["tps"], p["dtps"]), speed), memory=False
-        )
+        c = _fit_group(batch, c, SPEED_FIT,
+                       lambda p: _log_residuals(np.where(is_train > 0, p["tps"], p["dtps"]), speed), memory=False)  # fmt: skip
     return c
 
 
+def _robust_sd(x: np.ndarray) -> float:
+    """Standard deviation estimated from the median absolute deviation (robust to a few odd runs)."""
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+# --- scoring ----------------------------------------------------------------------------------------
 def mdape(pred: np.ndarray, meas: np.ndarray) -> float:
     """Median absolute percentage error over the finite pairs."""
     ok = ~np.isnan(meas) & ~np.isnan(pred) & (meas > 0)
@@ -539,52 +229,80 @@ def mdape(pred: np.ndarray, meas: np.ndarray) -> float:
 
 
 def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, float]:
-    """MdAPE of allocated peak, nvidia-smi peak, throughput, and OOM accuracy, with counts."""
-    alloc = _measured(records, "gpu_memory_allocated_peak_gib")
-    smi = _measured(records, "gpu_memory_peak_gib")
-    speed, is_train = _throughput_measured(records)
+    """MdAPE of each memory kind and of all memory measurements, OOM accuracy (all, near the limit), throughput."""
+    out: dict[str, float] = {}
+    pairs_pred, pairs_meas = [], []
+    for key, prop in MEMORY_KEYS.items():
+        m = measured(records, prop)
+        out[f"{key}_mdape_pct"] = mdape(pred[key], m)
+        out[f"{key}_n"] = int(np.isfinite(m).sum())
+        pairs_pred.append(pred[key])
+        pairs_meas.append(m)
+    out["peak_mdape_pct"] = mdape(np.concatenate(pairs_pred), np.concatenate(pairs_meas))
+    out["peak_n"] = int(sum(out[f"{k}_n"] for k in MEMORY_KEYS))
     labels = np.array([r.valid for r in records])
-    tput = np.where(is_train > 0, pred["tps"], pred["dtps"])
-    return {
-        "allocated_mdape_pct": mdape(pred["allocated"], alloc),
-        "allocated_n": int(np.isfinite(alloc).sum()),
-        "nvidia_smi_mdape_pct": mdape(pred["smi"], smi),
-        "nvidia_smi_n": int(np.isfinite(smi).sum()),
-        "oom_accuracy_pct": float(np.mean((pred["fits"] > 0) == labels) * 100),
-        "oom_n": len(records),
-        "throughput_mdape_pct": mdape(tput, speed),
-        "throughput_n": int(np.isfinite(speed).sum()),
-    }
+    known = np.array(["is_valid" in r.properties for r in records])
+    right = (pred["fits"] > 0) == labels
+    near = near_limit(records, pred) & known
+    out["oom_accuracy_pct"] = float(np.mean(right[known]) * 100) if known.any() else float("nan")
+    out["oom_n"] = int(known.sum())
+    out["oom_near_limit_accuracy_pct"] = float(np.mean(right[near]) * 100) if near.any() else float("nan")
+    out["oom_near_limit_n"] = int(near.sum())
+    speed, is_train = measured_throughput(records)
+    out["throughput_mdape_pct"] = mdape(np.where(is_train > 0, pred["tps"], pred["dtps"]), speed)
+    out["throughput_n"] = int(np.isfinite(speed).sum())
+    return out
 
 
-def leave_one_model_out(
-    records: list[Record], start: Coefficients | None = None
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Refit without each model family and predict it; pooled scores, per-family scores, predictions."""
-    families = sorted({r.family for r in records})
+def leave_one_out(records: list[Record], group: Callable[[Record], str], start: Coefficients | None = None
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
+    """Refit without each group (model family or source) and predict it: pooled and per-group scores."""
+    names = sorted({group(r) for r in records})
     n = len(records)
-    pooled = {k: np.full(n, np.nan) for k in ("allocated", "smi", "fits", "tps", "dtps")}
-    per_family = {}
-    for fam in families:
-        train = [r for r in records if r.family != fam]
-        test_idx = [i for i, r in enumerate(records) if r.family == fam]
+    pooled = {k: np.full(n, np.nan) for k in (*MEMORY_KEYS, "fits", "p_oom", "capacity", "tps", "dtps")}
+    per_group = {}
+    for name in names:
+        train = [r for r in records if group(r) != name]
+        test_idx = [i for i, r in enumerate(records) if group(r) == name]
+        if not any(r.fit for r in train):
+            continue
         c = fit(train, start)
         test = [records[i] for i in test_idx]
         pred = Batch.of(test).predict(c)
         for k in pooled:
             pooled[k][test_idx] = pred[k]
-        per_family[fam] = scores(test, pred)
-    return {"pooled": scores(records, pooled), "per_model": per_family}, pooled
+        per_group[name] = scores(test, pred)
+    return {"pooled": scores(records, pooled), "per_group": per_group}, pooled
 
 
-def calibrate(records: list[Record], source: str, lomo: bool = True) -> Calibration:
-    """A Calibration fitted on all records, with in-sample and leave-one-model-out metrics."""
+def leave_one_model_out(records: list[Record], start: Coefficients | None = None):
+    return leave_one_out(records, lambda r: r.family, start)
+
+
+def leave_one_source_out(records: list[Record], start: Coefficients | None = None):
+    return leave_one_out(records, lambda r: r.origin, start)
+
+
+def calibrate(records: list[Record], source: str, lomo: bool = True, progress: Callable[[str], None] | None = None
+              ) -> Calibration:  # fmt: skip
+    """A Calibration fitted on all records, with in-sample and leave-one-model-out metrics.
+
+    The out-of-memory probability's uncertainty (peak_log_sigma) is set from the held-out log errors
+    when leave-one-model-out runs: the error a new model will really see.
+    """
     if not records:
         raise InputError("--from", "no usable measurements to calibrate on")
+    say = progress or (lambda _msg: None)
+    say(f"fitting on {len(records)} runs")
     c = fit(records)
     metrics: dict[str, Any] = {"in_sample": scores(records, Batch.of(records).predict(c))}
     if lomo and len({r.family for r in records}) > 1:
-        metrics["leave_one_model_out"], _ = leave_one_model_out(records)
+        say("leave-one-model-out: refitting once per model family")
+        held_out, pooled = leave_one_model_out(records)
+        metrics["leave_one_model_out"] = held_out
+        errors = log_errors(records, pooled)
+        if errors.size >= 4:
+            c = c.replace(peak_log_sigma=float(max(0.02, _robust_sd(errors))))
     return Calibration(
         coefficients=c,
         source=source,

@@ -113,26 +113,105 @@ def _print_plan(console: Console, out: dict[str, Any]) -> None:
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
 
 
-def _batch_items(path: Path) -> list[tuple[Any, Any]]:
-    """(experiment, entity) per JSONL line; InputError names the line."""
+def _batch_lines(path: Path) -> list[tuple[int, tuple[Any, Any] | InputError]]:
+    """(line number, (experiment, entity) or the InputError of that line) per non-empty JSONL line."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError("--batch", f"cannot read {str(path)!r}: {exc}", allowed="a JSON-lines file") from None
+    out: list[tuple[int, tuple[Any, Any] | InputError]] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            out.append((n, _batch_item(line)))
+    return out
+
+
+def _batch_item(line: str) -> tuple[Any, Any] | InputError:
+    try:
+        req = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return InputError("--batch", f"not JSON: {exc.msg}")
+    if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity", {}), dict):
+        return InputError("--batch", 'expected {"experiment": ID, "entity": {...}}')
+    try:
+        exp = get_experiment(req["experiment"], req.get("parameters") or None)
+        return exp, make_entity(exp, req.get("entity") or {})
+    except InputError as err:
+        return err
+
+
+def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
+    """Plan every line of a JSONL file; a bad line becomes {"error": ...} at its place. Returns the exit code."""
+    from tunebench.plan.predictor import plan_json, predict_many
+
     if not path.is_file():
         raise InputError("--batch", f"no file {str(path)!r}")
-    items = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
+    lines = _batch_lines(path)
+    good = [item for _, item in lines if not isinstance(item, InputError)]
+    results = iter(predict_many(good, **kw))
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for n, item in lines:
+        if isinstance(item, InputError):
+            rows.append((n, {"line": n, "error": str(item)}))
             continue
-        try:
-            req = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError("--batch", f"line {n} is not JSON: {exc.msg}") from None
-        if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity", {}), dict):
-            raise InputError("--batch", f'line {n}: expected {{"experiment": ID, "entity": {{...}}}}')
-        try:
-            exp = get_experiment(req["experiment"], req.get("parameters") or None)
-            items.append((exp, make_entity(exp, req.get("entity") or {})))
-        except InputError as err:
-            raise InputError(err.field, f"line {n}: {err.message}", err.allowed) from None
-    return items
+        r = next(results)
+        rows.append((n, {"line": n, "error": r.error} if r.status == "failed" else plan_json(r)))
+    failed = sum("error" in o for _, o in rows)
+    if as_json:
+        for _, o in rows:
+            typer.echo(json.dumps(_finite(o), default=str, allow_nan=False))
+    else:
+        _print_batch(rows)
+    return 1 if failed else 0
+
+
+def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
+    console = Console()
+    table = Table(title=f"{len(rows)} plans")
+    for col in ("line", "experiment", "fits", "P(OOM)", "peak GiB", "util %", "tokens/s", "runtime"):
+        table.add_column(col)
+    for n, o in rows:
+        if "error" in o:
+            table.add_row(str(n), f"[red]error[/red]: {o['error']}", "-", "-", "-", "-", "-", "-")
+            continue
+        table.add_row(str(n), o["experiment_id"], "yes" if o["is_valid"] else "no", _fmt(o.get("oom_probability"), 2),
+                      _fmt(o["gpu_memory_peak_gib"]), _fmt(o["gpu_memory_utilization_peak"]),
+                      _fmt(o["train_tokens_per_second"], 0), _duration(o["train_runtime"]))  # fmt: skip
+    console.print(table)
+
+
+GPUCatalog = Annotated[
+    Path | None, typer.Option("--gpu-catalog", help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
+                              "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).")  # fmt: skip
+]
+GPUMemory = Annotated[float | None, typer.Option("--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
+GPUTflops = Annotated[float | None, typer.Option("--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
+GPULink = Annotated[
+    float | None, typer.Option("--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
+]
+GPUBandwidth = Annotated[
+    float | None, typer.Option("--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
+]
+GPUName = Annotated[str | None, typer.Option("--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
+
+
+def use_gpu_options(label: str | None, catalog: Path | None, memory: float | None, tflops: float | None,
+                    link: float | None, bandwidth: float | None) -> None:  # fmt: skip
+    """Make the GPUs of --gpu-catalog and of the --gpu-* numbers known to this process's planner."""
+    from tunebench.catalog.gpus import custom_gpu, register_gpu
+    from tunebench.catalog.user_gpus import read_catalog
+
+    for spec in read_catalog(str(catalog)) if catalog is not None else ():
+        register_gpu(spec)
+    given = {"--gpu-memory-gib": memory, "--gpu-bf16-tflops": tflops, "--gpu-interconnect-gbps": link}
+    if all(v is None for v in (*given.values(), bandwidth)):
+        return
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+        raise InputError(missing[0], "missing: a GPU given by its numbers needs all of " + ", ".join(given))
+    if not label:
+        raise InputError("--gpu-name", "which GPU do the --gpu-* numbers describe? give gpu_model=LABEL or --gpu-name")
+    register_gpu(custom_gpu(label, memory, tflops, link, bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
 
 
 def plan(
@@ -150,9 +229,16 @@ def plan(
     store: Annotated[
         str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
     ] = None,
+    gpu_catalog: GPUCatalog = None,
+    gpu_memory: GPUMemory = None,
+    gpu_tflops: GPUTflops = None,
+    gpu_link: GPULink = None,
+    gpu_bandwidth: GPUBandwidth = None,
+    gpu_name: GPUName = None,
 ) -> None:
-    """Predict memory, out-of-memory, throughput, runtime and cost of an entity (or a JSONL batch)."""
-    from tunebench.plan.predictor import plan_json, predict_many
+    """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
+    or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
+    from tunebench.plan.predictor import plan_json, predict
 
     opts = _options(price, calibration, network)
     kw = {
@@ -160,30 +246,20 @@ def plan(
         "price_per_gpu_hour": opts.price_per_gpu_hour,
         "network_gbps": opts.network_gbps,
     }
+    values = parse_assignments(props or [])
+    use_gpu_options(gpu_name or values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
-        results = predict_many(_batch_items(batch), **kw)
-        if as_json:
-            for r in results:
-                typer.echo(json.dumps(plan_json(r), default=str, allow_nan=False))
-            return
-        console = Console()
-        table = Table(title=f"{len(results)} plans")
-        for col in ("#", "experiment", "entity", "fits", "peak GiB", "util %", "tokens/s", "runtime"):
-            table.add_column(col)
-        for i, r in enumerate(results, 1):
-            o = plan_json(r)
-            table.add_row(str(i), r.experiment_id, r.entity_id, "yes" if o["is_valid"] else "no",
-                          _fmt(o["gpu_memory_peak_gib"]), _fmt(o["gpu_memory_utilization_peak"]),
-                          _fmt(o["train_tokens_per_second"], 0), _duration(o["train_runtime"]))  # fmt: skip
-        console.print(table)
+        code = plan_batch(batch, kw, as_json)
+        if code:
+            raise typer.Exit(code=code)
         return
     if experiment is None:
         raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
     exp = get_experiment(experiment, parse_assignments(params or []))
-    entity = make_entity(exp, parse_assignments(props or []))
-    result = predict_many([(exp, entity)], **kw)[0]
+    entity = make_entity(exp, values)
+    result = predict(exp, entity, **kw)
     out = plan_json(result)
     if compare:
         measured = measured_result(store, exp.id, entity.id)
@@ -197,6 +273,9 @@ def plan(
         _echo_json(out)
         return
     _print_plan(Console(), out)
+
+
+# Properties both actuators produce, compared line by line by `plan --compare`.
 
 
 # Properties both actuators produce, compared line by line by `plan --compare`.
@@ -262,13 +341,20 @@ def recommend(
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
+    gpu_catalog: GPUCatalog = None,
+    gpu_memory: GPUMemory = None,
+    gpu_tflops: GPUTflops = None,
+    gpu_link: GPULink = None,
+    gpu_bandwidth: GPUBandwidth = None,
 ) -> None:
     """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method."""
     from tunebench.plan.recommend import recommend as run
 
     opts = _options(price, calibration, network)
+    values = parse_assignments(props or [])
+    use_gpu_options(values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
     exp = get_experiment(experiment, parse_assignments(params or []))
-    out = run(exp, parse_assignments(props or []), opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+    out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
     if as_json:
         _echo_json(out)
         return
@@ -325,9 +411,9 @@ def deploy_spec(
         raise InputError("--model", "give exactly one of --model NAME_OR_CONFIG or --params-b B")
     if model is not None:
         from tunebench.catalog import get_model
-        from tunebench.plan.arch import arch_of
+        from tunebench.plan.structure import structure_of
 
-        params_b = arch_of(get_model(model)).total_params / 1e9
+        params_b = structure_of(get_model(model)).total_params / 1e9
     spec = size(params_b, quantization, adapters, adapter_size_gb, gpu_memory_gb, name, description)  # type: ignore[arg-type]
     out = spec.to_dict()
     if model is not None:
@@ -376,12 +462,13 @@ def calibrate(
     local runs (say, four CPU measurements) refine the coefficients they inform instead of replacing
     every GPU coefficient; --replace fits on them alone."""
     from tunebench.plan import calibration as cal
+    from tunebench.plan import measurements
     from tunebench.plan.predictor import user_calibration_path
 
     records: list[Any] = []
     if store:
         try:
-            records += cal.store_records(store)
+            records += measurements.store_records(store)
         except ImportError:
             raise InputError("--store", "the sample store is not available in this installation; use --from CSV") from None
         except InputError:
@@ -391,21 +478,19 @@ def calibrate(
     for path in sources or []:
         if not path.is_file():
             raise InputError("--from", f"no file {str(path)!r}")
-        records += cal.read_csv(path)
-    label = "fms-acceleration reference runs + ado CPU example (shared/reference-data)"
+        records += measurements.read_csv(path)
+    label = DEFAULT_SOURCE
     if not store and not sources:
-        records = cal.default_records()
-        if not records:
-            raise InputError("--from", "no measurements given and the shared fms-acceleration data is not found")
+        records = measurements.default_records()
     else:
         label = ", ".join([*(str(p) for p in sources or []), *([store] if store else [])])
         if records and not replace:
-            reference = cal.default_records()
+            reference = measurements.default_records()
             records = reference + records
-            label += f" + {len(reference)} reference runs" if reference else " (reference runs not found: alone)"
+            label += f" + {len(reference)} reference runs"
     if not records:
         raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
-    result = cal.calibrate(records, source=label, lomo=lomo)
+    result = cal.calibrate(records, source=label, lomo=lomo, progress=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
     target = output or user_calibration_path()
     if save:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -426,12 +511,16 @@ def calibrate(
                      ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled"))):  # fmt: skip
         if m:
             console.print(
-                f"{title}: allocated MdAPE {_fmt(m['allocated_mdape_pct'])} %, nvidia-smi MdAPE "
-                f"{_fmt(m['nvidia_smi_mdape_pct'])} %, OOM accuracy {_fmt(m['oom_accuracy_pct'])} %, "
-                f"throughput MdAPE {_fmt(m['throughput_mdape_pct'])} %"
+                f"{title}: peak memory MdAPE {_fmt(m['peak_mdape_pct'])} % (allocated {_fmt(m['allocated_mdape_pct'])}, "
+                f"nvidia-smi {_fmt(m['smi_mdape_pct'])}), OOM accuracy {_fmt(m['oom_accuracy_pct'])} % "
+                f"({_fmt(m['oom_near_limit_accuracy_pct'])} % near the limit), throughput MdAPE "
+                f"{_fmt(m['throughput_mdape_pct'])} %"
             )
     if save:
         console.print(f"saved to {target}")
+
+
+DEFAULT_SOURCE = "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan) + ado CPU example"
 
 
 def register(app: typer.Typer) -> None:

@@ -22,16 +22,15 @@ DEFAULT_FILE = DATA / "default_calibration.json"
 class Coefficients:
     """Free coefficients of the memory and throughput models (units in the names)."""
 
-    # --- memory: activations -----------------------------------------------------------------
-    # Multiplier on the per-token activation widths of arch.py (checkpoints + one layer): the
-    # backward's gradient buffers of the recomputed layer and small tensors the width count omits.
-    # estimation.md §4.3 measures 1.1-1.2x the §4.2 formula.
-    activation_scale: float = 1.15
-    # Bytes per vocabulary entry per token held by the loss with HF's cross-entropy (bf16 logits +
-    # fp32 upcast + fp32 gradient); estimation.md §4.2 "c_V ~ 6".
-    loss_bytes_per_vocab: float = 6.0
-    # The same with fused/chunked cross-entropy kernels (fast_kernels[0] = fast_loss).
-    fused_loss_bytes_per_vocab: float = 3.0
+    # --- memory: what tracing cannot see -----------------------------------------------------
+    # Bytes per vocabulary entry per token the fused cross-entropy kernel (fast_kernels[0] = fast_loss,
+    # fms-acceleration foak) keeps: bf16 logits with the gradient written in place (~2-4 B), against the
+    # traced 12 B of transformers' loss (bf16 logits, fp32 upcast, fp32 and bf16 gradients).
+    fused_loss_bytes_per_vocab: float = 4.0
+    # Share of the traced (non-loss) activations left with fms-acceleration's fused RMSNorm and RoPE
+    # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
+    # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them.
+    fast_kernels_activation_fraction: float = 0.85
     # Extra copies of the checkpointed layer inputs (2 h L bytes per token) that PEFT methods keep
     # under multi-GPU FSDP (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x from 1 to 2 GPUs).
     fsdp_peft_checkpoint_copies: float = 1.0
@@ -45,8 +44,12 @@ class Coefficients:
     reserve_fixed_gib: float = 1.0
     reserve_transient_fraction: float = 0.15
     reserve_loss_fraction: float = 0.5
-    # Memory the allocator cannot hand out on a full device: OOM when allocated peak + this > capacity.
-    oom_margin_gib: float = 1.5
+    # Fragmentation of live segments the allocator cannot give back when the device is full, as a
+    # fraction of the transient bytes: out of memory when allocated + this > usable memory.
+    oom_fragmentation_fraction: float = 0.05
+    # Log-error (standard deviation of ln(measured / predicted)) of the allocated peak: the
+    # uncertainty of the out-of-memory probability; set by calibration from leave-one-model-out errors.
+    peak_log_sigma: float = 0.08
     # --- throughput ------------------------------------------------------------------------------
     # Hardware FLOPs utilisation of dense bf16 tensor work at large matrices (HFU, recomputation
     # counted). estimation.md §8: HF fine-tuning reaches ~45-60 % of A100 peak.
@@ -57,9 +60,9 @@ class Coefficients:
     qlora_speed: float = 0.87  # HF PEFT + bitsandbytes NF4 dequantisation (estimation.md §6)
     gptq_speed: float = 0.95  # fms-acceleration GPTQ triton kernels
     fast_kernels_speed: float = 1.12  # fused loss, RMSNorm and RoPE (fms-acceleration "foak")
-    # Reads + writes of every activation element by elementwise kernels over forward, recomputation and
-    # backward (memory-bound time = tokens x activation bytes x passes / HBM bandwidth).
-    elementwise_passes: float = 8.0
+    # HBM passes over every byte the traced step creates (written once, read back at least once):
+    # memory-bound time = bytes created x passes / HBM bandwidth.
+    elementwise_passes: float = 2.0
     # Fixed time per decoder layer per micro-batch (kernel launches, host syncs), seconds.
     layer_overhead_s: float = 0.0006
     # Fixed time per expert per MoE layer per micro-batch for eager (looped) MoE, seconds.

@@ -1,24 +1,28 @@
-"""Peak GPU memory per device: model states, activations, loss, allocator and driver overheads.
+"""Peak GPU memory per device: model states by arithmetic, activations by tracing, allocator overheads.
 
-Model (estimation.md §3-§5 and §11, steps 2-5), per GPU, in bytes:
+Per GPU, in bytes:
 
-    weights      trainable + frozen parameters at rest, / sharding degree
+    weights      trainable + frozen parameters at rest, / sharding degree (4-bit bases by their bits)
     gathered     FSDP all-gathered units during compute (FULL/HYBRID: root + 2 blocks; SHARD_GRAD_OP:
                  everything)
     gradients    trainable x gradient bytes, / degree (FSDP no_sync with accumulation: unsharded)
     optimizer    trainable x state bytes, / degree; + step transient (foreach temporaries)
-    activations  checkpoints (h L per token) + one layer's working set, or every layer's without
-                 checkpointing; the loss's vocab-sized tensors; the vision tower's
-    peaks        forward/backward = weights + gathered + optimizer + (accumulated grads) + activations
-                 optimizer step   = weights + gradients + optimizer + step transient
-                 allocated        = the larger; reserved = allocated + caching slack;
-                 nvidia-smi       = reserved + CUDA context (+ NCCL)
+    activations  traced on the reduced model (plan.trace): at each candidate moment of the step, the
+                 activation bytes and the share of gradients alive; + the vision tower's, LoRA-free
+                 dequantisation of one 4-bit weight, fused-loss kernels
+    peaks        forward/backward = weights + gathered + optimizer states + max over the moments of
+                 (activations + gradients alive); optimizer step = weights + gradients + optimizer +
+                 step transient; allocated = the larger; reserved = allocated + caching slack;
+                 nvidia-smi = reserved + CUDA context (+ NCCL)
 
 Every array is per entity of a Workload (numpy broadcasting); coefficients come from calibration.
+The probability of running out of memory compares the predicted peak with the memory the device
+can give, on the planner's calibrated log-error (``oom_probability``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,23 +108,29 @@ def trainable_params(w: Workload) -> np.ndarray:
     """Trainable parameters per entity: all (full), r x sum(d_in + d_out) (LoRA), virtual tokens x h (pt)."""
     ones = np.ones(w.size)
     if w.method == "full":
-        return ones * w.arch.total_params
+        return ones * w.structure.total_params
     if w.method == "pt":
-        return ones * (w.settings.get("num_virtual_tokens") or 8) * w.arch.hidden
+        return ones * (w.settings.get("num_virtual_tokens") or 8) * w.structure.hidden
     return w.rank * w.lora_params_per_rank
 
 
 def frozen_bytes(w: Workload) -> float:
-    """Bytes of the frozen base of a PEFT method (0 for full fine-tuning)."""
-    a = w.arch
+    """Bytes of the frozen base of a PEFT method (0 for full fine-tuning).
+
+    4-bit bases keep the layers that are not quantised (embeddings, output layer, norms) in 16 bits
+    (GPTQ; fms-acceleration's bnb plugin), or in fp32 after peft's prepare_model_for_kbit_training
+    (QLoRA as tunebench's worker and the HF recipe run it).
+    """
+    m = w.structure
     base = 4 if w.torch_dtype == "float32" else 2
     if w.method == "full":
         return 0.0
     if w.method == "qlora":
-        return a.quantized_params * NF4_DQ_BYTES + (a.total_params - a.quantized_params) * 2
+        upcast = 4 if w.kbit_upcast else 2  # peft prepare_model_for_kbit_training: the rest in fp32
+        return m.quantized_params * NF4_DQ_BYTES + (m.total_params - m.quantized_params) * upcast
     if w.method == "gptq-lora":
-        return a.quantized_params * GPTQ_BYTES + (a.total_params - a.quantized_params) * 2
-    return a.total_params * base
+        return m.quantized_params * GPTQ_BYTES + (m.total_params - m.quantized_params) * 2
+    return m.total_params * base
 
 
 def sharding_degree(w: Workload) -> tuple[np.ndarray, np.ndarray]:
@@ -163,16 +173,66 @@ def param_bytes(w: Workload) -> np.ndarray:
 def expert_fraction(w: Workload) -> float:
     """Share of parameters in expert-parallel experts (fast_moe: ScatterMoE splits them ep ways and
     FSDP leaves them alone; fms-acceleration accelerated-moe plugin), else 0."""
-    a = w.arch
-    if not (w.fast_moe and a.experts):
+    m = w.structure
+    if not (w.fast_moe and m.experts):
         return 0.0
-    return sum(lin.params for lin in a.linears if lin.active_fraction < 1) / a.total_params
+    return m.expert_params / m.total_params
+
+
+def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarray, float, np.ndarray]]:
+    """Per traced moment: (activation bytes per GPU, share of gradients alive then, loss bytes among them).
+
+    Traced bytes (plan.trace) for the entity's micro-batch and padded length, adjusted for what the
+    trace cannot run: fused loss kernels (fast_loss keeps ``fused_loss_bytes_per_vocab`` per vocabulary
+    entry and token, Liger's fused linear cross-entropy none), fused RMSNorm/RoPE kernels (a calibrated
+    share of the other activations), the extra checkpoint copies PEFT keeps
+    under multi-GPU FSDP, the vision tower, and one 4-bit weight dequantised to 16 bits.
+    """
+    m = w.structure
+    _, padded = w.sample_tokens()
+    batch = w.per_device_batch
+    tokens = batch * padded
+    impl = w.loss_implementation
+    keep = 0.0 if impl == "fused_linear" else c.fused_loss_bytes_per_vocab
+    extra = np.zeros(w.size)
+    fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
+    if w.checkpointing:
+        # layer-input checkpoints (2 h bytes per token per layer), copied again under FSDP + PEFT
+        extra = extra + _where(fsdp_peft, c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes, 0.0)
+    if m.vision and w.dataset.kind == "vision":
+        extra = extra + vision_tower_bytes(w)
+    if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
+        extra = extra + m.largest_linear_params * 2.0
+    fused_layers = any(w.fast_kernels[1:])
+    out = {}
+    for name, moment in w.activations.moments.items():
+        acts = moment.bytes(batch, padded)
+        loss = tokens * m.vocab * moment.vocab_bytes
+        if impl != "hf" and moment.vocab_bytes > keep:
+            loss = tokens * m.vocab * keep
+        rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes, 0.0)
+        if fused_layers:
+            rest = rest * c.fast_kernels_activation_fraction
+        out[name] = (rest + loss + extra, moment.grad_share, loss)
+    return out
+
+
+def vision_tower_bytes(w: Workload) -> np.ndarray:
+    """Activations of a CLIP/SigLIP vision tower over every tile of the sample's image (16-bit).
+
+    Per layer and patch: norm inputs, q/k/v, attention output, MLP input and GELU pair
+    (7 h + 2 heads + 2 h + 2 i elements; Korthikanti et al. 2022 per-layer count without dropout);
+    with checkpointing only each layer's input is kept, plus one layer's working set.
+    """
+    v = w.structure.vision
+    width = 7 * v["hidden"] + 2 * v["heads"] + 2 * v["hidden"] + 2 * v["intermediate"]
+    stored = v["hidden"] * v["layers"] + width if w.checkpointing else width * v["layers"]
+    return w.per_device_batch * w.image_encoder_tokens() * stored * w.compute_bytes
 
 
 def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
     """Bytes per GPU of every component and the phase peaks (arrays over the workload's entities)."""
-    a = w.arch
-    n = w.size
+    m = w.structure
     mode = w.mode()
     fsdp = mode == "FSDP"
     degree, gathers_all = sharding_degree(w)
@@ -196,9 +256,8 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
         compute_param = NF4_DQ_BYTES
     elif w.method == "gptq-lora":
         compute_param = GPTQ_BYTES
-    root = a.embedding_params + a.lm_head_params + a.hidden
-    units = root + 2 * a.largest_layer_params  # root unit + current and prefetched block (BACKWARD_PRE)
-    gathered = _where(fsdp, np.where(gathers_all, a.total_params, units) * compute_param * (1 - 1 / degree), 0.0)
+    units = m.root_params + 2 * m.largest_layer_params  # root unit + current and prefetched block (BACKWARD_PRE)
+    gathered = _where(fsdp, np.where(gathers_all, m.total_params, units) * compute_param * (1 - 1 / degree), 0.0)
 
     grad_full = train_bytes if opt.keeps_gradients else train_bytes * 0
     grads = shard(grad_full)
@@ -212,54 +271,24 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
     states = shard(n_train * (opt.state_copies * pbytes + opt.state_bytes))
     step_tmp = shard(n_train * opt.step_copies * pbytes)
 
-    # --- activations (estimation.md §4.2) --------------------------------------------------------
-    _, padded = w.sample_tokens()
-    tokens = w.per_device_batch * padded
-    ab = w.compute_bytes
-    dropout = 0.0
-    if w.method in ("lora", "qlora", "gptq-lora") and (w.settings.get("lora_dropout") or 0) > 0:
-        # LoRA dropout stores dropout(x) for each adapted linear's input (estimation.md §3.3)
-        per_layer = {}
-        for lin in a.linears:
-            if lin.name in (w.settings.get("target_modules") or ()):
-                per_layer[lin.name] = lin.d_in * lin.count / max(1, a.layers)
-        dropout = sum(per_layer.values())
-    if w.checkpointing:
-        extra = _where(fsdp & w.peft, c.fsdp_peft_checkpoint_copies, 0.0)
-        checkpoints = tokens * a.hidden * a.layers * ab * (1 + extra)
-        layer = tokens * (a.layer_width + dropout) * ab
-    else:
-        checkpoints = np.zeros(n)
-        layer = tokens * (a.stack_width + a.layers * dropout) * ab
-    checkpoints = checkpoints * c.activation_scale
-    layer = layer * c.activation_scale
-
-    impl = w.loss_implementation
-    if impl == "fused_linear":  # Liger / chunked fused linear-cross-entropy: no full logits
-        per_vocab = 0.0
-    else:
-        per_vocab = (c.fused_loss_bytes_per_vocab if impl == "fused" else c.loss_bytes_per_vocab) + 2 * a.logits_copies
-    loss = tokens * a.vocab * per_vocab
-
-    vision = np.zeros(n)
-    if a.vision and w.dataset.kind == "vision":
-        v = a.vision
-        width = (7 * v["hidden"] + 2 * v["heads"] + 2 * v["hidden"] + 2 * v["intermediate"])
-        stored = v["hidden"] * v["layers"] + width if w.checkpointing else width * v["layers"]
-        vision = w.per_device_batch * w.image_encoder_tokens() * stored * ab * c.activation_scale
-
-    quant = 0.0
-    if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
-        quant = a.largest_linear_params * 2.0
-    quant = np.full(n, quant)
-
-    # --- phase peaks (estimation.md §11 step 4) --------------------------------------------------
+    # --- forward/backward: the largest traced moment ----------------------------------------------
     base = weights + gathered + states + ddp_buckets
-    acts = checkpoints + layer + loss + vision + quant
-    forward_backward = base + grads_accumulated + acts
-    end_of_backward = base + np.maximum(grads_accumulated, grads) + layer + quant
+    forward_backward = np.zeros(w.size)
+    acts_at_peak = np.zeros(w.size)
+    loss_at_peak = np.zeros(w.size)
+    grads_at_peak = np.zeros(w.size)
+    moment_at_peak = np.full(w.size, "", dtype=object)
+    for name, (acts, share, loss) in activation_moments(w, c).items():
+        alive = np.maximum(grads_accumulated, share * grads)  # accumulation: all gradients from the start
+        total = base + acts + alive
+        higher = total > forward_backward
+        forward_backward = np.where(higher, total, forward_backward)
+        acts_at_peak = np.where(higher, acts, acts_at_peak)
+        loss_at_peak = np.where(higher, loss, loss_at_peak)
+        grads_at_peak = np.where(higher, alive, grads_at_peak)
+        moment_at_peak = np.where(higher, name, moment_at_peak)
     optimizer_step = weights + grads + states + step_tmp + ddp_buckets
-    allocated = np.maximum(np.maximum(forward_backward, end_of_backward), optimizer_step)
+    allocated = np.maximum(forward_backward, optimizer_step)
     return {
         "weights": weights,
         "gathered_weights": gathered,
@@ -267,34 +296,50 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
         "optimizer_states": states,
         "optimizer_step_transient": step_tmp,
         "ddp_buckets": ddp_buckets,
-        "activation_checkpoints": checkpoints,
-        "layer_activations": layer,
-        "loss": loss,
-        "vision_tower": vision,
-        "quantization_transient": quant,
+        "activations": acts_at_peak - loss_at_peak,
+        "loss": loss_at_peak,
+        "gradients_at_peak": grads_at_peak,
         "peak_forward_backward": forward_backward,
         "peak_optimizer_step": optimizer_step,
         "allocated": allocated,
-        "transient": acts - loss + gathered,
+        "transient": acts_at_peak + gathered,
+        "moment": moment_at_peak,
     }
 
 
 @dataclass
 class MemoryPrediction:
-    """Per-GPU peaks in GiB (arrays) and the breakdown used to explain them."""
+    """Per-GPU peaks in GiB (arrays), the out-of-memory verdict and the breakdown that explains them."""
 
     allocated_gib: np.ndarray
     reserved_gib: np.ndarray
     nvidia_smi_gib: np.ndarray
     utilization_pct: np.ndarray
     capacity_gib: float | None
-    fits: np.ndarray
+    usable_gib: np.ndarray  # what the allocator can hand out: capacity - CUDA context - NCCL buffers
+    required_gib: np.ndarray  # allocated peak + the fragmentation the allocator cannot give back
+    oom_probability: np.ndarray
+    fits: np.ndarray  # oom_probability <= 0.5
     peak_phase: np.ndarray
+    peak_moment: np.ndarray
     breakdown_gib: dict[str, np.ndarray]
 
 
+_ERF = np.vectorize(math.erf, otypes=[float])
+
+
+def oom_probability(required: np.ndarray, usable: np.ndarray | float, sigma: float) -> np.ndarray:
+    """P(the run does not fit): the log-ratio of predicted need to usable memory on a normal error.
+
+    The planner's log-error of the peak (``peak_log_sigma``, measured leave-one-model-out) is the
+    uncertainty: P = Phi(ln(required / usable) / sigma). Above 0.5 the prediction says it does not fit.
+    """
+    ratio = np.log(np.maximum(required, 1.0) / np.maximum(usable, 1.0))
+    return 0.5 * (1.0 + _ERF(ratio / (max(sigma, 1e-6) * math.sqrt(2.0))))
+
+
 def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
-    """Allocated, reserved and nvidia-smi peaks per GPU, fit on the GPU, and the breakdown."""
+    """Allocated, reserved and nvidia-smi peaks per GPU, the out-of-memory probability and the breakdown."""
     b = memory_breakdown(w, c)
     on_gpu = w.gpus >= 1
     multi = w.gpus >= 2
@@ -309,23 +354,24 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
         + c.reserve_loss_fraction * b["loss"]
     )
     reserved = allocated + _where(on_gpu, slack, 0.0)
+    # On a full device the allocator frees its cached blocks and retries before it fails
+    # (c10 CUDACachingAllocator), so only the fragmentation of live segments adds to the need.
+    required = allocated + c.oom_fragmentation_fraction * (b["transient"] + b["loss"])
     capacity = w.gpu.memory_mib * 2**20 if (w.gpu is not None) else None
     if capacity is not None:
         usable = capacity - context - nccl
-        # on a full device the allocator frees cached blocks and retries before failing, so
-        # reserved never exceeds what the device can hold (c10 CUDACachingAllocator)
         reserved = np.minimum(reserved, np.maximum(allocated, usable))
-        fits = (allocated + c.oom_margin_gib * GIB <= usable) | ~on_gpu
+        p_oom = _where(on_gpu, oom_probability(required, usable, c.peak_log_sigma), 0.0)
         smi = reserved + context + nccl
         utilization = _where(on_gpu, 100.0 * smi / capacity, 0.0)
     else:
-        fits = np.ones(w.size, dtype=bool)
+        usable = np.full(w.size, np.nan)
+        p_oom = np.zeros(w.size)
         smi = reserved + context + nccl
         utilization = np.zeros(w.size)
     phase = np.where(b["peak_optimizer_step"] >= b["peak_forward_backward"], "optimizer_step", "forward_backward")
     keys = ("weights", "gathered_weights", "gradients", "optimizer_states", "optimizer_step_transient",
-            "ddp_buckets", "activation_checkpoints", "layer_activations", "loss", "vision_tower",
-            "quantization_transient")  # fmt: skip
+            "ddp_buckets", "activations", "loss")  # fmt: skip
     breakdown = {k: b[k] / GIB for k in keys}
     breakdown["allocator_reserve"] = (reserved - allocated) / GIB
     breakdown["cuda_context"] = context / GIB
@@ -336,7 +382,11 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
         nvidia_smi_gib=smi / GIB,
         utilization_pct=utilization,
         capacity_gib=(capacity / GIB) if capacity is not None else None,
-        fits=fits,
+        usable_gib=usable / GIB,
+        required_gib=required / GIB,
+        oom_probability=p_oom,
+        fits=p_oom <= 0.5,
         peak_phase=phase,
+        peak_moment=np.where(phase == "optimizer_step", "optimizer_step", b["moment"]),
         breakdown_gib=breakdown,
     )

@@ -70,8 +70,20 @@ class PlanOptions:
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
-    """The predicted Result of one entity (options: calibration, price_per_gpu_hour, network_gbps)."""
-    return predict_many([(experiment, entity)], **options)[0]
+    """The predicted Result of one entity (options: calibration, price_per_gpu_hour, network_gbps).
+
+    InputError when the planner cannot size the entity's model (predict_many returns a failed Result).
+    """
+    result = predict_many([(experiment, entity)], **options)[0]
+    raise_input_error(result)
+    return result
+
+
+def raise_input_error(result: Result) -> None:
+    """Re-raise the InputError behind a failed prediction (its field and message), if any."""
+    if result.status == "failed" and result.metadata.get("error_field"):
+        field, _, message = (result.error or "").partition(": ")
+        raise InputError(result.metadata["error_field"], message or (result.error or ""))
 
 
 def predict_many(
@@ -103,7 +115,7 @@ def _predict_many(
         prepared.append((exp_id, experiment, entity, values, validity.reasons))
         # group by experiment + the entity's own non-numeric values; the rest are the experiment's defaults
         # (entity values are canonical and hashable: tuples, not lists)
-        keys.append((exp_id, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC]))
+        keys.append((exp_id, values.get("number_gpus", 0) > 0, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC]))
     columns = predict_values([(e.method, v) for _, e, _, v, _ in prepared], opts, keys=keys)
     return _results(columns, [(exp_id, entity.id, reasons) for exp_id, _, entity, _, reasons in prepared], opts)
 
@@ -132,22 +144,21 @@ def predict_values(
     """Core: (method, effective values) rows -> columns of predictions (numpy arrays, row order).
 
     The explorer can call this directly on a whole space; ``predict_many`` wraps it into Results.
-    Rows whose GPU is unknown (rule 5) get NaN predictions. ``keys`` (optional, one per row) replace
-    ``workload.group_key`` for grouping: they may split groups further, never merge rows whose
-    group_key differs; callers that know a cheaper key pass it.
+    Rows whose GPU is unknown (rule 5) get NaN predictions; a group the planner cannot size gets its
+    InputError in ``errors`` and NaN predictions, so one bad model never stops the others. ``keys``
+    (optional, one per row) replace ``workload.group_key`` for grouping: they may split groups further,
+    never merge rows whose group_key differs; callers that know a cheaper key pass it.
     """
     opts = options or PlanOptions()
     cal = opts.calibration or load_calibration()
-    c = cal.coefficients
     n = len(rows)
-    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, "step_seconds", "steps", "mfu",
-                                                            "flops_per_token", "headroom_gib", "capacity_gib",
-                                                            "per_device_batch", "tokens_per_sample",
-                                                            "padded_tokens_per_sample", "gpu_hours")}  # fmt: skip
+    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, *_META, "flops_per_token", "padded_tokens_per_sample")}
     out["fits"] = np.ones(n, dtype=bool)
     out["peak_phase"] = np.full(n, "", dtype=object)
     out["breakdown"] = [None] * n
     out["notes"] = [[] for _ in range(n)]
+    out["reasons"] = [[] for _ in range(n)]
+    out["errors"] = [None] * n
     out["calibration"] = cal.source
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (method, values) in enumerate(rows):
@@ -155,60 +166,92 @@ def predict_values(
             continue  # rule 5: nothing to plan against
         groups[keys[i] if keys is not None else group_key(values, method)].append(i)
     for idx in groups.values():
-        method = rows[idx[0]][0]
-        w = build_workload(method, [rows[i][1] for i in idx], model=model)
-        m = predict_memory(w, c)
-        t = predict_throughput(w, c, opts.network_gbps)
-        real, padded = w.sample_tokens()
-        cols = {
-            "gpu_memory_utilization_peak": m.utilization_pct,
-            "gpu_memory_allocated_peak_gib": m.allocated_gib,
-            "gpu_memory_reserved_peak_gib": m.reserved_gib,
-            "gpu_memory_peak_gib": m.nvidia_smi_gib,
-            "train_runtime": t.train_runtime,
-            "train_samples_per_second": t.train_samples_per_second,
-            "train_steps_per_second": t.train_steps_per_second,
-            "train_tokens_per_second": t.train_tokens_per_second,
-            "train_tokens_per_gpu_per_second": t.train_tokens_per_gpu_per_second,
-            "dataset_tokens_per_second": t.dataset_tokens_per_second,
-            "dataset_tokens_per_second_per_gpu": t.dataset_tokens_per_second / w.devices,
-            "step_seconds": t.step_seconds,
-            "steps": t.steps,
-            "mfu": t.mfu,
-            "flops_per_token": t.flops_per_token,
-            "per_device_batch": w.per_device_batch,
-            "tokens_per_sample": real * np.ones(w.size),
-            "padded_tokens_per_sample": padded * np.ones(w.size),
-            "gpu_hours": t.train_runtime / 3600 * w.gpus,
-        }
-        if m.capacity_gib is not None:
-            cols["capacity_gib"] = np.full(w.size, m.capacity_gib)
-            cols["headroom_gib"] = m.capacity_gib - m.nvidia_smi_gib
-        for k, v in cols.items():
-            out[k][idx] = v
-        out["fits"][idx] = m.fits
-        out["peak_phase"][idx] = m.peak_phase
-        names = list(m.breakdown_gib)
-        stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
-        no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
-        for j, i in enumerate(idx):
-            out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
-            if no_sync[j] and w.method == "full":
-                out["notes"][i].append(
-                    "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
-                    "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
-                )
-            if w.unmatched_target_modules:
-                out["notes"][i].append(
-                    f"target_modules {', '.join(w.unmatched_target_modules)} match no linear layer of {w.model.name}"
-                )
+        try:
+            _predict_group(out, idx, rows, cal.coefficients, opts, model)
+        except InputError as err:
+            for i in idx:
+                out["errors"][i] = err
     if opts.price_per_gpu_hour is not None:
         out["cost"] = out["gpu_hours"] * opts.price_per_gpu_hour
     return out
 
 
-_META = ("capacity_gib", "headroom_gib", "step_seconds", "steps", "mfu", "flops_per_token", "per_device_batch",
-         "tokens_per_sample", "gpu_hours")  # fmt: skip
+def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptions, model: ModelSpec | None) -> None:
+    """Fill the columns of one group of rows (a Workload) in place."""
+    method = rows[idx[0]][0]
+    w = build_workload(method, [rows[i][1] for i in idx], model=model)
+    if w.method in ("lora", "qlora", "gptq-lora") and not w.lora_params_per_rank:
+        leaves = sorted({lin.leaf for lin in w.structure.linears if lin.kind == "linear" and lin.part == "layers"})
+        reason = (f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}: "
+                  f"LoRA would fail (its linear layers: {', '.join(leaves)})")  # fmt: skip
+        for i in idx:
+            out["reasons"][i].append(reason)
+            out["fits"][i] = False
+        return
+    m = predict_memory(w, c)
+    t = predict_throughput(w, c, opts.network_gbps)
+    real, padded = w.sample_tokens()
+    cols = {
+        "gpu_memory_utilization_peak": m.utilization_pct,
+        "gpu_memory_allocated_peak_gib": m.allocated_gib,
+        "gpu_memory_reserved_peak_gib": m.reserved_gib,
+        "gpu_memory_peak_gib": m.nvidia_smi_gib,
+        "train_runtime": t.train_runtime,
+        "train_samples_per_second": t.train_samples_per_second,
+        "train_steps_per_second": t.train_steps_per_second,
+        "train_tokens_per_second": t.train_tokens_per_second,
+        "train_tokens_per_gpu_per_second": t.train_tokens_per_gpu_per_second,
+        "dataset_tokens_per_second": t.dataset_tokens_per_second,
+        "dataset_tokens_per_second_per_gpu": t.dataset_tokens_per_second / w.devices,
+        "step_seconds": t.step_seconds,
+        "steps": t.steps,
+        "mfu": t.mfu,
+        "flops_per_token": t.flops_per_token,
+        "per_device_batch": w.per_device_batch,
+        "tokens_per_sample": real * np.ones(w.size),
+        "padded_tokens_per_sample": padded * np.ones(w.size),
+        "gpu_hours": t.train_runtime / 3600 * w.gpus,
+    }
+    if m.capacity_gib is not None:
+        cols["capacity_gib"] = np.full(w.size, m.capacity_gib)
+        cols["usable_gib"] = m.usable_gib
+        cols["required_gib"] = m.required_gib
+        cols["headroom_gib"] = m.usable_gib - m.required_gib
+        cols["oom_probability"] = m.oom_probability
+    for k, v in cols.items():
+        out[k][idx] = v
+    out["fits"][idx] = m.fits
+    out["peak_phase"][idx] = m.peak_moment
+    names = list(m.breakdown_gib)
+    stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
+    no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
+    notes = _group_notes(w)
+    for j, i in enumerate(idx):
+        out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
+        out["notes"][i].extend(notes)
+        if no_sync[j] and w.method == "full":
+            out["notes"][i].append(
+                "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
+                "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
+            )
+        if w.unmatched_target_modules:
+            out["notes"][i].append(
+                f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}"
+            )
+
+
+_META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",
+         "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours")  # fmt: skip
+
+
+def _group_notes(w) -> list[str]:
+    """What the prediction of a group assumed: the model's reading, the attention, the activation source."""
+    notes = [f"model: {a}" for a in w.structure.assumptions]
+    wanted = w.settings.get("flash_attn")
+    if (wanted or (wanted is None and w.on_gpu)) and w.attention != "flash":
+        notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
+    notes.extend(w.activations.notes)
+    return notes
 
 
 def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: PlanOptions) -> list[Result]:
@@ -225,6 +268,11 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
     phase = cols["peak_phase"].tolist()
     out = []
     for i, (experiment_id, entity_id, rule_reasons) in enumerate(ids):
+        if cols["errors"][i] is not None:
+            err = cols["errors"][i]
+            out.append(Result.failed(experiment_id, entity_id, str(err), metadata={"error_field": err.field},
+                                     actuator="predict"))  # fmt: skip
+            continue
         predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))
         meta: dict[str, Any] = dict(zip(meta_names, [col[i] for col in meta_lists], strict=True))
         meta["predicted"] = predicted
@@ -235,19 +283,25 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
         meta["notes"] = cols["notes"][i]
         if extra:
             meta["price_per_gpu_hour"] = opts.price_per_gpu_hour
-        reasons = list(rule_reasons)
-        if not fits[i]:
-            alloc = predicted["gpu_memory_allocated_peak_gib"] or 0.0
-            reasons.append(
-                f"out of GPU memory: predicted peak {alloc:.1f} GiB allocated per GPU "
-                f"({(meta['peak_phase'] or '').replace('_', ' ')}) does not fit the {meta['capacity_gib']:.1f} GiB GPU"
-            )
+        reasons = list(rule_reasons) + cols["reasons"][i]
+        if not fits[i] and not cols["reasons"][i]:
+            reasons.append(oom_reason(meta))
         if reasons:
             out.append(Result.invalid(experiment_id, entity_id, reasons, metadata=meta, actuator="predict"))
         else:
             props = {k: v for k, v in predicted.items() if v is not None}
             out.append(Result.valid(experiment_id, entity_id, props, metadata=meta, actuator="predict"))
     return out
+
+
+def oom_reason(meta: Mapping[str, Any]) -> str:
+    """The invalid reason of a prediction that does not fit: probability, need, usable memory, headroom."""
+    return (
+        f"out of GPU memory (probability {meta['oom_probability']:.2f}): predicted peak "
+        f"{meta['required_gib']:.1f} GiB per GPU ({(meta['peak_phase'] or '').replace('_', ' ')}) against "
+        f"{meta['usable_gib']:.1f} GiB usable of the {meta['capacity_gib']:.1f} GiB GPU "
+        f"(headroom {meta['headroom_gib']:.1f} GiB)"
+    )
 
 
 def plan_json(result: Result) -> dict[str, Any]:
@@ -267,9 +321,9 @@ def plan_json(result: Result) -> dict[str, Any]:
     out["breakdown"] = meta.get("breakdown", {})
     for key in ("dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second"):
         out[key] = _round(pred.get(key))
-    for key in ("fits", "peak_phase", "capacity_gib", "headroom_gib", "step_seconds", "steps", "mfu",
-                "per_device_batch", "tokens_per_sample", "gpu_hours", "cost", "price_per_gpu_hour",
-                "calibration", "notes"):  # fmt: skip
+    for key in ("fits", "oom_probability", "headroom_gib", "peak_phase", "capacity_gib", "usable_gib",
+                "required_gib", "step_seconds", "steps", "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours",
+                "cost", "price_per_gpu_hour", "calibration", "notes"):  # fmt: skip
         if key in meta:
             out[key] = _round(meta[key])
     return out

@@ -31,7 +31,7 @@ TCP_GBPS = 4.0
 
 def flops_per_token(w: Workload) -> np.ndarray:
     """Hardware FLOPs per (padded) token of one training step, recomputation included."""
-    a = w.arch
+    a = w.structure
     mm = a.matmul_params_per_token
     body = mm - a.lm_head_params  # lm_head sits outside the checkpointed layers: never recomputed
     recompute = 1.0 if w.checkpointing else 0.0
@@ -60,7 +60,7 @@ def peak_tflops(w: Workload) -> float:
 
 def efficiency(w: Workload, c: Coefficients) -> float:
     """Achieved fraction of peak: width-limited kernel efficiency x method and kernel factors."""
-    eta = c.hfu_max * w.arch.hidden / (w.arch.hidden + c.hidden_half)
+    eta = c.hfu_max * w.structure.hidden / (w.structure.hidden + c.hidden_half)
     if w.method == "qlora":
         eta *= c.qlora_speed
     elif w.method == "gptq-lora":
@@ -85,7 +85,7 @@ def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.n
 
 def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None) -> np.ndarray:
     """Collective communication per optimizer step (ring algorithms: (D-1)/D of the payload per GPU)."""
-    a = w.arch
+    a = w.structure
     mode = w.mode()
     d = w.devices
     ring = (d - 1) / d
@@ -145,7 +145,7 @@ class ThroughputPrediction:
 
 def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None) -> ThroughputPrediction:
     """Step time and the spec's throughput properties for every entity of a workload."""
-    a = w.arch
+    a = w.structure
     real, padded = w.sample_tokens()
     micro_tokens = w.per_device_batch * padded
     fpt = flops_per_token(w)
@@ -162,15 +162,16 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
     rate = np.where(on_gpu, rate, c.cpu_tflops * 1e12)
     compute = micro_flops / rate
     if w.gpu is not None:
-        # memory-bound elementwise work (norms, activations, RoPE, residual adds, casts): every saved
-        # activation element is written and read a few times per pass; scales with HBM bandwidth,
-        # not with tensor FLOPs, which is why small models and fast GPUs reach a lower fraction of peak
-        traffic = micro_tokens * a.stack_width * w.compute_bytes * c.elementwise_passes
+        # memory-bound elementwise work (norms, activations, RoPE, residual adds, casts): every tensor the
+        # traced step creates is written and read back (``elementwise_passes`` times its bytes); scales
+        # with HBM bandwidth, not tensor FLOPs: why small models and fast GPUs reach less of their peak
+        traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
+    # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them
     overhead = c.layer_overhead_s * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)
         overhead += c.expert_overhead_s * a.layers * a.experts
-    micro = compute + overhead
+    micro = compute + np.where(on_gpu, overhead, 0.0)
     comm = np.where(on_gpu, comm_seconds(w, c, network_gbps), 0.0)
     step_compute = w.grad_accum * micro
     exposed = np.maximum(c.comm_exposed_fraction * comm, comm - step_compute)

@@ -19,7 +19,8 @@ import numpy as np
 from tunebench.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tunebench.datasets import parse_dataset_id
 from tunebench.datasets.ids import DatasetId
-from tunebench.plan.arch import Arch, arch_of, image_tiles
+from tunebench.plan.structure import Structure, image_tiles, structure_of
+from tunebench.plan.trace import ActivationProfile, TraceRequest, profile
 
 # Numeric entity properties, vectorised per group (spec 004 names).
 NUMERIC = (
@@ -33,7 +34,7 @@ CATEGORICAL = (
     "target_modules", "torch_dtype", "bf16", "fp16", "accelerate_config_mixed_precision", "optim",
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
-    "loss_implementation",
+    "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast",
 )  # fmt: skip
 
 # Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
@@ -55,7 +56,7 @@ class Workload:
     """A group of entities: shared categorical settings, numeric properties as float arrays."""
 
     model: ModelSpec
-    arch: Arch
+    structure: Structure
     method: str  # full | lora | qlora | gptq-lora | pt
     gpu: GPUSpec | None
     dataset: DatasetId
@@ -87,10 +88,68 @@ class Workload:
         return self.settings.get("torch_dtype") or "bfloat16"
 
     @property
+    def autocast(self) -> str | None:
+        """The autocast dtype under AMP (HF bf16/fp16 flags, accelerate mixed_precision), else None."""
+        mp = self.settings.get("accelerate_config_mixed_precision") or "no"
+        if self.settings.get("bf16") or mp == "bf16":
+            return "bfloat16"
+        if self.settings.get("fp16") or mp == "fp16":
+            return "float16"
+        return None
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the group runs on GPUs (predict_values never mixes CPU and GPU entities in a group)."""
+        return bool(self.gpus.size and self.gpus[0] >= 1)
+
+    @property
+    def attention(self) -> str:
+        """The attention implementation the run uses: 'flash' (flash-attention 2), 'sdpa' or 'eager'.
+
+        flash_attn None means on with GPUs, off on the CPU (tunebench.properties); a model class
+        without flash-attention 2 support runs transformers' default for it.
+        """
+        wanted = self.settings.get("flash_attn")
+        wanted = self.on_gpu if wanted is None else bool(wanted)
+        if wanted and "flash_attention_2" in self.structure.attention:
+            return "flash"
+        return "sdpa" if self.structure.default_attention == "sdpa" else "eager"
+
+    def trace_request(self) -> TraceRequest:
+        """What the activation profile of this group depends on (plan.trace)."""
+        targets = self.settings.get("target_modules")
+        lora = self.method in ("lora", "qlora", "gptq-lora")
+        dtype = self.torch_dtype
+        return TraceRequest(
+            config_key=self.structure.config_key,
+            method="lora" if lora else self.method,
+            kbit_upcast=self.kbit_upcast,
+            checkpointing=self.checkpointing,
+            reentrant=bool(self.settings.get("gradient_checkpointing_use_reentrant")) and self.checkpointing,
+            dtype=dtype,
+            autocast=self.autocast if self.autocast and self.autocast != dtype else None,
+            attention=self.attention,
+            target_modules=(tuple(targets) if isinstance(targets, (list, tuple)) else targets) if lora else None,
+            lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
+            virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
+        )
+
+    @property
+    def kbit_upcast(self) -> bool:
+        """QLoRA prepared by peft's prepare_model_for_kbit_training (tunebench's worker, HF's recipe): the
+        weights that are not 4-bit run in fp32. fms-acceleration's bnb plugin skips that upcast (its
+        README: the Unsloth fix); calibration records of its runs say so (``_kbit_upcast`` False)."""
+        return self.method == "qlora" and self.settings.get("_kbit_upcast", True) is not False
+
+    @cached_property
+    def activations(self) -> ActivationProfile:
+        """Traced activation memory of this group's model and set-up (cached on disk)."""
+        return profile(self.structure, self.trace_request())
+
+    @property
     def amp(self) -> bool:
         """Automatic mixed precision: HF bf16/fp16 flags or accelerate mixed_precision (spec 004)."""
-        mp = self.settings.get("accelerate_config_mixed_precision") or "no"
-        return bool(self.settings.get("bf16")) or bool(self.settings.get("fp16")) or mp != "no"
+        return self.autocast is not None
 
     @property
     def compute_bytes(self) -> int:
@@ -190,10 +249,10 @@ class Workload:
 
     def image_tokens(self) -> float:
         """Visual tokens of the row's image in the language sequence (LLaVA-NeXT anyres tiles)."""
-        if not self.arch.vision or self.dataset.kind != "vision":
+        if not self.structure.vision or self.dataset.kind != "vision":
             return 0.0
-        tiles = image_tiles(self.arch, self.dataset.width, self.dataset.height)
-        return float(tiles * self.arch.vision["patches_per_tile"])
+        tiles = image_tiles(self.structure, self.dataset.width, self.dataset.height)
+        return float(tiles * self.structure.vision["patches_per_tile"])
 
     def image_encoder_tokens(self) -> float:
         """Tokens the vision tower encodes per sample (every tile, base image included)."""
@@ -206,7 +265,7 @@ class Workload:
 def group_key(values: Mapping[str, Any], method: str) -> tuple:
     """The categorical identity of an entity's settings (what a Workload shares)."""
     get = values.get
-    return (values["model_name"], method, *[_hashable(get(name)) for name in CATEGORICAL])
+    return (values["model_name"], method, (get("number_gpus") or 0) > 0, *[_hashable(get(name)) for name in CATEGORICAL])
 
 
 def _hashable(v: Any) -> Any:
@@ -219,7 +278,7 @@ def build_workload(
     """One Workload from effective-value dicts that share group_key (the first row's settings)."""
     first = rows[0]
     spec = model or get_model(first["model_name"])
-    arch = arch_of(spec)
+    structure = structure_of(spec)
     gpu_label = first.get("gpu_model")
     gpu = get_gpu(gpu_label) if gpu_label else None
     settings = {name: first.get(name) for name in CATEGORICAL}
@@ -230,10 +289,11 @@ def build_workload(
         cols[name] = np.array([default if v is None else v for v in col], dtype=float)
     per_rank, unmatched = (0, ())
     if method in ("lora", "qlora", "gptq-lora"):
-        per_rank, unmatched = arch.lora_params_per_rank(tuple(first.get("target_modules") or ()))
+        targets = first.get("target_modules")
+        per_rank, unmatched = structure.lora_params_per_rank(tuple(targets) if isinstance(targets, list) else targets)
     return Workload(
         model=spec,
-        arch=arch,
+        structure=structure,
         method=method,
         gpu=gpu,
         dataset=parse_dataset_id(first.get("dataset_id") or "news-tokens-16384plus-entries-4096"),

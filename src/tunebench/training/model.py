@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from tunebench.catalog import ModelSpec, get_model
+from tunebench.catalog.hf_config import config_dict
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -144,62 +145,11 @@ def is_moe(spec: ModelSpec | None, pretrained_path: str | None) -> bool:
 # ---------------------------------------------------------------------------------------------- configs
 
 
-def _common(spec: ModelSpec) -> dict[str, Any]:
-    keys = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "vocab_size",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-    )
-    out = {k: getattr(spec, k) for k in keys if getattr(spec, k) is not None}
-    for k in ("rope_theta", "attention_bias", "mlp_bias", "sliding_window"):
-        if spec.extra.get(k) is not None:
-            out[k] = spec.extra[k]
-    return out
-
-
 def config_dict_from_spec(spec: ModelSpec) -> dict[str, Any]:
-    """transformers config kwargs for a catalog architecture (key names differ per model_type)."""
-    mt = spec.model_type
-    if spec.extra.get("config"):  # a config.json: use it as is
-        return {k: v for k, v in spec.extra["config"].items() if k not in ("architectures", "_name_or_path")}
-    if mt == "llava_next":
+    """transformers config kwargs of an architecture (tunebench.catalog.hf_config); vision models not yet."""
+    if spec.model_type == "llava_next" and not spec.extra.get("config"):
         raise NotImplementedError("vision models (llava_next) are not supported by the worker yet")
-    if mt == "gpt_bigcode":  # GPTBigCodeConfig names: n_embd, n_inner, n_layer, n_head, n_positions
-        cfg = {
-            "n_embd": spec.hidden_size,
-            "n_inner": spec.intermediate_size,
-            "n_layer": spec.num_hidden_layers,
-            "n_head": spec.num_attention_heads,
-            "n_positions": spec.max_position_embeddings,
-            "vocab_size": spec.vocab_size,
-            "multi_query": spec.extra.get("multi_query", spec.num_key_value_heads == 1),
-        }
-        if spec.extra.get("activation_function"):
-            cfg["activation_function"] = spec.extra["activation_function"]
-        return {"model_type": mt, **{k: v for k, v in cfg.items() if v is not None}}
-    if mt == "bloom":  # BloomConfig: hidden_size, n_layer, n_head (MLP is 4 x hidden)
-        cfg = {"hidden_size": spec.hidden_size, "n_layer": spec.num_hidden_layers, "n_head": spec.num_attention_heads}
-        return {"model_type": mt, "vocab_size": spec.vocab_size, **{k: v for k, v in cfg.items() if v is not None}}
-    cfg = {"model_type": mt, **_common(spec)}
-    if spec.num_local_experts is not None and mt in ("mixtral", "granitemoe", "granitemoehybrid"):
-        cfg["num_local_experts"] = spec.num_local_experts
-        cfg["num_experts_per_tok"] = spec.num_experts_per_tok
-    if mt.startswith("granite"):
-        cfg.update(spec.extra.get("granite_multipliers") or {})
-    if mt == "granitemoehybrid":
-        cfg.update({k: v for k, v in (spec.extra.get("mamba") or {}).items() if k != "mamba_d_inner"})
-        for k in ("shared_intermediate_size", "position_embedding_type"):
-            if spec.extra.get(k) is not None:
-                cfg[k] = spec.extra[k]
-        attn = set(spec.extra.get("attention_layer_indices") or [])
-        cfg["layer_types"] = ["attention" if i in attn else "mamba" for i in range(spec.num_hidden_layers or 0)]
-    return cfg
+    return config_dict(spec)
 
 
 def shrink(cfg: dict[str, Any]) -> dict[str, Any]:

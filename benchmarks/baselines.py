@@ -24,17 +24,17 @@ GIB = 2**30
 def accelerate_estimate_gib(w: Workload) -> np.ndarray:
     """accelerate estimate-memory's training figure for the model's dtype (same for every GPU count)."""
     per_param = 16.0 if w.torch_dtype == "float32" else 8.0
-    return np.full(w.size, w.arch.total_params * per_param / GIB)
+    return np.full(w.size, w.structure.total_params * per_param / GIB)
 
 
 def deepspeed_zero3_gib(w: Workload) -> np.ndarray:
     """DeepSpeed's ZeRO-3 (no offload) model-state estimate per GPU."""
-    n = w.arch.total_params
-    return (4.0 * w.arch.largest_layer_params + 18.0 * n / w.devices) / GIB
+    n = w.structure.total_params
+    return (4.0 * w.structure.largest_layer_params + 18.0 * n / w.devices) / GIB
 
 
 def rule_of_thumb_tokens_per_gpu(w: Workload, mfu: float = 0.40) -> np.ndarray:
     """tokens/s/GPU at a fixed 40 % MFU of the dense 16-bit peak, 6N (full) or 4N (PEFT) per token."""
     peak = (w.gpu.tensor_tflops if w.gpu is not None else 1.0) * 1e12
-    flops = (6 if w.method == "full" else 4) * w.arch.matmul_params_per_token
+    flops = (6 if w.method == "full" else 4) * w.structure.matmul_params_per_token
     return np.full(w.size, mfu * peak / flops)

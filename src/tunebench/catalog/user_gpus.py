@@ -1,0 +1,120 @@
+"""GPUs outside the catalog: given by their numbers on the command line or in a user catalog file.
+
+A user catalog is JSON or YAML: a list of GPUs, or ``{"gpus": [...]}``, each with ``name`` (the
+node label, e.g. ``NVIDIA-RTX-PRO-6000``), ``memory_gib`` (or ``memory_mib`` as nvidia-smi reports
+it), ``bf16_tflops`` (dense peak), ``interconnect_gbps`` (GPU-to-GPU within a node, bidirectional),
+and optionally ``memory_bandwidth_gbps``, ``fp16_tflops``, ``fp32_tflops`` and ``aliases``. Point
+``TUNEBENCH_GPU_CATALOG`` (or ``--gpu-catalog``) at it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tunebench.catalog.gpus import FLOP_PER_BYTE, LABEL, GPUSpec
+from tunebench.errors import InputError
+
+REQUIRED = "name, memory_gib (or memory_mib), bf16_tflops, interconnect_gbps"
+
+
+class GPUNumbers(BaseModel):
+    """The numbers the planner needs of a GPU (units in the names; all finite and > 0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    memory_gib: float | None = Field(default=None, gt=0)
+    memory_mib: float | None = Field(default=None, gt=0)
+    bf16_tflops: float = Field(gt=0)
+    interconnect_gbps: float = Field(gt=0)
+    memory_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    fp16_tflops: float | None = Field(default=None, gt=0)
+    fp32_tflops: float | None = Field(default=None, gt=0)
+    aliases: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        if not LABEL.match(v):
+            raise ValueError("a node label: letters, digits, '.', '_' and '-', at most 100 characters")
+        return v
+
+    @field_validator("memory_gib", "memory_mib", "bf16_tflops", "interconnect_gbps", "memory_bandwidth_gbps",
+                     "fp16_tflops", "fp32_tflops")  # fmt: skip
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @model_validator(mode="after")
+    def _memory(self) -> GPUNumbers:
+        if self.memory_gib is None and self.memory_mib is None:
+            raise ValueError("memory_gib (or memory_mib) is required")
+        return self
+
+    @classmethod
+    def checked(cls, field: str, **values: Any) -> GPUNumbers:
+        """Validated numbers; InputError naming the field and what is missing or wrong."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise InputError(field, _first_error(exc), allowed=REQUIRED) from None
+
+    def spec(self) -> GPUSpec:
+        """The GPUSpec the planner uses (missing memory bandwidth: FLOP_PER_BYTE of the bf16 peak)."""
+        mib = self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
+        bandwidth = self.memory_bandwidth_gbps or self.bf16_tflops * 1000 / FLOP_PER_BYTE
+        note = "" if self.memory_bandwidth_gbps else f"memory bandwidth assumed {bandwidth:,.0f} GB/s ({FLOP_PER_BYTE:g} FLOP/byte)"
+        return GPUSpec(
+            name=self.name, aliases=tuple(self.aliases), architecture="Custom", compute_capability="",
+            memory_mib=int(mib), memory_gib=round(mib / 1024, 2), memory_gb_nominal=round(mib / 1024),
+            bf16_tflops=self.bf16_tflops, fp16_tflops=self.fp16_tflops or self.bf16_tflops,
+            tf32_tflops=None, fp32_tflops=self.fp32_tflops or self.bf16_tflops / 16,
+            memory_bandwidth_gbps=bandwidth, tdp_watts=0.0, form_factor="", interconnect="user-defined",
+            intra_node_bandwidth_gbps=self.interconnect_gbps, pcie_gen=0, confidence="user", notes=note,
+            source=("user-defined",),
+        )  # fmt: skip
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ())) or "value"
+    if err.get("type") == "missing":
+        return f"{where} is missing"
+    return f"{where}: {err.get('msg', 'invalid').removeprefix('Value error, ')}"
+
+
+@functools.lru_cache(maxsize=8)
+def read_catalog(path: str) -> tuple[GPUSpec, ...]:
+    """The GPUs of a user catalog file (see module docstring); InputError naming the file and entry."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+        data = json.loads(text) if file.suffix == ".json" else _yaml(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InputError("--gpu-catalog", f"cannot read {str(file)!r}: {exc}", allowed="a JSON or YAML file") from None
+    entries = data.get("gpus") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise InputError("--gpu-catalog", f"{str(file)!r} holds no list of GPUs", allowed='a list, or {"gpus": [...]}')
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InputError("--gpu-catalog", f"{file.name}: gpus[{i}] is not a mapping", allowed=REQUIRED)
+        out.append(GPUNumbers.checked(f"--gpu-catalog {file.name} gpus[{i}]", **entry).spec())
+    return tuple(out)
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None

@@ -1,0 +1,536 @@
+"""A model's exact structure, read off the model itself built on the meta device.
+
+transformers builds the model from its config (``plan.config``) with no memory and no weights;
+walking its modules gives exact parameter counts (tied weights once), every linear layer with the
+name PEFT's ``target_modules`` matches, the decoder layers (the FSDP units), the vision tower,
+fused Mixture-of-Experts weights and the attention implementations the model class supports.
+The result is a plain, JSON-serialisable ``Structure``, cached on disk per config and library
+version: later plans of the same architecture never import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import re
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunebench import paths
+from tunebench.catalog import ModelSpec
+from tunebench.errors import InputError
+
+STRUCTURE_VERSION = 2  # bump when the extraction changes: old cache files are then ignored
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Linear layers sharing a module path (layer indices as '*'), their shape and count."""
+
+    name: str  # e.g. "model.layers.*.self_attn.q_proj"
+    d_in: int
+    d_out: int
+    count: int
+    part: str = "layers"  # "layers" (decoder stack), "head" (output layer), "vision", "other"
+    kind: str = "linear"  # "linear" | "embedding" (LoRA can adapt both)
+
+    @property
+    def params(self) -> int:
+        return self.d_in * self.d_out * self.count
+
+    @property
+    def leaf(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, eq=False)
+class Structure:
+    """Counts and shapes of one model that the planner's formulas use (see module docstring)."""
+
+    name: str
+    model_type: str
+    builder: str  # "transformers" | "generic"
+    config_key: str
+    config: dict[str, Any]  # the config kwargs it was built from (plan.config.ModelConfig.data)
+    assumptions: tuple[str, ...]
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    max_position: int | None
+    tied: bool
+    total_params: int
+    embedding_params: int  # input (and learned position) embeddings; excludes a tied output layer
+    lm_head_params: int  # the output layer's matrix (shared storage when tied)
+    layer_params: int  # every decoder layer together
+    largest_layer_params: int  # the largest decoder layer (FSDP's unit under TRANSFORMER_BASED_WRAP)
+    expert_params: int  # fused Mixture-of-Experts weights (3-D parameters, not nn.Linear)
+    router_params: int  # other 2-D weights of the decoder layers that are not nn.Linear (MoE routers)
+    experts: int
+    top_k: int
+    attention_layers: int  # decoder layers with self-attention (the rest: state-space layers)
+    linears: tuple[Linear, ...]
+    layer_kinds: tuple[tuple[str, int], ...] = ()  # (config layer_types value, count), if the config has them
+    vision: dict[str, Any] = field(default_factory=dict)
+    attention: tuple[str, ...] = ("eager",)  # implementations the model class supports
+    default_attention: str = "eager"  # what transformers picks when none is asked for
+    no_split_modules: tuple[str, ...] = ()
+
+    # --- parameter counts ------------------------------------------------------------------
+    @functools.cached_property
+    def quantized_params(self) -> int:
+        """Weights 4-bit methods store in 4 bits: decoder linears and fused experts (not the output layer,
+        embeddings or the vision tower; transformers get_keys_to_not_convert / bitsandbytes skip them)."""
+        return sum(lin.params for lin in self.linears if lin.part == "layers" and lin.kind == "linear") + self.expert_params
+
+    @functools.cached_property
+    def largest_linear_params(self) -> int:
+        """The largest quantised weight (one is dequantised to 16 bits at a time)."""
+        sizes = [lin.d_in * lin.d_out for lin in self.linears if lin.part == "layers" and lin.kind == "linear"]
+        if self.experts and self.layers:
+            sizes.append(self.expert_params // (self.layers * self.experts))
+        return max(sizes, default=0)
+
+    @functools.cached_property
+    def matmul_params_per_token(self) -> float:
+        """Weights every text token multiplies with: decoder linears, the output layer, top_k/E of the experts.
+
+        The FLOPs model charges 2 FLOPs per such weight per token forward (Kaplan et al. 2020, arXiv:2001.08361).
+        """
+        dense = sum(lin.params for lin in self.linears if lin.part in ("layers", "head") and lin.kind == "linear")
+        dense += self.router_params
+        routed = self.expert_params * (self.top_k / self.experts) if self.experts else 0.0
+        return dense + routed
+
+    @functools.cached_property
+    def active_params(self) -> float:
+        """Parameters one token uses (MoE: top_k of the experts), as model cards count 'active' size."""
+        return self.total_params - self.expert_params + (self.expert_params * self.top_k / self.experts if self.experts else 0)
+
+    @property
+    def attention_flops_per_token_per_context(self) -> float:
+        """Forward FLOPs per token per token of context of the attention core: QK^T and AV.
+
+        2 matmuls x 2 FLOPs x heads x head_dim per (query, key) pair, halved for the causal mask (PaLM
+        App. B counts 6 L H Q T for training with the full square; llm-foundry the same). Multiply by s.
+        """
+        return 2 * self.attention_layers * self.heads * self.head_dim
+
+    @functools.cached_property
+    def root_params(self) -> int:
+        """Parameters outside the decoder layers (embeddings, output layer, final norm, vision tower)."""
+        return self.total_params - self.layer_params
+
+    def lora_params_per_rank(self, target_modules: tuple[str, ...] | str | None) -> tuple[int, tuple[str, ...]]:
+        """(sum of d_in + d_out over adapted modules, target names that matched nothing).
+
+        LoRA adds A (r x d_in) and B (d_out x r) to each adapted module: r (d_in + d_out) parameters
+        (Hu et al. 2021, arXiv:2106.09685). Matching follows peft's check_target_module_exists: a
+        name in the list matches a module whose path ends with '.name' (or is name); a string is a
+        regular expression matched against the whole path; 'all-linear' is every linear layer but
+        the output layer (peft tuners_utils._maybe_include_all_linear_layers).
+        """
+        if not target_modules:
+            return 0, ()
+        if isinstance(target_modules, str) and target_modules != "all-linear":
+            pattern = re.compile(target_modules)
+            total = sum((lin.d_in + lin.d_out) * sum(1 for p in _paths(lin) if pattern.fullmatch(p)) for lin in self.linears)
+            return total, () if total else (target_modules,)
+        names = {target_modules} if isinstance(target_modules, str) else set(target_modules)
+        if "all-linear" in names:
+            return sum((lin.d_in + lin.d_out) * lin.count for lin in self.linears
+                       if lin.kind == "linear" and lin.part != "head"), ()  # fmt: skip
+        total, seen = 0, set()
+        for lin in self.linears:
+            for name in names:
+                if lin.name == name or lin.name.endswith("." + name):
+                    total += (lin.d_in + lin.d_out) * lin.count
+                    seen.add(name)
+                    break
+        return total, tuple(sorted(names - seen))
+
+    # --- (de)serialisation --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Structure:
+        data = dict(data)
+        data["linears"] = tuple(Linear(**lin) for lin in data["linears"])
+        data["layer_kinds"] = tuple(tuple(k) for k in data.get("layer_kinds", ()))
+        for key in ("assumptions", "attention", "no_split_modules"):
+            data[key] = tuple(data.get(key, ()))
+        return cls(**data)
+
+
+def _paths(lin: Linear) -> list[str]:
+    """Module paths of a linear group (layer index '*' expanded 0..count-1, for regex matching)."""
+    if "*" not in lin.name:
+        return [lin.name]
+    return [lin.name.replace("*", str(i), 1) for i in range(lin.count)]
+
+
+# --- building ---------------------------------------------------------------------------------------
+def structure_of(spec: ModelSpec) -> Structure:
+    """The Structure of a model: from the disk cache, else built on the meta device and cached.
+
+    InputError (field model_name) for a catalog entry whose dimensions are unknown.
+    """
+    if not spec.config_path:
+        needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        missing = [k for k in needed if getattr(spec, k) is None]
+        if missing:
+            raise InputError(
+                "model_name",
+                f"{spec.name} has unknown dimensions ({', '.join(missing)}); the planner cannot size it",
+                allowed="a model with known dimensions, or a path to its config.json",
+            )
+    return _structure(spec)
+
+
+@functools.lru_cache(maxsize=512)
+def _structure(spec: ModelSpec) -> Structure:  # ModelSpec hashes by name and dimensions
+    index = _index_path()
+    key = _spec_key(spec)
+    cached = _read_index(index).get(key)
+    if cached:
+        path = cache_dir() / f"structure-{cached}.json"
+        try:
+            return Structure.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # rebuilt below
+    from tunebench.plan.config import model_config
+
+    config = model_config(spec)
+    path = cache_dir() / f"structure-{config.key}.json"
+    try:
+        structure = Structure.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        structure = build_structure(config)
+        _write_json(path, structure.to_dict())
+    _write_index(index, key, config.key)
+    return structure
+
+
+def cache_dir() -> Path:
+    """Where structures and traces are cached (per library versions, see _versions)."""
+    return paths.home() / "cache" / "planner" / _versions()
+
+
+@functools.cache
+def _versions() -> str:
+    """torch, transformers and peft versions (what a structure or trace depends on), without importing them."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = []
+    for name in ("torch", "transformers", "peft"):
+        try:
+            parts.append(f"{name}-{version(name)}")
+        except PackageNotFoundError:
+            parts.append(f"{name}-none")
+    return f"v{STRUCTURE_VERSION}-" + "-".join(parts).replace("+", "_")
+
+
+def _spec_key(spec: ModelSpec) -> str:
+    """Cheap key of a spec (no transformers import): its config dict, hashed."""
+    import hashlib
+
+    from tunebench.catalog.hf_config import config_dict
+
+    text = json.dumps(config_dict(spec), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _index_path() -> Path:
+    return cache_dir() / "structure-index.json"
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_index(path: Path, key: str, value: str) -> None:
+    index = _read_index(path)
+    if index.get(key) != value:
+        index[key] = value
+        _write_json(path, index)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomic write (a reader never sees half a file; concurrent writers write equal content)."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+def build_model(config, hf, vision: bool):
+    """The transformers model of a config on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    try:
+        with torch.device("meta"):
+            return auto.from_config(hf)
+    except ValueError as exc:  # no causal-LM (or image-text-to-text) class for this config
+        raise InputError(
+            "model_name",
+            f"{config.name}: transformers has no {'image-text-to-text' if vision else 'causal language'} model "
+            f"for model_type {config.model_type!r} ({str(exc).splitlines()[0][:120]})",
+            allowed="a decoder (causal LM) or vision-language model",
+        ) from None
+
+
+def build_structure(config) -> Structure:
+    """Build the model of a ModelConfig on the meta device and read its Structure off it."""
+    from tunebench.plan.config import hf_config
+
+    with quiet():
+        hf = hf_config(config)
+        vision = "vision_config" in config.data
+        model = build_model(config, hf, vision)
+        return read_structure(model, config, hf)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Silence the warnings and log lines torch and transformers print while models are built or traced."""
+    loggers = [logging.getLogger(n) for n in ("torch._subclasses.fake_tensor", "transformers", "torch")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def read_structure(model, config, hf) -> Structure:
+    """Structure of an instantiated (meta or real) transformers model."""
+    import torch
+
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    n_layers = int(getattr(text, "num_hidden_layers"))
+    layers_name, layer_list = _decoder_layers(model, n_layers)
+    unique: dict[int, torch.nn.Parameter] = {}
+    for p in model.parameters():
+        unique.setdefault(id(p), p)
+    total = sum(p.numel() for p in unique.values())
+    per_layer = [sum(p.numel() for p in _unique_params(layer)) for layer in layer_list]
+    out_emb = model.get_output_embeddings()
+    in_emb = model.get_input_embeddings()
+    tied = out_emb is not None and out_emb.weight is in_emb.weight
+    lm_head = out_emb.weight.numel() if out_emb is not None else 0
+    lm_head_name = next((n for n, m in model.named_modules() if m is out_emb), "lm_head") if out_emb is not None else ""
+    vision_prefixes = _vision_prefixes(model) if "vision_config" in config.data else ()
+    linears = _linears(model, layers_name, lm_head_name, vision_prefixes)
+    embedding = sum(
+        m.weight.numel() for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Embedding) and not n.startswith(layers_name + ".") and not _under(n, vision_prefixes)
+    ) - (lm_head if tied else 0)  # fmt: skip
+    n_experts = int(_first_attr(text, "num_local_experts", "num_experts", "n_routed_experts") or 0)
+    experts = sum(  # fused expert weights: (experts, out, in); 3-D convolution weights are not experts
+        p.numel() for n, p in model.named_parameters()
+        if n_experts and p.ndim == 3 and p.shape[0] == n_experts and n.startswith(layers_name + ".")
+    )  # fmt: skip
+    top_k = int(_first_attr(text, "num_experts_per_tok", "moe_top_k") or 0)
+    in_modules = {id(m.weight) for m in model.modules() if _module_shape(m, torch)[0]}
+    routers = sum(  # MoE routers and other 2-D weights of the layers outside nn.Linear / nn.Embedding
+        p.numel() for n, p in model.named_parameters()
+        if p.ndim == 2 and id(p) not in in_modules and n.startswith(layers_name + ".")
+    )  # fmt: skip
+    kinds = getattr(text, "layer_types", None)
+    layer_kinds: tuple[tuple[str, int], ...] = ()
+    if isinstance(kinds, (list, tuple)) and kinds:
+        counts: dict[str, int] = {}
+        for k in kinds[:n_layers]:
+            counts[str(k)] = counts.get(str(k), 0) + 1
+        layer_kinds = tuple(counts.items())
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    head_dim = int(getattr(text, "head_dim", 0) or (hidden // heads if heads else 0))
+    attention_layers = sum(1 for layer in layer_list if _has_attention(layer))
+    return Structure(
+        name=config.name,
+        model_type=config.model_type,
+        builder=config.builder,
+        config_key=config.key,
+        config=config.data,
+        assumptions=config.assumptions,
+        hidden=hidden,
+        layers=n_layers,
+        heads=heads,
+        kv_heads=int(getattr(text, "num_key_value_heads", 0) or heads),
+        head_dim=head_dim,
+        vocab=int(getattr(text, "vocab_size", 0) or (in_emb.weight.shape[0] if in_emb is not None else 0)),
+        max_position=getattr(text, "max_position_embeddings", None),
+        tied=bool(tied),
+        total_params=int(total),
+        embedding_params=int(embedding),
+        lm_head_params=int(lm_head),
+        layer_params=int(sum(per_layer)),
+        largest_layer_params=int(max(per_layer, default=0)),
+        expert_params=int(experts),
+        router_params=int(routers),
+        experts=n_experts,
+        top_k=top_k,
+        attention_layers=int(attention_layers),
+        linears=tuple(linears),
+        layer_kinds=layer_kinds,
+        vision=_vision(model, hf, vision_prefixes) if vision_prefixes else {},
+        attention=_attention_support(model),
+        default_attention=str(getattr(hf, "_attn_implementation", None) or "eager"),
+        no_split_modules=tuple(getattr(model, "_no_split_modules", None) or ()),
+    )
+
+
+def _unique_params(module) -> list:
+    seen: dict[int, Any] = {}
+    for p in module.parameters():
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _first_attr(obj: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value:
+            return value
+    return None
+
+
+def _decoder_layers(model, n_layers: int) -> tuple[str, list]:
+    """(path, layers) of the decoder stack: the ModuleList of num_hidden_layers text layers."""
+    import torch
+
+    best = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers and "vision" not in name:
+            if best is None or name.count(".") < best[0].count("."):
+                best = (name, list(module))
+    if best is None:
+        raise InputError("model_name", f"cannot find the {n_layers} decoder layers of {type(model).__name__}")
+    return best
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _vision_prefixes(model) -> tuple[str, ...]:
+    """Top-level module paths of a vision-language model's vision tower and projector."""
+    out = []
+    for name, _ in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("vision_tower", "vision_model", "visual", "multi_modal_projector", "image_newline") and not _under(name, tuple(out)):
+            out.append(name)
+    return tuple(out)
+
+
+def _linears(model, layers_name: str, lm_head_name: str, vision_prefixes: tuple[str, ...]) -> list[Linear]:
+    """Linear (and embedding) modules grouped by path pattern and shape."""
+    import torch
+
+    groups: dict[tuple, int] = {}
+    for name, module in model.named_modules():
+        kind, shape = _module_shape(module, torch)
+        if kind is None:
+            continue
+        if name == lm_head_name:
+            part = "head"
+        elif name.startswith(layers_name + "."):
+            part = "layers"
+        elif _under(name, vision_prefixes):
+            part = "vision"
+        else:
+            part = "other"
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", name)
+        key = (pattern, shape[0], shape[1], part, kind)
+        groups[key] = groups.get(key, 0) + 1
+    return [Linear(name, d_in, d_out, count, part, kind) for (name, d_in, d_out, part, kind), count in groups.items()]
+
+
+def _module_shape(module, torch) -> tuple[str | None, tuple[int, int]]:
+    """('linear', (d_in, d_out)) for nn.Linear and transformers' Conv1D, ('embedding', (V, h)), else None."""
+    if isinstance(module, torch.nn.Linear):
+        return "linear", (module.in_features, module.out_features)
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):  # transformers pytorch_utils.Conv1D: (nx, nf)
+        return "linear", (int(module.weight.shape[0]), int(module.nf))
+    if isinstance(module, torch.nn.Embedding):
+        return "embedding", (module.num_embeddings, module.embedding_dim)
+    return None, (0, 0)
+
+
+def _has_attention(layer) -> bool:
+    """A decoder layer with self-attention (class names of transformers' attention modules)."""
+    return any("attention" in type(m).__name__.lower() and "mamba" not in type(m).__name__.lower() for m in layer.modules())
+
+
+def _attention_support(model) -> tuple[str, ...]:
+    out = ["eager"]
+    if getattr(model, "_supports_sdpa", False):
+        out.append("sdpa")
+    if getattr(model, "_supports_flash_attn", False) or getattr(model, "_supports_flash_attn_2", False):
+        out.append("flash_attention_2")
+    return tuple(out)
+
+
+def _vision(model, hf, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """Vision tower facts for image tokens and tower activations (LLaVA-NeXT anyres tiles)."""
+    vc = getattr(hf, "vision_config", None)
+    tower = sum(p.numel() for n, p in model.named_parameters() if _under(n, prefixes))
+    size = int(getattr(vc, "image_size", 336) or 336)
+    patch = int(getattr(vc, "patch_size", 14) or 14)
+    pins = getattr(hf, "image_grid_pinpoints", None)
+    return {
+        "hidden": int(getattr(vc, "hidden_size", 1024)),
+        "intermediate": int(getattr(vc, "intermediate_size", 4096)),
+        "layers": int(getattr(vc, "num_hidden_layers", 24)),
+        "heads": int(getattr(vc, "num_attention_heads", 16)),
+        "patch": patch,
+        "image_size": size,
+        "patches_per_tile": (size // patch) ** 2,
+        "params": int(tower),
+        "tower_params": int(tower),
+        "pinpoints": [list(p) for p in pins] if isinstance(pins, (list, tuple)) else None,
+    }
+
+
+def image_tiles(structure: Structure, width: int, height: int) -> int:
+    """Vision tiles one image becomes in LLaVA-NeXT 'anyres': the best grid pinpoint's tiles + 1 base.
+
+    transformers llava_next ``select_best_resolution``: the pinpoint that keeps the most effective
+    resolution, then wastes the least; without a pinpoint list, a grid of image_size tiles.
+    """
+    size = structure.vision.get("image_size", 336)
+    pins = structure.vision.get("pinpoints")
+    if isinstance(pins, list) and pins:
+        best, best_eff, best_waste = None, -1.0, math.inf
+        for ph, pw in pins:
+            scale = min(pw / width, ph / height)
+            eff = min(int(width * scale) * int(height * scale), width * height)
+            waste = pw * ph - eff
+            if eff > best_eff or (eff == best_eff and waste < best_waste):
+                best, best_eff, best_waste = (ph, pw), eff, waste
+        ph, pw = best
+        return (ph // size) * (pw // size) + 1
+    return math.ceil(width / size) * math.ceil(height / size) + 1

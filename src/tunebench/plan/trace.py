@@ -1,0 +1,452 @@
+"""Activation memory from real training steps of a reduced model, traced on fake tensors.
+
+The model of the entity's config, cut to one or two decoder layers, is built on the meta device,
+given the entity's method (PEFT LoRA or prompt tuning), dtype, autocast,
+gradient checkpointing and attention implementation, and runs a real forward and backward under
+torch's ``FakeTensorMode`` (no memory, no compute) while ``MemTracker``
+(``torch.distributed._tools.mem_tracker``, the tracker torchtitan's memory estimator builds on)
+accounts every tensor the step creates. The step is split into phases by the decoder layers'
+module hooks (PHASES: forward, the head's backward, the last and the first decoder layer's backward,
+the embeddings'); in each phase two moments are recorded, each with the parameter-gradient bytes
+alive then: the most activation memory (activations and backward temporaries), and the most
+activation + gradient memory (gradients build up while activations are freed). The planner takes
+the largest of these candidates once gradients are sharded, accumulated or kept in another dtype.
+Traced at a few sequence lengths (batch 1) and for 1 and 2 layers of each layer kind, every
+quantity is extrapolated per layer and per token:
+``act(b, s) = a0 + b (a1 s + a2 s^2)`` for the whole model, where ``a0`` holds the token-independent
+temporaries (e.g. the embedding's gradient) and ``a2`` the quadratic attention terms (eager
+attention scores, materialised masks). One more trace with half the vocabulary measures the loss's
+bytes per vocabulary entry per token, so fused loss kernels can be accounted. Profiles are cached on
+disk per (config, method, checkpointing, dtype, autocast, attention, adapters).
+
+What tracing cannot see stays outside: CUDA context, allocator caching, NCCL buffers, FSDP gathers,
+4-bit weight bytes and dequantisation transients, kernels outside PyTorch (flash-attention 2 is
+traced as PyTorch's flash SDPA kernel, which keeps the same output and log-sum-exp).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tunebench.errors import InputError
+from tunebench.plan.structure import Structure, _write_json, cache_dir, quiet
+
+log = logging.getLogger(__name__)
+
+TRACE_VERSION = 1
+# Traced at batch 1 (fake tensors: the cost does not depend on the size). Long enough that in every
+# phase the token-proportional tensors, not a fixed-size one (an output-layer gradient), set the peak.
+SEQUENCE_LENGTHS = (1024, 2048, 4096)
+TRACE_RANK = 8  # LoRA rank of the traced adapters (adapter memory is accounted exactly elsewhere)
+# Phases of a traced step, told apart by the decoder layers' module hooks: the forward, the backward
+# of the head (loss, output layer, final norm), of the last decoder layer (the first one backward
+# reaches), of the first decoder layer, and the tail (embeddings). The moment of most activation
+# memory in each phase, with the gradients alive then, is a candidate for the step's peak.
+MOMENTS = ("forward", "head", "last_layer", "first_layer", "tail")
+UNMASKED = "tunebench_unmasked"  # flash-attention-2 proxy: causal SDPA with no materialised mask
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """What an activation profile depends on."""
+
+    config_key: str
+    method: str  # "full" | "lora" | "pt" (QLoRA / GPTQ-LoRA trace as "lora" on a 16-bit base)
+    kbit_upcast: bool  # QLoRA through peft's prepare_model_for_kbit_training: non-4-bit weights in fp32
+    checkpointing: bool
+    reentrant: bool
+    dtype: str  # load dtype: bfloat16 | float16 | float32
+    autocast: str | None  # bfloat16 | float16 under AMP, else None
+    attention: str  # "flash" | "sdpa" | "eager"
+    target_modules: tuple[str, ...] | str | None
+    lora_dropout: bool
+    virtual_tokens: int
+
+    @property
+    def key(self) -> str:
+        text = json.dumps({**asdict(self), "version": TRACE_VERSION}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Moment:
+    """Activation bytes ``a0 + b (a1 s + a2 s^2)`` and the share of parameter gradients alive."""
+
+    a0: float
+    a1: float
+    a2: float
+    grad_share: float = 0.0  # gradients alive / all trainable-parameter gradients, at this moment
+    vocab_bytes: float = 0.0  # of a1: bytes per vocabulary entry (the loss's logits and their gradients)
+
+    def bytes(self, batch: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self.a0 + batch * (self.a1 * tokens + self.a2 * tokens**2)
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Traced activation memory of one model and training set-up (see module docstring)."""
+
+    key: str
+    moments: dict[str, Moment]
+    written: Moment  # bytes of all activations/temporaries created in a step (memory traffic proxy)
+    source: str  # "traced" | "formula (...)"
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "moments": {k: asdict(m) for k, m in self.moments.items()},
+                "written": asdict(self.written), "source": self.source, "notes": list(self.notes)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ActivationProfile:
+        return cls(d["key"], {k: Moment(**m) for k, m in d["moments"].items()}, Moment(**d["written"]), d["source"],
+                   tuple(d.get("notes", ())))  # fmt: skip
+
+
+_PROFILES: dict[str, ActivationProfile] = {}
+
+
+def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
+    """The activation profile of a request: in memory, on disk, else traced (seconds) and cached."""
+    key = request.key
+    if key in _PROFILES:
+        return _PROFILES[key]
+    path = cache_dir() / f"trace-{key}.json"
+    try:
+        result = ActivationProfile.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        result = _traced_or_formula(structure, request)
+        _write_json(path, result.to_dict())
+    _PROFILES[key] = result
+    return result
+
+
+def _traced_or_formula(structure: Structure, request: TraceRequest) -> ActivationProfile:
+    """Trace; a model whose code rejects the flash-attention proxy is traced with sdpa, then eager; a
+    model that cannot be traced at all gets the llama formula, with a note saying so."""
+    from dataclasses import replace
+
+    fallbacks = {"flash": ("flash", "sdpa", "eager"), "sdpa": ("sdpa", "eager")}.get(request.attention, ("eager",))
+    error: Exception | None = None
+    for attention in fallbacks:
+        try:
+            result = trace_profile(structure, replace(request, attention=attention))
+        except InputError:
+            raise
+        except Exception as exc:  # an exotic model the tracer cannot run this way
+            error = error or exc
+            continue
+        if attention != request.attention:
+            note = f"{structure.model_type} cannot be traced with {request.attention} attention: traced with {attention}"
+            result = ActivationProfile(request.key, result.moments, result.written, result.source, (*result.notes, note))
+        return result
+    log.warning("tracing %s failed (%s): activations from the llama formula", structure.name, error)
+    return formula_profile(structure, request, f"{type(error).__name__}: {str(error)[:200]}")
+
+
+# --- extrapolation ------------------------------------------------------------------------------------
+def layer_plans(structure: Structure) -> tuple[list[tuple[str, ...]], dict[str, int]]:
+    """Reduced models to trace (as layer-kind lists) and each kind's count in the full model.
+
+    Uniform models: 1 and 2 layers. Models whose config lists layer_types (hybrid Mamba/attention,
+    sliding/full attention): the first kind alone, then it followed by each kind.
+    """
+    if not structure.layer_kinds:
+        return [("layer",), ("layer", "layer")], {"layer": structure.layers}
+    kinds = [k for k, _ in structure.layer_kinds]
+    first = kinds[0]
+    return [(first,)] + [(first, k) for k in kinds], dict(structure.layer_kinds)
+
+
+def extrapolate(plans: list[tuple[str, ...]], counts: dict[str, int], values: list[float]) -> float:
+    """A per-layer additive quantity of the full model from its values on the reduced models.
+
+    value(plan) = base + sum over its layers of inc[kind]; plans[0] = (k0,), plans[1:] = (k0, k).
+    """
+    single = values[0]
+    inc = {plan[1]: v - single for plan, v in zip(plans[1:], values[1:], strict=True)}
+    base = single - inc[plans[0][0]]
+    return base + sum(counts[k] * inc[k] for k in counts)
+
+
+def fit_tokens(lengths: tuple[int, ...], values: list[float], quadratic: bool) -> tuple[float, float, float]:
+    """(a0, a1, a2) with value = a0 + a1 s + a2 s^2 through the traced lengths (least squares; a2 = 0
+    unless the attention holds s^2 tensors)."""
+    s = np.array(lengths, dtype=float)
+    columns = [np.ones_like(s), s] + ([s**2] if quadratic else [])
+    a, *_ = np.linalg.lstsq(np.stack(columns, axis=1), np.array(values, dtype=float), rcond=None)
+    return float(a[0]), float(a[1]), float(a[2]) if quadratic else 0.0
+
+
+def trace_profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
+    """Trace the reduced models at SEQUENCE_LENGTHS and extrapolate (see module docstring)."""
+    with quiet():
+        return _trace_profile(structure, request)
+
+
+def _trace_profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
+    plans, counts = layer_plans(structure)
+    lengths = _lengths(structure)
+    measured = [[trace_step(structure, request, plan, s) for s in lengths] for plan in plans]
+    quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
+    mid = lengths[1]
+    half = structure.vocab // 2
+    half_vocab = trace_step(structure, request, plans[0], mid, vocab=structure.vocab - half)
+
+    def full(quantity, i: int) -> float:  # a quantity of the full model at lengths[i]
+        return extrapolate(plans, counts, [quantity(measured[p][i]) for p in range(len(plans))])
+
+    moments = {}
+    for m in MOMENTS:
+        acts = [full(lambda r, m=m: r[m][0], i) for i in range(len(lengths))]
+        alive, total = full(lambda r, m=m: r[m][1], 1), full(lambda r: r["grads"], 1)
+        vocab = (measured[0][1][m][0] - half_vocab[m][0]) / (mid * half) if half else 0.0
+        moments[m] = Moment(*fit_tokens(lengths, acts, quadratic), grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
+                            vocab_bytes=max(0.0, vocab))  # fmt: skip
+    written = Moment(*fit_tokens(lengths, [full(lambda r: r["written"], i) for i in range(len(lengths))], quadratic))
+    return ActivationProfile(request.key, moments, written, "traced")
+
+
+def _lengths(structure: Structure) -> tuple[int, ...]:
+    """Traced sequence lengths, within the model's position limit (learned position embeddings)."""
+    limit = structure.max_position or SEQUENCE_LENGTHS[-1]
+    if limit >= SEQUENCE_LENGTHS[-1]:
+        return SEQUENCE_LENGTHS
+    top = max(8, int(limit))
+    return (top // 4, top // 2, top)
+
+
+def formula_profile(structure: Structure, request: TraceRequest, why: str) -> ActivationProfile:
+    """Fallback when a model cannot be traced: the llama-style per-token widths (estimation.md §4.2).
+
+    Per layer per token, 16-bit: 2 (7h + 2 h_kv + 4 i) bytes without checkpointing, 2h with it (+ one
+    layer's working set); the loss 6 bytes per vocabulary entry (bf16 logits + fp32 upcast and gradient).
+    """
+    h, kv, layers = structure.hidden, structure.kv_heads * structure.head_dim, structure.layers
+    width = max(1, structure.hidden * 4 if not structure.layers else structure.layer_params // max(1, layers) // max(1, h))
+    layer = 2 * (7 * h + 2 * kv + 4 * width)
+    per_token = (2 * h * layers + layer) if request.checkpointing else layer * layers
+    peak = Moment(0.0, per_token + 6.0 * structure.vocab, 0.0, 0.0, vocab_bytes=6.0)
+    return ActivationProfile(request.key, {m: peak for m in MOMENTS}, Moment(0.0, layer * layers, 0.0),
+                             "formula", (f"tracing failed ({why}); activations from the llama formula",))  # fmt: skip
+
+
+# --- one traced step ---------------------------------------------------------------------------------
+def trace_step(structure: Structure, request: TraceRequest, plan: tuple[str, ...], length: int,
+               vocab: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Forward + backward of the reduced model on fake tensors: the two moments, gradients, bytes written."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = _reduced_model(structure, request, plan, vocab)
+    layers = _decoder_layer_list(model, len(plan))
+    tracker = _tracker_class()(layers[0], layers[-1])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to_empty(device="cpu")
+        v = vocab or structure.vocab
+        ids = torch.randint(0, v, (1, length))
+        kwargs: dict[str, Any] = {"input_ids": ids, "labels": ids}
+        if request.attention != "flash":
+            kwargs["attention_mask"] = torch.ones(1, length, dtype=torch.long)
+        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if request.autocast  # fp16: same bytes as bf16
+                    else torch.autocast("cpu", enabled=False))  # fmt: skip
+        with tracker:
+            with autocast:
+                loss = model(**kwargs).loss
+            loss.backward()
+            del loss
+        grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return {**tracker.moments, "grads": grads, "written": tracker.written}
+
+
+def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str, ...], vocab: int | None):
+    """The model cut to the plan's layers, on the meta device, prepared as the worker prepares it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tunebench.plan.config import ModelConfig, hf_config
+
+    config = ModelConfig(structure.name, structure.config, structure.builder, structure.assumptions)
+    overrides: dict[str, Any] = {"num_hidden_layers": len(plan)}
+    text_key = "text_config" if "text_config" in config.data else None
+    if structure.layer_kinds:
+        overrides["layer_types"] = list(plan)
+    if vocab:  # the loss trace: a smaller vocabulary (special token ids may lie beyond it)
+        overrides.update(vocab_size=vocab, pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    if text_key:  # vision-language model: trace its language model (the vision tower is accounted separately)
+        text = dict(config.data[text_key])
+        text.setdefault("model_type", "llama")
+        config = ModelConfig(config.name, text, config.builder, config.assumptions)
+    hf = hf_config(config, **overrides)
+    hf._attn_implementation = _attention_name(request.attention)
+    # fp16 is traced as bf16: the same bytes, and CPU kernels (grouped MoE matmuls) that take only bf16
+    dtype = torch.bfloat16 if request.dtype == "float16" else getattr(torch, request.dtype)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=hf._attn_implementation)
+    if request.kbit_upcast:
+        _upcast_like_kbit(model)
+    if request.method == "full":
+        model.requires_grad_(True)
+    else:
+        model = _peft(model, request)
+    if request.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": request.reentrant})
+        if request.reentrant and request.method != "full":
+            model.enable_input_require_grads()  # what transformers Trainer / peft do for reentrant checkpoints
+    model.train()
+    return model
+
+
+def _upcast_like_kbit(model) -> None:
+    """What a bitsandbytes 4-bit model prepared by peft's prepare_model_for_kbit_training computes with.
+
+    peft casts every parameter that is not 4-bit (embeddings, norms, the output layer) to fp32, so the
+    residual stream runs in fp32; bitsandbytes' Linear4bit casts its input to the compute dtype (bf16)
+    and its output back to the input's dtype (bitsandbytes nn/modules.py Linear4bit.forward). The
+    16-bit linears here stand in for the 4-bit ones, with the same casts.
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    # fused MoE experts (3-D weights) are quantised like linears (structure.quantized_params)
+    experts = [m for m in model.modules() if any(p.ndim == 3 for p in m.parameters(recurse=False))]
+    quantized = {id(p) for m in linears for p in m.parameters(recurse=False)}
+    quantized |= {id(p) for m in experts for p in m.parameters(recurse=False) if p.ndim == 3}
+    for p in model.parameters():
+        if id(p) not in quantized and p.dtype in (torch.float16, torch.bfloat16):
+            p.data = p.data.to(torch.float32)
+    for m in (*linears, *experts):
+        m._tb_compute_dtype = next(p.dtype for p in m.parameters(recurse=False) if id(p) in quantized)
+        m.register_forward_pre_hook(_to_weight_dtype, with_kwargs=True)
+        m.register_forward_hook(_to_input_dtype, with_kwargs=True)
+
+
+def _to_weight_dtype(module, args, kwargs):
+    x = args[0]
+    module._tb_input_dtype = x.dtype  # restored on the output, as Linear4bit does
+    return (x.to(module._tb_compute_dtype), *args[1:]), kwargs
+
+
+def _to_input_dtype(module, args, kwargs, output):
+    return output.to(module._tb_input_dtype)
+
+
+def _decoder_layer_list(model, n: int) -> list:
+    """The reduced model's decoder layers (the ModuleList of n layers; see structure._decoder_layers)."""
+    from tunebench.plan.structure import _decoder_layers
+
+    return _decoder_layers(model, n)[1]
+
+
+def _peft(model, request: TraceRequest):
+    import peft
+
+    if request.method == "pt":
+        cfg = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=request.virtual_tokens)
+    else:
+        targets = request.target_modules
+        cfg = peft.LoraConfig(r=TRACE_RANK, lora_alpha=16, lora_dropout=0.05 if request.lora_dropout else 0.0,
+                              bias="none", task_type="CAUSAL_LM",
+                              target_modules=list(targets) if isinstance(targets, tuple) else targets)  # fmt: skip
+    return peft.get_peft_model(model, cfg)
+
+
+def _attention_name(attention: str) -> str:
+    if attention == "flash":
+        _register_unmasked_attention()
+        return UNMASKED
+    return attention
+
+
+@functools.cache
+def _register_unmasked_attention() -> None:
+    """Register the flash-attention-2 proxy with transformers (attention + mask functions)."""
+    import torch
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        # FA2 keeps the output and a fp32 log-sum-exp per head and token, never the score matrix:
+        # PyTorch's flash SDPA kernel does the same, and grouped K/V heads are not repeated.
+        gqa = key.shape[1] != query.shape[1]
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                               enable_gqa=gqa)  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
+
+    def no_mask(*args, **kwargs):
+        return None
+
+    AttentionInterface.register(UNMASKED, attention)
+    AttentionMaskInterface.register(UNMASKED, no_mask)
+
+
+@functools.cache
+def _tracker_class():
+    """MemTracker recording, per phase of the step, the activation peak and the gradients alive then."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
+
+    acts = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
+
+    class StepTracker(MemTracker):
+        def __init__(self, first_layer, last_layer) -> None:
+            super().__init__()
+            self.layers = (first_layer, last_layer)
+            self.moments = {m: (0, 0) for m in MOMENTS}  # phase -> (activation bytes, gradient bytes)
+            self.written = 0
+            self.first_seen = self.last_seen = False
+
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            # MemTracker hooks every parameter's gradient, which fails on frozen (PEFT) parameters
+            param_mem = buffer_mem = 0
+            for p in module.parameters():
+                param_mem += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(p, _MemRefType.PARAM))
+                if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (p.register_hook(self._grad_hook),
+                                                           p.register_post_accumulate_grad_hook(self._post_grad_hook))  # fmt: skip
+            for b in module.buffers():
+                buffer_mem += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER))
+            return param_mem, buffer_mem
+
+        def _grad_hook(self, grad):
+            self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+        def _post_grad_hook(self, param):
+            self._update_and_maybe_create_winfos(param.grad, _MemRefType.GRAD)
+
+        def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+            if u_type == _UpdateType.ADD and winfo.reftype in acts:
+                self.written += winfo.mem_consumed
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _phases(self) -> tuple[str, ...]:
+            """The phase(s) the current operator belongs to (a one-layer model's layer is first and last)."""
+            if not self._mod_tracker.is_bw:
+                return ("forward",)
+            first, last = (self._mod_tracker.get_known_fqn(m) for m in self.layers)
+            active = self._mod_tracker.parents
+            if first in active:
+                self.first_seen = True
+                return ("first_layer", "last_layer") if first == last else ("first_layer",)
+            if self.first_seen:
+                return ("tail",)
+            if last in active:
+                self.last_seen = True
+                return ("last_layer",)
+            return () if self.last_seen else ("head",)  # the layers in between are not recorded
+
+        def _update_peak_stats(self, peak_state) -> None:
+            # called after every operator: only the per-phase peaks are kept (no per-module snapshots)
+            for snap in self._curr_mem_snap.values():
+                act = sum(snap[k] for k in acts)
+                grad = snap[_MemRefType.GRAD]
+                for phase in self._phases():
+                    if act > self.moments[phase][0]:
+                        self.moments[phase] = (act, grad)
+
+    return StepTracker

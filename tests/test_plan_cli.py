@@ -1,0 +1,120 @@
+"""`tunebench plan` on any model and any GPU: published configs, remote-code configs, GPUs given by numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tunebench.plan.cli import register
+from tunebench.plan.measurements import PUBLISHED
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+FULL = "finetune_full_benchmark-v1.0.0"
+CONFIGS = sorted((PUBLISHED / "configs").glob("*/config.json"))
+
+
+def invoke(*args: str, env: dict | None = None):
+    app = typer.Typer(pretty_exceptions_enable=False)
+
+    @app.callback()
+    def _root() -> None:
+        """test app"""
+
+    register(app)
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def plan_json(*args: str, env: dict | None = None) -> dict:
+    res = invoke("plan", *args, "--json", env=env)
+    assert res.exit_code == 0, (res.output, res.exception)
+    return json.loads(res.output)
+
+
+def test_the_published_configs_are_shipped():
+    assert len(CONFIGS) == 17
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
+def test_plan_works_on_every_published_config(config: Path):
+    out = plan_json(FULL, f"model_name={config}", "model_max_length=512", "number_gpus=4", "batch_size=4",
+                    "gpu_model=NVIDIA-A10G", "gradient_accumulation_steps=1")  # fmt: skip
+    assert out["gpu_memory_allocated_peak_gib"] > 0 and 0 <= out["oom_probability"] <= 1
+    assert out["train_tokens_per_second"] > 0
+    assert out["is_valid"] == (out["oom_probability"] <= 0.5)
+
+
+def test_remote_code_config_is_planned_with_its_assumptions(tmp_path):
+    qwen = {"model_type": "qwen", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
+            "intermediate_size": 11008, "vocab_size": 151936, "kv_channels": 128, "seq_length": 8192}  # fmt: skip
+    path = tmp_path / "Qwen-1_8B" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(qwen))
+    out = plan_json(LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
+                    "gpu_model=A100-80GB", "target_modules=c_attn,q_proj,v_proj")  # fmt: skip
+    assert out["is_valid"] is True
+    assert any("not built into transformers" in n for n in out["notes"])
+    assert any("intermediate_size / 2" in n for n in out["notes"])
+    table = invoke("plan", LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
+                   "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+    assert table.exit_code == 0 and "remote code" in table.output
+
+
+def test_lora_targets_that_match_nothing_make_the_entity_invalid():
+    out = plan_json(LORA, "model_name=llama3.2-1b", "model_max_length=512", "number_gpus=1", "batch_size=1",
+                    "gpu_model=A100-80GB", "target_modules=c_attn")  # fmt: skip
+    assert out["is_valid"] is False and "match no layer" in out["reasons"][0] and "q_proj" in out["reasons"][0]
+
+
+COMMON = ("model_name=llama3.2-1b", "model_max_length=1024", "number_gpus=2", "batch_size=8")
+
+
+def test_a_gpu_given_by_its_numbers():
+    slow = plan_json(LORA, *COMMON, "gpu_model=Acme-X1", "--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200",
+                     "--gpu-interconnect-gbps", "64")  # fmt: skip
+    fast = plan_json(LORA, *COMMON, "gpu_model=Acme-X2", "--gpu-memory-gib", "48", "--gpu-bf16-tflops", "800",
+                     "--gpu-interconnect-gbps", "64", "--gpu-memory-bandwidth-gbps", "4000")  # fmt: skip
+    assert slow["capacity_gib"] == 48 and fast["capacity_gib"] == 48
+    assert fast["train_tokens_per_second"] > 2 * slow["train_tokens_per_second"]
+    assert fast["gpu_memory_allocated_peak_gib"] == pytest.approx(slow["gpu_memory_allocated_peak_gib"])
+    small = plan_json(LORA, *COMMON, "gpu_model=Acme-Tiny", "--gpu-memory-gib", "2", "--gpu-bf16-tflops", "50",
+                      "--gpu-interconnect-gbps", "16")  # fmt: skip
+    assert small["is_valid"] is False and small["oom_probability"] > 0.5 and small["headroom_gib"] < 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (("--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200"), "--gpu-interconnect-gbps"),
+        (("--gpu-memory-gib", "nan", "--gpu-bf16-tflops", "200", "--gpu-interconnect-gbps", "64"), "--gpu-*"),
+        (("--gpu-memory-gib", "-1", "--gpu-bf16-tflops", "200", "--gpu-interconnect-gbps", "64"), "--gpu-*"),
+    ],
+)
+def test_gpu_numbers_are_checked(extra, field):
+    res = invoke("plan", LORA, *COMMON, "gpu_model=Acme-X3", *extra)
+    assert res.exit_code != 0 and res.exception is not None and res.exception.field == field
+
+
+def test_an_unknown_gpu_without_numbers_says_what_to_give():
+    res = invoke("plan", LORA, *COMMON, "gpu_model=Acme-Unknown")
+    assert res.exception is not None and res.exception.field == "gpu_model"
+    assert "--gpu-memory-gib" in str(res.exception) and "--gpu-catalog" in str(res.exception)
+
+
+def test_a_user_gpu_catalog_file(tmp_path):
+    catalog = tmp_path / "gpus.yaml"
+    catalog.write_text("gpus:\n  - name: NVIDIA-RTX-PRO-6000\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
+                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [PRO6000]\n")  # fmt: skip
+    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=PRO6000", "--gpu-catalog", str(catalog))
+    assert out["capacity_gib"] == pytest.approx(95.6, abs=0.01) and out["is_valid"] is True
+    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=NVIDIA-RTX-PRO-6000",
+                        env={"TUNEBENCH_GPU_CATALOG": str(catalog)})  # fmt: skip
+    assert env_out["gpu_memory_allocated_peak_gib"] == out["gpu_memory_allocated_peak_gib"]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps([{"name": "X", "memory_gib": 10, "bf16_tflops": 100}]))
+    res = invoke("plan", LORA, *COMMON, "gpu_model=X", "--gpu-catalog", str(broken))
+    assert res.exception is not None and "interconnect_gbps is missing" in str(res.exception)
+    assert res.exception.field.startswith("--gpu-catalog")

@@ -1,0 +1,104 @@
+"""Traced activation memory: the reduced-model extrapolation against tracing the whole (small) model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tunebench.catalog import get_model
+from tunebench.plan.structure import structure_of
+from tunebench.plan.trace import MOMENTS, TraceRequest, extrapolate, fit_tokens, layer_plans, profile, trace_step
+
+
+def small_model(tmp_path, name: str, cfg: dict):
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    return structure_of(get_model(str(path)))
+
+
+def request(s, method="lora", checkpointing=False, attention="flash", dtype="bfloat16", targets=("q_proj", "v_proj")):
+    return TraceRequest(s.config_key, method, False, checkpointing, False, dtype, None, attention,
+                        targets if method == "lora" else None, method == "lora", 0)  # fmt: skip
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "checkpointing", "attention"),
+    [("lora", False, "flash"), ("lora", True, "flash"), ("full", False, "flash"), ("full", True, "sdpa"),
+     ("lora", False, "eager")],
+)  # fmt: skip
+def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, checkpointing, attention):
+    s = small_model(tmp_path, "llama", LLAMA)
+    req = request(s, method, checkpointing, attention)
+    p = profile(s, req)
+    assert p.source == "traced"
+    for length, batch in ((768, 1), (1536, 1)):
+        whole = trace_step(s, req, ("layer",) * 6, length)
+        for m in MOMENTS:
+            predicted = float(p.moments[m].bytes(np.array(batch), np.array(length)))
+            assert predicted == pytest.approx(whole[m][0], rel=0.02, abs=64 * 1024), (m, length)
+
+
+def test_hybrid_layers_extrapolate_per_kind(tmp_path):
+    cfg = {"model_type": "granitemoehybrid", "hidden_size": 64, "intermediate_size": 32, "shared_intermediate_size": 128,
+           "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500,
+           "layer_types": ["mamba", "mamba", "attention", "mamba", "attention"], "num_local_experts": 0,
+           "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 64,
+           "max_position_embeddings": 8192}  # fmt: skip
+    s = small_model(tmp_path, "hybrid", cfg)
+    plans, counts = layer_plans(s)
+    mamba, attention = (kind for kind, _ in s.layer_kinds)  # transformers' names of the two kinds
+    assert plans == [(mamba,), (mamba, mamba), (mamba, attention)] and counts == {mamba: 3, attention: 2}
+    req = request(s, "full")
+    p = profile(s, req)
+    whole = trace_step(s, req, (mamba, mamba, attention, mamba, attention), 1024)
+    predicted = float(p.moments["forward"].bytes(np.array(1), np.array(1024)))
+    assert predicted == pytest.approx(whole["forward"][0], rel=0.02)
+
+
+def test_extrapolate_and_fit_by_hand():
+    # base 10, first kind +3 per layer, second kind +5: (k0,) = 13, (k0, k0) = 16, (k0, k1) = 18
+    assert extrapolate([("a",), ("a", "a"), ("a", "b")], {"a": 4, "b": 2}, [13, 16, 18]) == 10 + 4 * 3 + 2 * 5
+    a0, a1, a2 = fit_tokens((100, 200, 400), [5 + 2 * 100 + 0.5 * 100**2, 5 + 2 * 200 + 0.5 * 200**2,
+                                               5 + 2 * 400 + 0.5 * 400**2], quadratic=True)  # fmt: skip
+    assert (a0, a1, a2) == pytest.approx((5, 2, 0.5))
+
+
+def test_eager_attention_grows_with_the_square_of_the_length(tmp_path):
+    s = small_model(tmp_path, "llama", LLAMA)
+    eager = profile(s, request(s, attention="eager")).moments["head"]
+    flash = profile(s, request(s, attention="flash")).moments["head"]
+    assert flash.a2 == 0 and eager.a2 > 0
+    # eager keeps the softmax scores of every layer: heads x s^2 x 2 bytes per layer, at least
+    assert eager.a2 >= 6 * 4 * 2
+
+
+def test_lora_dropout_and_more_targets_cost_activations(tmp_path):
+    s = small_model(tmp_path, "llama", LLAMA)
+    few = profile(s, request(s, targets=("q_proj",))).moments["head"].a1
+    many = profile(s, request(s, targets="all-linear")).moments["head"].a1
+    assert many > few
+
+
+def test_loss_bytes_per_vocabulary_entry_are_measured(tmp_path):
+    s = small_model(tmp_path, "llama", LLAMA)
+    head = profile(s, request(s)).moments["head"]
+    # transformers' loss holds bf16 logits, their fp32 upcast and gradients: between 6 and 16 bytes
+    assert 6 <= head.vocab_bytes <= 16
+
+
+def test_profiles_are_cached_on_disk(tmp_path, monkeypatch):
+    from tunebench.plan import trace as module
+
+    s = small_model(tmp_path, "llama", LLAMA)
+    req = request(s)
+    first = profile(s, req)
+    module._PROFILES.clear()
+    monkeypatch.setattr(module, "trace_profile", lambda *a: pytest.fail("traced again instead of read"))
+    assert profile(s, req).to_dict() == first.to_dict()
