@@ -75,6 +75,17 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+# The moments a peak can be set at (plan.trace.MOMENTS and the optimizer step), for people.
+PEAK_PHASES = {
+    "forward": "end of the forward pass",
+    "head": "backward of the loss and output layer",
+    "last_layer": "backward of the last decoder layer",
+    "first_layer": "backward of the first decoder layer",
+    "tail": "backward of the embeddings",
+    "optimizer_step": "optimizer step",
+}
+
+
 def _print_plan(console: Console, out: dict[str, Any]) -> None:
     status = "[green]fits[/green]" if out["is_valid"] else "[red]invalid[/red]"
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
@@ -90,13 +101,15 @@ def _print_plan(console: Console, out: dict[str, Any]) -> None:
     table.add_row("[bold]reserved peak (torch)[/bold]", _fmt(out["gpu_memory_reserved_peak_gib"], 2))
     table.add_row("[bold]peak (nvidia-smi)[/bold]", _fmt(out["gpu_memory_peak_gib"], 2))
     table.add_row("capacity", _fmt(out.get("capacity_gib"), 2))
-    table.add_row("headroom", _fmt(out.get("headroom_gib"), 2))
+    table.add_row("usable (capacity - CUDA context - NCCL)", _fmt(out.get("usable_gib"), 2))
+    table.add_row("headroom (usable - predicted need)", _fmt(out.get("headroom_gib"), 2))
+    table.add_row("[bold]probability of running out of memory[/bold]", _fmt(out.get("oom_probability"), 3))
     table.add_row("utilization peak (%)", _fmt(out["gpu_memory_utilization_peak"], 1))
     console.print(table)
     speed = Table(title="Throughput and time")
     speed.add_column("property")
     speed.add_column("value", justify="right")
-    speed.add_row("peak set by", str(out.get("peak_phase") or "-").replace("_", " "))
+    speed.add_row("peak set by", PEAK_PHASES.get(out.get("peak_phase") or "", "-"))
     speed.add_row("train tokens/s (all GPUs)", _fmt(out["train_tokens_per_second"], 0))
     speed.add_row("train tokens/s per GPU", _fmt(out["train_tokens_per_gpu_per_second"], 0))
     speed.add_row("dataset tokens/s", _fmt(out["dataset_tokens_per_second"], 0))

@@ -226,18 +226,13 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
-    for j, i in enumerate(idx):
+    if w.unmatched_target_modules:
+        notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
+    no_sync_notes = [*notes, "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
+                     "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"]  # fmt: skip
+    for j, i in enumerate(idx):  # rows of a group share their (read-only) notes list
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
-        out["notes"][i].extend(notes)
-        if no_sync[j] and w.method == "full":
-            out["notes"][i].append(
-                "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
-                "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
-            )
-        if w.unmatched_target_modules:
-            out["notes"][i].append(
-                f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}"
-            )
+        out["notes"][i] = no_sync_notes if (no_sync[j] and w.method == "full") else notes
 
 
 _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",

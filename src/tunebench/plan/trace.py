@@ -151,16 +151,17 @@ def _traced_or_formula(structure: Structure, request: TraceRequest) -> Activatio
 
 
 # --- extrapolation ------------------------------------------------------------------------------------
-def layer_plans(structure: Structure) -> tuple[list[tuple[str, ...]], dict[str, int]]:
+def layer_plans(structure: Structure, first: str | None = None) -> tuple[list[tuple[str, ...]], dict[str, int]]:
     """Reduced models to trace (as layer-kind lists) and each kind's count in the full model.
 
     Uniform models: 1 and 2 layers. Models whose config lists layer_types (hybrid Mamba/attention,
-    sliding/full attention): the first kind alone, then it followed by each kind.
+    sliding/full attention): one kind alone (the first, unless `first` says which), then it followed
+    by each kind.
     """
     if not structure.layer_kinds:
         return [("layer",), ("layer", "layer")], {"layer": structure.layers}
     kinds = [k for k, _ in structure.layer_kinds]
-    first = kinds[0]
+    first = first or kinds[0]
     return [(first,)] + [(first, k) for k in kinds], dict(structure.layer_kinds)
 
 
@@ -191,7 +192,20 @@ def trace_profile(structure: Structure, request: TraceRequest) -> ActivationProf
 
 
 def _trace_profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
-    plans, counts = layer_plans(structure)
+    # LoRA needs a target in every reduced model: a hybrid's layer kind without one (a Mamba layer for
+    # q_proj) cannot be traced alone, so the first kind that can is the base
+    kinds = [k for k, _ in structure.layer_kinds] or [None]
+    for i, first in enumerate(kinds):
+        try:
+            return _trace_with_base(structure, request, first)
+        except ValueError as exc:
+            if "not found in the base model" not in str(exc) or i == len(kinds) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _trace_with_base(structure: Structure, request: TraceRequest, first: str | None) -> ActivationProfile:
+    plans, counts = layer_plans(structure, first)
     lengths = _lengths(structure)
     measured = [[trace_step(structure, request, plan, s) for s in lengths] for plan in plans]
     quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
