@@ -186,6 +186,10 @@ def train(args: argparse.Namespace, record: dict[str, Any], env: dict[str, int])
     if reason:
         raise NotImplementedError(reason)
     model_mod.check_hardware(args, on_gpu)
+    precision = model_mod.cpu_precision(args.torch_dtype, args.bf16, args.fp16, on_gpu)
+    if precision is not None:  # recorded: the measurement says which precision really ran
+        meta["precision_note"] = precision
+        args.torch_dtype, args.bf16, args.fp16 = "float32", False, False
     output_dir = args.output_dir or tempfile.mkdtemp(prefix="tunebench-run-")
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     from transformers import set_seed
