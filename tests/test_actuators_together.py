@@ -30,7 +30,7 @@ def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys):
     assert abs(tokens["error_percent"]) < 25
     # every sample of news-tokens-16384plus fills the 1,024 tokens: samples/s = tokens/s / 1,024 ...
     samples = rows["train_samples_per_second"]
-    assert samples["predicted"] == pytest.approx(tokens["predicted"] / 1024, rel=1e-6)
+    assert samples["predicted"] == pytest.approx(tokens["predicted"] / 1024, rel=1e-3)  # plan_json rounds to 4 places
     # ... while the reference's CSV reports HF's rate of the *planned* run, 4,096 samples (2 x 4 accumulation
     # x 512 steps) over the 30 s the run was allowed: the inflation docs/planner.md explains
     assert samples["measured"] == pytest.approx(4096 / rows["train_runtime"]["measured"], rel=0.01)
