@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,12 @@ from pathlib import Path
 import pytest
 
 from tunebench.cli import main
+from tunebench.errors import InputError
+from tunebench.secrets import mask_secrets
+from tunebench.store import Store
+from tunebench.store.csvio import import_csv
+
+ADO_CSV = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 FULL = "finetune_full_benchmark-v1.0.0"
@@ -72,6 +80,109 @@ CASES: list[tuple[str, list[str]]] = [
     c("--lomo", "calibrate", "--lomo=maybe"),
     c("--bogus", "export", "--bogus"),
     c("arguments", "demo", "now"),
+    # --- numbers, durations, ports where they are parsed (items 5, 6)
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "-5"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "nan"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "inf"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "0"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "0"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "-2"),
+    c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "0"),
+    c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "nan"),
+    c("--weights", "run", LORA, *ENTITY, "--weights", "fancy"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "99999999"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "0"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "-1"),
+    c("--main-process-ip", "launch-plan", LORA, *ENTITY, "--main-process-ip", "--evil"),
+    c("--main-process-ip", "launch-plan", LORA, *ENTITY, "--main-process-ip", "not a host!"),
+    c("--data-dir", "launch-plan", LORA, *ENTITY, "--data-dir", "-x"),
+    c("--weights", "launch-plan", LORA, *ENTITY, "--weights", "none"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "nan"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "-1"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "inf"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "0"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "nan"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "-3"),
+    c("--price-per-gpu-hour", "recommend", LORA, *ENTITY, "--price-per-gpu-hour", "nan"),
+    c("--network-gbps", "recommend", LORA, *ENTITY, "--network-gbps", "inf"),
+    c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "0"),
+    c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "1000000000000000", "--gpus-per-node", "1"),
+    c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "0"),
+    c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "nan"),
+    c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "-1"),
+    c("--params-b", "deploy-spec", "--params-b", "inf"),
+    c("--params-b", "deploy-spec", "--params-b", "0"),
+    c("--params-b", "deploy-spec", "--params-b", "nan"),
+    c("--adapters", "deploy-spec", "--params-b", "7", "--adapters", "-1"),
+    c("--gpu-memory-gb", "deploy-spec", "--params-b", "7", "--gpu-memory-gb", "0"),
+    c("--quantization", "deploy-spec", "--params-b", "7", "--quantization", "3bit"),
+    c("--token-env", "deploy-spec", "--params-b", "7", "--token-env", "A B"),
+    c("--description", "deploy-spec", "--params-b", "7", "--description", "line\x1b[2J"),
+    c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "nan"),
+    c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "inf"),
+    c("--executor", "explore", "space.yaml", "--executor", "kube"),
+    c("--ray-address", "explore", "space.yaml", "--ray-address", "-x"),
+    c("--max-len", "datasets", "stats", "news-chars-512-entries-4096", "--model", "smollm2-135m", "--max-len", "0"),
+    # --- files: missing, a directory, binary, corrupt, of the wrong shape (item 5)
+    c("--store", "show", "--store", "g.db"),
+    c("--store", "show", "--store", "half.db"),
+    c("--store", "show", "--store", "typo.db"),
+    c("--store", "show", "--store", "adir"),
+    c("--store", "show", "--store", "nodir/s.db"),
+    c("--store", "show"),  # no store yet in TUNEBENCH_HOME: reading must not create one
+    c("--store", "export", "--store", "g.db"),
+    c("--store", "export", "--store", "typo.db"),
+    c("--store", "explore", "space.yaml", "--store", "g.db"),
+    c("--store", "explore", "space.yaml", "--store", "adir"),
+    c("--store", "explore", "space.yaml", "--store", "nodir/s.db"),
+    c("--store", "import", "good.csv", "--store", "g.db"),
+    c("--store", "import", "good.csv", "--store", "half.db"),
+    c("--store", "calibrate", "--store", "typo.db"),
+    c("--store", "calibrate", "--store", "g.db"),
+    c("--store", "show", "--store", "notaurl://x:y"),
+    c("--operation", "show", "--store", "good.db", "--operation", "op-nope"),
+    c("--format", "show", "--format", "xml", "--store", "good.db"),
+    c("--format", "export", "--format", "xml", "--store", "good.db"),
+    c("--output", "show", "--store", "good.db", "--format", "parquet"),
+    c("--output", "show", "--store", "good.db", "-o", "adir"),
+    c("--output", "show", "--store", "good.db", "-o", "nodir/out.csv"),
+    c("--output", "export", "--store", "good.db", "-o", "adir"),
+    c("--output", "export", "--store", "good.db", "-o", "nodir/out.csv"),
+    c("--space", "show", "--store", "good.db", "--space", "bin.yaml"),
+    c("--space", "show", "--store", "good.db", "--space", "missing.yaml"),
+    c("--space", "export", "--store", "good.db", "--space", "adir"),
+    c("SPACE", "explore", "bin.yaml"),
+    c("SPACE", "explore", "adir"),
+    c("SPACE", "explore", "missing.yaml"),
+    c("FILE", "import", "bin.csv", "--store", "good.db"),
+    c("FILE", "import", "adir", "--store", "good.db"),
+    c("FILE", "import", "missing.csv", "--store", "good.db"),
+    c("--output-dir", "run", LORA, *ENTITY, "--output-dir", "good.csv"),
+    c("--output-dir", "run", LORA, *ENTITY, "--output-dir", "nodir/run"),
+    c("--data-dir", "run", LORA, *ENTITY, "--data-dir", "good.csv"),
+    c("--output", "calibrate", "--from", "good.csv", "--output", "adir"),
+    c("--output", "calibrate", "--from", "good.csv", "--output", "nodir/cal.json"),
+    c("--from", "calibrate", "--from", "bin.csv"),
+    c("--from", "calibrate", "--from", "adir"),
+    c("--from", "calibrate", "--from", "missing.csv"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "notjson.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "wrongshape.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "array.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "nancoef.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "bin.yaml"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "missing.json"),
+    c("--calibration", "recommend", LORA, *ENTITY, "--calibration", "adir"),
+    c("--batch", "plan", "--batch", "bin.csv"),
+    c("--batch", "plan", "--batch", "adir"),
+    c("--batch", "plan", "--batch", "missing.jsonl"),
+    c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "good.csv"),
+    c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "nodir/data"),
+    c("--dir", "datasets", "list", "--dir", "good.csv"),
+    # --- credentials: where the bearer token may go (item 2)
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "https://user:pw@example.com/x"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "not a url"),
 ]
 
 
@@ -85,14 +196,35 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return out
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A working directory with the files the cases name; TUNEBENCH_HOME (not created) inside it."""
-    (tmp_path / "space.yaml").write_text(
+@pytest.fixture(scope="session")
+def files(tmp_path_factory) -> Path:
+    """The files the cases name, made once (copied into each case's working directory)."""
+    root = tmp_path_factory.mktemp("bad-input-files")
+    (root / "space.yaml").write_text(
         "experiments: [{id: finetune_lora_benchmark-v1.0.0}]\n"
         "entity_space: {model_name: smollm2-135m, model_max_length: 64, number_gpus: 0, batch_size: 1}\n"
         "actuator: {name: noop}\n"
     )
+    (root / "good.csv").write_bytes(ADO_CSV.read_bytes())
+    with Store(root / "good.db") as store:
+        import_csv(store, ADO_CSV)
+    rng = random.Random(0)
+    (root / "g.db").write_bytes(rng.randbytes(100_000))  # `head -c 100000 /dev/urandom > g.db`
+    (root / "half.db").write_bytes((root / "good.db").read_bytes()[:100] + rng.randbytes(4000))
+    (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
+    (root / "bin.csv").write_bytes(rng.randbytes(3000))
+    (root / "adir").mkdir()
+    (root / "notjson.json").write_text("coefficients: yes\n")
+    (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
+    (root / "array.json").write_text("[1, 2, 3]")
+    (root / "nancoef.json").write_text('{"coefficients": {"hfu_max": NaN}}')
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, files):
+    """A working directory with the files the cases name; TUNEBENCH_HOME (not created) inside it."""
+    shutil.copytree(files, tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TUNEBENCH_STORE", raising=False)
@@ -161,3 +293,34 @@ def test_help_exits_0(capsys, argv):
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert "Usage: tunebench" in out and err == ""
+
+
+def test_store_passwords_are_masked_in_messages(workdir, capsys):
+    """Item 7: a store URL's password never reaches a message: not main's, not the "no operation" error."""
+    from tunebench.explore.cli import _select
+
+    url = "postgresql://user:s3cret-pw@127.0.0.1:notaport/db"
+    assert main(["show", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "postgresql://user:***@127.0.0.1" in err and "s3cret-pw" not in err, err
+    with Store(workdir / "good.db") as store:
+        store.url = "postgresql+psycopg://user:s3cret-pw@db.example/tunebench"  # where the rows would come from
+        with pytest.raises(InputError) as caught:
+            _select(store, None, "op-nope", None)
+    assert "postgresql+psycopg://user:***@db.example/tunebench" in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("postgresql://me:pw@h:5432/db", "postgresql://me:***@h:5432/db"),
+        ("mysql+pymysql://root:p%40ss@h/db?charset=utf8", "mysql+pymysql://root:***@h/db?charset=utf8"),
+        ("see postgresql://u:a:b@h/db and sqlite:////x.db", "see postgresql://u:***@h/db and sqlite:////x.db"),
+        ("postgresql://h/db?user=u&password=pw&sslmode=require", "postgresql://h/db?user=u&password=***&sslmode=require"),
+        ("Authorization: Bearer abc.def.ghi", "Authorization: Bearer ***"),
+        ("postgresql://nobody@h/db", "postgresql://nobody@h/db"),
+    ],
+)
+def test_mask_secrets(text, masked):
+    assert mask_secrets(text) == masked

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -20,6 +21,7 @@ from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
 from tunebench.errors import InputError, one_line
 from tunebench.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
 from tunebench.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
@@ -240,10 +242,11 @@ def launch_plan(
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
     from tunebench.launch import build_launch_plan
 
+    opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
-        exp, entity, data_directory=data_dir, weights=weights, main_process_ip=main_process_ip,
-        main_process_port=port,
+        exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
+        main_process_port=opts.port,
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -261,6 +264,30 @@ def launch_plan(
         console.print("[bold]environment[/bold] " + " ".join(f"{k}={v!r}" for k, v in node.env.items()))
         console.print("[bold]command[/bold]")
         typer.echo(node.command_line)
+
+
+class RunOptions(Options):
+    """Options of `run`."""
+
+    weights: Weights
+    data_dir: OutputDir | None
+    output_dir: OutputDir | None
+    timeout: Seconds
+    cpu_processes: Count
+    host_memory_limit_gib: Positive | None
+
+
+class LaunchPlanOptions(Options):
+    """Options of `launch-plan` (the data directory is only printed: it need not exist here)."""
+
+    data_dir: Text | None
+    weights: Weights
+    main_process_ip: Host | None
+    port: Port
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def print_result(result: Any) -> None:
@@ -309,9 +336,12 @@ def run(
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment."""
+    opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
+                 cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
-    options = {"weights": weights, "data_dir": data_dir, "output_dir": output_dir, "timeout_seconds": timeout,
-               "cpu_processes": cpu_processes, "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
+    options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
+               "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
+               "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
     result = _measure_with_progress(exp, entity, options)
     if as_json:
         typer.echo(result.to_json())
