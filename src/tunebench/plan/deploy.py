@@ -148,18 +148,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow no redirect: the Authorization header must reach the given URL and nothing else."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 (urllib's signature)
+        return None  # urllib then raises HTTPError with the 3xx response
+
+
 def post_hardware_spec(
     url: str, body: dict[str, Any], token_env: str = "TOKEN", timeout_s: float = 30.0
 ) -> dict[str, Any]:
     """POST the body to url with 'Authorization: Bearer $<token_env>' (seed 002's curl); the reply.
 
-    Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL.
+    Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL:
+    https unless the host is loopback, and redirects are not followed (a 3xx reply is returned, not
+    ok, with its Location as "redirect"), so the token never reaches another origin.
     """
+    try:
+        check_post_url(url)
+    except ValueError as exc:
+        raise InputError("--post", str(exc)) from None
     token = os.environ.get(token_env)
     if not token:
         raise InputError("--token-env", f"environment variable {token_env} is not set (it must hold the bearer token)")
-    if not url.startswith(("http://", "https://")):
-        raise InputError("--post", f"not an http(s) URL: {url!r}")
     data = json.dumps(body).encode()
     req = urllib.request.Request(
         url,
@@ -167,16 +178,26 @@ def post_hardware_spec(
         method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"},
     )
+    handlers: list[Any] = [_NoRedirects()]
+    if is_loopback(urllib.parse.urlsplit(url).hostname or ""):
+        handlers.append(urllib.request.ProxyHandler({}))  # this machine: never through a proxy
+    opener = urllib.request.build_opener(*handlers)
+    redirect = None
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (the user's URL)
+        with opener.open(req, timeout=timeout_s) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-    except urllib.error.URLError as exc:
-        raise InputError("--post", f"cannot reach {url}: {exc.reason}") from None
+        if 300 <= status < 400:
+            redirect = exc.headers.get("Location")
+    except (urllib.error.URLError, OSError) as exc:
+        raise InputError("--post", f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     text = raw.decode(errors="replace")
     try:
         parsed: Any = json.loads(text) if text else None
     except json.JSONDecodeError:
         parsed = text
-    return {"status": status, "ok": 200 <= status < 300, "body": parsed}
+    out: dict[str, Any] = {"status": status, "ok": 200 <= status < 300, "body": parsed}
+    if redirect is not None:
+        out["redirect"] = f"{redirect} (not followed: the token is sent to the given URL only)"
+    return out
