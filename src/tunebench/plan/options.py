@@ -31,9 +31,9 @@ from tunebench.inputs import (
 from tunebench.limits import check_memory
 from tunebench.plan.deploy import check_post_url
 
-# What one candidate configuration of `recommend` holds while it is predicted (a dict of ~45
-# effective values plus its result): measured with tracemalloc at about 6 kB; rounded up.
-CANDIDATE_BYTES = 8_192
+# Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
+# measured with tracemalloc at about 25 kB (512 and 4,096 counts, smollm2-135m); rounded up.
+CANDIDATE_BYTES = 32_768
 
 
 class CalibrationContent(BaseModel):
