@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tunebench.cli import main
 from tunebench.errors import InputError
@@ -178,6 +179,43 @@ CASES: list[tuple[str, list[str]]] = [
     c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "good.csv"),
     c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "nodir/data"),
     c("--dir", "datasets", "list", "--dir", "good.csv"),
+    # --- entity values: flags, control characters, what the store cannot hold (items 3, 4, 6)
+    c("target_modules", "validate", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
+    c("target_modules", "run", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
+    c("target_modules", "launch-plan", LORA, *ENTITY, "target_modules=q_proj,--weights,pretrained"),
+    c("target_modules", "plan", LORA, *ENTITY, "target_modules=[\"--result_path\"]"),
+    c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
+    c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
+    c("dataset_image_field", "launch-plan", LORA, *ENTITY, "dataset_image_field=-x"),
+    c("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "validate", FULL, *GPU_ENTITY,
+      "accelerate_config_fsdp_transformer_layer_cls_to_wrap=--fsdp_offload_params"),
+    c("model_name", "validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0",
+      "batch_size=2"),
+    c("gpu_model", "validate", LORA, *GPU_ENTITY[:4], "gpu_model=H100\n"),
+    c("dataset_id", "validate", LORA, *ENTITY, "dataset_id=news-chars-512-entries-4096\r"),
+    c("optim", "validate", LORA, *ENTITY, "optim=adamw_torch\t"),
+    c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=out\x00put"),
+    c("experiment", "validate", LORA + "\x07", *ENTITY),
+    c("model_max_length", "validate", LORA, "model_name=smollm2-135m", "model_max_length=99999999999999999999999999999999",
+      "number_gpus=0", "batch_size=2"),
+    c("model_max_length", "plan", LORA, "model_name=smollm2-135m", "model_max_length=9223372036854775808",
+      "number_gpus=0", "batch_size=2"),
+    c("batch_size", "validate", LORA, "model_name=smollm2-135m", "model_max_length=256", "number_gpus=0",
+      "batch_size=-99999999999999999999999"),
+    c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=1e309"),
+    c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=inf"),
+    c("stop_after_seconds", "run", LORA, *ENTITY, "stop_after_seconds=nan"),
+    c("r", "describe", LORA, "-p", "r=99999999999999999999999"),
+    c("dataset_id", "validate", LORA, *ENTITY, "dataset_id=news-chars-512-entries-4096x"),
+    c("entity_space.target_modules", "explore", "inject.yaml"),
+    c("entity_space.model_max_length", "explore", "huge.yaml"),
+    c("entity_space.dataset_text_field", "explore", "control.yaml"),
+    c("entity_space.num_train_epochs", "explore", "inf.yaml"),
+    # --- data sets larger than this machine can hold: refused before anything is written (item 3)
+    c("dataset_id", "datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"),
+    c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
+    c("dataset_id", "datasets", "generate", "vision-999999x999999-16plus-entries-1", "--dir", "data"),
+    c("dataset_id", "datasets", "stats", "news-chars-512-entries-999999999999", "--model", "smollm2-135m"),
     # --- credentials: where the bearer token may go (item 2)
     c("--post", "deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
@@ -218,6 +256,14 @@ def files(tmp_path_factory) -> Path:
     (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
     (root / "array.json").write_text("[1, 2, 3]")
     (root / "nancoef.json").write_text('{"coefficients": {"hfu_max": NaN}}')
+    space = yaml.safe_load((root / "space.yaml").read_text())
+    for name, key, value in (
+        ("inject", "target_modules", [["q_proj", "--host_memory_limit_gib", "0.01"]]),
+        ("huge", "model_max_length", [64, 10**40]),
+        ("control", "dataset_text_field", "output\x1b]0;owned\x07"),
+        ("inf", "num_train_epochs", [1.0, float("inf")]),
+    ):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}}))
     return root
 
 
