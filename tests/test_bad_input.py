@@ -11,7 +11,9 @@ that no traceback reaches a real terminal.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import os
 import random
 import shutil
@@ -216,6 +218,14 @@ CASES: list[tuple[str, list[str]]] = [
     c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
     c("dataset_id", "datasets", "generate", "vision-999999x999999-16plus-entries-1", "--dir", "data"),
     c("dataset_id", "datasets", "stats", "news-chars-512-entries-999999999999", "--model", "smollm2-135m"),
+    # --- imported measurements: finite, non-negative, in range (item 6)
+    c("runtime_inf.csv line 2: train_runtime", "import", "runtime_inf.csv", "--store", "good.db"),
+    c("runtime_neg.csv line 2: train_runtime", "import", "runtime_neg.csv", "--store", "good.db"),
+    c("runtime_text.csv line 2: train_runtime", "import", "runtime_text.csv", "--store", "good.db"),
+    c("is_valid_2.csv line 2: is_valid", "import", "is_valid_2.csv", "--store", "good.db"),
+    c("throughput_nan.csv line 3: dataset_tokens_per_second", "import", "throughput_nan.csv"),
+    c("FILE", "import", "huge_field.csv", "--store", "good.db"),
+    c("FILE", "import", "no_columns.csv", "--store", "good.db"),
     # --- credentials: where the bearer token may go (item 2)
     c("--post", "deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
@@ -256,6 +266,21 @@ def files(tmp_path_factory) -> Path:
     (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
     (root / "array.json").write_text("[1, 2, 3]")
     (root / "nancoef.json").write_text('{"coefficients": {"hfu_max": NaN}}')
+    header, *rows = list(csv.reader(io.StringIO(ADO_CSV.read_text())))
+    for name, column, value, line in (
+        ("runtime_inf", "train_runtime", "-1e309", 0),
+        ("runtime_neg", "train_runtime", "-5", 0),
+        ("runtime_text", "train_runtime", "fast", 0),
+        ("is_valid_2", "is_valid", "2", 0),
+        ("throughput_nan", "dataset_tokens_per_second", "inf", 1),
+    ):
+        bad = [list(r) for r in rows]
+        bad[line][header.index(column)] = value
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([header, *bad])
+        (root / f"{name}.csv").write_text(out.getvalue())
+    (root / "huge_field.csv").write_text(",".join(header) + '\n"' + "x" * 200_000 + '"\n')
+    (root / "no_columns.csv").write_text("a,b\n1,2\n")
     space = yaml.safe_load((root / "space.yaml").read_text())
     for name, key, value in (
         ("inject", "target_modules", [["q_proj", "--host_memory_limit_gib", "0.01"]]),
