@@ -226,6 +226,14 @@ CASES: list[tuple[str, list[str]]] = [
     c("throughput_nan.csv line 3: dataset_tokens_per_second", "import", "throughput_nan.csv"),
     c("FILE", "import", "huge_field.csv", "--store", "good.db"),
     c("FILE", "import", "no_columns.csv", "--store", "good.db"),
+    # --- actuators: registered names only, unless whoever runs it opts in (item 8)
+    c("actuator.name", "explore", "osystem.yaml"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "tunebench.explore.testing:sleepy"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "measur"),
+    c("space", "explore", "bomb.yaml"),
+    c("space", "explore", "deep.yaml"),
+    c("space", "explore", "notyaml.yaml"),
     # --- credentials: where the bearer token may go (item 2)
     c("--post", "deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
@@ -289,6 +297,11 @@ def files(tmp_path_factory) -> Path:
         ("inf", "num_train_epochs", [1.0, float("inf")]),
     ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}}))
+    (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
+    (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
+    (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
+    (root / "notyaml.yaml").write_text("experiments: [\n  - id: x\n")
     return root
 
 

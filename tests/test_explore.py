@@ -42,6 +42,7 @@ def calls(log: Path) -> list[dict]:
 
 def run(space: dict, db: Path, **settings) -> object:
     with Store(db) as store:
+        settings = {"allow_actuator_import": True, **settings}  # the test actuators are module:function
         return explore(parse_space(space), store, LocalExecutor(settings.get("max_parallel", 1)), Settings(**settings))
 
 
@@ -169,6 +170,7 @@ def start_explorer(space_file: Path, db: Path, *extra: str) -> subprocess.Popen:
         "--store",
         str(db),
         "--quiet",
+        "--allow-actuator-import",
         *extra,
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

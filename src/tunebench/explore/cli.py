@@ -110,11 +110,16 @@ def explore(
     ] = None,
     actuator: Annotated[
         str | None,
-        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | module:function; "
-                     "default: the space file's."),
+        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | noop | a plugin's "
+                     "name | module:function (with --allow-actuator-import); default: the space file's."),
     ] = None,
     skip_predicted_oom: Annotated[
         bool, typer.Option("--skip-predicted-oom", help="Do not measure points the planner predicts will not fit.")
+    ] = False,
+    allow_actuator_import: Annotated[
+        bool,
+        typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
+                     "registered one (it imports and runs that code)."),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -142,7 +147,11 @@ def explore(
         remeasure=remeasure,
         lease_seconds=lease_seconds or execution.lease_seconds,
         skip_predicted_oom=skip_predicted_oom,
+        allow_actuator_import=allow_actuator_import,
     )
+    from tunebench.executors.task import check_options
+
+    check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
     sample_store = open_store(store)
     if kind == "ray":
         from tunebench.executors.ray import RayExecutor

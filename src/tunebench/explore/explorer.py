@@ -61,6 +61,7 @@ class Settings:
     lease_seconds: float = 60.0
     output_root: Path | None = None  # default <home>/runs
     skip_predicted_oom: bool = False  # grid/random: do not measure points the planner says will not fit
+    allow_actuator_import: bool = False  # the space's actuator may be an unregistered module:function
 
 
 @dataclass
@@ -103,7 +104,8 @@ def explore(
 ) -> Summary:
     """Run (or resume) the space's operation to completion; returns what happened."""
     settings = settings or Settings()
-    check_options(space.actuator, space.options)  # fail fast on a bad actuator, before anything is stored
+    # fail fast on a bad actuator, before anything is stored
+    check_options(space.actuator, space.options, allow_import=settings.allow_actuator_import)
     started = time.monotonic()
     op_id = space.operation_id
     sampler = space.operation.sampler
@@ -163,7 +165,7 @@ def explore(
             for claim in claims:
                 in_flight[claim.request_id] = claim
                 try:
-                    executor.submit(_task(claim, experiments, space, output_root))
+                    executor.submit(_task(claim, experiments, space, output_root, settings.allow_actuator_import))
                 except Exception as exc:  # e.g. the Ray cluster went away: this attempt failed
                     in_flight.pop(claim.request_id)
                     failed = Result.failed(claim.experiment_id, claim.entity_id, f"submit: {type(exc).__name__}: {exc}")
@@ -223,7 +225,9 @@ def screen_predicted_oom(points: list) -> tuple[list, list]:
     return [p for i, p in enumerate(points) if i not in drop], [p for i, p in enumerate(points) if i in drop]
 
 
-def _task(claim: Claim, experiments: dict[str, Experiment], space: Space, output_root: Path) -> Task:
+def _task(
+    claim: Claim, experiments: dict[str, Experiment], space: Space, output_root: Path, allow_import: bool
+) -> Task:
     experiment = experiments.get(claim.experiment_id)
     if experiment is None:
         experiment = experiments[claim.experiment_id] = get_experiment(claim.base_id, claim.parameters)
@@ -231,7 +235,7 @@ def _task(claim: Claim, experiments: dict[str, Experiment], space: Space, output
     options = dict(space.options)
     run_dir = output_root / (claim.operation_id or "adhoc") / f"{claim.request_id}-{claim.attempt}"
     options["output_dir"] = str(run_dir)
-    return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options)
+    return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options, allow_import)
 
 
 def _refresh(store: Store, op_id: str, progress: Progress, search: Any, running: int = 0) -> None:

@@ -11,7 +11,7 @@ In the spirit of ado's discovery space + operation resources (ado-sfttrainer.md 
       model_max_length: {min: 64, max: 256, step: 64}   # a range, both ends included
       batch_size: [1, 2]
       number_gpus: 0                       # a fixed value
-    actuator:                              # what measures: measure | predict | noop | module:function
+    actuator:                              # what measures: measure | predict | noop | a plugin (entry point)
       name: measure
       weights: random                      # auto | pretrained | random
       data_dir: ~/datasets                 # where the data sets are (default: tunebench's)
@@ -187,15 +187,40 @@ class Space:
 
 
 def load_space(path: str | Path) -> Space:
-    """Read and validate a space file."""
+    """Read and validate a space file; InputError (field space) for a file that is not a space's YAML."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("space", f"no such file: {path}") from None
+    except OSError as exc:
+        raise InputError("space", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError("space", f"{path} is not UTF-8 text (a binary file?)") from None
+    return parse_space(load_yaml(text, str(path)))
+
+
+class _SpaceLoader(yaml.SafeLoader):
+    """Safe YAML without aliases: ``*name`` lets a few lines stand for billions of values (a "YAML
+    bomb"), which validation and the stored copy of the space would expand."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in space files", mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str = "space") -> Any:
+    """The content of a space file's YAML text; InputError (field space) if it is not YAML we read."""
+    if "\x00" in text:
+        raise InputError("space", f"{where} holds NUL bytes (a binary file?)")
+    try:
+        return yaml.load(text, Loader=_SpaceLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        raise InputError("space", f"{path} is not valid YAML: {exc}") from None
-    return parse_space(raw)
+        raise InputError("space", f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise InputError("space", f"{where} is nested too deeply") from None
 
 
 def parse_space(raw: Any) -> Space:
