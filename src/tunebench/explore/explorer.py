@@ -12,7 +12,9 @@ One pass:
    proposed a few at a time (tunebench.explore.optimize);
 3. loop: claim pending requests while fewer than max_parallel are in flight, submit them, store each
    result as it arrives (failed ones return to pending while attempts <= max_retries), renew the
-   leases of the claims in flight, until nothing of the operation is pending or in flight here.
+   leases of the claims in flight and re-queue claims whose explorer died (lease expired, or a dead
+   process on this host), until nothing of the operation is pending or running anywhere: a point
+   another explorer holds is waited for, and measured here if that explorer dies.
 
 Every store write is its own transaction, so the loop can be killed anywhere: re-running the same
 space resumes (done points are memoised, claims of the dead explorer are re-queued). Ctrl-C gives the
@@ -36,6 +38,7 @@ from tunebench.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
 POLL_S = 0.2  # longest wait for a result before the loop looks at the store again
+REQUEUE_S = 1.0  # how often the loop looks for claims of dead explorers (at least twice per lease)
 
 
 class Executor(Protocol):
@@ -147,8 +150,8 @@ def explore(
             if in_flight and now - last_renew > settings.lease_seconds / 3:
                 store.renew(in_flight.values(), settings.lease_seconds)
                 last_renew = now
-            if now - last_requeue > settings.lease_seconds / 2:
-                store.requeue_stale(max_retries=settings.max_retries)
+            if now - last_requeue > min(settings.lease_seconds / 2, REQUEUE_S):
+                store.requeue_stale(max_retries=settings.max_retries)  # a dead explorer's claims come back
                 last_requeue = now
 
             capacity = settings.max_parallel - len(in_flight)
@@ -192,10 +195,13 @@ def explore(
                         break
                     if search.watched and not search.claimable():
                         time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
-                elif store.counts(op_id).get(PENDING, 0) == 0:
-                    break
                 else:
-                    time.sleep(0.05)  # pending requests were claimed by someone else meanwhile
+                    counts = store.counts(op_id)
+                    if not counts.get(PENDING, 0) and not counts.get(RUNNING, 0):
+                        break
+                    # pending requests were claimed by someone else meanwhile, or other explorers hold
+                    # claims: wait for their results or for their leases to expire (requeued above)
+                    time.sleep(POLL_S if counts.get(RUNNING, 0) else 0.05)
     except KeyboardInterrupt:
         interrupted = True
         store.release(in_flight.values())
