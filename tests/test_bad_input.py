@@ -213,6 +213,10 @@ CASES: list[tuple[str, list[str]]] = [
     c("entity_space.model_max_length", "explore", "huge.yaml"),
     c("entity_space.dataset_text_field", "explore", "control.yaml"),
     c("entity_space.num_train_epochs", "explore", "inf.yaml"),
+    c("entity_space.model_max_length.max", "explore", "range_inf.yaml"),
+    c("execution.lease_seconds", "explore", "lease_inf.yaml"),
+    c("actuator.timeout_seconds", "explore", "timeout_nan.yaml"),
+    c("execution.max_parallel", "explore", "parallel_0.yaml"),
     # --- data sets larger than this machine can hold: refused before anything is written (item 3)
     c("dataset_id", "datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"),
     c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
@@ -297,6 +301,13 @@ def files(tmp_path_factory) -> Path:
         ("inf", "num_train_epochs", [1.0, float("inf")]),
     ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}}))
+    for name, extra in (
+        ("range_inf", {"entity_space": {**space["entity_space"], "model_max_length": {"min": 1, "max": float("inf")}}}),
+        ("lease_inf", {"execution": {"lease_seconds": float("inf")}}),
+        ("timeout_nan", {"actuator": {"name": "noop", "timeout_seconds": float("nan")}}),
+        ("parallel_0", {"execution": {"max_parallel": 0}}),
+    ):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, **extra}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
                                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")

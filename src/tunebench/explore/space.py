@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunebench.errors import InputError
 from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
+from tunebench.inputs import FiniteFloat, Seconds
 from tunebench.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
@@ -70,9 +71,9 @@ class ExperimentSpec(_Strict):
 class RangeSpec(_Strict):
     """A discrete range: min, min + step, ... up to max (included when on the grid)."""
 
-    min: float
-    max: float
-    step: float = 1
+    min: FiniteFloat
+    max: FiniteFloat
+    step: FiniteFloat = 1
 
     @model_validator(mode="after")
     def _check(self) -> RangeSpec:
@@ -91,7 +92,7 @@ class ActuatorSpec(BaseModel):
     weights: Literal["auto", "pretrained", "random"] | None = None
     data_dir: str | None = None
     model_map: dict[str, Any] | None = None
-    timeout_seconds: float | None = Field(default=None, gt=0)
+    timeout_seconds: Seconds | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     def to_options(self) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class ExecutionSpec(_Strict):
     max_parallel: int = Field(default=1, ge=1)
     max_retries: int = Field(default=2, ge=0)
     ray_address: str | None = None
-    lease_seconds: float = Field(default=60.0, gt=0)
+    lease_seconds: Seconds = 60.0
 
 
 class SpaceFile(_Strict):
