@@ -10,7 +10,6 @@ files that exist and hold text, output files whose directory exists, nothing tha
 
 from __future__ import annotations
 
-import codecs
 import ipaddress
 import os
 import re
@@ -24,7 +23,6 @@ from tunebench.errors import InputError, has_control_characters
 
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TEXT_CHUNK = 1 << 20
 
 
 class Options(BaseModel):
@@ -151,22 +149,36 @@ def _existing_file(path: Path) -> Path:
     return path
 
 
+def text_of(path: Path) -> str:
+    """The UTF-8 text of a file; ValueError saying why there is none (missing, a directory, binary)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{str(path)!r} is a directory, not a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text (a binary file?)") from None
+    if "\x00" in text:
+        raise ValueError(f"{str(path)!r} holds NUL bytes (a binary file?)")
+    return text
+
+
+def read_text(path: str | os.PathLike, field: str) -> str:
+    """text_of(path), with InputError naming field instead of ValueError."""
+    try:
+        return text_of(Path(path))
+    except ValueError as exc:
+        raise InputError(field, str(exc)) from None
+
+
 def _text_file(path: Path) -> Path:
     """An existing file of UTF-8 text (no NUL bytes): what YAML, CSV, JSON and JSONL inputs must be."""
-    path = _existing_file(path)
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    with open(path, "rb") as f:
-        while chunk := f.read(TEXT_CHUNK):
-            try:
-                text = decoder.decode(chunk)
-            except UnicodeDecodeError:
-                raise ValueError(f"{str(path)!r} is not UTF-8 text (a binary file?)") from None
-            if "\x00" in text:
-                raise ValueError(f"{str(path)!r} holds NUL bytes (a binary file?)")
-        try:
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise ValueError(f"{str(path)!r} is not UTF-8 text (a binary file?)") from None
+    text_of(_existing_file(path))
     return path
 
 

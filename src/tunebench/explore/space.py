@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunebench.errors import InputError
 from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
-from tunebench.inputs import FiniteFloat, Seconds
+from tunebench.inputs import FiniteFloat, Seconds, read_text
 from tunebench.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
@@ -189,16 +189,7 @@ class Space:
 
 def load_space(path: str | Path) -> Space:
     """Read and validate a space file; InputError (field space) for a file that is not a space's YAML."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("space", f"no such file: {path}") from None
-    except OSError as exc:
-        raise InputError("space", f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError("space", f"{path} is not UTF-8 text (a binary file?)") from None
-    return parse_space(load_yaml(text, str(path)))
+    return parse_space(load_yaml(read_text(path, "space"), str(path)))
 
 
 class _SpaceLoader(yaml.SafeLoader):
@@ -214,8 +205,6 @@ class _SpaceLoader(yaml.SafeLoader):
 
 def load_yaml(text: str, where: str = "space") -> Any:
     """The content of a space file's YAML text; InputError (field space) if it is not YAML we read."""
-    if "\x00" in text:
-        raise InputError("space", f"{where} holds NUL bytes (a binary file?)")
     try:
         return yaml.load(text, Loader=_SpaceLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:

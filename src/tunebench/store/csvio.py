@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import re
 from collections import Counter
@@ -47,7 +48,7 @@ from tunebench.experiments import (
     list_experiments,
     make_entity,
 )
-from tunebench.inputs import NonNegative, input_error
+from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.properties import PROPERTIES
 from tunebench.report import ADO_PREFIX, build, write_csv
 from tunebench.results import Result
@@ -278,20 +279,12 @@ def read_import(
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     """The header and the rows of a CSV file; InputError (FILE) if it is not CSV text."""
-    reader = None
+    reader = csv.DictReader(io.StringIO(read_text(path, "FILE"), newline=""))
     try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            rows = list(reader)
-            return list(reader.fieldnames or []), rows
-    except FileNotFoundError:
-        raise InputError("FILE", f"no such file: {path}") from None
-    except OSError as exc:
-        raise InputError("FILE", f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError("FILE", f"{path.name} is not UTF-8 text (a binary file?)") from None
+        rows = list(reader)
     except csv.Error as exc:
-        raise InputError("FILE", f"{path.name} line {reader.line_num if reader else 1} is not CSV: {exc}") from None
+        raise InputError("FILE", f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
+    return list(reader.fieldnames or []), rows
 
 
 def write_import(store: Store, records: list[Record], summary: ImportSummary) -> ImportSummary:
