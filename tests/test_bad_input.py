@@ -168,6 +168,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--from", "calibrate", "--from", "bin.csv"),
     c("--from", "calibrate", "--from", "adir"),
     c("--from", "calibrate", "--from", "missing.csv"),
+    c("--from", "calibrate", "--from", "runtime_inf.csv"),
+    c("--from", "calibrate", "--from", "huge_field.csv"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "notjson.json"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "wrongshape.json"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "array.json"),

@@ -105,7 +105,26 @@ class DeployOptions(Options):
     token_env: EnvName
 
 
+def _measurements_file(path: Path) -> Path:
+    """A CSV the csv module reads whose measured-property columns (that layout) are finite and >= 0."""
+    from tunebench.errors import InputError
+    from tunebench.store.csvio import measurements_of, read_csv_rows
+
+    try:
+        columns, rows = read_csv_rows(path, "--from")
+        number = 1
+        if "experiment_id" in columns:
+            for number, row in enumerate(rows, start=2):
+                measurements_of(row)
+    except InputError as exc:
+        raise ValueError(exc.message if exc.field == "--from" else f"{path.name} line {number}: {exc}") from None
+    return path
+
+
+MeasurementsFile = Annotated[TextFile, AfterValidator(_measurements_file)]
+
+
 class CalibrateOptions(Options):
     NAMES = {"sources": "--from"}
-    sources: list[TextFile] | None = None
+    sources: list[MeasurementsFile] | None = None
     output: OutputFile | None = None

@@ -170,12 +170,20 @@ Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Measurements = create_model("Measurements", __config__=ConfigDict(extra="forbid"), **_measurement_fields())
 
 
-def check_measurements(props: dict[str, Any]) -> None:
-    """InputError naming the first measured value that is not finite, negative, or out of its range."""
+def measurements_of(row: dict[str, str]) -> dict[str, Any]:
+    """The measured properties of a CSV row, as numbers; InputError naming the first one that is not a
+    number, not finite, negative, or out of its range."""
+    props: dict[str, Any] = {}
+    for key in MEASURED:
+        if key in row and row[key] is not None:
+            value = _number(key, row[key])
+            if value is not None:
+                props[key] = value
     try:
         Measurements.model_validate(props)
     except ValidationError as exc:
         raise input_error(exc) from None
+    return props
 
 
 def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str = "") -> Record:
@@ -206,13 +214,7 @@ def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str
         values["model_max_length"] = _coerce("model_max_length", row["tokens_per_sample"])
     entity = make_entity(experiment, values)
 
-    props: dict[str, Any] = {}
-    for key in MEASURED:
-        if key in row and row[key] is not None:
-            value = _number(key, row[key])
-            if value is not None:
-                props[key] = value
-    check_measurements(props)
+    props = measurements_of(row)
     is_valid = props.pop("is_valid", None)
     if is_valid is None:  # ado-sfttrainer.md §13.2: no is_valid column -> train_runtime present means valid
         is_valid = 1 if props.get("train_runtime") is not None else 0
@@ -251,7 +253,7 @@ def read_import(
 ) -> tuple[list[Record], ImportSummary]:
     """Parse and check every row of a CSV of measurements; InputError before anything is stored."""
     path = Path(path)
-    columns, rows = _read_csv(path)
+    columns, rows = read_csv_rows(path, "FILE")
     summary = ImportSummary()
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
@@ -277,13 +279,13 @@ def read_import(
     return records, summary
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows of a CSV file; InputError (FILE) if it is not CSV text."""
-    reader = csv.DictReader(io.StringIO(read_text(path, "FILE"), newline=""))
+def read_csv_rows(path: Path, field: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows of a CSV file; InputError naming field if it is not CSV text."""
+    reader = csv.DictReader(io.StringIO(read_text(path, field), newline=""))
     try:
         rows = list(reader)
     except csv.Error as exc:
-        raise InputError("FILE", f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
+        raise InputError(field, f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
     return list(reader.fieldnames or []), rows
 
 
