@@ -6,6 +6,7 @@ print one line naming the field and the allowed values and exit with code 2 (see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -388,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False, prog_name="tunebench")
     except InputError as exc:
         return _fail(str(exc), 2)
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing to report
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except OSError as exc:  # a file the command's checks did not foresee (a race, a full disk)
         where = f"{exc.filename}: " if exc.filename else ""
         return _fail(f"{where}{exc.strerror or exc}", 2)

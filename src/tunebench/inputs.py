@@ -47,18 +47,23 @@ def parse(model: type[O], **values: Any) -> O:
         raise input_error(exc, model.display, indices=False) from None
 
 
-def input_error(exc: ValidationError, display: Any = str, prefix: str = "", indices: bool = True) -> InputError:
+def input_error(
+    exc: ValidationError, display: Any = str, prefix: str = "", indices: bool = True, root: str = "input"
+) -> InputError:
     """The first error of a ValidationError as an InputError (field, what is wrong with the value).
 
-    The field is the error's location, its first part through display (a CLI spelling); indices=False
-    leaves out list positions (a repeated option is named once, --from, not --from[2]).
+    The field is the error's location (``entity_space.x.min``, ``experiments[0].id``) under prefix, its
+    first part through display (a CLI spelling); indices=False leaves out list positions (a repeated
+    option is named once, --from, not --from[2]); an error of the whole model is named prefix, or root.
     """
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"]]
-    field = display(loc[0]) if loc else "input"
-    field = prefix + field + "".join(
-        (f"[{p}]" if indices else "") if p.isdigit() else f".{p}" for p in loc[1:]
-    )
+    field = prefix or root
+    if loc:
+        first = display(loc[0])
+        field = (f"{prefix}.{first}" if prefix else first) + "".join(
+            (f"[{p}]" if indices else "") if p.isdigit() else f".{p}" for p in loc[1:]
+        )
     if err["type"] == "extra_forbidden":
         return InputError(field, "unknown key")
     if err["type"] == "missing":

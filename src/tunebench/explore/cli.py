@@ -127,6 +127,7 @@ def explore(
     """Measure the points of a space (grid, random or optimize); resumable by running it again."""
     from rich.console import Console
 
+    from tunebench.executors.task import check_options
     from tunebench.explore.explorer import Settings
     from tunebench.explore.explorer import explore as run
     from tunebench.explore.progress import ProgressDisplay
@@ -149,8 +150,6 @@ def explore(
         skip_predicted_oom=skip_predicted_oom,
         allow_actuator_import=allow_actuator_import,
     )
-    from tunebench.executors.task import check_options
-
     check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
     sample_store = open_store(store)
     if kind == "ray":

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunebench.errors import InputError
 from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
-from tunebench.inputs import FiniteFloat, Seconds, read_text
+from tunebench.inputs import FiniteFloat, Seconds, input_error, read_text
 from tunebench.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
@@ -220,7 +220,7 @@ def parse_space(raw: Any) -> Space:
     try:
         spec = SpaceFile.model_validate(raw)
     except ValidationError as exc:
-        raise _input_error(exc) from None
+        raise input_error(exc, root="space") from None
     experiments = []
     for i, e in enumerate(spec.experiments):
         try:
@@ -261,7 +261,7 @@ def _dimension(name: str, value: Any) -> Dimension:
         try:
             r = RangeSpec.model_validate(value)
         except ValidationError as exc:
-            raise _input_error(exc, prefix=where) from None
+            raise input_error(exc, prefix=where) from None
         integral = all(float(x).is_integer() for x in (r.min, r.max, r.step))
         count = int(math.floor((r.max - r.min) / r.step + 1e-9)) + 1
         if count > MAX_GRID_POINTS:
@@ -319,16 +319,3 @@ def _check_metric(space: Space) -> None:
 
 def _field(inner: str, default: str) -> str:
     return inner if inner and inner != "experiment" else default
-
-
-def _input_error(exc: ValidationError, prefix: str = "") -> InputError:
-    """The first pydantic error as an InputError naming the field path."""
-    err = exc.errors()[0]
-    loc = ""
-    for part in err["loc"]:
-        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc or prefix else str(part))
-    where = (prefix + loc) if prefix else (loc or "space")
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown key"
-    return InputError(where, message)
