@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
-from typer.testing import CliRunner
 
-from tunebench.datasets.cli import app
+from tunebench.cli import main
 
-runner = CliRunner()
 SMALL = "news-chars-64-entries-16"
 
 
-def run(*args: str):
-    return runner.invoke(app, list(args))
+@dataclass
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+@pytest.fixture
+def run(capsys):
+    """`tunebench datasets ARGS` through tunebench's main (its one error path), output captured."""
+
+    def invoke(*args: str) -> Ran:
+        code = main(["datasets", *args])
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return invoke
 
 
 @pytest.mark.parametrize("args", [
@@ -24,7 +42,7 @@ def run(*args: str):
     ("stats", SMALL, "--model", "no-such-model-7b", "--dir", "{d}"),
     ("stats", SMALL, "--model", "smollm2-135m", "--max-len", "0", "--dir", "{d}"),
 ])
-def test_bad_input_exit_2_one_line_nothing_written(tmp_path, args):
+def test_bad_input_exit_2_one_line_nothing_written(run, tmp_path, args):
     d = tmp_path / "data"
     result = run(*[a.format(d=d) for a in args])
     assert result.exit_code == 2, result.output
@@ -35,12 +53,12 @@ def test_bad_input_exit_2_one_line_nothing_written(tmp_path, args):
     assert not d.exists()
 
 
-def test_unknown_id_names_field_and_allowed(tmp_path):
+def test_unknown_id_names_field_and_allowed(run, tmp_path):
     result = run("generate", "news-tokens-16384plus-entries", "--dir", str(tmp_path))
     assert "dataset_id" in result.stderr and "news-tokens-16384plus-entries-4096" in result.stderr
 
 
-def test_generate_then_list_and_stats(tmp_path):
+def test_generate_then_list_and_stats(run, tmp_path):
     result = run("generate", SMALL, "--dir", str(tmp_path))
     assert result.exit_code == 0, result.output
     assert (tmp_path / f"{SMALL}.jsonl").is_file() and "sha256" in result.stdout

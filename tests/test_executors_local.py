@@ -25,7 +25,8 @@ def task(i: int, gpus: int, log, *, actuator="tunebench.explore.testing:sleepy",
     if nodes > 1:
         values["number_nodes"] = nodes
     entity = make_entity(EXP, values)
-    return make_task(i, 1, actuator, EXP, entity, {"call_log": str(log), "sleep_s": sleep_s})
+    options = {"call_log": str(log), "sleep_s": sleep_s}
+    return make_task(i, 1, actuator, EXP, entity, options, allow_import=True)  # the test actuators are module:function
 
 
 def drain(executor: LocalExecutor, n: int, timeout: float = 30.0):
@@ -87,7 +88,7 @@ def test_actuator_errors_become_failed_results(tmp_path):
 
 def test_actuator_names():
     assert resolve_actuator("noop").__name__ == "noop"
-    assert resolve_actuator("tunebench.explore.testing:sleepy").__name__ == "sleepy"
+    assert resolve_actuator("tunebench.explore.testing:sleepy", allow_import=True).__name__ == "sleepy"
 
 
 def test_detect_gpus_on_this_machine():

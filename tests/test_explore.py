@@ -42,6 +42,7 @@ def calls(log: Path) -> list[dict]:
 
 def run(space: dict, db: Path, **settings) -> object:
     with Store(db) as store:
+        settings = {"allow_actuator_import": True, **settings}  # the test actuators are module:function
         return explore(parse_space(space), store, LocalExecutor(settings.get("max_parallel", 1)), Settings(**settings))
 
 
@@ -169,6 +170,7 @@ def start_explorer(space_file: Path, db: Path, *extra: str) -> subprocess.Popen:
         "--store",
         str(db),
         "--quiet",
+        "--allow-actuator-import",
         *extra,
     ]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -220,3 +222,51 @@ def test_two_explorers_on_one_store_measure_disjoint_sets(tmp_path):
     assert len(starts) == 24 and len({c["entity"] for c in starts}) == 24  # every point measured exactly once
     assert len(by_pid) == 2 and all(by_pid.values())  # both explorers took part, on disjoint sets
     assert len(valid_entities(db)) == 24
+
+
+# ------------------------------------------------------------------ a dead explorer's claims (item 9)
+
+
+def test_a_claim_whose_lease_expires_is_reclaimed_within_the_survivors_run(tmp_path):
+    """Another host's explorer claimed a point and died: this explorer waits for the lease, then measures it."""
+    from tunebench.explore.samplers import sample
+
+    log, db = tmp_path / "calls.jsonl", tmp_path / "s.db"
+    space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log))
+    spec = parse_space(space)
+    with Store(db) as store:
+        store.open_operation(spec.operation_id, sampler="grid", actuator=spec.actuator, space=spec.source, name=None)
+        store.register(spec.operation_id, sample(spec), actuator=spec.actuator, generator="grid")
+        (held,) = store.claim(spec.operation_id, "other-host:4242:1", 1, lease_seconds=2.0)  # ... and it died
+    started = time.monotonic()
+    summary = run(space, db, lease_seconds=30.0)
+    assert time.monotonic() - started >= 1.5  # it waited for the lease instead of leaving the point running
+    assert (summary.valid, summary.done, summary.total) == (2, 2, 2)
+    with Store(db) as store:
+        assert store.counts(spec.operation_id) == {"valid": 2}
+        (result,) = store.results_of(held.request_id)
+    assert result.status == "valid" and result.metadata["execution"]["pid"] == os.getpid()
+
+
+def test_kill_9_of_one_of_two_explorers_the_survivor_finishes_its_points(tmp_path):
+    """Two explorers share a space; one is killed while it measures: the other, still running, reclaims
+    the dead one's point (dead process on this host) and every point ends measured, none left running."""
+    log, db = tmp_path / "calls.jsonl", tmp_path / "s.db"
+    space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log), sleep_s=2.0)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    Store(db).close()
+    victim = start_explorer(tmp_path / "space.yaml", db, "--max-parallel", "1")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(c["pid"] == victim.pid for c in calls(log)):
+        time.sleep(0.05)
+    survivor = start_explorer(tmp_path / "space.yaml", db, "--max-parallel", "1")
+    while time.monotonic() < deadline and len({c["pid"] for c in calls(log)}) < 2:
+        time.sleep(0.05)  # both are measuring now, one point each: nothing is pending
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    out, err = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0, err
+    with Store(db) as store:
+        assert store.counts(store.operations()[0]["id"]) == {"valid": 2}  # the dead explorer's point too
+    finished = {c["entity"] for c in calls(log) if c["event"] == "end" and c["pid"] == survivor.pid}
+    assert len(finished) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -117,3 +118,94 @@ def test_post_without_a_token_is_an_input_error():
     res = invoke("deploy-spec", "--params-b", "10", "--post", "http://127.0.0.1:9/x", "--token-env", "TB_UNSET_TOKEN_X",
                  env={"TB_UNSET_TOKEN_X": ""})  # fmt: skip
     assert isinstance(res.exception, InputError) and res.exception.field == "--token-env"
+
+
+class _Redirector(BaseHTTPRequestHandler):
+    """Answers every POST with a redirect to the URL in the class attribute `to`."""
+
+    to = ""
+    code = 302
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server API)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        _Redirector.seen.append((self.path, self.headers.get("Authorization")))
+        self.send_response(_Redirector.code)
+        self.send_header("Location", _Redirector.to)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class _Thief(BaseHTTPRequestHandler):
+    """Another origin: records whatever reaches it."""
+
+    seen: list = []
+
+    def _record(self):
+        _Thief.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = _record  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+def _serve(handler):
+    server = HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_post_does_not_follow_a_redirect_to_another_origin(code):
+    """Item 2: a redirect from the given URL to another origin must not receive the bearer token."""
+    thief, origin = _serve(_Thief), _serve(_Redirector)
+    _Thief.seen.clear()
+    _Redirector.seen.clear()
+    _Redirector.code, _Redirector.to = code, f"http://localhost:{thief.server_port}/steal"
+    try:
+        url = f"http://127.0.0.1:{origin.server_port}/v2/hardware_specifications"
+        res = invoke("deploy-spec", "--params-b", "10", "--post", url, "--token-env", "TB_TEST_TOKEN", "--json",
+                     env={"TB_TEST_TOKEN": "secret-2"})  # fmt: skip
+        assert res.exit_code == 1, res.output  # not ok: the spec was not created
+        out = json.loads(res.output)
+        assert out["post"]["status"] == code and out["post"]["ok"] is False
+        assert "not followed" in out["post"]["redirect"]
+        assert _Redirector.seen == [("/v2/hardware_specifications", "Bearer secret-2")]
+        assert _Thief.seen == []  # the other origin got nothing at all, token or not
+    finally:
+        for server in (thief, origin):
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://example.com/v2/hardware_specifications", "https is required"),
+        ("http://10.0.0.8/v2/hardware_specifications", "https is required"),
+        ("https://user:pw@example.com/x", "credentials in the URL"),
+        ("file:///etc/passwd", "not an http(s) URL"),
+        ("https://", "not an http(s) URL"),
+    ],
+)
+def test_post_needs_https_except_for_loopback(url, why):
+    from tunebench.plan.deploy import post_hardware_spec
+
+    with pytest.raises(InputError, match=re.escape(why)) as caught:
+        post_hardware_spec(url, {"name": "x"}, token_env="PATH")
+    assert caught.value.field == "--post"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "localhost", "[::1]"])
+def test_loopback_hosts_may_use_http(host):
+    from tunebench.plan.deploy import check_post_url
+
+    assert check_post_url(f"http://{host}:8080/x") == f"http://{host}:8080/x"

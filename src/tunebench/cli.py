@@ -6,8 +6,11 @@ print one line naming the field and the allowed values and exit with code 2 (see
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import click
@@ -17,15 +20,19 @@ from rich.table import Table
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
-from tunebench.errors import InputError
+from tunebench.errors import InputError, one_line
 from tunebench.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
 from tunebench.properties import PROPERTIES, REQUIRED, render_value
+from tunebench.secrets import mask_secrets
+from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
     help="Plan, measure and explore fine-tuning jobs: memory, OOM, GPU count, throughput, cost.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 console = Console(soft_wrap=True)  # long ids stay on one line (copy-pasteable)
 
@@ -55,6 +62,22 @@ def resolve(experiment_id: str, params: list[str] | None, props: list[str] | Non
     experiment = get_experiment(experiment_id, parse_assignments(params or []))
     entity = make_entity(experiment, parse_assignments(props or []))
     return experiment, entity
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tunebench {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="Print tunebench's version and exit."),
+    ] = False,
+) -> None:
+    """Options before any command: --version, --help."""
 
 
 @app.command()
@@ -220,10 +243,11 @@ def launch_plan(
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
     from tunebench.launch import build_launch_plan
 
+    opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
-        exp, entity, data_directory=data_dir, weights=weights, main_process_ip=main_process_ip,
-        main_process_port=port,
+        exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
+        main_process_port=opts.port,
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -241,6 +265,30 @@ def launch_plan(
         console.print("[bold]environment[/bold] " + " ".join(f"{k}={v!r}" for k, v in node.env.items()))
         console.print("[bold]command[/bold]")
         typer.echo(node.command_line)
+
+
+class RunOptions(Options):
+    """Options of `run`."""
+
+    weights: Weights
+    data_dir: OutputDir | None
+    output_dir: OutputDir | None
+    timeout: Seconds
+    cpu_processes: Count
+    host_memory_limit_gib: Positive | None
+
+
+class LaunchPlanOptions(Options):
+    """Options of `launch-plan` (the data directory is only printed: it need not exist here)."""
+
+    data_dir: Text | None
+    weights: Weights
+    main_process_ip: Host | None
+    port: Port
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else str(path)
 
 
 def print_result(result: Any) -> None:
@@ -289,9 +337,12 @@ def run(
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment."""
+    opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
+                 cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
-    options = {"weights": weights, "data_dir": data_dir, "output_dir": output_dir, "timeout_seconds": timeout,
-               "cpu_processes": cpu_processes, "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
+    options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
+               "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
+               "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
     result = _measure_with_progress(exp, entity, options)
     if as_json:
         typer.echo(result.to_json())
@@ -326,22 +377,46 @@ def _mount_subcommands() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point (console script: sys.exit(main())). InputError -> one line on stderr, exit code 2."""
+    """Entry point (console script: sys.exit(main())); every way a command can end, as an exit code.
+
+    Bad input of any kind (a usage error, an InputError, a file that cannot be read or written)
+    prints one line ``error: <field>: <what is wrong> (allowed: ...)`` on stderr and returns 2.
+    A bug prints one line and returns 1 (TUNEBENCH_DEBUG=1 re-raises it with its traceback);
+    Ctrl-C returns 130. Passwords in URLs are masked in every message.
+    """
     _mount_subcommands()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="tunebench")
     except InputError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        return 2
-    except click.exceptions.Abort:
-        typer.echo("aborted", err=True)
-        return 130
-    except click.ClickException as exc:
-        exc.show()
+        return _fail(str(exc), 2)
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing to report
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
+    except OSError as exc:  # a file the command's checks did not foresee (a race, a full disk)
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}", 2)
+    except (KeyboardInterrupt, typer.Abort, click.exceptions.Abort):
+        return _fail("aborted", 130, prefix="")
+    except (typer.Exit, click.exceptions.Exit) as exc:
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
+    except Exception as exc:
+        if is_help_request(exc):
+            typer.echo(exc.ctx.get_help())
+            return 0
+        if is_usage_error(exc):
+            return _fail(str(to_input_error(exc)), 2)
+        if isinstance(exc, (typer.TyperException, click.ClickException)):
+            return _fail(exc.format_message(), exc.exit_code)
+        if os.environ.get("TUNEBENCH_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (TUNEBENCH_DEBUG=1 shows the traceback)", 1)
     return result if isinstance(result, int) else 0
+
+
+def _fail(message: str, code: int, prefix: str = "error: ") -> int:
+    typer.echo(prefix + one_line(mask_secrets(message)), err=True)
+    return code
 
 
 if __name__ == "__main__":

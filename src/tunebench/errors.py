@@ -8,6 +8,7 @@ domain, is. The CLI prints ``str(error)`` on one line and exits with code 2.
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from collections.abc import Iterable
 
 
@@ -39,3 +40,22 @@ def one_of(values: Iterable[object], limit: int = 12) -> str:
     if len(items) > limit:
         return ", ".join(items[:limit]) + f", ... ({len(items)} in all)"
     return ", ".join(items)
+
+
+def one_line(text: str) -> str:
+    """text as one printable line: line breaks and tabs become spaces, other control characters are
+    escaped (a value echoed back can neither break the line nor send terminal escape sequences)."""
+    out = []
+    for ch in text:
+        if ch in "\r\n\t":
+            out.append(" ")
+        elif unicodedata.category(ch) == "Cc":
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def has_control_characters(text: str) -> bool:
+    """Whether text holds a control character (line breaks, tabs and escapes included)."""
+    return any(unicodedata.category(ch) == "Cc" for ch in text)

@@ -23,7 +23,7 @@ import yaml
 
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
-from tunebench.errors import InputError
+from tunebench.errors import InputError, has_control_characters
 from tunebench.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
 from tunebench.properties import PROPERTIES
@@ -87,6 +87,18 @@ def _shell_quote(arg: str) -> str:
     return shlex.quote(arg)
 
 
+def _value(text: str, field: str) -> str:
+    """text as the value of a worker flag: InputError if it could read as a flag or break the line.
+
+    Properties are checked when parsed (tunebench.properties); this guards what comes from elsewhere
+    (model_map paths, data directories) and stays in force whatever a parser lets through.
+    """
+    if text.startswith("-") or has_control_characters(text):
+        raise InputError(field, f"{text!r} cannot be passed to the worker: it starts with '-' or holds control "
+                         "characters", allowed="a name or path not starting with '-'")  # fmt: skip
+    return text
+
+
 def _flag(value: Any) -> str:
     """A value as the spec's command line writes it (booleans True/False)."""
     if isinstance(value, bool):
@@ -137,13 +149,13 @@ def worker_args(
     if flash is None:
         flash = gpus > 0  # flash-attention needs a GPU; the reference's own CPU runs switched it off
     dataset = parse_dataset_id(values["dataset_id"])
-    text_field = values.get("dataset_text_field") or "output"
+    text_field = _value(values.get("dataset_text_field") or "output", "dataset_text_field")
     max_steps = values.get("max_steps", -1)
     args = [
-        "--model_name_or_path", model_path,
+        "--model_name_or_path", _value(model_path, "model_name_or_path"),
         "--torch_dtype", values["torch_dtype"],
         "--use_flash_attn", _flag(flash),
-        "--training_data_path", training_data_path,
+        "--training_data_path", _value(training_data_path, "data_dir"),
         "--response_template", values["response_template"],
         "--dataset_text_field", text_field,
         "--log_level", values["log_level"],
@@ -166,7 +178,7 @@ def worker_args(
         "--peft_method", values["peft_method"],
     ]  # fmt: skip
     if experiment.uses_lora:
-        args += ["--target_modules", *values["target_modules"]]
+        args += ["--target_modules", *(_value(m, "target_modules") for m in values["target_modules"])]
         args += ["--r", str(values["r"]), "--lora_alpha", str(values["lora_alpha"])]
         args += ["--lora_dropout", str(values["lora_dropout"])]
     if experiment.method == "pt":
@@ -190,13 +202,13 @@ def worker_args(
     if version >= (2, 4, 0):
         args += ["--fast_moe", str(values.get("fast_moe", 0))]
     if dataset.is_vision or values.get("dataset_image_field"):
-        args += ["--dataset_image_field", values.get("dataset_image_field") or "images"]
+        args += ["--dataset_image_field", _value(values.get("dataset_image_field") or "images", "dataset_image_field")]
     if not values["remove_unused_columns"]:
         args += ["--remove_unused_columns", "False"]
     if values["dataset_kwargs_skip_prepare_dataset"]:
         args += ["--dataset_kwargs_skip_prepare_dataset", "True"]
     # tunebench's own: the architecture for random weights, early stops, where results go.
-    args += ["--tunebench_model", values["model_name"], "--weights", weights]
+    args += ["--tunebench_model", _value(values["model_name"], "model_name"), "--weights", weights]
     args += ["--stop_after_seconds", _flag(values.get("stop_after_seconds", -1.0))]
     args += ["--auto_stop_method", str(values.get("auto_stop_method"))]
     args += ["--result_path", RESULT_PATH]

@@ -19,8 +19,8 @@ def home() -> Path:
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
-    """Directory of generated data sets."""
+    """Directory of generated data sets, absolute (it is passed to the worker, which may run elsewhere)."""
     if override:
-        return Path(override).expanduser()
+        return Path(override).expanduser().absolute()
     env = os.environ.get("TUNEBENCH_DATA_DIR")
-    return Path(env).expanduser() if env else home() / "data"
+    return Path(env).expanduser().absolute() if env else home().absolute() / "data"

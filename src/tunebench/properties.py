@@ -12,11 +12,13 @@ breaks a validity rule (e.g. batch_size 0, rule 4) is a valid request with is_va
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunebench.errors import InputError, one_of, suggest
+from tunebench.errors import InputError, has_control_characters, one_of, suggest
 
 REQUIRED = object()  # sentinel default of a required property
 
@@ -46,6 +48,16 @@ MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 DISTRIBUTED_BACKENDS = ("FSDP", "DDP", None)
 AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
 
+# Integers are stored in 64-bit INTEGER columns (and computed on as int64): the machine's bounds.
+INT_MAX = 2**63 - 1
+INT_MIN = -(2**63)
+# Names that reach the worker's command line as values: never a flag (no leading '-'), no spaces,
+# no control characters. Module names: q_proj, model.layers.0.mlp, all-linear; class names: LlamaDecoderLayer.
+_NAME = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+MODULE_NAMES = (_NAME, "module names (letters, digits, _ . -; first a letter or _)")
+FIELD_NAME = (_NAME, "a field name (letters, digits, _ . -; first a letter or _)")
+CLASS_NAMES = (r"[A-Za-z_][A-Za-z0-9_]*(?:\s*,\s*[A-Za-z_][A-Za-z0-9_]*)*", "class names, comma separated")
+
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
 _NONE = {"none", "null", ""}
@@ -67,6 +79,7 @@ class Property:
     maximum: float | None = None  # inclusive upper bound of int/float
     special: tuple = ()  # extra allowed values outside [minimum, maximum], e.g. -1 = "off"
     nullable: bool = False
+    pattern: tuple[str, str] | None = None  # str/list: (regex every name must match, what it allows)
 
     @property
     def required(self) -> bool:
@@ -87,10 +100,12 @@ class Property:
             if self.special:
                 text += " or " + ", ".join(_fmt(s) for s in self.special)
             return text + (" or None" if self.nullable else "")
+        none = " or None" if self.nullable else ""
         return {
             "bool": "true, false",
-            "str": "a string" + (" or None" if self.nullable else ""),
-            "list": "a list of names (comma or space separated, or JSON)" + (" or None" if self.nullable else ""),
+            "str": (self.pattern[1] if self.pattern else "a string") + none,
+            "list": f"a list of {self.pattern[1] if self.pattern else 'names'} (comma or space separated, or JSON)"
+            + none,
             "bool_list": "a list of 3 booleans [fast_loss, fast_rms_layernorm, fast_rope_embeddings] or None",
             "model": "a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
             "gpu": "a GPU label from `tunebench gpus` (or an alias), any other node label (planning then needs "
@@ -101,6 +116,8 @@ class Property:
 
     def parse(self, raw: Any) -> Any:
         """Parse a CLI string or a YAML/JSON value into the property's canonical Python value."""
+        if isinstance(raw, str) and has_control_characters(raw):
+            raise self.error(raw, "contains control characters")
         if self.nullable and (raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)):
             return None
         parser: Callable[[Property, Any], Any] = _PARSERS[self.kind]
@@ -127,6 +144,8 @@ def _parse_bool(prop: Property, raw: Any) -> bool:
 
 
 def _check_range(prop: Property, value: float, raw: Any) -> None:
+    if prop.kind == "int" and not INT_MIN <= value <= INT_MAX:
+        raise prop.error(raw, f"{raw!r} does not fit a 64-bit integer (what the store holds)")
     if value in prop.special:
         return
     if (prop.minimum is not None and value < prop.minimum) or (prop.maximum is not None and value > prop.maximum):
@@ -165,8 +184,8 @@ def _parse_float(prop: Property, raw: Any) -> float:
         value = float(raw)
     except (TypeError, ValueError):
         raise prop.error(raw, f"{raw!r} is not a number") from None
-    if value != value:  # NaN
-        raise prop.error(raw, "NaN is not allowed")
+    if not math.isfinite(value):
+        raise prop.error(raw, f"{raw!r} is not a finite number")
     _check_range(prop, value, raw)
     return value
 
@@ -191,7 +210,10 @@ def _parse_choice(prop: Property, raw: Any) -> Any:
 def _parse_str(prop: Property, raw: Any) -> str:
     if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
         raise prop.error(raw, f"{raw!r} is not a string")
-    return str(raw).strip()
+    text = str(raw).strip()
+    if prop.pattern and not re.fullmatch(prop.pattern[0], text):
+        raise prop.error(raw, f"{text!r} is not allowed")
+    return text
 
 
 def _split_list(raw: Any) -> list[Any]:
@@ -213,6 +235,9 @@ def _parse_list(prop: Property, raw: Any) -> tuple[str, ...]:
     items = _split_list(raw)
     if not items or not all(isinstance(i, str) and i for i in items):
         raise prop.error(raw, f"{raw!r} is not a list of names")
+    for item in items:
+        if has_control_characters(item) or (prop.pattern and not re.fullmatch(prop.pattern[0], item)):
+            raise prop.error(raw, f"{item!r} is not a name")
     return tuple(items)
 
 
@@ -322,11 +347,11 @@ PROPERTIES: dict[str, Property] = {
         _p("accelerate_config_mixed_precision", "choice", "accelerate mixed precision.", default="no",
            choices=MIXED_PRECISION),
         _p("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str", "Layer classes FSDP wraps (comma "
-           "separated); None takes them from the catalog.", default=None, nullable=True),
+           "separated); None takes them from the catalog.", default=None, nullable=True, pattern=CLASS_NAMES),
         _p("dataset_text_field", "str", "Data set field holding the text; None = output.", default=None,
-           nullable=True),
+           nullable=True, pattern=FIELD_NAME),
         _p("dataset_image_field", "str", "Data set field holding images (vision models).", default=None,
-           nullable=True),
+           nullable=True, pattern=FIELD_NAME),
         _p("remove_unused_columns", "bool", "Remove columns the model does not use.", default=True),
         _p("dataset_kwargs_skip_prepare_dataset", "bool", "Ask trl to skip preparing the data set.", default=False),
         _p("flash_attn", "bool", "Use flash-attention 2 (tunebench: None = on with GPUs, off on the CPU, where it "
@@ -334,7 +359,7 @@ PROPERTIES: dict[str, Property] = {
         _p("r", "int", "The LoRA rank.", default=4, minimum=1, maximum=1024),
         _p("lora_alpha", "int", "The LoRA scaling numerator.", default=16, minimum=1),
         _p("target_modules", "list", "LoRA target modules; None takes the experiment's per-model map.",
-           default=None, nullable=True),
+           default=None, nullable=True, pattern=MODULE_NAMES),
     )  # fmt: skip
 }
 

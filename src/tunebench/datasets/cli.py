@@ -1,7 +1,7 @@
 """``tunebench datasets``: list, generate and count the tokens of the artificial data sets.
 
-Bad input (unknown id or model, a max length below 1) prints one line naming the field and the
-allowed values on stderr and exits with code 2, before anything is written.
+Bad input (unknown id or model, a max length below 1, a data set too large for this machine) raises
+InputError before anything is written: tunebench's main prints one line and exits with code 2.
 """
 
 from __future__ import annotations
@@ -18,11 +18,19 @@ from rich.table import Table
 from tunebench import paths
 from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
-from tunebench.errors import InputError
+from tunebench.inputs import Count, Options, OutputDir, parse
 
 app = typer.Typer(help="Artificial data sets of spec 004 and their token counts.", no_args_is_help=True)
 
 DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
+
+
+class DataDirOptions(Options):
+    """Options of the datasets commands: where the files go, how many tokens an entry keeps."""
+
+    NAMES = {"data_dir": "--dir"}
+    data_dir: OutputDir | None = None
+    max_len: Count | None = None
 
 
 def describe(spec: DatasetId) -> str:
@@ -40,6 +48,7 @@ def list_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The data set ids of spec 004 and whether their files are in the data directory."""
+    parse(DataDirOptions, data_dir=data_dir)
     rows = []
     for ds_id in KNOWN_DATASET_IDS:
         spec = parse_dataset_id(ds_id)
@@ -70,18 +79,15 @@ def generate(
     force: bool = typer.Option(False, "--force", help="Rewrite even if a valid file exists."),
 ) -> None:
     """Generate a data set (or verify the existing file) and print its manifest."""
-    try:
-        spec = parse_dataset_id(dataset_id)
-        t0 = time.perf_counter()
-        with _progress(f"generating {spec.id}") as update:
-            if force:
-                generate_dataset(spec, data_dir, update)
-            else:
-                ensure_dataset(spec, data_dir, update)
-        m = verify(spec, data_dir)
-    except InputError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    parse(DataDirOptions, data_dir=data_dir)
+    spec = parse_dataset_id(dataset_id)
+    t0 = time.perf_counter()
+    with _progress(f"generating {spec.id}") as update:
+        if force:
+            generate_dataset(spec, data_dir, update)
+        else:
+            ensure_dataset(spec, data_dir, update)
+    m = verify(spec, data_dir)
     if m is None:  # cannot happen unless the file changes under us
         typer.echo(f"error: {spec.id} failed verification after generation", err=True)
         raise typer.Exit(1)
@@ -100,13 +106,10 @@ def stats(
     """Tokens per entry (min/avg/max) of a data set for a model, truncated at --max-len."""
     from tunebench.datasets.tokens import token_counts
 
-    try:
-        spec = parse_dataset_id(dataset_id)
-        with _progress(f"counting tokens of {spec.id}") as update:
-            counts = token_counts(spec, model, max_seq_length=max_len, data_dir=data_dir, progress=update)
-    except InputError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    parse(DataDirOptions, data_dir=data_dir, max_len=max_len)
+    spec = parse_dataset_id(dataset_id)
+    with _progress(f"counting tokens of {spec.id}") as update:
+        counts = token_counts(spec, model, max_seq_length=max_len, data_dir=data_dir, progress=update)
     s = counts.summary()
     if as_json:
         typer.echo(json.dumps(s, indent=1))

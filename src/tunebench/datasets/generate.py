@@ -94,12 +94,14 @@ def ensure_dataset(
 ) -> Path:
     """Path of a verified file of dataset_id, generating it first if missing, stale or corrupt.
 
-    Raises InputError (field dataset_id) for an id of no known form, before touching the disk.
+    Raises InputError (field dataset_id) for an id of no known form, or one this machine has not the
+    disk or memory to generate (datasets.size), before touching the disk.
     """
     spec = _spec(dataset_id)
     path = dataset_path(spec, data_dir)
     if verify(spec, data_dir):
         return path
+    _check_room(spec, path.parent)
     path.parent.mkdir(parents=True, exist_ok=True)
     with lock(spec, data_dir):
         if verify(spec, data_dir) is None:  # another process may have written it meanwhile
@@ -112,8 +114,9 @@ def generate_dataset(
     data_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
 ) -> Manifest:
-    """(Re)write the file of dataset_id and its manifest, under the id's lock."""
+    """(Re)write the file of dataset_id and its manifest, under the id's lock (InputError as ensure_dataset)."""
     spec = _spec(dataset_id)
+    _check_room(spec, paths.data_dir(data_dir))
     paths.data_dir(data_dir).mkdir(parents=True, exist_ok=True)
     with lock(spec, data_dir):
         return _generate(spec, data_dir, progress)
@@ -144,6 +147,12 @@ def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Pro
     )
     write_atomic(manifest_path(spec, data_dir), (json.dumps(asdict(m), indent=1) + "\n").encode())
     return m
+
+
+def _check_room(spec: DatasetId, directory: Path) -> None:
+    from tunebench.datasets.size import check_room
+
+    check_room(spec, directory)
 
 
 def lock(dataset_id: str | DatasetId, data_dir: str | os.PathLike | None = None) -> FileLock:

@@ -170,9 +170,9 @@ class MultiNodeHooks:
     collect: Callable[..., Result]
 
 
-def multinode_hooks(actuator: str) -> MultiNodeHooks:
+def multinode_hooks(actuator: str, allow_import: bool = False) -> MultiNodeHooks:
     """The actuator's plan_nodes / collect_nodes attributes, else tunebench's defaults."""
-    fn = resolve_actuator(actuator)
+    fn = resolve_actuator(actuator, allow_import=allow_import)
     return MultiNodeHooks(
         plan=getattr(fn, "plan_nodes", default_plan_nodes),
         collect=getattr(fn, "collect_nodes", default_collect_nodes),
@@ -364,7 +364,7 @@ class RayExecutor:
                 return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
 
             ip, port = ray.get(self._rendezvous.options(num_cpus=0, scheduling_strategy=on(0)).remote())
-            hooks = multinode_hooks(task.actuator)
+            hooks = multinode_hooks(task.actuator, task.allow_import)
             experiment, entity = task.rebuild()
             plan = hooks.plan(experiment, entity, dict(task.options), ip, port)
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")

@@ -1,8 +1,12 @@
 """A measurement task and how an executor runs it: resolve the actuator, call it, never raise.
 
 Actuators are plain functions ``fn(experiment, entity, options) -> Result`` named in the space
-file's ``actuator.name``: one of ``ACTUATORS`` or a dotted ``module:function`` path. They are
-imported lazily, so a module that is missing fails only when its actuator is used.
+file's ``actuator.name``: a registered name, i.e. tunebench's own (``ACTUATORS``) or a plugin's
+(a Python entry point of group ``tunebench.actuators`` whose value is ``module:function``), so
+plugins need no change here. A space file cannot name an arbitrary ``module:function`` (it would
+import and call anything, ``os:system`` included): that takes an explicit opt-in by whoever runs
+it (``explore --allow-actuator-import``, ``Settings.allow_actuator_import``), carried by each task.
+Actuators are imported lazily, so a module that is missing fails only when its actuator is used.
 
 ``options`` is the space file's actuator options plus what the executor assigns:
 
@@ -16,8 +20,11 @@ entity from their ids and values.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
 import os
+import re
 import socket
 import time
 import traceback
@@ -25,11 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunebench.errors import InputError
+from tunebench.errors import InputError, suggest
 from tunebench.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
 from tunebench.results import Result
 
-# Actuator names -> "module:function" (imported on first use).
+ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry points of this group
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+# tunebench's own actuator names -> "module:function" (imported on first use).
 ACTUATORS = {
     "measure": "tunebench.measure:measure",  # trains for real (issue 4)
     "predict": "tunebench.plan:predict_actuator",  # the planner's predictions (issue 6)
@@ -58,6 +68,7 @@ class Task:
     number_gpus: int = 0  # what the task asks the executor for (0 for HARDWARE_FREE actuators)
     number_nodes: int = 1
     gpu_model: str | None = None
+    allow_import: bool = False  # the actuator may be an unregistered module:function (explicit opt-in)
 
     def rebuild(self) -> tuple[Experiment, Entity]:
         experiment = get_experiment(self.base_id, self.parameters)
@@ -79,6 +90,7 @@ def make_task(
     experiment: Experiment,
     entity: Entity,
     options: dict[str, Any],
+    allow_import: bool = False,
 ) -> Task:
     values = effective_values(experiment, entity)
     hardware = actuator not in HARDWARE_FREE
@@ -95,17 +107,39 @@ def make_task(
         number_gpus=int(values["number_gpus"]) if hardware else 0,
         number_nodes=int(values.get("number_nodes") or 1) if hardware else 1,
         gpu_model=values.get("gpu_model") if hardware else None,
+        allow_import=allow_import,
     )
 
 
-def resolve_actuator(name: str) -> Callable[..., Any]:
-    """The function behind an actuator name or a module:function path; InputError if there is none."""
-    path = ACTUATORS.get(name, name)
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise InputError(
-            "actuator.name", f"unknown actuator {name!r}", allowed=", ".join(ACTUATORS) + ", module:function"
-        )
+def registered_actuators() -> dict[str, str]:
+    """Actuator name -> module:function: tunebench's own, then those plugins register as entry points."""
+    return {**_plugins(), **ACTUATORS}
+
+
+@functools.cache
+def _plugins() -> dict[str, str]:
+    """The entry points of group tunebench.actuators (read once per process: scanning costs ~10 ms)."""
+    return {entry.name: entry.value for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+
+
+def resolve_actuator(name: str, *, allow_import: bool = False) -> Callable[..., Any]:
+    """The function behind a registered actuator name, or (allow_import only) a module:function path;
+    InputError (field actuator.name) if there is none or it is not allowed."""
+    registry = registered_actuators()
+    path = registry.get(name)
+    if path is None:
+        allowed = ", ".join(registry)
+        if not _PATH.match(name):
+            raise InputError("actuator.name", f"unknown actuator {name!r}." + suggest(name, registry), allowed=allowed)
+        if not allow_import:
+            raise InputError(
+                "actuator.name",
+                f"{name!r} is not a registered actuator; importing an arbitrary module:function runs any code "
+                "and needs --allow-actuator-import",
+                allowed=allowed + " (plugins: entry points of group tunebench.actuators)",
+            )
+        path = name
+    module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -118,13 +152,13 @@ def resolve_actuator(name: str) -> Callable[..., Any]:
     return fn
 
 
-def check_options(name: str, options: dict[str, Any]) -> None:
+def check_options(name: str, options: dict[str, Any], *, allow_import: bool = False) -> None:
     """Let the actuator reject unknown or bad options before anything runs (InputError).
 
     An actuator may carry a ``check_options(options)`` attribute; the measuring actuator's options
     are checked by ``tunebench.measure.MeasureOptions.from_mapping``.
     """
-    fn = resolve_actuator(name)
+    fn = resolve_actuator(name, allow_import=allow_import)
     full = {**options, "visible_devices": "", "output_dir": "."}  # what the executor adds
     check = getattr(fn, "check_options", None)
     if check is None and name == "measure":
@@ -143,7 +177,7 @@ def run_task(task: Task, execution: dict[str, Any] | None = None) -> Result:
     started = time.time()
     try:
         experiment, entity = task.rebuild()
-        result = resolve_actuator(task.actuator)(experiment, entity, dict(task.options))
+        result = resolve_actuator(task.actuator, allow_import=task.allow_import)(experiment, entity, dict(task.options))
         if not isinstance(result, Result):
             raise TypeError(f"actuator {task.actuator!r} returned {type(result).__name__}, not a Result")
     except Exception as exc:  # the actuator's bug or crash is this measurement's failure, not the explorer's

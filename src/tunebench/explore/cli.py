@@ -9,11 +9,13 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from tunebench.errors import InputError, one_of
+from tunebench.inputs import Count, NonNegativeInt, Options, OutputFile, Seconds, Text, TextFile, parse
+from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
     from tunebench.explore.samplers import Point
@@ -31,18 +33,58 @@ SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching th
 OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
 
 
-def open_store(url: str | None) -> Store:
-    """The store at url; InputError if the URL cannot be used."""
-    from sqlalchemy.exc import ArgumentError, OperationalError
+def open_store(url: str | None, *, create: bool = True) -> Store:
+    """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError if it cannot be used.
+
+    create=False (commands that only read): a store that does not exist is an error, not a new empty one.
+    """
+    from sqlalchemy.exc import ArgumentError, DatabaseError
 
     from tunebench.store import SchemaError, Store
+    from tunebench.store.db import check_location, store_url
 
+    target = store_url(url)
+    check_location(target, create=create)
     try:
-        return Store(url)
-    except (ArgumentError, OperationalError, SchemaError) as exc:
-        raise InputError("--store", f"cannot open the store: {exc}".splitlines()[0]) from None
+        return Store(target)
+    except (ArgumentError, DatabaseError, SchemaError) as exc:
+        why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise InputError("--store", f"cannot open the store {mask_secrets(target)}: {mask_secrets(why)}") from None
     except ModuleNotFoundError as exc:  # e.g. a PostgreSQL URL without its driver
         raise InputError("--store", f"the store's database driver is not installed: {exc}") from None
+
+
+class ExploreOptions(Options):
+    """Options of `explore`."""
+
+    NAMES = {"space": "SPACE"}
+    space: TextFile
+    executor: Literal["local", "ray"] | None
+    max_parallel: Count | None
+    max_retries: NonNegativeInt | None
+    lease_seconds: Seconds | None
+    ray_address: Text | None
+    actuator: Text | None
+
+
+class ShowOptions(Options):
+    """Options of `show` (and, with its one format, of `export`)."""
+
+    NAMES = {"fmt": "--format"}
+    fmt: Literal["table", "csv", "json", "parquet"]
+    output: OutputFile | None
+    space: TextFile | None
+    operation: Text | None
+    actuator: Text | None
+
+
+class ExportOptions(ShowOptions):
+    fmt: Literal["ado-csv"]
+
+
+class ImportOptions(Options):
+    NAMES = {"file": "FILE"}
+    file: TextFile
 
 
 def explore(
@@ -68,11 +110,16 @@ def explore(
     ] = None,
     actuator: Annotated[
         str | None,
-        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | module:function; "
-                     "default: the space file's."),
+        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | noop | a plugin's "
+                     "name | module:function (with --allow-actuator-import); default: the space file's."),
     ] = None,
     skip_predicted_oom: Annotated[
         bool, typer.Option("--skip-predicted-oom", help="Do not measure points the planner predicts will not fit.")
+    ] = False,
+    allow_actuator_import: Annotated[
+        bool,
+        typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
+                     "registered one (it imports and runs that code)."),
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -80,11 +127,14 @@ def explore(
     """Measure the points of a space (grid, random or optimize); resumable by running it again."""
     from rich.console import Console
 
+    from tunebench.executors.task import check_options
     from tunebench.explore.explorer import Settings
     from tunebench.explore.explorer import explore as run
     from tunebench.explore.progress import ProgressDisplay
     from tunebench.explore.space import load_space
 
+    parse(ExploreOptions, space=space, executor=executor, max_parallel=max_parallel, max_retries=max_retries,
+          lease_seconds=lease_seconds, ray_address=ray_address, actuator=actuator)  # fmt: skip
     spec = load_space(space)
     if actuator:
         spec = dataclasses.replace(spec, actuator=actuator)  # its own operation id: results never mix
@@ -92,15 +142,15 @@ def explore(
         raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
     execution = spec.execution
     kind = executor or execution.executor
-    if kind not in ("local", "ray"):
-        raise InputError("--executor", f"unknown executor {kind!r}", allowed="local, ray")
     settings = Settings(
         max_parallel=max_parallel or execution.max_parallel,
         max_retries=execution.max_retries if max_retries is None else max_retries,
         remeasure=remeasure,
         lease_seconds=lease_seconds or execution.lease_seconds,
         skip_predicted_oom=skip_predicted_oom,
+        allow_actuator_import=allow_actuator_import,
     )
+    check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
     sample_store = open_store(store)
     if kind == "ray":
         from tunebench.executors.ray import RayExecutor
@@ -146,13 +196,12 @@ def show(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
 ) -> None:
     """Stored results, one row per entity x experiment: constitutive then measured columns."""
-    from tunebench.report import FORMATS, build, render
+    from tunebench.report import build, render
 
-    if fmt not in FORMATS:
-        raise InputError("--format", f"unknown format {fmt!r}", allowed=", ".join(FORMATS))
+    parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
-    sample_store = open_store(store)
+    sample_store = open_store(store, create=False)
     try:
         outcomes, columns, title = _select(sample_store, space, operation, actuator)
     finally:
@@ -173,6 +222,7 @@ def import_csv(
     """Load measurements of the reference system; they count for memoisation and calibration."""
     from tunebench.store.csvio import read_import, write_import
 
+    parse(ImportOptions, file=file)
     records, summary = read_import(file, skip_bad_rows=skip_bad_rows)  # bad input: nothing is written
     sample_store = open_store(store)
     try:
@@ -208,9 +258,8 @@ def export(
     from tunebench.report import build, write_csv
     from tunebench.store import INVALID, VALID
 
-    if fmt != "ado-csv":
-        raise InputError("--format", f"unknown export format {fmt!r}", allowed="ado-csv")
-    sample_store = open_store(store)
+    parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
+    sample_store = open_store(store, create=False)
     try:
         outcomes, _, _ = _select(sample_store, space, operation, actuator, statuses=[VALID, INVALID])
     finally:
@@ -235,7 +284,7 @@ def _select(
         if op is None:
             known = [o["id"] for o in store.operations()]
             raise InputError(
-                "--operation", f"no operation {operation!r} in {store.url}", allowed=one_of(known) or "none yet"
+                "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
             )
         dims = list((op["space"] or {}).get("entity_space", {}))
         outcomes = store.table(operation_id=operation, actuator=actuator, statuses=statuses)

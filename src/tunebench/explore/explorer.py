@@ -12,7 +12,9 @@ One pass:
    proposed a few at a time (tunebench.explore.optimize);
 3. loop: claim pending requests while fewer than max_parallel are in flight, submit them, store each
    result as it arrives (failed ones return to pending while attempts <= max_retries), renew the
-   leases of the claims in flight, until nothing of the operation is pending or in flight here.
+   leases of the claims in flight and re-queue claims whose explorer died (lease expired, or a dead
+   process on this host), until nothing of the operation is pending or running anywhere: a point
+   another explorer holds is waited for, and measured here if that explorer dies.
 
 Every store write is its own transaction, so the loop can be killed anywhere: re-running the same
 space resumes (done points are memoised, claims of the dead explorer are re-queued). Ctrl-C gives the
@@ -36,6 +38,7 @@ from tunebench.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
 POLL_S = 0.2  # longest wait for a result before the loop looks at the store again
+REQUEUE_S = 1.0  # how often the loop looks for claims of dead explorers (at least twice per lease)
 
 
 class Executor(Protocol):
@@ -61,6 +64,7 @@ class Settings:
     lease_seconds: float = 60.0
     output_root: Path | None = None  # default <home>/runs
     skip_predicted_oom: bool = False  # grid/random: do not measure points the planner says will not fit
+    allow_actuator_import: bool = False  # the space's actuator may be an unregistered module:function
 
 
 @dataclass
@@ -103,7 +107,8 @@ def explore(
 ) -> Summary:
     """Run (or resume) the space's operation to completion; returns what happened."""
     settings = settings or Settings()
-    check_options(space.actuator, space.options)  # fail fast on a bad actuator, before anything is stored
+    # fail fast on a bad actuator, before anything is stored
+    check_options(space.actuator, space.options, allow_import=settings.allow_actuator_import)
     started = time.monotonic()
     op_id = space.operation_id
     sampler = space.operation.sampler
@@ -145,8 +150,8 @@ def explore(
             if in_flight and now - last_renew > settings.lease_seconds / 3:
                 store.renew(in_flight.values(), settings.lease_seconds)
                 last_renew = now
-            if now - last_requeue > settings.lease_seconds / 2:
-                store.requeue_stale(max_retries=settings.max_retries)
+            if now - last_requeue > min(settings.lease_seconds / 2, REQUEUE_S):
+                store.requeue_stale(max_retries=settings.max_retries)  # a dead explorer's claims come back
                 last_requeue = now
 
             capacity = settings.max_parallel - len(in_flight)
@@ -163,7 +168,7 @@ def explore(
             for claim in claims:
                 in_flight[claim.request_id] = claim
                 try:
-                    executor.submit(_task(claim, experiments, space, output_root))
+                    executor.submit(_task(claim, experiments, space, output_root, settings.allow_actuator_import))
                 except Exception as exc:  # e.g. the Ray cluster went away: this attempt failed
                     in_flight.pop(claim.request_id)
                     failed = Result.failed(claim.experiment_id, claim.entity_id, f"submit: {type(exc).__name__}: {exc}")
@@ -190,10 +195,13 @@ def explore(
                         break
                     if search.watched and not search.claimable():
                         time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
-                elif store.counts(op_id).get(PENDING, 0) == 0:
-                    break
                 else:
-                    time.sleep(0.05)  # pending requests were claimed by someone else meanwhile
+                    counts = store.counts(op_id)
+                    if not counts.get(PENDING, 0) and not counts.get(RUNNING, 0):
+                        break
+                    # pending requests were claimed by someone else meanwhile, or other explorers hold
+                    # claims: wait for their results or for their leases to expire (requeued above)
+                    time.sleep(POLL_S if counts.get(RUNNING, 0) else 0.05)
     except KeyboardInterrupt:
         interrupted = True
         store.release(in_flight.values())
@@ -223,7 +231,9 @@ def screen_predicted_oom(points: list) -> tuple[list, list]:
     return [p for i, p in enumerate(points) if i not in drop], [p for i, p in enumerate(points) if i in drop]
 
 
-def _task(claim: Claim, experiments: dict[str, Experiment], space: Space, output_root: Path) -> Task:
+def _task(
+    claim: Claim, experiments: dict[str, Experiment], space: Space, output_root: Path, allow_import: bool
+) -> Task:
     experiment = experiments.get(claim.experiment_id)
     if experiment is None:
         experiment = experiments[claim.experiment_id] = get_experiment(claim.base_id, claim.parameters)
@@ -231,7 +241,7 @@ def _task(claim: Claim, experiments: dict[str, Experiment], space: Space, output
     options = dict(space.options)
     run_dir = output_root / (claim.operation_id or "adhoc") / f"{claim.request_id}-{claim.attempt}"
     options["output_dir"] = str(run_dir)
-    return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options)
+    return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options, allow_import)
 
 
 def _refresh(store: Store, op_id: str, progress: Progress, search: Any, running: int = 0) -> None:

@@ -11,7 +11,7 @@ In the spirit of ado's discovery space + operation resources (ado-sfttrainer.md 
       model_max_length: {min: 64, max: 256, step: 64}   # a range, both ends included
       batch_size: [1, 2]
       number_gpus: 0                       # a fixed value
-    actuator:                              # what measures: measure | predict | noop | module:function
+    actuator:                              # what measures: measure | predict | noop | a plugin (entry point)
       name: measure
       weights: random                      # auto | pretrained | random
       data_dir: ~/datasets                 # where the data sets are (default: tunebench's)
@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunebench.errors import InputError
 from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
+from tunebench.inputs import FiniteFloat, Seconds, input_error, read_text
 from tunebench.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
@@ -70,9 +71,9 @@ class ExperimentSpec(_Strict):
 class RangeSpec(_Strict):
     """A discrete range: min, min + step, ... up to max (included when on the grid)."""
 
-    min: float
-    max: float
-    step: float = 1
+    min: FiniteFloat
+    max: FiniteFloat
+    step: FiniteFloat = 1
 
     @model_validator(mode="after")
     def _check(self) -> RangeSpec:
@@ -91,7 +92,7 @@ class ActuatorSpec(BaseModel):
     weights: Literal["auto", "pretrained", "random"] | None = None
     data_dir: str | None = None
     model_map: dict[str, Any] | None = None
-    timeout_seconds: float | None = Field(default=None, gt=0)
+    timeout_seconds: Seconds | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     def to_options(self) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class ExecutionSpec(_Strict):
     max_parallel: int = Field(default=1, ge=1)
     max_retries: int = Field(default=2, ge=0)
     ray_address: str | None = None
-    lease_seconds: float = Field(default=60.0, gt=0)
+    lease_seconds: Seconds = 60.0
 
 
 class SpaceFile(_Strict):
@@ -187,15 +188,29 @@ class Space:
 
 
 def load_space(path: str | Path) -> Space:
-    """Read and validate a space file."""
-    path = Path(path)
+    """Read and validate a space file; InputError (field space) for a file that is not a space's YAML."""
+    return parse_space(load_yaml(read_text(path, "space"), str(path)))
+
+
+class _SpaceLoader(yaml.SafeLoader):
+    """Safe YAML without aliases: ``*name`` lets a few lines stand for billions of values (a "YAML
+    bomb"), which validation and the stored copy of the space would expand."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in space files", mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str = "space") -> Any:
+    """The content of a space file's YAML text; InputError (field space) if it is not YAML we read."""
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise InputError("space", f"no such file: {path}") from None
+        return yaml.load(text, Loader=_SpaceLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        raise InputError("space", f"{path} is not valid YAML: {exc}") from None
-    return parse_space(raw)
+        raise InputError("space", f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise InputError("space", f"{where} is nested too deeply") from None
 
 
 def parse_space(raw: Any) -> Space:
@@ -205,7 +220,7 @@ def parse_space(raw: Any) -> Space:
     try:
         spec = SpaceFile.model_validate(raw)
     except ValidationError as exc:
-        raise _input_error(exc) from None
+        raise input_error(exc, root="space") from None
     experiments = []
     for i, e in enumerate(spec.experiments):
         try:
@@ -246,7 +261,7 @@ def _dimension(name: str, value: Any) -> Dimension:
         try:
             r = RangeSpec.model_validate(value)
         except ValidationError as exc:
-            raise _input_error(exc, prefix=where) from None
+            raise input_error(exc, prefix=where) from None
         integral = all(float(x).is_integer() for x in (r.min, r.max, r.step))
         count = int(math.floor((r.max - r.min) / r.step + 1e-9)) + 1
         if count > MAX_GRID_POINTS:
@@ -304,16 +319,3 @@ def _check_metric(space: Space) -> None:
 
 def _field(inner: str, default: str) -> str:
     return inner if inner and inner != "experiment" else default
-
-
-def _input_error(exc: ValidationError, prefix: str = "") -> InputError:
-    """The first pydantic error as an InputError naming the field path."""
-    err = exc.errors()[0]
-    loc = ""
-    for part in err["loc"]:
-        loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc or prefix else str(part))
-    where = (prefix + loc) if prefix else (loc or "space")
-    message = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown key"
-    return InputError(where, message)

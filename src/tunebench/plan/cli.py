@@ -17,6 +17,9 @@ from rich.table import Table
 
 from tunebench.errors import InputError
 from tunebench.experiments import get_experiment, make_entity, parse_assignments
+from tunebench.inputs import parse
+from tunebench.plan.options import CalibrateOptions, DeployOptions, PlannerOptions, check_recommend
+from tunebench.secrets import mask_secrets
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
@@ -47,13 +50,10 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def _options(price: float | None, calibration: Path | None, network: float | None):
+def _options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None):
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
-    if price is not None and price < 0:
-        raise InputError("--price-per-gpu-hour", f"must be >= 0 (got {price})")
-    if calibration is not None and not calibration.is_file():
-        raise InputError("--calibration", f"no file {str(calibration)!r}")
+    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch)
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network)
 
 
@@ -253,7 +253,7 @@ def plan(
     or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = _options(price, calibration, network)
+    opts = _options(price, calibration, network, batch)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
@@ -363,6 +363,7 @@ def recommend(
     """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method."""
     from tunebench.plan.recommend import recommend as run
 
+    check_recommend(gpus_per_node, max_gpus)
     opts = _options(price, calibration, network)
     values = parse_assignments(props or [])
     use_gpu_options(values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
@@ -420,6 +421,7 @@ def deploy_spec(
     from tunebench.plan.deploy import deploy_spec as size
     from tunebench.plan.deploy import post_hardware_spec
 
+    parse(DeployOptions, post=post, token_env=token_env)
     if (model is None) == (params_b is None):
         raise InputError("--model", "give exactly one of --model NAME_OR_CONFIG or --params-b B")
     if model is not None:
@@ -478,6 +480,11 @@ def calibrate(
     from tunebench.plan import measurements
     from tunebench.plan.predictor import user_calibration_path
 
+    parse(CalibrateOptions, sources=sources, output=output)
+    if store:
+        from tunebench.store.db import check_location, store_url
+
+        check_location(store_url(store), create=False)
     records: list[Any] = []
     if store:
         try:
@@ -496,7 +503,7 @@ def calibrate(
     if not store and not sources:
         records = measurements.default_records()
     else:
-        label = ", ".join([*(str(p) for p in sources or []), *([store] if store else [])])
+        label = ", ".join([*(str(p) for p in sources or []), *([mask_secrets(store)] if store else [])])
         if records and not replace:
             reference = measurements.default_records()
             records = reference + records

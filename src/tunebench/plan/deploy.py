@@ -15,15 +15,18 @@ states 15.375, which is 2 x 0.125).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from tunebench.errors import InputError
+from tunebench.errors import InputError, has_control_characters
+from tunebench.inputs import NonNegative, NonNegativeInt, Options, Positive, Printable, Text, parse
 
 BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5}
 OVERHEAD = 1.5  # "+ 50 % additional memory" (seed 002)
@@ -77,6 +80,18 @@ class DeploySpec:
         }
 
 
+class Sizing(Options):
+    """The inputs of the formula (named as deploy-spec's options)."""
+
+    params_b: Positive
+    quantization: Literal["none", "8bit", "4bit"]  # BYTES_PER_PARAM's keys
+    adapters: NonNegativeInt
+    adapter_size_gb: NonNegative
+    gpu_memory_gb: Positive
+    name: Text | None = None
+    description: Printable | None = None
+
+
 def deploy_spec(
     params_b: float,
     quantization: str = "none",
@@ -87,16 +102,8 @@ def deploy_spec(
     description: str | None = None,
 ) -> DeploySpec:
     """Size a deployment by seed 002's formula; InputError names a bad field."""
-    if quantization not in BYTES_PER_PARAM:
-        raise InputError("--quantization", f"unknown value {quantization!r}", allowed=", ".join(BYTES_PER_PARAM))
-    if not params_b > 0:
-        raise InputError("--params-b", f"must be positive (got {params_b})")
-    if adapters < 0:
-        raise InputError("--adapters", f"must be >= 0 (got {adapters})")
-    if adapter_size_gb < 0:
-        raise InputError("--adapter-size-gb", f"must be >= 0 (got {adapter_size_gb})")
-    if not gpu_memory_gb > 0:
-        raise InputError("--gpu-memory-gb", f"must be positive (got {gpu_memory_gb})")
+    parse(Sizing, params_b=params_b, quantization=quantization, adapters=adapters, adapter_size_gb=adapter_size_gb,
+          gpu_memory_gb=gpu_memory_gb, name=name, description=description)  # fmt: skip
     memory = (params_b * BYTES_PER_PARAM[quantization] + adapters * adapter_size_gb) * OVERHEAD
     memory = round(memory, 9)  # 30.375, not 30.375000000000004
     gpus = max(1, math.ceil(memory / gpu_memory_gb))
@@ -115,18 +122,55 @@ def deploy_spec(
     )
 
 
+def check_post_url(url: str) -> str:
+    """url if the bearer token may be sent there: http(s) with a host, no credentials in it, and https
+    unless the host is a loopback address (the token must not cross a network in clear text).
+    ValueError says why not."""
+    if has_control_characters(url) or any(ch.isspace() for ch in url):
+        raise ValueError("the URL contains spaces or control characters")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("credentials in the URL are not allowed; the token comes from --token-env")
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
+        raise ValueError(f"https is required for {parts.hostname} (http only for loopback hosts)")
+    return url
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host names this machine: localhost or an address in 127.0.0.0/8 or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow no redirect: the Authorization header must reach the given URL and nothing else."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 (urllib's signature)
+        return None  # urllib then raises HTTPError with the 3xx response
+
+
 def post_hardware_spec(
     url: str, body: dict[str, Any], token_env: str = "TOKEN", timeout_s: float = 30.0
 ) -> dict[str, Any]:
     """POST the body to url with 'Authorization: Bearer $<token_env>' (seed 002's curl); the reply.
 
-    Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL.
+    Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL:
+    https unless the host is loopback, and redirects are not followed (a 3xx reply is returned, not
+    ok, with its Location as "redirect"), so the token never reaches another origin.
     """
+    try:
+        check_post_url(url)
+    except ValueError as exc:
+        raise InputError("--post", str(exc)) from None
     token = os.environ.get(token_env)
     if not token:
         raise InputError("--token-env", f"environment variable {token_env} is not set (it must hold the bearer token)")
-    if not url.startswith(("http://", "https://")):
-        raise InputError("--post", f"not an http(s) URL: {url!r}")
     data = json.dumps(body).encode()
     req = urllib.request.Request(
         url,
@@ -134,16 +178,26 @@ def post_hardware_spec(
         method="POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"},
     )
+    handlers: list[Any] = [_NoRedirects()]
+    if is_loopback(urllib.parse.urlsplit(url).hostname or ""):
+        handlers.append(urllib.request.ProxyHandler({}))  # this machine: never through a proxy
+    opener = urllib.request.build_opener(*handlers)
+    redirect = None
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (the user's URL)
+        with opener.open(req, timeout=timeout_s) as resp:
             status, raw = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
-    except urllib.error.URLError as exc:
-        raise InputError("--post", f"cannot reach {url}: {exc.reason}") from None
+        if 300 <= status < 400:
+            redirect = exc.headers.get("Location")
+    except (urllib.error.URLError, OSError) as exc:
+        raise InputError("--post", f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     text = raw.decode(errors="replace")
     try:
         parsed: Any = json.loads(text) if text else None
     except json.JSONDecodeError:
         parsed = text
-    return {"status": status, "ok": 200 <= status < 300, "body": parsed}
+    out: dict[str, Any] = {"status": status, "ok": 200 <= status < 300, "body": parsed}
+    if redirect is not None:
+        out["redirect"] = f"{redirect} (not followed: the token is sent to the given URL only)"
+    return out

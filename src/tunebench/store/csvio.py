@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from tunebench.errors import InputError, one_of
 from tunebench.experiments import (
@@ -45,6 +48,7 @@ from tunebench.experiments import (
     list_experiments,
     make_entity,
 )
+from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.properties import PROPERTIES
 from tunebench.report import ADO_PREFIX, build, write_csv
 from tunebench.results import Result
@@ -140,14 +144,46 @@ def _coerce(name: str, raw: str) -> Any:
     return text
 
 
-def _number(text: str) -> float | int | None:
+def _number(name: str, text: str) -> float | int | None:
     text = text.strip()
     if not text or text.lower() in ("nan", "none", "null"):
         return None
     try:
         return int(text)
     except ValueError:
+        pass
+    try:
         return float(text)
+    except ValueError:
+        raise InputError(name, f"{text!r} is not a number") from None
+
+
+def _measurement_fields() -> dict[str, Any]:
+    """Every measured property: a finite number >= 0 (fractions <= 1, is_valid 0 or 1), or absent."""
+    out: dict[str, Any] = {name: (NonNegative | None, None) for name in sorted(MEASURED)}
+    out.update({name: (Fraction | None, None) for name in MEASURED if name.startswith("f_")})
+    out["is_valid"] = (Literal[0, 1] | None, None)
+    return out
+
+
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Measurements = create_model("Measurements", __config__=ConfigDict(extra="forbid"), **_measurement_fields())
+
+
+def measurements_of(row: dict[str, str]) -> dict[str, Any]:
+    """The measured properties of a CSV row, as numbers; InputError naming the first one that is not a
+    number, not finite, negative, or out of its range."""
+    props: dict[str, Any] = {}
+    for key in MEASURED:
+        if key in row and row[key] is not None:
+            value = _number(key, row[key])
+            if value is not None:
+                props[key] = value
+    try:
+        Measurements.model_validate(props)
+    except ValidationError as exc:
+        raise input_error(exc) from None
+    return props
 
 
 def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str = "") -> Record:
@@ -178,12 +214,7 @@ def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str
         values["model_max_length"] = _coerce("model_max_length", row["tokens_per_sample"])
     entity = make_entity(experiment, values)
 
-    props: dict[str, Any] = {}
-    for key in MEASURED:
-        if key in row and row[key] is not None:
-            value = _number(row[key])
-            if value is not None:
-                props[key] = value
+    props = measurements_of(row)
     is_valid = props.pop("is_valid", None)
     if is_valid is None:  # ado-sfttrainer.md §13.2: no is_valid column -> train_runtime present means valid
         is_valid = 1 if props.get("train_runtime") is not None else 0
@@ -222,27 +253,19 @@ def read_import(
 ) -> tuple[list[Record], ImportSummary]:
     """Parse and check every row of a CSV of measurements; InputError before anything is stored."""
     path = Path(path)
-    try:
-        handle = path.open(newline="")
-    except FileNotFoundError:
-        raise InputError("FILE", f"no such file: {path}") from None
+    columns, rows = read_csv_rows(path, "FILE")
     summary = ImportSummary()
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
-    with handle:
-        reader = csv.DictReader(handle)
-        columns = reader.fieldnames or []
-        summary.ignored_columns = [
-            c for c in columns if c not in PROPERTIES and c not in MEASURED and c not in BOOKKEEPING
-        ]
-        if "experiment_id" not in columns and "method" not in columns:
-            raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
-        for number, row in enumerate(reader, start=2):  # line 1 is the header
-            summary.rows += 1
-            try:
-                records.append(row_to_record(row, actuator=actuator, source=f"{path.name}:{number}"))
-            except InputError as exc:
-                errors.append((number, exc))
+    summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in MEASURED and c not in BOOKKEEPING]
+    if "experiment_id" not in columns and "method" not in columns:
+        raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        summary.rows += 1
+        try:
+            records.append(row_to_record(row, actuator=actuator, source=f"{path.name}:{number}"))
+        except InputError as exc:
+            errors.append((number, exc))
     if errors and not skip_bad_rows:
         number, first = errors[0]
         raise InputError(
@@ -254,6 +277,16 @@ def read_import(
     for _, exc in errors:
         summary.skipped[_reason(exc)] += 1
     return records, summary
+
+
+def read_csv_rows(path: Path, field: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and the rows of a CSV file; InputError naming field if it is not CSV text."""
+    reader = csv.DictReader(io.StringIO(read_text(path, field), newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise InputError(field, f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
+    return list(reader.fieldnames or []), rows
 
 
 def write_import(store: Store, records: list[Record], summary: ImportSummary) -> ImportSummary:

@@ -29,6 +29,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 ENV = "TUNEBENCH_STORE"
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 BUSY_TIMEOUT_MS = 30_000
 
 
@@ -48,6 +49,46 @@ def store_url(url: str | os.PathLike | None = None) -> str:
         path = Path(text).expanduser().resolve()
         return f"sqlite:///{path}"
     return text
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL; None for another database or an in-memory one."""
+    parsed = make_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).expanduser()
+
+
+def check_location(url: str, *, create: bool) -> None:
+    """InputError (field --store) if url cannot be a store: not a URL, an SQLite path that is a directory
+    or a file that is not an SQLite database, a missing file when the command only reads (create=False),
+    or a new file in a directory that does not exist. Touches nothing."""
+    from sqlalchemy.exc import ArgumentError
+
+    from tunebench.errors import InputError
+
+    try:
+        path = sqlite_file(url)
+        make_url(url).get_dialect()  # an unknown database kind fails here, before anything is opened
+    except (ArgumentError, ValueError):
+        raise InputError("--store", f"not a database URL or an SQLite file: {url!r}",
+                         allowed="a path to an SQLite file, or an SQLAlchemy URL (postgresql+psycopg://...)") from None  # fmt: skip
+    if path is None:
+        return
+    if path.is_dir():
+        raise InputError("--store", f"{str(path)!r} is a directory, not a store file")
+    if path.exists():
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+        if header and header != SQLITE_HEADER:
+            raise InputError("--store", f"{str(path)!r} is not a tunebench store (not an SQLite database)")
+        return
+    if not create:
+        raise InputError("--store", f"no store at {str(path)!r}",
+                         allowed="an existing store; `tunebench explore` or `tunebench import` creates one")  # fmt: skip
+    if url != store_url(None) and not path.parent.is_dir():
+        raise InputError("--store", f"the directory {str(path.parent)!r} of the store does not exist")
 
 
 def make_engine(url: str) -> Engine:

@@ -174,6 +174,13 @@ def config_dict_from_spec(spec: ModelSpec) -> dict[str, Any]:
     return config_dict(spec)
 
 
+def context_length(spec: ModelSpec | None, tiny: bool = False) -> int | None:
+    """Positions the random-weights model has (shrink() caps them for tiny models); None if unknown."""
+    if spec is None or not spec.max_position_embeddings:
+        return None
+    return min(spec.max_position_embeddings, TINY["max_position_embeddings"]) if tiny else spec.max_position_embeddings
+
+
 def shrink(cfg: dict[str, Any]) -> dict[str, Any]:
     """A tiny version of an architecture: same type and features, test-sized (TINY)."""
     cfg = dict(cfg)

@@ -115,10 +115,14 @@ def resolve_tokenizer(
     model_vocab_size: int | None,
     save_dir: str | Path,
     architecture: str | None = None,
+    context_length: int | None = None,
 ) -> ResolvedTokenizer:
     """The run's tokenizer (see module docstring). Raises FileNotFoundError for an explicit path that does not load.
 
     architecture: catalog name (or config path) of a random-weights model, for the offline tokenizer.
+    context_length: the model's maximum positions; a stand-in tokenizer (offline or in-process) declares
+    it as its model_max_length, as the model's own tokenizer does, so sequences are truncated at
+    min(max_seq_length, model limit) whatever model_max_length asks for (spec 004 note 3).
     """
     if explicit:
         tok = load_local_tokenizer(explicit)
@@ -132,13 +136,20 @@ def resolve_tokenizer(
     save_dir = Path(save_dir)
     if architecture and (found := offline_tokenizer(architecture, model_vocab_size)):
         tok, name = found
+        _declare_context(tok, context_length)
         tok.save_pretrained(save_dir)
         return _with_pad(ResolvedTokenizer(tok, "offline", str(save_dir), name))
     vocab = min(model_vocab_size or BPE_MAX_VOCAB, BPE_MAX_VOCAB)
     texts = [t[:BPE_SAMPLE_CHARS] for t in itertools.islice(sample_texts, BPE_SAMPLE_RECORDS)]
     tok = train_bpe_tokenizer(texts, vocab)
+    _declare_context(tok, context_length)
     tok.save_pretrained(save_dir)
     return ResolvedTokenizer(tok, "in-process-bpe", str(save_dir))
+
+
+def _declare_context(tok: PreTrainedTokenizerBase, context_length: int | None) -> None:
+    if context_length and not (tok.model_max_length and tok.model_max_length < SANE_MAX_LENGTH):
+        tok.model_max_length = context_length
 
 
 def _with_pad(resolved: ResolvedTokenizer) -> ResolvedTokenizer:

@@ -227,6 +227,7 @@ def train(args: argparse.Namespace, record: dict[str, Any], env: dict[str, int])
         model_vocab,
         Path(output_dir) / f"tunebench-tokenizer-rank{env['rank']}",
         architecture=None if (args.tunebench_tiny or spec is None) else (spec.config_path or spec.name),
+        context_length=model_mod.context_length(spec, args.tunebench_tiny),
     )
     tokenizer = resolved.tokenizer
     meta["tokenizer"] = resolved.describe()

@@ -1,0 +1,228 @@
+"""Command options as pydantic models: numbers, durations, ports, hosts and paths checked where they
+are parsed, before a command does anything.
+
+Typer turns the command line into Python values; ``parse(Model, name=value, ...)`` validates them
+against a model whose fields are named after the command's options and raises ``InputError`` naming
+the option (``--timeout``, or ``FILE`` for an argument), what is wrong and what is allowed. The types
+below are the vocabulary: no NaN or infinity anywhere, durations > 0, ports in [1, 65535], input
+files that exist and hold text, output files whose directory exists, nothing that reads as a flag.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from tunebench.errors import InputError, has_control_characters
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class Options(BaseModel):
+    """Base of the option models: unknown fields are a bug; ``NAMES`` maps fields to how the CLI spells them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    NAMES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def display(cls, field: str) -> str:
+        return cls.NAMES.get(field, "--" + field.replace("_", "-"))
+
+
+O = TypeVar("O", bound="Options")
+
+
+def parse(model: type[O], **values: Any) -> O:
+    """values validated by model; InputError naming the first bad option."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        raise input_error(exc, model.display, indices=False) from None
+
+
+def input_error(
+    exc: ValidationError, display: Any = str, prefix: str = "", indices: bool = True, root: str = "input"
+) -> InputError:
+    """The first error of a ValidationError as an InputError (field, what is wrong with the value).
+
+    The field is the error's location (``entity_space.x.min``, ``experiments[0].id``) under prefix, its
+    first part through display (a CLI spelling); indices=False leaves out list positions (a repeated
+    option is named once, --from, not --from[2]); an error of the whole model is named prefix, or root.
+    """
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    field = prefix or root
+    if loc:
+        first = display(loc[0])
+        field = (f"{prefix}.{first}" if prefix else first) + "".join(
+            (f"[{p}]" if indices else "") if p.isdigit() else f".{p}" for p in loc[1:]
+        )
+    if err["type"] == "extra_forbidden":
+        return InputError(field, "unknown key")
+    if err["type"] == "missing":
+        return InputError(field, "is required")
+    value = err.get("input")
+    if err["type"] == "literal_error":
+        allowed = err["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
+        return InputError(field, f"unknown value {value!r}", allowed=allowed)
+    bound = _BOUNDS.get(err["type"])
+    if bound is not None:
+        (limit,) = err["ctx"].values()
+        message = f"must be {bound} {limit:g}" if isinstance(limit, float) else f"must be {bound} {limit}"
+    elif err["type"] == "finite_number":
+        message = "must be a finite number"
+    else:
+        message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not isinstance(value, (dict, list, Path)) and not (isinstance(value, str) and repr(value) in message):
+        message += f" (got {value!r})"
+    return InputError(field, message)
+
+
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+# ----------------------------------------------------------------------------------------- numbers
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Weights = Literal["auto", "pretrained", "random"]
+
+
+# ------------------------------------------------------------------------------------------ strings
+
+
+def _printable(text: str) -> str:
+    if has_control_characters(text):
+        raise ValueError("contains control characters")
+    return text
+
+
+def _not_flag_like(text: str) -> str:
+    _printable(text)
+    if text.startswith("-"):
+        raise ValueError(f"{text!r} starts with '-' and would read as an option")
+    return text
+
+
+def _host(text: str) -> str:
+    _not_flag_like(text)
+    try:
+        ipaddress.ip_address(text)
+        return text
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(text):
+        raise ValueError(f"{text!r} is neither an IP address nor a host name")
+    return text
+
+
+def _env_name(text: str) -> str:
+    if not _ENV_NAME.match(text):
+        raise ValueError(f"{text!r} is not an environment variable name (letters, digits, _)")
+    return text
+
+
+Printable = Annotated[str, AfterValidator(_printable)]
+Text = Annotated[str, AfterValidator(_not_flag_like)]
+Host = Annotated[str, AfterValidator(_host)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+
+
+# -------------------------------------------------------------------------------------------- paths
+
+
+def _existing_file(path: Path) -> Path:
+    path = path.expanduser()
+    if not path.exists():
+        raise ValueError(f"no such file: {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory, not a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{str(path)!r} is not readable")
+    return path
+
+
+def text_of(path: Path) -> str:
+    """The UTF-8 text of a file; ValueError saying why there is none (missing, a directory, binary)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {str(path)!r}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{str(path)!r} is a directory, not a file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text (a binary file?)") from None
+    if "\x00" in text:
+        raise ValueError(f"{str(path)!r} holds NUL bytes (a binary file?)")
+    return text
+
+
+def read_text(path: str | os.PathLike, field: str) -> str:
+    """text_of(path), with InputError naming field instead of ValueError."""
+    try:
+        return text_of(Path(path))
+    except ValueError as exc:
+        raise InputError(field, str(exc)) from None
+
+
+def _text_file(path: Path) -> Path:
+    """An existing file of UTF-8 text (no NUL bytes): what YAML, CSV, JSON and JSONL inputs must be."""
+    text_of(_existing_file(path))
+    return path
+
+
+def _writable_dir(directory: Path, of: Path | None = None) -> None:
+    where = f" (for {str(of)!r})" if of is not None else ""
+    if not directory.exists():
+        raise ValueError(f"the directory {str(directory)!r}{where} does not exist")
+    if not directory.is_dir():
+        raise ValueError(f"{str(directory)!r}{where} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"the directory {str(directory)!r}{where} is not writable")
+
+
+def _output_file(path: Path) -> Path:
+    """A file to write: not a directory, in an existing writable directory (overwritten if present)."""
+    path = path.expanduser()
+    _not_flag_like(str(path))
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{str(path)!r} is not writable")
+    _writable_dir(path.absolute().parent, path)
+    return path
+
+
+def _output_dir(path: Path) -> Path:
+    """A directory to write into: an existing writable one, or a new one in an existing directory."""
+    path = path.expanduser()
+    _not_flag_like(str(path))
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{str(path)!r} is a file, not a directory")
+        _writable_dir(path)
+        return path
+    _writable_dir(path.absolute().parent, path)
+    return path
+
+
+InputFile = Annotated[Path, AfterValidator(_existing_file)]
+TextFile = Annotated[Path, AfterValidator(_text_file)]
+OutputFile = Annotated[Path, AfterValidator(_output_file)]
+OutputDir = Annotated[Path, AfterValidator(_output_dir)]

@@ -1,0 +1,130 @@
+"""Options of the planner's commands (plan, recommend, deploy-spec, calibrate) as pydantic models.
+
+Checked before anything runs: prices and bandwidths are finite (a NaN price gave a null cost, a
+zero bandwidth numpy warnings and 0 tokens/s), files exist and hold text, a calibration file has
+the shape ``tunebench calibrate`` writes, the candidates of ``recommend`` fit in memory, and an
+output file's directory exists before a fit of minutes runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tunebench.inputs import (
+    Count,
+    EnvName,
+    FiniteFloat,
+    NonNegative,
+    NonNegativeInt,
+    Options,
+    OutputFile,
+    Positive,
+    TextFile,
+    input_error,
+    parse,
+)
+from tunebench.limits import check_memory
+from tunebench.plan.deploy import check_post_url
+
+# Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
+# measured with tracemalloc at about 25 kB (512 and 4,096 counts, smollm2-135m); rounded up.
+CANDIDATE_BYTES = 32_768
+
+
+class CalibrationContent(BaseModel):
+    """The JSON a calibration file holds (Calibration.to_dict): finite coefficients of known names."""
+
+    model_config = ConfigDict(extra="forbid")
+    coefficients: dict[str, FiniteFloat] = Field(min_length=1)
+    source: str = "?"
+    records: NonNegativeInt = 0
+    models: list[str] = []
+    metrics: dict[str, Any] = {}
+
+    @field_validator("coefficients")
+    @classmethod
+    def _known(cls, value: dict[str, float]) -> dict[str, float]:
+        from tunebench.plan.coefficients import Coefficients
+
+        known = [f.name for f in fields(Coefficients)]
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"unknown coefficient {unknown[0]!r} (known: {', '.join(known)})")
+        return value
+
+
+def _calibration_file(path: Path) -> Path:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(path)!r} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(path)!r} is not a calibration (a JSON object with coefficients)")
+    try:
+        CalibrationContent.model_validate(data)
+    except ValidationError as exc:
+        err = input_error(exc)
+        raise ValueError(f"{str(path)!r} is not a calibration: {err}") from None
+    return path
+
+
+CalibrationFile = Annotated[TextFile, AfterValidator(_calibration_file)]
+
+
+class PlannerOptions(Options):
+    """Options plan and recommend share (and plan's --batch file)."""
+
+    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps"}
+    price: NonNegative | None = None
+    calibration: CalibrationFile | None = None
+    network: Positive | None = None
+    batch: TextFile | None = None
+
+
+class RecommendOptions(Options):
+    gpus_per_node: Count
+    max_gpus: Count
+
+
+def check_recommend(gpus_per_node: int, max_gpus: int) -> None:
+    """The GPU counts recommend tries: valid, and few enough for this machine's memory."""
+    parse(RecommendOptions, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+    candidates = max_gpus // gpus_per_node + gpus_per_node.bit_length()
+    check_memory("--max-gpus", candidates * CANDIDATE_BYTES, f"trying {candidates:,} GPU counts")
+
+
+class DeployOptions(Options):
+    """deploy-spec's own options (the sizing inputs are checked by plan.deploy.deploy_spec)."""
+
+    post: Annotated[str, AfterValidator(check_post_url)] | None = None
+    token_env: EnvName
+
+
+def _measurements_file(path: Path) -> Path:
+    """A CSV the csv module reads whose measured-property columns (that layout) are finite and >= 0."""
+    from tunebench.errors import InputError
+    from tunebench.store.csvio import measurements_of, read_csv_rows
+
+    try:
+        columns, rows = read_csv_rows(path, "--from")
+        number = 1
+        if "experiment_id" in columns:
+            for number, row in enumerate(rows, start=2):
+                measurements_of(row)
+    except InputError as exc:
+        raise ValueError(exc.message if exc.field == "--from" else f"{path.name} line {number}: {exc}") from None
+    return path
+
+
+MeasurementsFile = Annotated[TextFile, AfterValidator(_measurements_file)]
+
+
+class CalibrateOptions(Options):
+    NAMES = {"sources": "--from"}
+    sources: list[MeasurementsFile] | None = None
+    output: OutputFile | None = None

@@ -1,0 +1,109 @@
+"""Command-line usage errors (unknown option or command, missing or malformed value) as InputError.
+
+Typer parses the command line with click (typer >= 0.29: its own bundled copy, whose exceptions are
+not click's). Whichever copy raised, a usage error becomes an ``InputError`` naming the option,
+argument or command and what is allowed, so ``tunebench.cli.main`` ends every bad input the same
+way: one line on stderr, exit code 2. The exceptions are recognised by their class names, which
+both copies share, so this works with either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunebench.errors import InputError, one_of, suggest
+
+USAGE_ERRORS = frozenset(
+    {"UsageError", "BadParameter", "MissingParameter", "NoSuchOption", "BadOptionUsage", "BadArgumentUsage"}
+)
+
+
+def is_usage_error(exc: BaseException) -> bool:
+    """Whether exc is one of click's (or typer's bundled click's) usage errors."""
+    return any(cls.__name__ in USAGE_ERRORS for cls in type(exc).__mro__)
+
+
+def is_help_request(exc: BaseException) -> bool:
+    """A group or command run without arguments where it shows its help instead (no_args_is_help)."""
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
+
+def to_input_error(exc: Any) -> InputError:
+    """The InputError of a usage error: field, what is wrong, what is allowed."""
+    kind = type(exc).__name__
+    ctx = getattr(exc, "ctx", None)
+    message = _message(exc)
+    if kind == "NoSuchOption":
+        options = _options(ctx)
+        name = exc.option_name
+        return InputError(name, "unknown option." + suggest(name, options), allowed=one_of(options, limit=30) or None)
+    if kind == "BadOptionUsage":
+        return InputError(exc.option_name, message)
+    param = getattr(exc, "param", None)
+    if param is not None:
+        field = _param_name(param)
+        if kind == "MissingParameter":
+            return InputError(field, "is required", allowed=_describe_type(param))
+        return InputError(field, message, allowed=_describe_type(param))
+    if kind == "MissingParameter":  # a missing value without a param object
+        return InputError(_hint(exc) or "argument", "is required")
+    if message.startswith("No such command"):
+        name = message.split("'")[1] if message.count("'") >= 2 else message
+        commands = _commands(ctx)
+        return InputError("command", f"unknown command {name!r}." + suggest(name, commands), allowed=one_of(commands, 40))
+    if message.startswith("Missing command"):
+        return InputError("command", "missing", allowed=one_of(_commands(ctx), 40))
+    if kind == "BadArgumentUsage" or "unexpected extra argument" in message:
+        return InputError("arguments", message)
+    return InputError(_hint(exc) or (ctx.command_path if ctx is not None else "command line"), message)
+
+
+def _message(exc: Any) -> str:
+    text = str(getattr(exc, "message", "") or exc)
+    return text.rstrip(".") if text.count(".") == 1 and text.endswith(".") else text
+
+
+def _param_name(param: Any) -> str:
+    """--long-option for an option, the metavar (EXPERIMENT) for an argument."""
+    opts = [o for o in getattr(param, "opts", []) if o.startswith("--")] or list(getattr(param, "opts", []))
+    if getattr(param, "param_type_name", "") == "option" and opts:
+        return opts[0]
+    name = getattr(param, "metavar", None) or getattr(param, "name", None) or "argument"
+    return str(name).upper()
+
+
+def _describe_type(param: Any) -> str | None:
+    """What the parameter takes, from its click type (choices, ranges), when that says more than its name."""
+    kind = getattr(param, "type", None)
+    if kind is None:
+        return None
+    choices = getattr(kind, "choices", None)
+    if choices:
+        return one_of(choices)
+    describe = getattr(kind, "_describe_range", None)
+    name = getattr(kind, "name", "")
+    if callable(describe):
+        return f"{name} {describe()}"
+    return name if name in ("integer", "float", "boolean") else None
+
+
+def _hint(exc: Any) -> str | None:
+    hint = getattr(exc, "param_hint", None)
+    if isinstance(hint, (list, tuple)):
+        return " / ".join(hint)
+    return hint
+
+
+def _options(ctx: Any) -> list[str]:
+    if ctx is None:
+        return []
+    names: list[str] = []
+    for param in ctx.command.get_params(ctx):
+        names += [o for o in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())) if o.startswith("-")]
+    return names
+
+
+def _commands(ctx: Any) -> list[str]:
+    if ctx is None or not hasattr(ctx.command, "list_commands"):
+        return []
+    return list(ctx.command.list_commands(ctx))

@@ -1,0 +1,456 @@
+"""Bad input to every command: one line ``error: <field>: ...``, exit code 2, no traceback, nothing
+created or changed on disk.
+
+``CASES`` is the table (command line, field the message must name). Every case runs in-process
+through ``tunebench.cli.main`` in a fresh working directory that holds the files the cases refer to
+(a good store, a corrupt one, binary YAML and CSV, a directory, ...), with TUNEBENCH_HOME inside it;
+the directory is snapshotted (names, sizes, modification times, contents) before and after. A
+representative subset (``SUBPROCESS``) runs again as real processes of the console script, to show
+that no traceback reaches a real terminal.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunebench.cli import main
+from tunebench.errors import InputError
+from tunebench.secrets import mask_secrets
+from tunebench.store import Store
+from tunebench.store.csvio import import_csv
+
+ADO_CSV = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+FULL = "finetune_full_benchmark-v1.0.0"
+ENTITY = ["model_name=smollm2-135m", "model_max_length=256", "number_gpus=0", "batch_size=2"]
+GPU_ENTITY = ["model_name=llama3.1-8b", "model_max_length=2048", "number_gpus=2", "batch_size=8", "gpu_model=H100"]
+
+
+def c(field: str, *argv: str) -> tuple[str, list[str]]:
+    return field, list(argv)
+
+
+CASES: list[tuple[str, list[str]]] = [
+    # --- usage errors: unknown option or command, missing or malformed values (item 1)
+    c("--bogus", "plan", "--bogus"),
+    c("--bogus", "--bogus"),
+    c("--limit", "show", "--limit", "0"),
+    c("--limit", "show", "--limit", "abc"),
+    c("--limit", "show", "--limit"),
+    c("--max-parallel", "explore", "space.yaml", "--max-parallel", "0"),
+    c("--max-retries", "explore", "space.yaml", "--max-retries", "-1"),
+    c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "0"),
+    c("command", "nosuchcommand"),
+    c("command", "datasets", "nope"),
+    c("command", "plann"),
+    c("EXPERIMENT", "validate"),
+    c("EXPERIMENT", "describe"),
+    c("EXPERIMENT", "run"),
+    c("EXPERIMENT", "launch-plan"),
+    c("EXPERIMENT", "recommend"),
+    c("FILE", "import"),
+    c("SPACE", "explore"),
+    c("DATASET_ID", "datasets", "generate"),
+    c("--model", "datasets", "stats", "news-chars-512-entries-4096"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "abc"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "soon"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "1.5"),
+    c("--adapters", "deploy-spec", "--params-b", "7", "--adapters", "x"),
+    c("--quantization", "deploy-spec", "--quantization"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "cheap"),
+    c("-p", "plan", "-p"),
+    c("--format", "show", "--format"),
+    c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "eight"),
+    c("arguments", "show", "extra"),
+    c("arguments", "models", "extra"),
+    c("arguments", "version", "1"),
+    c("--json", "gpus", "--json=yes"),
+    c("--bogus", "datasets", "list", "--bogus"),
+    c("--max-len", "datasets", "stats", "news-chars-512-entries-4096", "--model", "smollm2-135m", "--max-len", "x"),
+    c("--bogus", "experiments", "--bogus"),
+    c("--lomo", "calibrate", "--lomo=maybe"),
+    c("--bogus", "export", "--bogus"),
+    c("arguments", "demo", "now"),
+    # --- numbers, durations, ports where they are parsed (items 5, 6)
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "-5"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "nan"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "inf"),
+    c("--timeout", "run", LORA, *ENTITY, "--timeout", "0"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "0"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "-2"),
+    c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "0"),
+    c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "nan"),
+    c("--weights", "run", LORA, *ENTITY, "--weights", "fancy"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "99999999"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "0"),
+    c("--port", "launch-plan", LORA, *ENTITY, "--port", "-1"),
+    c("--main-process-ip", "launch-plan", LORA, *ENTITY, "--main-process-ip", "--evil"),
+    c("--main-process-ip", "launch-plan", LORA, *ENTITY, "--main-process-ip", "not a host!"),
+    c("--data-dir", "launch-plan", LORA, *ENTITY, "--data-dir", "-x"),
+    c("--weights", "launch-plan", LORA, *ENTITY, "--weights", "none"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "nan"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "-1"),
+    c("--price-per-gpu-hour", "plan", LORA, *ENTITY, "--price-per-gpu-hour", "inf"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "0"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "nan"),
+    c("--network-gbps", "plan", LORA, *ENTITY, "--network-gbps", "-3"),
+    c("--price-per-gpu-hour", "recommend", LORA, *ENTITY, "--price-per-gpu-hour", "nan"),
+    c("--network-gbps", "recommend", LORA, *ENTITY, "--network-gbps", "inf"),
+    c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "0"),
+    c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "1000000000000000", "--gpus-per-node", "1"),
+    c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "0"),
+    c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "nan"),
+    c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "-1"),
+    c("--params-b", "deploy-spec", "--params-b", "inf"),
+    c("--params-b", "deploy-spec", "--params-b", "0"),
+    c("--params-b", "deploy-spec", "--params-b", "nan"),
+    c("--adapters", "deploy-spec", "--params-b", "7", "--adapters", "-1"),
+    c("--gpu-memory-gb", "deploy-spec", "--params-b", "7", "--gpu-memory-gb", "0"),
+    c("--quantization", "deploy-spec", "--params-b", "7", "--quantization", "3bit"),
+    c("--token-env", "deploy-spec", "--params-b", "7", "--token-env", "A B"),
+    c("--description", "deploy-spec", "--params-b", "7", "--description", "line\x1b[2J"),
+    c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "nan"),
+    c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "inf"),
+    c("--executor", "explore", "space.yaml", "--executor", "kube"),
+    c("--ray-address", "explore", "space.yaml", "--ray-address", "-x"),
+    c("--max-len", "datasets", "stats", "news-chars-512-entries-4096", "--model", "smollm2-135m", "--max-len", "0"),
+    # --- files: missing, a directory, binary, corrupt, of the wrong shape (item 5)
+    c("--store", "show", "--store", "g.db"),
+    c("--store", "show", "--store", "half.db"),
+    c("--store", "show", "--store", "typo.db"),
+    c("--store", "show", "--store", "adir"),
+    c("--store", "show", "--store", "nodir/s.db"),
+    c("--store", "show"),  # no store yet in TUNEBENCH_HOME: reading must not create one
+    c("--store", "export", "--store", "g.db"),
+    c("--store", "export", "--store", "typo.db"),
+    c("--store", "explore", "space.yaml", "--store", "g.db"),
+    c("--store", "explore", "space.yaml", "--store", "adir"),
+    c("--store", "explore", "space.yaml", "--store", "nodir/s.db"),
+    c("--store", "import", "good.csv", "--store", "g.db"),
+    c("--store", "import", "good.csv", "--store", "half.db"),
+    c("--store", "calibrate", "--store", "typo.db"),
+    c("--store", "calibrate", "--store", "g.db"),
+    c("--store", "show", "--store", "notaurl://x:y"),
+    c("--operation", "show", "--store", "good.db", "--operation", "op-nope"),
+    c("--format", "show", "--format", "xml", "--store", "good.db"),
+    c("--format", "export", "--format", "xml", "--store", "good.db"),
+    c("--output", "show", "--store", "good.db", "--format", "parquet"),
+    c("--output", "show", "--store", "good.db", "-o", "adir"),
+    c("--output", "show", "--store", "good.db", "-o", "nodir/out.csv"),
+    c("--output", "export", "--store", "good.db", "-o", "adir"),
+    c("--output", "export", "--store", "good.db", "-o", "nodir/out.csv"),
+    c("--space", "show", "--store", "good.db", "--space", "bin.yaml"),
+    c("--space", "show", "--store", "good.db", "--space", "missing.yaml"),
+    c("--space", "export", "--store", "good.db", "--space", "adir"),
+    c("SPACE", "explore", "bin.yaml"),
+    c("SPACE", "explore", "adir"),
+    c("SPACE", "explore", "missing.yaml"),
+    c("FILE", "import", "bin.csv", "--store", "good.db"),
+    c("FILE", "import", "adir", "--store", "good.db"),
+    c("FILE", "import", "missing.csv", "--store", "good.db"),
+    c("--output-dir", "run", LORA, *ENTITY, "--output-dir", "good.csv"),
+    c("--output-dir", "run", LORA, *ENTITY, "--output-dir", "nodir/run"),
+    c("--data-dir", "run", LORA, *ENTITY, "--data-dir", "good.csv"),
+    c("--output", "calibrate", "--from", "good.csv", "--output", "adir"),
+    c("--output", "calibrate", "--from", "good.csv", "--output", "nodir/cal.json"),
+    c("--from", "calibrate", "--from", "bin.csv"),
+    c("--from", "calibrate", "--from", "adir"),
+    c("--from", "calibrate", "--from", "missing.csv"),
+    c("--from", "calibrate", "--from", "runtime_inf.csv"),
+    c("--from", "calibrate", "--from", "huge_field.csv"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "notjson.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "wrongshape.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "array.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "nancoef.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "bin.yaml"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "missing.json"),
+    c("--calibration", "recommend", LORA, *ENTITY, "--calibration", "adir"),
+    c("--batch", "plan", "--batch", "bin.csv"),
+    c("--batch", "plan", "--batch", "adir"),
+    c("--batch", "plan", "--batch", "missing.jsonl"),
+    c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "good.csv"),
+    c("--dir", "datasets", "generate", "news-chars-64-entries-2", "--dir", "nodir/data"),
+    c("--dir", "datasets", "list", "--dir", "good.csv"),
+    # --- entity values: flags, control characters, what the store cannot hold (items 3, 4, 6)
+    c("target_modules", "validate", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
+    c("target_modules", "run", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
+    c("target_modules", "launch-plan", LORA, *ENTITY, "target_modules=q_proj,--weights,pretrained"),
+    c("target_modules", "plan", LORA, *ENTITY, "target_modules=[\"--result_path\"]"),
+    c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
+    c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
+    c("dataset_image_field", "launch-plan", LORA, *ENTITY, "dataset_image_field=-x"),
+    c("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "validate", FULL, *GPU_ENTITY,
+      "accelerate_config_fsdp_transformer_layer_cls_to_wrap=--fsdp_offload_params"),
+    c("model_name", "validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0",
+      "batch_size=2"),
+    c("gpu_model", "validate", LORA, *GPU_ENTITY[:4], "gpu_model=H100\n"),
+    c("dataset_id", "validate", LORA, *ENTITY, "dataset_id=news-chars-512-entries-4096\r"),
+    c("optim", "validate", LORA, *ENTITY, "optim=adamw_torch\t"),
+    c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=out\x00put"),
+    c("experiment", "validate", LORA + "\x07", *ENTITY),
+    c("model_max_length", "validate", LORA, "model_name=smollm2-135m", "model_max_length=99999999999999999999999999999999",
+      "number_gpus=0", "batch_size=2"),
+    c("model_max_length", "plan", LORA, "model_name=smollm2-135m", "model_max_length=9223372036854775808",
+      "number_gpus=0", "batch_size=2"),
+    c("batch_size", "validate", LORA, "model_name=smollm2-135m", "model_max_length=256", "number_gpus=0",
+      "batch_size=-99999999999999999999999"),
+    c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=1e309"),
+    c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=inf"),
+    c("stop_after_seconds", "run", LORA, *ENTITY, "stop_after_seconds=nan"),
+    c("r", "describe", LORA, "-p", "r=99999999999999999999999"),
+    c("dataset_id", "validate", LORA, *ENTITY, "dataset_id=news-chars-512-entries-4096x"),
+    c("entity_space.target_modules", "explore", "inject.yaml"),
+    c("entity_space.model_max_length", "explore", "huge.yaml"),
+    c("entity_space.dataset_text_field", "explore", "control.yaml"),
+    c("entity_space.num_train_epochs", "explore", "inf.yaml"),
+    c("entity_space.model_max_length.max", "explore", "range_inf.yaml"),
+    c("execution.lease_seconds", "explore", "lease_inf.yaml"),
+    c("actuator.timeout_seconds", "explore", "timeout_nan.yaml"),
+    c("execution.max_parallel", "explore", "parallel_0.yaml"),
+    # --- data sets larger than this machine can hold: refused before anything is written (item 3)
+    c("dataset_id", "datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"),
+    c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
+    c("dataset_id", "datasets", "generate", "vision-999999x999999-16plus-entries-1", "--dir", "data"),
+    c("dataset_id", "datasets", "stats", "news-chars-512-entries-999999999999", "--model", "smollm2-135m"),
+    # --- imported measurements: finite, non-negative, in range (item 6)
+    c("runtime_inf.csv line 2: train_runtime", "import", "runtime_inf.csv", "--store", "good.db"),
+    c("runtime_neg.csv line 2: train_runtime", "import", "runtime_neg.csv", "--store", "good.db"),
+    c("runtime_text.csv line 2: train_runtime", "import", "runtime_text.csv", "--store", "good.db"),
+    c("is_valid_2.csv line 2: is_valid", "import", "is_valid_2.csv", "--store", "good.db"),
+    c("throughput_nan.csv line 3: dataset_tokens_per_second", "import", "throughput_nan.csv"),
+    c("FILE", "import", "huge_field.csv", "--store", "good.db"),
+    c("FILE", "import", "no_columns.csv", "--store", "good.db"),
+    # --- actuators: registered names only, unless whoever runs it opts in (item 8)
+    c("actuator.name", "explore", "osystem.yaml"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "tunebench.explore.testing:sleepy"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "measur"),
+    c("space", "explore", "bomb.yaml"),
+    c("space", "explore", "deep.yaml"),
+    c("space", "explore", "notyaml.yaml"),
+    # --- credentials: where the bearer token may go (item 2)
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "https://user:pw@example.com/x"),
+    c("--post", "deploy-spec", "--params-b", "7", "--post", "not a url"),
+]
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under root with its kind, size, modification time and content hash."""
+    out: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        out[str(path.relative_to(root))] = (path.is_dir(), st.st_size if path.is_file() else None, st.st_mtime_ns, digest)
+    return out
+
+
+@pytest.fixture(scope="session")
+def files(tmp_path_factory) -> Path:
+    """The files the cases name, made once (copied into each case's working directory)."""
+    root = tmp_path_factory.mktemp("bad-input-files")
+    (root / "space.yaml").write_text(
+        "experiments: [{id: finetune_lora_benchmark-v1.0.0}]\n"
+        "entity_space: {model_name: smollm2-135m, model_max_length: 64, number_gpus: 0, batch_size: 1}\n"
+        "actuator: {name: noop}\n"
+    )
+    (root / "good.csv").write_bytes(ADO_CSV.read_bytes())
+    with Store(root / "good.db") as store:
+        import_csv(store, ADO_CSV)
+    rng = random.Random(0)
+    (root / "g.db").write_bytes(rng.randbytes(100_000))  # `head -c 100000 /dev/urandom > g.db`
+    (root / "half.db").write_bytes((root / "good.db").read_bytes()[:100] + rng.randbytes(4000))
+    (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
+    (root / "bin.csv").write_bytes(rng.randbytes(3000))
+    (root / "adir").mkdir()
+    (root / "notjson.json").write_text("coefficients: yes\n")
+    (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
+    (root / "array.json").write_text("[1, 2, 3]")
+    (root / "nancoef.json").write_text('{"coefficients": {"hfu_max": NaN}}')
+    header, *rows = list(csv.reader(io.StringIO(ADO_CSV.read_text())))
+    for name, column, value, line in (
+        ("runtime_inf", "train_runtime", "-1e309", 0),
+        ("runtime_neg", "train_runtime", "-5", 0),
+        ("runtime_text", "train_runtime", "fast", 0),
+        ("is_valid_2", "is_valid", "2", 0),
+        ("throughput_nan", "dataset_tokens_per_second", "inf", 1),
+    ):
+        bad = [list(r) for r in rows]
+        bad[line][header.index(column)] = value
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([header, *bad])
+        (root / f"{name}.csv").write_text(out.getvalue())
+    (root / "huge_field.csv").write_text(",".join(header) + '\n"' + "x" * 200_000 + '"\n')
+    (root / "no_columns.csv").write_text("a,b\n1,2\n")
+    space = yaml.safe_load((root / "space.yaml").read_text())
+    for name, key, value in (
+        ("inject", "target_modules", [["q_proj", "--host_memory_limit_gib", "0.01"]]),
+        ("huge", "model_max_length", [64, 10**40]),
+        ("control", "dataset_text_field", "output\x1b]0;owned\x07"),
+        ("inf", "num_train_epochs", [1.0, float("inf")]),
+    ):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}}))
+    for name, extra in (
+        ("range_inf", {"entity_space": {**space["entity_space"], "model_max_length": {"min": 1, "max": float("inf")}}}),
+        ("lease_inf", {"execution": {"lease_seconds": float("inf")}}),
+        ("timeout_nan", {"actuator": {"name": "noop", "timeout_seconds": float("nan")}}),
+        ("parallel_0", {"execution": {"max_parallel": 0}}),
+    ):
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, **extra}))
+    (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
+    (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+                                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
+    (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
+    (root / "notyaml.yaml").write_text("experiments: [\n  - id: x\n")
+    return root
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, files):
+    """A working directory with the files the cases name; TUNEBENCH_HOME (not created) inside it."""
+    shutil.copytree(files, tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TUNEBENCH_STORE", raising=False)
+    monkeypatch.delenv("TUNEBENCH_DATA_DIR", raising=False)
+    return tmp_path
+
+
+def check(code: int, out: str, err: str, field: str) -> None:
+    lines = err.splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: {field}"), lines[0]
+    assert "Traceback" not in err and out == "", (out, err)
+
+
+@pytest.mark.parametrize(("field", "argv"), CASES, ids=[" ".join(a)[:80] for _, a in CASES])
+def test_bad_input_in_process(workdir, capsys, field, argv):
+    before = snapshot(workdir)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check(code, out, err, field)
+    assert snapshot(workdir) == before, "bad input created or changed files"
+
+
+def test_the_table_covers_every_command():
+    from tunebench.cli import _mount_subcommands, app
+
+    _mount_subcommands()
+    commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    commands |= {f"datasets {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
+                 for c in g.typer_instance.registered_commands}  # fmt: skip
+    commands -= {"version", "demo", "_root"}  # take no input (bad arguments to them are covered as usage errors)
+    named = {" ".join(a[:2]) if a[0] == "datasets" else a[0] for _, a in CASES}
+    assert commands <= named, commands - named
+
+
+# A representative subset as real processes of the console script: no traceback reaches a terminal.
+# The issue's own cases first (items 1-8), then one of each kind of file and value error.
+SUBPROCESS = [
+    ["plan", "--bogus"],
+    ["show", "--limit", "0"],
+    ["explore", "space.yaml", "--max-parallel", "0"],
+    ["nosuchcommand"],
+    ["deploy-spec", "--params-b", "7", "--post", "http://example.com/v2/hardware_specifications"],
+    ["datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"],
+    ["validate", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"],
+    ["show", "--store", "g.db"],
+    ["explore", "bin.yaml"],
+    ["import", "bin.csv", "--store", "good.db"],
+    ["calibrate", "--from", "bin.csv"],
+    ["plan", "--batch", "bin.csv"],
+    ["import", "adir", "--store", "good.db"],
+    ["export", "--store", "good.db", "-o", "adir"],
+    ["show", "--store", "good.db", "-o", "nodir/out.csv"],
+    ["run", LORA, *ENTITY, "--output-dir", "good.csv"],
+    ["calibrate", "--from", "good.csv", "--output", "adir"],
+    ["deploy-spec", "--params-b", "7", "--adapter-size-gb", "nan"],
+    ["plan", LORA, *ENTITY, "--calibration", "notjson.json"],
+    ["run", LORA, *ENTITY, "--timeout", "-5"],
+    ["run", LORA, *ENTITY, "--cpu-processes", "0"],
+    ["launch-plan", LORA, *ENTITY, "--port", "99999999"],
+    ["plan", LORA, *ENTITY, "--price-per-gpu-hour", "nan"],
+    ["plan", LORA, *ENTITY, "--network-gbps", "0"],
+    ["plan", LORA, *ENTITY, "--calibration", "wrongshape.json"],
+    ["validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0",
+     "batch_size=2"],
+    ["import", "runtime_inf.csv", "--store", "good.db"],
+    ["show", "--store", "typo.db"],
+    ["explore", "osystem.yaml"],
+]
+BY_ARGV = {tuple(argv): field for field, argv in CASES}
+
+
+def console_script() -> list[str]:
+    script = Path(sys.executable).with_name("tunebench")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tunebench.cli"]
+
+
+@pytest.mark.parametrize("argv", SUBPROCESS, ids=[" ".join(a)[:80] for a in SUBPROCESS])
+def test_bad_input_in_a_real_process(workdir, argv):
+    field = BY_ARGV[tuple(argv)]  # every one is a case of the table
+    src = str(Path(__file__).parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    before = snapshot(workdir)
+    proc = subprocess.run([*console_script(), *argv], capture_output=True, text=True, timeout=120, env=env)
+    check(proc.returncode, proc.stdout, proc.stderr, field)
+    assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["version"]])
+def test_version(capsys, argv):
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.endswith("0.1.0") and (out.startswith("tunebench ") or argv == ["version"])
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["--help"], [], ["datasets"], ["plan", "-h"], ["datasets", "stats", "--help"]])
+def test_help_exits_0(capsys, argv):
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: tunebench" in out and err == ""
+
+
+def test_store_passwords_are_masked_in_messages(workdir, capsys):
+    """Item 7: a store URL's password never reaches a message: not main's, not the "no operation" error."""
+    from tunebench.explore.cli import _select
+
+    url = "postgresql://user:s3cret-pw@127.0.0.1:notaport/db"
+    assert main(["show", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "postgresql://user:***@127.0.0.1" in err and "s3cret-pw" not in err, err
+    with Store(workdir / "good.db") as store:
+        store.url = "postgresql+psycopg://user:s3cret-pw@db.example/tunebench"  # where the rows would come from
+        with pytest.raises(InputError) as caught:
+            _select(store, None, "op-nope", None)
+    assert "postgresql+psycopg://user:***@db.example/tunebench" in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("postgresql://me:pw@h:5432/db", "postgresql://me:***@h:5432/db"),
+        ("mysql+pymysql://root:p%40ss@h/db?charset=utf8", "mysql+pymysql://root:***@h/db?charset=utf8"),
+        ("see postgresql://u:a:b@h/db and sqlite:////x.db", "see postgresql://u:***@h/db and sqlite:////x.db"),
+        ("postgresql://h/db?user=u&password=pw&sslmode=require", "postgresql://h/db?user=u&password=***&sslmode=require"),
+        ("Authorization: Bearer abc.def.ghi", "Authorization: Bearer ***"),
+        ("postgresql://nobody@h/db", "postgresql://nobody@h/db"),
+    ],
+)
+def test_mask_secrets(text, masked):
+    assert mask_secrets(text) == masked
