@@ -18,7 +18,7 @@ import numpy as np
 
 from tunebench.plan.workload import Workload
 
-GIB = 2**30
+from tunebench.units import GIB
 
 
 def accelerate_estimate_gib(w: Workload) -> np.ndarray:

@@ -48,7 +48,7 @@ def bare_loop(steps: int, dtype: str) -> float:
 
 
 def tunebench_run(steps: int, dtype: str, config_path: str, out: Path) -> float:
-    from tunebench.experiments import get_experiment, make_entity
+    from tunebench.spec.experiments import get_experiment, make_entity
     from tunebench.measure import measure
 
     exp = get_experiment(

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from tunebench.experiments import get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.plan import predict_many
 
 MODELS = ("llama3.1-8b", "mistral-7b-v0.1", "granite-3.1-8b-instruct", "llama3-70b", "granite-4.0-h-tiny",

@@ -70,7 +70,7 @@ def test_plugins_register_actuators_as_entry_points(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "tb_plugin_demo").mkdir(parents=True)
     (site / "tb_plugin_demo" / "__init__.py").write_text(textwrap.dedent("""
-        from tunebench.results import Result
+        from tunebench.spec.results import Result
 
         def measure_nothing(experiment, entity, options):
             return Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, actuator="demo")

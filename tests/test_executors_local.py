@@ -7,7 +7,7 @@ import time
 
 from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
 from tunebench.executors.task import make_task, resolve_actuator, run_task
-from tunebench.experiments import get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0")
 A100 = "NVIDIA-A100-80GB-PCIe"

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tunebench.errors import InputError
-from tunebench.experiments import (
-    BENCHMARK_MEASURED,
-    STABILITY_MEASURED,
+from tunebench.spec.experiments import (
     effective_values,
     get_experiment,
     list_experiments,
     make_entity,
 )
+from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
 
 IDS = [
     "finetune_full_benchmark-v1.0.0",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.explore.space import parse_space
 from tunebench.launch import build_launch_plan
 from tunebench.worker.args import parse_args

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.launch import build_launch_plan
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -8,7 +8,7 @@ import pytest
 
 from tunebench.catalog import get_model
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.training import model as model_mod
 from tunebench.training import tokenizer as tok_mod
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import tunebench.measure as measure_module
-from tunebench.experiments import BENCHMARK_MEASURED, get_experiment, make_entity
+from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.measure import measure
 
 pytestmark = pytest.mark.slow

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tunebench.errors import InputError, has_control_characters
-from tunebench.experiments import get_experiment, make_entity, parse_assignments
+from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.explore.space import load_yaml, parse_space
 from tunebench.launch import build_launch_plan
-from tunebench.properties import PROPERTIES
+from tunebench.spec.properties import PROPERTIES
 from tunebench.worker.args import parse_args
 
 CHECKS = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

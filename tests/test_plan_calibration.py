@@ -102,8 +102,8 @@ def test_fit_lowers_the_log_error_and_stays_in_bounds(fms_csv):
 
 
 def test_store_records_use_measurements_only(tmp_path):
-    from tunebench.experiments import get_experiment, make_entity
-    from tunebench.results import Result
+    from tunebench.spec.experiments import get_experiment, make_entity
+    from tunebench.spec.results import Result
     from tunebench.store import Store
     from tunebench.store.store import Record as StoreRecord
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tunebench.catalog import get_model
-from tunebench.experiments import effective_values, get_experiment, make_entity
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import GPTQ_BYTES, NF4_DQ_BYTES, memory_breakdown, oom_probability, predict_memory
 from tunebench.plan.structure import structure_of

@@ -10,7 +10,8 @@ import typer
 from typer.testing import CliRunner
 
 from tunebench.errors import InputError
-from tunebench.experiments import BENCHMARK_MEASURED, effective_values, get_experiment, make_entity
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity
+from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.plan import PREDICTED, plan_json, predict, predict_many
 from tunebench.plan.cli import register
 from tunebench.plan.coefficients import Calibration, Coefficients

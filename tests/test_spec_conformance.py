@@ -14,8 +14,8 @@ import pytest
 
 from tunebench.catalog import default_target_modules, get_model
 from tunebench.datasets import KNOWN_DATASET_IDS
-from tunebench.experiments import get_experiment
-from tunebench.properties import PROPERTIES
+from tunebench.spec.experiments import get_experiment
+from tunebench.spec.properties import PROPERTIES
 
 SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
 SPEC = next(iter(sorted(SEEDS.glob("004_*.txt"))), None)

@@ -12,8 +12,8 @@ import time
 import pytest
 from sqlalchemy import inspect, select, text
 
-from tunebench.experiments import get_experiment, make_entity
-from tunebench.results import Result
+from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.spec.results import Result
 from tunebench.store import SCHEMA_VERSION, SchemaError, Store, migrations, owner_id, store_url
 from tunebench.store.schema import TABLES, metadata, requests, results, schema_version
 from tunebench.store.store import Record
@@ -250,3 +250,15 @@ with db.write(s.engine) as conn:
 
 def test_metadata_declares_every_table():
     assert {t.name for t in TABLES} == set(metadata.tables)
+
+
+def test_frozen_schema_matches_the_spec_lists():
+    """The store's columns are frozen (a new one needs a migration) but must match spec/ exactly."""
+    from tunebench.spec.experiments import ID_ORDER
+    from tunebench.spec.measured import BENCHMARK_MEASURED, REPORT_ORDER, STABILITY_MEASURED
+    from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
+
+    spec_measured = [p for p in (*BENCHMARK_MEASURED, *STABILITY_MEASURED) if p != "is_valid"]
+    assert list(MEASURED_COLUMNS) == spec_measured
+    assert sorted(REPORT_ORDER) == sorted(MEASURED_COLUMNS)
+    assert ENTITY_COLUMNS == (*ID_ORDER, "number_nodes")  # the id's keys, then the placement

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tunebench.experiments import get_experiment, make_entity
-from tunebench.validity import check
+from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.spec.validity import check
 
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
 BASE = {"model_name": "llama3.1-8b", "model_max_length": 1024, "number_gpus": 4, "batch_size": 8,

@@ -16,7 +16,7 @@ pytest.importorskip("peft")
 
 from worker_data import write_data  # noqa: E402
 
-from tunebench.experiments import BENCHMARK_MEASURED  # noqa: E402
+from tunebench.spec.measured import BENCHMARK_MEASURED  # noqa: E402
 from tunebench.worker.run import main  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test here trains a model (the marker is informational: CI runs them)

@@ -21,9 +21,9 @@ from rich.table import Table
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
 from tunebench.errors import InputError, one_line
-from tunebench.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
 from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
-from tunebench.properties import PROPERTIES, REQUIRED, render_value
+from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
@@ -216,7 +216,7 @@ def validate(
     as_json: Json = False,
 ) -> None:
     """Check an entity against the validity rules: prints is_valid and the reasons."""
-    from tunebench.validity import check
+    from tunebench.spec.validity import check
 
     exp, entity = resolve(experiment, params, props)
     result = check(exp, entity)

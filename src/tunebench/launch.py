@@ -24,10 +24,10 @@ import yaml
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
 from tunebench.errors import InputError, has_control_characters
-from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
-from tunebench.properties import PROPERTIES
-from tunebench.validity import check_values
+from tunebench.spec.properties import PROPERTIES
+from tunebench.spec.validity import check_values
 
 WORKER_MODULE = "tunebench.worker"
 DEFAULT_PORT = 29500  # torch.distributed's customary rendezvous port
@@ -90,7 +90,7 @@ def _shell_quote(arg: str) -> str:
 def _value(text: str, field: str) -> str:
     """text as the value of a worker flag: InputError if it could read as a flag or break the line.
 
-    Properties are checked when parsed (tunebench.properties); this guards what comes from elsewhere
+    Properties are checked when parsed (tunebench.spec.properties); this guards what comes from elsewhere
     (model_map paths, data directories) and stays in force whatever a parser lets through.
     """
     if text.startswith("-") or has_control_characters(text):

@@ -31,11 +31,11 @@ from typing import Any
 import yaml
 
 from tunebench.datasets import ensure_dataset
-from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.launch import MAIN_PROCESS_IP, OUTPUT_DIR, NodePlan, build_launch_plan
 from tunebench.paths import home
-from tunebench.results import Result
-from tunebench.validity import check_values
+from tunebench.spec.results import Result
+from tunebench.spec.validity import check_values
 from tunebench.worker import outcome, properties_from_results, read_rank_results
 
 LOG_TAIL_LINES = 40

@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
+from tunebench.units import GIB
 
-GIB = 1024**3
 GPU_SERIES = ("compute_utilization", "memory_utilization", "power_watts", "power_percent")  # spec 004 gpu_<X>
 
 

@@ -23,26 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tunebench.experiments import Experiment, get_experiment
-from tunebench.properties import render_value
+from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
+from tunebench.spec.measured import REPORT_ORDER
+from tunebench.spec.properties import render_value
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 from tunebench.store.store import Outcomes, no_gc
 
 ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids
-CONSTITUTIVE_ORDER = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model")
-# The reference CSV's measured columns, in its order, with tunebench's extra ones slotted in by family.
-MEASURED_ORDER = (
-    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
-    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
-    "gpu_memory_utilization_peak",
-    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
-    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
-    "cpu_compute_utilization", "cpu_memory_utilization",
-    "train_runtime", "train_samples_per_second", "train_steps_per_second",
-    "train_tokens_per_second", "train_tokens_per_gpu_per_second",
-    "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
-    "f_gpu_oom", "f_other_error", "f_no_error",
-)  # fmt: skip
 FORMATS = ("table", "csv", "json", "parquet")
 TABLE_MEASURED = ("dataset_tokens_per_second", "train_runtime")  # what the terminal table shows
 
@@ -75,7 +62,7 @@ def build(outcomes: Outcomes, *, ado: bool = False, constitutive: Sequence[str] 
     Column by column (list comprehensions and C-level zips, no per-row dicts): 100,000 rows take
     a fraction of a second. Constitutive columns: the entity values any row has (plus the space's
     own dimensions), a value a row leaves at its experiment's default shown as that default.
-    Measured columns: those any row has, in MEASURED_ORDER, then other properties alphabetically,
+    Measured columns: those any row has, in REPORT_ORDER, then other properties alphabetically,
     then is_valid.
     """
     with no_gc():  # many small acyclic objects: the cyclic GC would only slow this down
@@ -92,7 +79,7 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
     names = set(constitutive) | {name for name in ENTITY_COLUMNS if _present(cols[name], n)}
     for values in decoded.values():
         names.update(values)
-    const = [name for name in CONSTITUTIVE_ORDER if name in names]
+    const = [name for name in ID_ORDER if name in names]
     const += sorted(names - set(const))
     defaults = _Defaults(outcomes.experiments)
     const_data = []
@@ -109,7 +96,7 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
     }
     extra_names = set().union(*extras.values()) if extras else set()
     present = {name for name in MEASURED_COLUMNS if _present(cols[name], n)}
-    order = {name: i for i, name in enumerate(MEASURED_ORDER)}
+    order = {name: i for i, name in enumerate(REPORT_ORDER)}
     names = present | extra_names
     measured = sorted((m for m in names if m in order), key=order.__getitem__) + sorted(names - set(order))
     measured_data = []
@@ -221,7 +208,7 @@ def print_table(table: Table, *, limit: int = 50, title: str | None = None, file
     cols = table.columns
     start = cols.index("experiment_id")
     end = len(cols)
-    for name in MEASURED_ORDER + ("is_valid",):
+    for name in REPORT_ORDER + ("is_valid",):
         if name in cols:
             end = min(end, cols.index(name))
     experiments = set(table.data[start]) if table.data else set()

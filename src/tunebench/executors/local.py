@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from tunebench.executors.task import Finished, Task, run_task
-from tunebench.results import Result
+from tunebench.spec.results import Result
 
 
 @dataclass(frozen=True)

@@ -47,11 +47,10 @@ from typing import Any
 
 from tunebench.errors import InputError
 from tunebench.executors.task import Finished, Task, resolve_actuator, run_task
-from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.launch import LaunchPlan, NodePlan, build_launch_plan
-from tunebench.results import Result
+from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
-LOG_TAIL_CHARS = 4000
 PLACEMENT_TIMEOUT_S = 600.0  # how long a multi-node measurement waits for its nodes
 
 
@@ -145,7 +144,7 @@ def default_collect_nodes(
     experiment: Experiment, entity: Entity, options: dict[str, Any], plan: LaunchPlan, nodes: list[NodeResult]
 ) -> Result:
     """The result of a multi-node run from every node's rank records (the worker's rules)."""
-    from tunebench.experiments import effective_values
+    from tunebench.spec.experiments import effective_values
     from tunebench.worker.results import outcome, properties_from_results
 
     records = [r for n in nodes for r in n.records]

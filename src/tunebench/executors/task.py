@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.errors import InputError, suggest
-from tunebench.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
-from tunebench.results import Result
+from tunebench.spec.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
+from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
 ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry points of this group
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,7 +49,6 @@ ACTUATORS = {
 # (the planner predicts a 64-GPU entity on a laptop). Any other actuator, module:function ones
 # included, gets the entity's number_gpus / number_nodes / gpu_model.
 HARDWARE_FREE = frozenset({"predict", "noop"})
-LOG_TAIL_CHARS = 4000
 
 
 @dataclass

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunebench.executors.task import Finished, Task, check_options, make_task
-from tunebench.experiments import Experiment, get_experiment, make_entity
+from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.explore.samplers import sample
 from tunebench.explore.space import Space
 from tunebench.paths import home
-from tunebench.results import Result
+from tunebench.spec.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
 POLL_S = 0.2  # longest wait for a result before the loop looks at the store again

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tunebench.errors import InputError
-from tunebench.experiments import Experiment
+from tunebench.spec.experiments import Experiment
 from tunebench.explore.samplers import point
 from tunebench.explore.space import Space
 from tunebench.store import DONE, FAILED, INVALID, PENDING, RUNNING, VALID, Store

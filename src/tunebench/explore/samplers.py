@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-from tunebench.experiments import Entity, Experiment, make_entity
+from tunebench.spec.experiments import Entity, Experiment, make_entity
 from tunebench.explore.space import Space
-from tunebench.validity import check
+from tunebench.spec.validity import check
 
 Point = tuple[Experiment, Entity, list[str]]
 

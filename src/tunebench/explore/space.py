@@ -52,9 +52,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tunebench.errors import InputError
-from tunebench.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
+from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
 from tunebench.inputs import FiniteFloat, Seconds, input_error, read_text
-from tunebench.properties import render_value
+from tunebench.spec.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunebench.experiments import Entity, Experiment
-from tunebench.results import Result
+from tunebench.spec.experiments import Entity, Experiment
+from tunebench.spec.results import Result
 
 
 def _log(options: dict[str, Any], entity: Entity, experiment: Experiment, event: str) -> None:

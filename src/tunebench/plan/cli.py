@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, make_entity, parse_assignments
+from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
 from tunebench.plan.options import CalibrateOptions, DeployOptions, PlannerOptions, check_recommend
 from tunebench.secrets import mask_secrets

@@ -29,9 +29,9 @@ from typing import Any
 from tunebench.catalog import ModelSpec, get_model
 from tunebench.catalog.models import spec_from_config
 from tunebench.errors import InputError
-from tunebench.experiments import get_experiment, list_experiments
+from tunebench.spec.experiments import get_experiment, list_experiments
+from tunebench.units import GIB
 
-GIB = 2**30
 DATA = Path(__file__).parent / "data" / "measurements"
 FMS = DATA / "fms-acceleration"
 PUBLISHED = DATA / "published"
@@ -294,7 +294,7 @@ def read_cases(path: str | Path | None = None) -> list[Record]:
         exp = get_experiment(request["experiment"])
         values.update({k: exp.parse(k, v) for k, v in entity.items()})
         if exp.uses_lora and not values.get("target_modules"):
-            from tunebench.experiments import target_modules_for
+            from tunebench.spec.experiments import target_modules_for
 
             values["target_modules"] = target_modules_for(exp, values["model_name"])
         props: dict[str, float] = {}
@@ -358,8 +358,8 @@ def _num_or_none(v: Any) -> float | None:
 
 def _spec_values(experiment_id: str, entity: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """(base experiment id, effective values) of a possibly parameterised experiment id and entity."""
-    from tunebench.experiments import target_modules_for
-    from tunebench.properties import PROPERTIES
+    from tunebench.spec.experiments import target_modules_for
+    from tunebench.spec.properties import PROPERTIES
 
     base, params = _split_experiment_id(experiment_id)
     exp = get_experiment(base)

@@ -29,8 +29,8 @@ import numpy as np
 
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.workload import Workload
+from tunebench.units import GIB
 
-GIB = 2**30
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The predicting actuator: a Result for any (experiment, entity), one at a time or a whole space.
 
-``predict`` and ``predict_many`` return ``tunebench.results.Result`` objects with
+``predict`` and ``predict_many`` return ``tunebench.spec.results.Result`` objects with
 ``actuator="predict"``: status ``valid`` with the predicted measured properties (the measuring
 actuator's names), or ``invalid`` when a validity rule breaks or the job will not fit on the GPU
 (``reasons`` say which). ``metadata`` explains the prediction: the per-component memory breakdown
@@ -27,21 +27,20 @@ import numpy as np
 from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
-from tunebench.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
+from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, group_key
-from tunebench.results import Result
-from tunebench.validity import check_values
+from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
+from tunebench.spec.results import Result
+from tunebench.spec.validity import check_values
 
-# The measured properties the planner predicts (spec 004 names, plus the GiB extras of issue 6).
+# The measured properties the planner predicts: the spec's memory peak and rates, tunebench's GiB peaks.
 PREDICTED = (
-    "gpu_memory_utilization_peak", "train_runtime", "train_samples_per_second", "train_steps_per_second",
-    "train_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second",
-    "dataset_tokens_per_second_per_gpu", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
-    "gpu_memory_peak_gib",
-)  # fmt: skip
+    "gpu_memory_utilization_peak", *(p for p in BENCHMARK_MEASURED if p.startswith(("train_", "dataset_"))),
+    *MEMORY_GIB,
+)
 USER_CALIBRATION = "calibration.json"
 
 
@@ -123,7 +122,7 @@ def _predict_many(
 def _effective_values(
     experiment: Experiment, entity: Entity, cache: dict[int, tuple[str, dict[str, Any]]]
 ) -> tuple[str, dict[str, Any]]:
-    """(experiment id, tunebench.experiments.effective_values) with the defaults merged once per experiment."""
+    """(experiment id, tunebench.spec.experiments.effective_values) with the defaults merged once per experiment."""
     cached = cache.get(id(experiment))
     if cached is None:
         cached = cache[id(experiment)] = (experiment.id, {**experiment.hardcoded, **resolved_defaults(experiment)})

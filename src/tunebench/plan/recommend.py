@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.errors import InputError
-from tunebench.experiments import Experiment, effective_values, get_experiment, make_entity
+from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity
 from tunebench.plan.predictor import PlanOptions, predict_values
-from tunebench.validity import check_values
+from tunebench.spec.validity import check_values
 
 METHOD_EXPERIMENTS = {
     "full": "finetune_full_benchmark-v1.0.0",

@@ -106,7 +106,7 @@ class Workload:
     def attention(self) -> str:
         """The attention implementation the run uses: 'flash' (flash-attention 2), 'sdpa' or 'eager'.
 
-        flash_attn None means on with GPUs, off on the CPU (tunebench.properties); a model class
+        flash_attn None means on with GPUs, off on the CPU (tunebench.spec.properties); a model class
         without flash-attention 2 support runs transformers' default for it.
         """
         wanted = self.settings.get("flash_attn")

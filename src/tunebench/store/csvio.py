@@ -39,19 +39,18 @@ from typing import IO, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from tunebench.errors import InputError, one_of
-from tunebench.experiments import (
-    BENCHMARK_MEASURED,
+from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
+from tunebench.spec.experiments import (
     REQUIRED_PROPERTIES,
-    STABILITY_MEASURED,
     Experiment,
     get_experiment,
     list_experiments,
     make_entity,
 )
 from tunebench.inputs import NonNegative, input_error, read_text
-from tunebench.properties import PROPERTIES
+from tunebench.spec.properties import PROPERTIES
 from tunebench.report import ADO_PREFIX, build, write_csv
-from tunebench.results import Result
+from tunebench.spec.results import Result
 from tunebench.store.schema import INVALID, VALID
 from tunebench.store.store import Record, Store
 

@@ -77,7 +77,7 @@ entities = Table(
     "entities",
     metadata,
     Column("pk", Integer, primary_key=True, autoincrement=True),
-    Column("id", String(2048), nullable=False),  # canonical entity id (tunebench.experiments.Entity.id)
+    Column("id", String(2048), nullable=False),  # canonical entity id (tunebench.spec.experiments.Entity.id)
     Column("id_hash", String(64), nullable=False, unique=True),
     Column("properties", JSON, nullable=False),  # canonical constitutive values
     Column("model_name", String(300), index=True),

@@ -38,8 +38,8 @@ import psutil
 from sqlalchemy import Connection, Table, Text, and_, bindparam, case, func, insert, or_, select, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 
-from tunebench.experiments import Entity, Experiment
-from tunebench.results import Result
+from tunebench.spec.experiments import Entity, Experiment
+from tunebench.spec.results import LOG_TAIL_CHARS, Result
 from tunebench.store import db
 from tunebench.store.migrations import migrate
 from tunebench.store.schema import (
@@ -58,7 +58,6 @@ from tunebench.store.schema import (
     results,
 )
 
-LOG_TAIL_CHARS = 16_000  # results.log_tail keeps the last 16 kB of a failed run's log
 CHUNK = 500  # ids per IN (...) list: well under SQLite's 32766 variable limit
 
 

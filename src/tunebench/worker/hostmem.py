@@ -26,8 +26,8 @@ import threading
 import time
 
 import psutil
+from tunebench.units import GIB
 
-GIB = 1024**3
 POLL_S = 0.05  # poll interval: 50 ms
 
 

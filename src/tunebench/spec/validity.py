@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.catalog import get_model
-from tunebench.experiments import Entity, Experiment, effective_values
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 
 # spec 004 note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
 FAST_MOE_MIN_VERSION = (2, 4, 0)

@@ -20,26 +20,13 @@ from typing import Any
 
 from tunebench.catalog import default_target_modules, get_model
 from tunebench.errors import InputError, one_of, suggest
-from tunebench.properties import PROPERTIES, REQUIRED, get_property, render_value
+from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
+from tunebench.spec.properties import PROPERTIES, REQUIRED, get_property, render_value
 
 # spec 004 "Entity space": what every experiment requires.
 REQUIRED_PROPERTIES = ("model_name", "model_max_length", "number_gpus", "batch_size")
-# Order of constitutive properties in entity ids: the reference's (model_name.X-number_gpus.Y-...).
-_ID_ORDER = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model")
-
-# spec 004 "Measured properties" of the benchmark experiments, in the spec's order.
-BENCHMARK_MEASURED = (
-    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
-    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
-    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
-    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
-    "gpu_memory_utilization_peak", "cpu_compute_utilization", "cpu_memory_utilization",
-    "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
-    "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
-    "is_valid",
-)  # fmt: skip
-# spec 004 finetune_full_stability-v1.0.0 "Measured properties".
-STABILITY_MEASURED = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
+# Order of constitutive properties in entity ids and reports: the reference's (model_name.X-number_gpus.Y-...).
+ID_ORDER = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model")
 
 # Training arguments every experiment hardcodes (spec 004 "Commandline"; ado-sfttrainer.md §6.2).
 COMMON_HARDCODED = {
@@ -315,8 +302,8 @@ class Entity:
     @functools.cached_property
     def id(self) -> str:
         """ado-style identifier: model_name.X-number_gpus.Y-model_max_length.Z-batch_size.W[-k.v ...]."""
-        keys = [k for k in _ID_ORDER if k in self.values]
-        keys += sorted(k for k in self.values if k not in _ID_ORDER)
+        keys = [k for k in ID_ORDER if k in self.values]
+        keys += sorted(k for k in self.values if k not in ID_ORDER)
         return "-".join(f"{k}.{render_value(self.values[k])}" for k in keys)
 
     def __getitem__(self, name: str) -> Any:

@@ -6,7 +6,7 @@ batch <= 4096) the domain here is open and validity/planning judge the entity in
 
 A value outside a property's *domain* is an input error (InputError). A value inside the domain that
 breaks a validity rule (e.g. batch_size 0, rule 4) is a valid request with is_valid false: see
-``tunebench.validity``.
+``tunebench.spec.validity``.
 """
 
 from __future__ import annotations

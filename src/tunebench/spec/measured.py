@@ -1,0 +1,35 @@
+"""Measured properties: spec 004's, in its order, and the few tunebench adds; each list defined once."""
+
+from __future__ import annotations
+
+# spec 004 "Measured properties" of the benchmark experiments, in the spec's order.
+BENCHMARK_MEASURED = (
+    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
+    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
+    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
+    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
+    "gpu_memory_utilization_peak", "cpu_compute_utilization", "cpu_memory_utilization",
+    "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
+    "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
+    "is_valid",
+)  # fmt: skip
+# spec 004 finetune_full_stability-v1.0.0 "Measured properties".
+STABILITY_MEASURED = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
+# tunebench's additions: peak memory per GPU in GiB as torch allocated, torch reserved and nvidia-smi
+# report it (the spec has only the nvidia-smi percentage); both actuators produce them.
+MEMORY_GIB = ("gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_peak_gib")
+# The reference CSV's measured columns in its order (its exports put gpu_memory_utilization_peak after the
+# memory utilisation family and power watts before percent), then the stability fractions; reports list
+# these first and any other measured property (MEMORY_GIB among them) after them, alphabetically.
+REPORT_ORDER = (
+    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
+    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
+    "gpu_memory_utilization_peak",
+    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
+    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
+    "cpu_compute_utilization", "cpu_memory_utilization",
+    "train_runtime", "train_samples_per_second", "train_steps_per_second",
+    "train_tokens_per_second", "train_tokens_per_gpu_per_second",
+    "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
+    "f_gpu_oom", "f_other_error", "f_no_error",
+)  # fmt: skip
