@@ -26,7 +26,7 @@ from pathlib import Path
 from tunebench.executors.local import LocalExecutor
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.explore import Settings, explore, parse_space
-from tunebench.report import build, write_csv
+from tunebench.store.tables import build, write_csv
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record

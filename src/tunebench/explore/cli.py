@@ -196,7 +196,7 @@ def show(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
 ) -> None:
     """Stored results, one row per entity x experiment: constitutive then measured columns."""
-    from tunebench.report import build, render
+    from tunebench.store.tables import build, render
 
     parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
@@ -255,7 +255,7 @@ def export(
     ] = None,
 ) -> None:
     """Write valid and invalid results in the reference's CSV layout."""
-    from tunebench.report import build, write_csv
+    from tunebench.store.tables import build, write_csv
     from tunebench.store import INVALID, VALID
 
     parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)

@@ -49,7 +49,7 @@ from tunebench.spec.experiments import (
 )
 from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.spec.properties import PROPERTIES
-from tunebench.report import ADO_PREFIX, build, write_csv
+from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.store.schema import INVALID, VALID
 from tunebench.store.store import Record, Store
