@@ -163,12 +163,13 @@ def test_encoder_decoder_config_is_an_input_error(tmp_path):
 
 
 def test_structure_is_cached_on_disk_and_reread_without_building(tmp_path, monkeypatch):
+    from tunebench.plan import meta_model
     from tunebench.plan import structure as module
 
     path, _ = write_config(tmp_path, "mistral")
     spec = get_model(str(path))
     first = structure_of(spec)
     module._structure.cache_clear()
-    monkeypatch.setattr(module, "build_structure", lambda config: pytest.fail("rebuilt instead of read"))
+    monkeypatch.setattr(meta_model, "build_structure", lambda config: pytest.fail("rebuilt instead of read"))
     again = structure_of(spec)
     assert again.to_dict() == first.to_dict()

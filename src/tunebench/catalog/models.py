@@ -1,6 +1,6 @@
 """Model catalog: architecture facts of every model the experiments accept.
 
-Facts come from ``data/models.json`` (a copy of ``shared/reference-data/model_catalog.json``; each
+Facts come from ``data/models.json`` (a copy of ``model_catalog.json``, docs/reference/published-runs.md §1; each
 entry keeps its ``source`` and ``confidence``). A model can also be given as a path to a Hugging
 Face ``config.json`` (or a folder holding one) so users can plan and run models outside the catalog.
 """

@@ -391,7 +391,7 @@ def recommend(
     line("minimum", out["minimum"])
     line("fastest", out["fastest"])
     line("cheapest", out["cheapest"])
-    table = Table(title=f"Per method on {out['gpu_model']} (seed 000 style)")
+    table = Table(title=f"Per method on {out['gpu_model']}")
     for col in ("method", "GPUs", "nodes", "peak GiB/GPU", "tokens/s", "data set time", "GPU-hours", "cost", "notes"):
         table.add_column(col)
     for row in out["methods"]:
@@ -417,7 +417,7 @@ def deploy_spec(
     token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
     as_json: Json = False,
 ) -> None:
-    """Size a LoRA/QLoRA deployment by seed 002's formula and print (or POST) its hardware spec."""
+    """Size a LoRA/QLoRA deployment by the watsonx.ai hardware-specification guide's formula and print (or POST) its hardware spec."""
     from tunebench.plan.deploy import deploy_spec as size
     from tunebench.plan.deploy import post_hardware_spec
 
@@ -439,7 +439,7 @@ def deploy_spec(
         _echo_json(out)
     else:
         console = Console()
-        table = Table(title="Deployment (seed 002)")
+        table = Table(title="Deployment (watsonx.ai custom hardware specification)")
         table.add_column("resource")
         table.add_column("value", justify="right")
         table.add_row("parameters (B)", f"{spec.params_b:g}")
@@ -457,7 +457,7 @@ def deploy_spec(
 
 
 def calibrate(
-    store: Annotated[str | None, typer.Option("--store", help="Results store URL (issue 5) to refit on.")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on.")] = None,
     sources: Annotated[
         list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
     ] = None,

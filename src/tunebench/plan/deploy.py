@@ -1,4 +1,4 @@
-"""Deployment sizing of a tuned model on watsonx.ai (seed 002) and its hardware-specification body.
+"""Deployment sizing of a tuned model on watsonx.ai (watsonx.ai 'Creating customized hardware specifications') and its hardware-specification body.
 
 Seed 002 ("Creating customized hardware specifications", watsonx.ai docs):
 
@@ -8,7 +8,7 @@ Seed 002 ("Creating customized hardware specifications", watsonx.ai docs):
     CPUs        = GPUs + 1
     CPU memory  = GPU memory
 
-Worked examples (seed 002; the tests): 10 B, 2 adapters of 0.125 GB -> 30.375 GB ~ 31 GB (none),
+Worked examples (watsonx.ai 'Creating customized hardware specifications'; the tests): 10 B, 2 adapters of 0.125 GB -> 30.375 GB ~ 31 GB (none),
 7.875 ~ 8 GB (4-bit), 15.375 ~ 16 GB (8-bit; the seed's text multiplies 2 x 0.128 there but
 states 15.375, which is 2 x 0.125).
 """
@@ -29,9 +29,9 @@ from tunebench.errors import InputError, has_control_characters
 from tunebench.inputs import NonNegative, NonNegativeInt, Options, Positive, Printable, Text, parse
 
 BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5}
-OVERHEAD = 1.5  # "+ 50 % additional memory" (seed 002)
-DEFAULT_GPU_MEMORY_GB = 80.0  # "1GPU = 80 GB" (seed 002)
-DEFAULT_NAME = "custom_hw_spec"  # seed 002's example body
+OVERHEAD = 1.5  # "+ 50 % additional memory" (watsonx.ai 'Creating customized hardware specifications')
+DEFAULT_GPU_MEMORY_GB = 80.0  # "1GPU = 80 GB" (watsonx.ai 'Creating customized hardware specifications')
+DEFAULT_NAME = "custom_hw_spec"  # the watsonx.ai hardware-specification guide's example body
 DEFAULT_DESCRIPTION = "Custom hardware specification for foundation models"
 
 
@@ -53,7 +53,7 @@ class DeploySpec:
 
     @property
     def hardware_spec(self) -> dict[str, Any]:
-        """The JSON body of POST /v2/hardware_specifications, exactly seed 002's shape."""
+        """The JSON body of POST /v2/hardware_specifications, exactly the watsonx.ai hardware-specification guide's shape."""
         return {
             "name": self.name,
             "description": self.description,
@@ -101,7 +101,7 @@ def deploy_spec(
     name: str | None = None,
     description: str | None = None,
 ) -> DeploySpec:
-    """Size a deployment by seed 002's formula; InputError names a bad field."""
+    """Size a deployment by the watsonx.ai hardware-specification guide's formula; InputError names a bad field."""
     parse(Sizing, params_b=params_b, quantization=quantization, adapters=adapters, adapter_size_gb=adapter_size_gb,
           gpu_memory_gb=gpu_memory_gb, name=name, description=description)  # fmt: skip
     memory = (params_b * BYTES_PER_PARAM[quantization] + adapters * adapter_size_gb) * OVERHEAD
@@ -158,7 +158,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 def post_hardware_spec(
     url: str, body: dict[str, Any], token_env: str = "TOKEN", timeout_s: float = 30.0
 ) -> dict[str, Any]:
-    """POST the body to url with 'Authorization: Bearer $<token_env>' (seed 002's curl); the reply.
+    """POST the body to url with 'Authorization: Bearer $<token_env>' (the watsonx.ai hardware-specification guide's curl); the reply.
 
     Returns {"status": int, "ok": bool, "body": parsed JSON or text}. Sends only to the given URL:
     https unless the host is loopback, and redirects are not followed (a 3xx reply is returned, not

@@ -230,9 +230,42 @@ def vision_tower_bytes(w: Workload) -> np.ndarray:
     return w.per_device_batch * w.image_encoder_tokens() * stored * w.compute_bytes
 
 
+def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray) -> np.ndarray:
+    """Bytes per GPU of the compute copies FSDP all-gathers (estimation.md §3; torchtitan FSDPMemTracker):
+    the whole model where it gathers everything, else the root unit plus the current and prefetched
+    block (BACKWARD_PRE); 16-bit (mixed precision or pure) unless float32 without autocast."""
+    m = w.structure
+    compute_param = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+    if w.method == "qlora":
+        compute_param = NF4_DQ_BYTES
+    elif w.method == "gptq-lora":
+        compute_param = GPTQ_BYTES
+    units = m.root_params + 2 * m.largest_layer_params
+    return np.where(gathers_all, m.total_params, units) * compute_param * (1 - 1 / degree)
+
+
+def _largest_moment(w: Workload, c: Coefficients, base, grads, grads_accumulated) -> tuple[np.ndarray, ...]:
+    """Forward/backward peak over the traced moments: (total, activations, loss, live gradients, moment
+    name) at the largest one, per entity. With accumulation all gradients are alive from the start."""
+    forward_backward = np.zeros(w.size)
+    acts_at_peak = np.zeros(w.size)
+    loss_at_peak = np.zeros(w.size)
+    grads_at_peak = np.zeros(w.size)
+    moment_at_peak = np.full(w.size, "", dtype=object)
+    for name, (acts, share, loss) in activation_moments(w, c).items():
+        alive = np.maximum(grads_accumulated, share * grads)
+        total = base + acts + alive
+        higher = total > forward_backward
+        forward_backward = np.where(higher, total, forward_backward)
+        acts_at_peak = np.where(higher, acts, acts_at_peak)
+        loss_at_peak = np.where(higher, loss, loss_at_peak)
+        grads_at_peak = np.where(higher, alive, grads_at_peak)
+        moment_at_peak = np.where(higher, name, moment_at_peak)
+    return forward_backward, acts_at_peak, loss_at_peak, grads_at_peak, moment_at_peak
+
+
 def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
     """Bytes per GPU of every component and the phase peaks (arrays over the workload's entities)."""
-    m = w.structure
     mode = w.mode()
     fsdp = mode == "FSDP"
     degree, gathers_all = sharding_degree(w)
@@ -250,14 +283,7 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
         return total * (1 - expert_share) / degree + total * expert_share / ep
 
     weights = shard(train_bytes + frozen)
-    # compute copies gathered by FSDP: 16-bit (mixed precision or pure) unless fp32 without autocast
-    compute_param = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
-    if w.method == "qlora":
-        compute_param = NF4_DQ_BYTES
-    elif w.method == "gptq-lora":
-        compute_param = GPTQ_BYTES
-    units = m.root_params + 2 * m.largest_layer_params  # root unit + current and prefetched block (BACKWARD_PRE)
-    gathered = _where(fsdp, np.where(gathers_all, m.total_params, units) * compute_param * (1 - 1 / degree), 0.0)
+    gathered = _where(fsdp, gathered_weights(w, degree, gathers_all), 0.0)
 
     grad_full = train_bytes if opt.keeps_gradients else train_bytes * 0
     grads = shard(grad_full)
@@ -273,20 +299,9 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
 
     # --- forward/backward: the largest traced moment ----------------------------------------------
     base = weights + gathered + states + ddp_buckets
-    forward_backward = np.zeros(w.size)
-    acts_at_peak = np.zeros(w.size)
-    loss_at_peak = np.zeros(w.size)
-    grads_at_peak = np.zeros(w.size)
-    moment_at_peak = np.full(w.size, "", dtype=object)
-    for name, (acts, share, loss) in activation_moments(w, c).items():
-        alive = np.maximum(grads_accumulated, share * grads)  # accumulation: all gradients from the start
-        total = base + acts + alive
-        higher = total > forward_backward
-        forward_backward = np.where(higher, total, forward_backward)
-        acts_at_peak = np.where(higher, acts, acts_at_peak)
-        loss_at_peak = np.where(higher, loss, loss_at_peak)
-        grads_at_peak = np.where(higher, alive, grads_at_peak)
-        moment_at_peak = np.where(higher, name, moment_at_peak)
+    forward_backward, acts_at_peak, loss_at_peak, grads_at_peak, moment_at_peak = _largest_moment(
+        w, c, base, grads, grads_accumulated
+    )
     optimizer_step = weights + grads + states + step_tmp + ddp_buckets
     allocated = np.maximum(forward_backward, optimizer_step)
     return {

@@ -1,6 +1,6 @@
 """Recommendations: the fewest GPUs that fit, the fastest and the cheapest (batch, GPUs), and a
-per-method table for a model (in the spirit of seed 000's 'Average resource requirements by tuning
-method': full 4 GPUs, LoRA 2, QLoRA 1 on A100-80GB).
+per-method table for a model (in the spirit of the table 'Average resource requirements by tuning
+method' of watsonx.ai's 'Planning for foundation model tuning': full 4 GPUs, LoRA 2, QLoRA 1 on A100-80GB).
 
 Candidates are evaluated in one vectorised pass through ``predict_values``. GPU counts are 1, 2, 4, ...
 up to one node (gpus_per_node), then whole nodes; more than one GPU runs FSDP (the spec's default

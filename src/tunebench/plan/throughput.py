@@ -143,13 +143,10 @@ class ThroughputPrediction:
     train_runtime: np.ndarray
 
 
-def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None) -> ThroughputPrediction:
-    """Step time and the spec's throughput properties for every entity of a workload."""
+def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, padded) -> np.ndarray:
+    """Seconds of one micro-batch's forward and backward on one device: matmul FLOPs at the
+    calibrated efficiency, memory-bound elementwise traffic and per-layer overheads."""
     a = w.structure
-    real, padded = w.sample_tokens()
-    micro_tokens = w.per_device_batch * padded
-    fpt = flops_per_token(w)
-    micro_flops = micro_tokens * fpt
     if a.vision and w.dataset.kind == "vision":  # the tower encodes every tile of the sample's image
         tower = a.vision["tower_params"]
         per_token = 6 if w.method == "full" else 4
@@ -171,7 +168,17 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
     overhead = c.layer_overhead_s * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)
         overhead += c.expert_overhead_s * a.layers * a.experts
-    micro = compute + np.where(on_gpu, overhead, 0.0)
+    return compute + np.where(on_gpu, overhead, 0.0)
+
+
+def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None) -> ThroughputPrediction:
+    """Step time and the spec's throughput properties for every entity of a workload."""
+    a = w.structure
+    real, padded = w.sample_tokens()
+    micro_tokens = w.per_device_batch * padded
+    fpt = flops_per_token(w)
+    micro = micro_step_seconds(w, c, micro_tokens * fpt, padded)
+    on_gpu = w.gpus >= 1
     comm = np.where(on_gpu, comm_seconds(w, c, network_gbps), 0.0)
     step_compute = w.grad_accum * micro
     exposed = np.maximum(c.comm_exposed_fraction * comm, comm - step_compute)

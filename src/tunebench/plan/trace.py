@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from tunebench.errors import InputError
-from tunebench.plan.structure import Structure, _write_json, cache_dir, quiet
+from tunebench.plan.meta_model import quiet
+from tunebench.plan.structure import Structure, cache_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
         result = ActivationProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
         result = _traced_or_formula(structure, request)
-        _write_json(path, result.to_dict())
+        write_json(path, result.to_dict())
     _PROFILES[key] = result
     return result
 
@@ -354,7 +355,7 @@ def _to_input_dtype(module, args, kwargs, output):
 
 def _decoder_layer_list(model, n: int) -> list:
     """The reduced model's decoder layers (the ModuleList of n layers; see structure._decoder_layers)."""
-    from tunebench.plan.structure import _decoder_layers
+    from tunebench.plan.meta_model import _decoder_layers
 
     return _decoder_layers(model, n)[1]
 
@@ -401,7 +402,7 @@ def _register_unmasked_attention() -> None:
 
 
 @functools.cache
-def _tracker_class():
+def _tracker_class():  # over 60 lines: a class defined here so torch is imported only when tracing
     """MemTracker recording, per phase of the step, the activation peak and the gradients alive then."""
     from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 

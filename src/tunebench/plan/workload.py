@@ -47,7 +47,7 @@ CHARS_PER_TOKEN = 4.9
 TEMPLATE_CHARS = 117
 VISION_USER_WORDS = 38  # entries.py: the user turn of a vision row
 # tokenizer model_max_length of models whose tokenizer truncates below the requested length
-# (shared/reference-data/ado/sfttrainer_model_hashes.json; 1e30 / int64-max sentinels mean "none").
+# (the ado file sfttrainer_model_hashes.json, docs/reference/published-runs.md §2; 1e30 / int64-max sentinels mean "none").
 TOKENIZER_MAX_LENGTH = {"granite-13b-v2": 8192, "granite-20b-v2": 8192, "granite-34b-code-base": 8192}
 
 
