@@ -118,3 +118,43 @@ def test_a_user_gpu_catalog_file(tmp_path):
     res = invoke("plan", LORA, *COMMON, "gpu_model=X", "--gpu-catalog", str(broken))
     assert res.exception is not None and "interconnect_gbps is missing" in str(res.exception)
     assert res.exception.field.startswith("--gpu-catalog")
+
+
+def test_compare_over_a_whole_store(tmp_path):
+    """plan --compare with no entity: every measured entity of the store beside a fresh prediction."""
+    import csv
+    import statistics
+
+    from tunebench.plan.measurements import CPU_EXAMPLE
+    from tunebench.store import Store
+    from tunebench.store.csvio import import_csv
+
+    db = str(tmp_path / "s.db")
+    with Store(db) as store:
+        import_csv(store, CPU_EXAMPLE)
+    out = plan_json("--compare", "--store", db)
+    rows = list(csv.DictReader(CPU_EXAMPLE.open()))
+    assert out["summary"]["entities"] == len(rows) and out["summary"]["not_planned"] == 0
+    errors = []
+    for row in rows:
+        exp = row["experiment_id"].removeprefix("SFTTrainer.")
+        base, _, params = exp.partition("-fms_hf_tuning_version")
+        args = [base, *(f"{k}={row[k]}" for k in ("model_name", "number_gpus", "model_max_length", "batch_size"))]
+        args += ["-p", "fms_hf_tuning_version=2.8.2", "-p", "stop_after_seconds=30", "-p", "flash_attn=False"]
+        predicted = plan_json(*args)["dataset_tokens_per_second"]
+        measured = float(row["dataset_tokens_per_second"])
+        errors.append(abs(100 * (predicted - measured) / measured))
+        item = next(i for i in out["entities"] if i["entity_id"].endswith(f"batch_size.{row['batch_size']}")
+                    and f"model_max_length.{row['model_max_length']}" in i["entity_id"])  # fmt: skip
+        got = next(r for r in item["comparison"] if r["property"] == "dataset_tokens_per_second")
+        assert got["measured"] == pytest.approx(measured)
+        assert got["error_percent"] == pytest.approx(100 * (predicted - measured) / measured, rel=1e-3)
+    summary = out["summary"]["properties"]["dataset_tokens_per_second"]
+    assert summary["pairs"] == len(rows)
+    assert summary["mdape_percent"] == pytest.approx(statistics.median(errors), rel=1e-3)
+
+
+def test_compare_over_an_empty_store_says_so(tmp_path):
+    res = invoke("plan", "--compare", "--store", str(tmp_path / "empty.db"))
+    assert res.exit_code == 0, res.output
+    assert "no measurements to compare" in res.output

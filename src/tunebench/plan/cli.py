@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,8 +17,8 @@ from rich.table import Table
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
-from tunebench.plan.options import CalibrateOptions, DeployOptions, PlannerOptions, check_recommend
-from tunebench.secrets import mask_secrets
+from tunebench.plan.options import DeployOptions, check_recommend
+from tunebench.plan.printing import duration, echo_json, finite, fmt, planner_options, print_plan
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
@@ -33,97 +32,6 @@ CalibrationPath = Annotated[
 Network = Annotated[
     float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
 ]
-
-
-def _echo_json(obj: Any, indent: int | None = 2) -> None:
-    """Strict JSON: a metric that could not be computed (NaN, inf) is null."""
-    typer.echo(json.dumps(_finite(obj), indent=indent, default=str, allow_nan=False))
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None):
-    from tunebench.plan.predictor import PlanOptions, load_calibration
-
-    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch)
-    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network)
-
-
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return str(v)
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
-
-
-# The moments a peak can be set at (plan.trace.MOMENTS and the optimizer step), for people.
-PEAK_PHASES = {
-    "forward": "end of the forward pass",
-    "head": "backward of the loss and output layer",
-    "last_layer": "backward of the last decoder layer",
-    "first_layer": "backward of the first decoder layer",
-    "tail": "backward of the embeddings",
-    "optimizer_step": "optimizer step",
-}
-
-
-def _print_plan(console: Console, out: dict[str, Any]) -> None:
-    status = "[green]fits[/green]" if out["is_valid"] else "[red]invalid[/red]"
-    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
-    for reason in out["reasons"]:
-        console.print(f"  - {reason}")
-    table = Table(title="GPU memory per GPU (GiB)")
-    table.add_column("component")
-    table.add_column("GiB", justify="right")
-    for k, v in out["breakdown"].items():
-        if v:
-            table.add_row(k.replace("_", " "), _fmt(v, 2))
-    table.add_row("[bold]allocated peak (torch)[/bold]", _fmt(out["gpu_memory_allocated_peak_gib"], 2))
-    table.add_row("[bold]reserved peak (torch)[/bold]", _fmt(out["gpu_memory_reserved_peak_gib"], 2))
-    table.add_row("[bold]peak (nvidia-smi)[/bold]", _fmt(out["gpu_memory_peak_gib"], 2))
-    table.add_row("capacity", _fmt(out.get("capacity_gib"), 2))
-    table.add_row("usable (capacity - CUDA context - NCCL)", _fmt(out.get("usable_gib"), 2))
-    table.add_row("headroom (usable - predicted need)", _fmt(out.get("headroom_gib"), 2))
-    table.add_row("[bold]probability of running out of memory[/bold]", _fmt(out.get("oom_probability"), 3))
-    table.add_row("utilization peak (%)", _fmt(out["gpu_memory_utilization_peak"], 1))
-    console.print(table)
-    speed = Table(title="Throughput and time")
-    speed.add_column("property")
-    speed.add_column("value", justify="right")
-    speed.add_row("peak set by", PEAK_PHASES.get(out.get("peak_phase") or "", "-"))
-    speed.add_row("train tokens/s (all GPUs)", _fmt(out["train_tokens_per_second"], 0))
-    speed.add_row("train tokens/s per GPU", _fmt(out["train_tokens_per_gpu_per_second"], 0))
-    speed.add_row("dataset tokens/s", _fmt(out["dataset_tokens_per_second"], 0))
-    speed.add_row("step time", _duration(out.get("step_seconds")))
-    speed.add_row("steps", _fmt(out.get("steps"), 0))
-    speed.add_row("train runtime", _duration(out["train_runtime"]))
-    speed.add_row("MFU", _fmt((out.get("mfu") or 0) * 100, 1) + " %")
-    speed.add_row("GPU-hours", _fmt(out.get("gpu_hours"), 2))
-    if out.get("cost") is not None:
-        speed.add_row("cost", _fmt(out["cost"], 2))
-    console.print(speed)
-    for note in out.get("notes") or []:
-        console.print(f"note: {note}")
-    console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
 
 
 def _batch_lines(path: Path) -> list[tuple[int, tuple[Any, Any] | InputError]]:
@@ -172,7 +80,7 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
     failed = sum("error" in o for _, o in rows)
     if as_json:
         for _, o in rows:
-            typer.echo(json.dumps(_finite(o), default=str, allow_nan=False))
+            typer.echo(json.dumps(finite(o), default=str, allow_nan=False))
     else:
         _print_batch(rows)
     return 1 if failed else 0
@@ -187,9 +95,9 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
         if "error" in o:
             table.add_row(str(n), f"[red]error[/red]: {o['error']}", "-", "-", "-", "-", "-", "-")
             continue
-        table.add_row(str(n), o["experiment_id"], "yes" if o["is_valid"] else "no", _fmt(o.get("oom_probability"), 2),
-                      _fmt(o["gpu_memory_peak_gib"]), _fmt(o["gpu_memory_utilization_peak"]),
-                      _fmt(o["train_tokens_per_second"], 0), _duration(o["train_runtime"]))  # fmt: skip
+        table.add_row(str(n), o["experiment_id"], "yes" if o["is_valid"] else "no", fmt(o.get("oom_probability"), 2),
+                      fmt(o["gpu_memory_peak_gib"]), fmt(o["gpu_memory_utilization_peak"]),
+                      fmt(o["train_tokens_per_second"], 0), duration(o["train_runtime"]))  # fmt: skip
     console.print(table)
 
 
@@ -208,7 +116,7 @@ GPUBandwidth = Annotated[
 GPUName = Annotated[str | None, typer.Option("--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
 
 
-def use_gpu_options(label: str | None, catalog: Path | None, memory: float | None, tflops: float | None,
+def use_gpuplanner_options(label: str | None, catalog: Path | None, memory: float | None, tflops: float | None,
                     link: float | None, bandwidth: float | None) -> None:  # fmt: skip
     """Make the GPUs of --gpu-catalog and of the --gpu-* numbers known to this process's planner."""
     from tunebench.catalog.gpus import custom_gpu, register_gpu
@@ -227,7 +135,7 @@ def use_gpu_options(label: str | None, catalog: Path | None, memory: float | Non
     register_gpu(custom_gpu(label, memory, tflops, link, bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
 
 
-def plan(
+def plan(  # over 60 lines: 20 lines are Typer's option declarations
     experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
     props: Props = None,
     params: Params = None,
@@ -237,10 +145,15 @@ def plan(
     calibration: CalibrationPath = None,
     network: Network = None,
     compare: Annotated[
-        bool, typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity.")
+        bool,
+        typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
+                     "an entity, of every measured entity in the store (or in --space's exploration)."),
     ] = False,
     store: Annotated[
         str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
+    ] = None,
+    space: Annotated[
+        Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
     ] = None,
     gpu_catalog: GPUCatalog = None,
     gpu_memory: GPUMemory = None,
@@ -253,14 +166,14 @@ def plan(
     or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = _options(price, calibration, network, batch)
+    opts = planner_options(price, calibration, network, batch)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
         "network_gbps": opts.network_gbps,
     }
     values = parse_assignments(props or [])
-    use_gpu_options(gpu_name or values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
+    use_gpuplanner_options(gpu_name or values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
@@ -268,6 +181,11 @@ def plan(
         if code:
             raise typer.Exit(code=code)
         return
+    if compare and experiment is None:
+        compare_store(store, space, kw, as_json)
+        return
+    if space is not None:
+        raise InputError("--space", "only with --compare and no entity: compares every entity the space explored")
     if experiment is None:
         raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
     exp = get_experiment(experiment, parse_assignments(params or []))
@@ -275,73 +193,36 @@ def plan(
     result = predict(exp, entity, **kw)
     out = plan_json(result)
     if compare:
+        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
+
         measured = measured_result(store, exp.id, entity.id)
         rows = compare_rows(out, measured)
         if as_json:
-            _echo_json({"predicted": out, "measured": measured, "comparison": rows})
+            echo_json({"predicted": out, "measured": measured, "comparison": rows})
             return
         print_comparison(Console(), out, measured, rows)
         return
     if as_json:
-        _echo_json(out)
+        echo_json(out)
         return
-    _print_plan(Console(), out)
+    print_plan(Console(), out)
 
 
-# Properties both actuators produce, compared line by line by `plan --compare`.
+def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
+    """plan --compare over every measured entity of the store, or of one space's exploration."""
+    from tunebench.plan.compare import compare_many, measured_rows, print_summary, summarise
 
+    filters = {}
+    if space is not None:
+        from tunebench.explore.space import load_space
 
-# Properties both actuators produce, compared line by line by `plan --compare`.
-COMPARED = (
-    "is_valid", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_utilization_peak",
-    "train_runtime", "train_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second",
-    "dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second",
-)  # fmt: skip
-
-
-def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
-    """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
-    from tunebench.explore.cli import open_store
-    from tunebench.store import DONE
-
-    with open_store(store_url) as sample_store:
-        ids = sample_store.request_ids([(experiment_id, entity_id)], actuator="measure")
-        if not ids:
-            return None
-        rows = sample_store.rows(request_ids=list(ids.values()), statuses=DONE)
-    return rows[-1] if rows else None
-
-
-def compare_rows(predicted: dict, measured: dict | None) -> list[dict]:
-    """[{property, predicted, measured, error_percent}] for the properties both sides have."""
-    props = (measured or {}).get("properties") or {}
-    out = []
-    for name in COMPARED:
-        p = predicted.get(name)
-        m = props.get(name)
-        if isinstance(p, bool):
-            p = int(p)
-        err = None
-        if isinstance(p, (int, float)) and isinstance(m, (int, float)) and m and name != "is_valid":
-            err = 100.0 * (p - m) / m
-        out.append({"property": name, "predicted": p, "measured": m, "error_percent": err})
-    return out
-
-
-def print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
-    console.print(f"[bold]{predicted.get('experiment_id', '')}[/bold]\n{predicted.get('entity_id', '')}")
-    if measured is None:
-        console.print("[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
-                      "`tunebench import` first; the prediction alone:")  # fmt: skip
-        _print_plan(console, predicted)
+        filters["operation_id"] = load_space(space).operation_id()
+    items = compare_many(measured_rows(store, **filters), kw)
+    summary = summarise(items)
+    if as_json:
+        echo_json({"summary": summary, "entities": items})
         return
-    table = Table(title="predicted vs measured")
-    for col in ("property", "predicted", "measured", "error %"):
-        table.add_column(col, justify="left" if col == "property" else "right")
-    for r in rows:
-        table.add_row(r["property"], _fmt(r["predicted"]), _fmt(r["measured"]),
-                      "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
-    console.print(table)
+    print_summary(Console(), summary, items)
 
 
 def recommend(
@@ -364,13 +245,13 @@ def recommend(
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = _options(price, calibration, network)
+    opts = planner_options(price, calibration, network)
     values = parse_assignments(props or [])
-    use_gpu_options(values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
+    use_gpuplanner_options(values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
     exp = get_experiment(experiment, parse_assignments(params or []))
     out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
     if as_json:
-        _echo_json(out)
+        echo_json(out)
         return
     console = Console()
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
@@ -383,7 +264,7 @@ def recommend(
         console.print(
             f"{title}: {c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
             f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU, {c['dataset_tokens_per_second']:,.0f} tokens/s, "
-            f"data set in {_duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
+            f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
         )
         for note in c.get("notes") or []:
             console.print(f"  note: {note}")
@@ -398,9 +279,9 @@ def recommend(
         if not row.get("fits", True) or "number_gpus" not in row:
             table.add_row(row["method"], "-", "-", "-", "-", "-", "-", "-", "; ".join(row.get("notes", [])))
             continue
-        table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), _fmt(row["gpu_memory_peak_gib"]),
-                      _fmt(row["dataset_tokens_per_second"], 0), _duration(row["train_runtime"]), _fmt(row["gpu_hours"], 2),
-                      _fmt(row.get("cost"), 2), "; ".join(row.get("notes", [])))  # fmt: skip
+        table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
+                      fmt(row["dataset_tokens_per_second"], 0), duration(row["train_runtime"]), fmt(row["gpu_hours"], 2),
+                      fmt(row.get("cost"), 2), "; ".join(row.get("notes", [])))  # fmt: skip
     console.print(table)
 
 
@@ -436,7 +317,7 @@ def deploy_spec(
     if post:
         out["post"] = {"url": post, **post_hardware_spec(post, spec.hardware_spec, token_env)}
     if as_json:
-        _echo_json(out)
+        echo_json(out)
     else:
         console = Console()
         table = Table(title="Deployment (watsonx.ai custom hardware specification)")
@@ -456,94 +337,9 @@ def deploy_spec(
         raise typer.Exit(code=1)
 
 
-def calibrate(
-    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on.")] = None,
-    sources: Annotated[
-        list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
-    ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the calibration JSON.")] = None,
-    save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
-    lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
-    replace: Annotated[
-        bool,
-        typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
-                     "default calibration is fitted on."),
-    ] = False,
-    as_json: Json = False,
-) -> None:
-    """Refit the planner's coefficients on measurements; report leave-one-model-out error.
-
-    Your measurements are added to the reference runs the default calibration is fitted on, so a few
-    local runs (say, four CPU measurements) refine the coefficients they inform instead of replacing
-    every GPU coefficient; --replace fits on them alone."""
-    from tunebench.plan import calibration as cal
-    from tunebench.plan import measurements
-    from tunebench.plan.predictor import user_calibration_path
-
-    parse(CalibrateOptions, sources=sources, output=output)
-    if store:
-        from tunebench.store.db import check_location, store_url
-
-        check_location(store_url(store), create=False)
-    records: list[Any] = []
-    if store:
-        try:
-            records += measurements.store_records(store)
-        except ImportError:
-            raise InputError("--store", "the sample store is not available in this installation; use --from CSV") from None
-        except InputError:
-            raise
-        except Exception as exc:  # a URL SQLAlchemy cannot open, a foreign schema, ...
-            raise InputError("--store", f"cannot read {store}: {exc}") from None
-    for path in sources or []:
-        if not path.is_file():
-            raise InputError("--from", f"no file {str(path)!r}")
-        records += measurements.read_csv(path)
-    label = DEFAULT_SOURCE
-    if not store and not sources:
-        records = measurements.default_records()
-    else:
-        label = ", ".join([*(str(p) for p in sources or []), *([mask_secrets(store)] if store else [])])
-        if records and not replace:
-            reference = measurements.default_records()
-            records = reference + records
-            label += f" + {len(reference)} reference runs"
-    if not records:
-        raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
-    result = cal.calibrate(records, source=label, lomo=lomo, progress=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
-    target = output or user_calibration_path()
-    if save:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        result.save(target)
-    out = {**result.to_dict(), "saved_to": str(target) if save else None}
-    if as_json:
-        _echo_json(out)
-        return
-    console = Console()
-    console.print(f"calibrated on {result.records} runs of {len(result.models)} models from {label}")
-    table = Table(title="coefficients")
-    table.add_column("name")
-    table.add_column("value", justify="right")
-    for k, v in result.coefficients.to_dict().items():
-        table.add_row(k, f"{v:.4g}")
-    console.print(table)
-    for title, m in (("in-sample", result.metrics.get("in_sample")),
-                     ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled"))):  # fmt: skip
-        if m:
-            console.print(
-                f"{title}: peak memory MdAPE {_fmt(m['peak_mdape_pct'])} % (allocated {_fmt(m['allocated_mdape_pct'])}, "
-                f"nvidia-smi {_fmt(m['smi_mdape_pct'])}), OOM accuracy {_fmt(m['oom_accuracy_pct'])} % "
-                f"({_fmt(m['oom_near_limit_accuracy_pct'])} % near the limit), throughput MdAPE "
-                f"{_fmt(m['throughput_mdape_pct'])} %"
-            )
-    if save:
-        console.print(f"saved to {target}")
-
-
-DEFAULT_SOURCE = "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan) + ado CPU example"
-
-
 def register(app: typer.Typer) -> None:
+    from tunebench.plan.calibrate_cli import calibrate
+
     """Add plan, recommend, deploy-spec and calibrate to a Typer app."""
     app.command("plan")(plan)
     app.command("recommend")(recommend)

@@ -1,0 +1,118 @@
+"""``tunebench calibrate``: refit the planner's coefficients on measurements and report its accuracy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunebench.errors import InputError
+from tunebench.inputs import parse
+from tunebench.plan.options import CalibrateOptions
+from tunebench.plan.printing import echo_json, fmt
+from tunebench.secrets import mask_secrets
+
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def calibrate(
+    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on.")] = None,
+    sources: Annotated[
+        list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the calibration JSON.")] = None,
+    save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
+    lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
+                     "default calibration is fitted on."),
+    ] = False,
+    as_json: Json = False,
+) -> None:
+    """Refit the planner's coefficients on measurements; report leave-one-model-out error.
+
+    Your measurements are added to the reference runs the default calibration is fitted on, so a few
+    local runs (say, four CPU measurements) refine the coefficients they inform instead of replacing
+    every GPU coefficient; --replace fits on them alone."""
+    from tunebench.plan import calibration as cal
+    from tunebench.plan.predictor import user_calibration_path
+
+    parse(CalibrateOptions, sources=sources, output=output)
+    records, label = gather_records(store, sources, replace)
+    result = cal.calibrate(records, source=label, lomo=lomo, progress=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
+    target = output or user_calibration_path()
+    if save:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        result.save(target)
+    out = {**result.to_dict(), "saved_to": str(target) if save else None}
+    if as_json:
+        echo_json(out)
+        return
+    print_calibration(result, label)
+    if save:
+        typer.echo(f"saved to {target}")
+
+
+DEFAULT_SOURCE = "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan) + ado CPU example"
+
+
+def gather_records(store: str | None, sources: list[Path] | None, replace: bool) -> tuple[list[Any], str]:
+    """The runs to fit and a label of where they come from: the reference runs, plus (or, with
+    replace, instead of) the store's measurements and the CSV files given."""
+    from tunebench.plan import measurements
+
+    if store:
+        from tunebench.store.db import check_location, store_url
+
+        check_location(store_url(store), create=False)
+    records: list[Any] = []
+    if store:
+        try:
+            records += measurements.store_records(store)
+        except ImportError:
+            raise InputError("--store", "the sample store is not available in this installation; use --from CSV") from None
+        except InputError:
+            raise
+        except Exception as exc:  # a URL SQLAlchemy cannot open, a foreign schema, ...
+            raise InputError("--store", f"cannot read {store}: {exc}") from None
+    for path in sources or []:
+        if not path.is_file():
+            raise InputError("--from", f"no file {str(path)!r}")
+        records += measurements.read_csv(path)
+    label = DEFAULT_SOURCE
+    if not store and not sources:
+        records = measurements.default_records()
+    else:
+        label = ", ".join([*(str(p) for p in sources or []), *([mask_secrets(store)] if store else [])])
+        if records and not replace:
+            reference = measurements.default_records()
+            records = reference + records
+            label += f" + {len(reference)} reference runs"
+    if not records:
+        raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
+    return records, label
+
+
+def print_calibration(result: Any, label: str) -> None:
+    """The coefficients and the in-sample and leave-one-model-out accuracy, as tables."""
+    console = Console()
+    console.print(f"calibrated on {result.records} runs of {len(result.models)} models from {label}")
+    table = Table(title="coefficients")
+    table.add_column("name")
+    table.add_column("value", justify="right")
+    for k, v in result.coefficients.to_dict().items():
+        table.add_row(k, f"{v:.4g}")
+    console.print(table)
+    for title, m in (("in-sample", result.metrics.get("in_sample")),
+                     ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled"))):  # fmt: skip
+        if m:
+            console.print(
+                f"{title}: peak memory MdAPE {fmt(m['peak_mdape_pct'])} % (allocated {fmt(m['allocated_mdape_pct'])}, "
+                f"nvidia-smi {fmt(m['smi_mdape_pct'])}), OOM accuracy {fmt(m['oom_accuracy_pct'])} % "
+                f"({fmt(m['oom_near_limit_accuracy_pct'])} % near the limit), throughput MdAPE "
+                f"{fmt(m['throughput_mdape_pct'])} %"
+            )

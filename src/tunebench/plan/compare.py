@@ -1,0 +1,143 @@
+"""Prediction beside measurement: one entity, or every measured entity of a store or a space.
+
+The predicting and measuring actuators produce the same properties for the same entities, so a
+measurement in the store is compared with a fresh prediction property by property:
+error_percent = 100 * (predicted - measured) / measured. Over many entities the summary gives, per
+property, the number of pairs and the median absolute percentage error (MdAPE), and how often the
+planner's valid/out-of-memory verdict agrees with the measured outcome.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tunebench.errors import InputError
+from tunebench.plan.printing import fmt, print_plan
+
+# Properties both actuators produce, compared line by line.
+COMPARED = (
+    "is_valid", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_utilization_peak",
+    "train_runtime", "train_tokens_per_second", "train_tokens_per_gpu_per_second", "dataset_tokens_per_second",
+    "dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second",
+)  # fmt: skip
+
+
+def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
+    """Measured (actuator ``measure``) valid or invalid outcomes in the store, oldest first."""
+    from tunebench.explore.cli import open_store
+    from tunebench.store import DONE
+
+    with open_store(store_url) as sample_store:
+        return sample_store.rows(actuator="measure", statuses=DONE, **filters)
+
+
+def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
+    """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
+    from tunebench.explore.cli import open_store
+    from tunebench.store import DONE
+
+    with open_store(store_url) as sample_store:
+        ids = sample_store.request_ids([(experiment_id, entity_id)], actuator="measure")
+        if not ids:
+            return None
+        rows = sample_store.rows(request_ids=list(ids.values()), statuses=DONE)
+    return rows[-1] if rows else None
+
+
+def compare_rows(predicted: dict, measured: dict | None) -> list[dict]:
+    """[{property, predicted, measured, error_percent}] for the properties both sides have."""
+    props = (measured or {}).get("properties") or {}
+    out = []
+    for name in COMPARED:
+        p = predicted.get(name)
+        m = props.get(name)
+        if isinstance(p, bool):
+            p = int(p)
+        err = None
+        if isinstance(p, (int, float)) and isinstance(m, (int, float)) and m and name != "is_valid":
+            err = 100.0 * (p - m) / m
+        out.append({"property": name, "predicted": p, "measured": m, "error_percent": err})
+    return out
+
+
+def compare_many(rows: list[dict], plan_kw: dict[str, Any]) -> list[dict]:
+    """One comparison per stored measurement: {experiment_id, entity_id, comparison} or {..., error}."""
+    from tunebench.plan.predictor import plan_json, predict
+    from tunebench.spec.experiments import get_experiment, make_entity
+
+    latest = {(r["experiment_id"], r["entity_id"]): r for r in rows}  # a re-measured entity: its newest result
+    out = []
+    for (experiment_id, entity_id), row in latest.items():
+        item: dict[str, Any] = {"experiment_id": experiment_id, "entity_id": entity_id, "status": row["status"]}
+        try:
+            exp = get_experiment(row["base_id"], row.get("parameters") or {})
+            predicted = plan_json(predict(exp, make_entity(exp, row["entity"]), **plan_kw))
+        except InputError as exc:  # an entity the planner cannot size (a model it cannot read, ...)
+            item["error"] = str(exc)
+        else:
+            item["comparison"] = compare_rows(predicted, row)
+        out.append(item)
+    return out
+
+
+def summarise(items: list[dict]) -> dict[str, Any]:
+    """Per property: pairs and MdAPE (%); the valid/invalid verdict's agreement (%); entities not planned."""
+    errors: dict[str, list[float]] = {name: [] for name in COMPARED if name != "is_valid"}
+    agree = verdicts = 0
+    for item in items:
+        for r in item.get("comparison", ()):
+            if r["property"] == "is_valid":
+                if r["predicted"] is not None and r["measured"] is not None:
+                    verdicts += 1
+                    agree += int(bool(r["predicted"]) == bool(r["measured"]))
+            elif r["error_percent"] is not None:
+                errors[r["property"]].append(abs(r["error_percent"]))
+    props = {name: {"pairs": len(v), "mdape_percent": statistics.median(v) if v else None} for name, v in errors.items()}
+    return {
+        "entities": len(items),
+        "not_planned": sum(1 for i in items if "error" in i),
+        "verdicts": verdicts,
+        "verdict_agreement_percent": 100.0 * agree / verdicts if verdicts else None,
+        "properties": props,
+    }
+
+
+def print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
+    """One entity: the prediction beside its measurement (or the prediction alone when there is none)."""
+    console.print(f"[bold]{predicted.get('experiment_id', '')}[/bold]\n{predicted.get('entity_id', '')}")
+    if measured is None:
+        console.print("[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
+                      "`tunebench import` first; the prediction alone:")  # fmt: skip
+        print_plan(console, predicted)
+        return
+    table = Table(title="predicted vs measured")
+    for col in ("property", "predicted", "measured", "error %"):
+        table.add_column(col, justify="left" if col == "property" else "right")
+    for r in rows:
+        table.add_row(r["property"], fmt(r["predicted"]), fmt(r["measured"]),
+                      "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
+    console.print(table)
+
+
+def print_summary(console: Console, summary: dict[str, Any], items: list[dict]) -> None:
+    """Many entities: MdAPE per property and the verdict agreement, then the entities not planned."""
+    if not summary["entities"]:
+        console.print("no measurements to compare in the store: run `tunebench explore` or `tunebench import` first")
+        return
+    agreement = summary["verdict_agreement_percent"]
+    console.print(f"{summary['entities']} measured entities; valid/invalid verdict agrees for "
+                  f"{fmt(agreement)} % of {summary['verdicts']}")  # fmt: skip
+    table = Table(title="predicted vs measured, median absolute error")
+    for col in ("property", "pairs", "MdAPE %"):
+        table.add_column(col, justify="left" if col == "property" else "right")
+    for name, p in summary["properties"].items():
+        if p["pairs"]:
+            table.add_row(name, str(p["pairs"]), fmt(p["mdape_percent"]))
+    console.print(table)
+    for item in items:
+        if "error" in item:
+            console.print(f"[yellow]not planned[/yellow] {item['experiment_id']} {item['entity_id']}: {item['error']}")

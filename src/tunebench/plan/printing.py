@@ -1,0 +1,106 @@
+"""How the planner's commands print: numbers for people, strict JSON for programs, the plan tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunebench.inputs import parse
+from tunebench.plan.options import PlannerOptions
+
+
+def echo_json(obj: Any, indent: int | None = 2) -> None:
+    """Strict JSON: a metric that could not be computed (NaN, inf) is null."""
+    typer.echo(json.dumps(finite(obj), indent=indent, default=str, allow_nan=False))
+
+
+def finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None):
+    from tunebench.plan.predictor import PlanOptions, load_calibration
+
+    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch)
+    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network)
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+# The moments a peak can be set at (plan.trace.MOMENTS and the optimizer step), for people.
+PEAK_PHASES = {
+    "forward": "end of the forward pass",
+    "head": "backward of the loss and output layer",
+    "last_layer": "backward of the last decoder layer",
+    "first_layer": "backward of the first decoder layer",
+    "tail": "backward of the embeddings",
+    "optimizer_step": "optimizer step",
+}
+
+
+def print_plan(console: Console, out: dict[str, Any]) -> None:
+    status = "[green]fits[/green]" if out["is_valid"] else "[red]invalid[/red]"
+    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
+    for reason in out["reasons"]:
+        console.print(f"  - {reason}")
+    table = Table(title="GPU memory per GPU (GiB)")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    for k, v in out["breakdown"].items():
+        if v:
+            table.add_row(k.replace("_", " "), fmt(v, 2))
+    table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+    table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
+    table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
+    table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
+    table.add_row("usable (capacity - CUDA context - NCCL)", fmt(out.get("usable_gib"), 2))
+    table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
+    table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
+    table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))
+    console.print(table)
+    speed = Table(title="Throughput and time")
+    speed.add_column("property")
+    speed.add_column("value", justify="right")
+    speed.add_row("peak set by", PEAK_PHASES.get(out.get("peak_phase") or "", "-"))
+    speed.add_row("train tokens/s (all GPUs)", fmt(out["train_tokens_per_second"], 0))
+    speed.add_row("train tokens/s per GPU", fmt(out["train_tokens_per_gpu_per_second"], 0))
+    speed.add_row("dataset tokens/s", fmt(out["dataset_tokens_per_second"], 0))
+    speed.add_row("step time", duration(out.get("step_seconds")))
+    speed.add_row("steps", fmt(out.get("steps"), 0))
+    speed.add_row("train runtime", duration(out["train_runtime"]))
+    speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
+    speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
+    if out.get("cost") is not None:
+        speed.add_row("cost", fmt(out["cost"], 2))
+    console.print(speed)
+    for note in out.get("notes") or []:
+        console.print(f"note: {note}")
+    console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
