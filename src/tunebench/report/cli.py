@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from tunebench.errors import InputError
 from tunebench.inputs import Options, OutputFile, TextFile, parse
 
 
@@ -34,6 +36,8 @@ def report(
     from tunebench.report import build_report
 
     parse(ReportOptions, space=space, output=output)
+    if importlib.util.find_spec("plotly") is None:
+        raise InputError("report", "needs plotly, which is not installed: pip install 'tunebench[plot]'")
     sample_store = open_store(store, create=False)
     try:
         text = build_report(sample_store, space=space)  # bad input raises before anything is written

@@ -47,13 +47,14 @@ def _label(name: str) -> str:
     return f"{name} ({UNITS[name]})" if name in UNITS else name
 
 
-def _subsample(frame: pd.DataFrame, limit: int = MAX_POINTS) -> tuple[pd.DataFrame, str]:
-    """At most limit rows, evenly spaced; and the caption's note when rows were left out."""
+def _subsample(frame: pd.DataFrame, limit: int | None = None) -> tuple[pd.DataFrame, str]:
+    """At most limit (default MAX_POINTS) rows, evenly spaced; and the caption's note when rows were left out."""
+    limit = MAX_POINTS if limit is None else limit
     if len(frame) <= limit:
         return frame, ""
     step = int(np.ceil(len(frame) / limit))
     kept = frame.iloc[::step]
-    return kept, f" Showing {len(kept):,} of {len(frame):,} points (every {step}th, evenly subsampled)."
+    return kept, f" Showing {len(kept):,} of {len(frame):,} points (one in every {step}, evenly subsampled)."
 
 
 def _text(value: Any) -> str:
