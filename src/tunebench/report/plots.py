@@ -29,6 +29,7 @@ UNITS = {"gpu_memory_peak_gib": "GiB per GPU", "gpu_memory_reserved_peak_gib": "
          "train_runtime": "s"}  # fmt: skip
 COLORS = {"measured": "#1f77b4", "predicted": "#ff7f0e", "fits": "#2ca02c", "out of memory": "#d62728",
           "invalid by rule": "#7f7f7f", "invalid": "#9467bd", "failed": "#000000"}  # fmt: skip
+ERROR_SCALE = [[0.0, "#1a9850"], [0.2, "#91cf60"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # |error| 0 .. 50 %
 STABILITY = (("f_no_error", "no error", "#2ca02c"), ("f_gpu_oom", "GPU out of memory", "#d62728"),
              ("f_other_error", "other error", "#7f7f7f"))  # fmt: skip
 
@@ -88,10 +89,6 @@ def _r(values: Any) -> list[Any]:
     return out
 
 
-def _first_present(frame: pd.DataFrame, names: tuple[str, ...]) -> str | None:
-    return next((n for n in names if n in frame.columns and frame[n].notna().any()), None)
-
-
 def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]:
     """Predicted (x) against measured (y) peak memory and throughput, y = x drawn, error in the hover."""
     measured = data.frame[(data.frame["source"] == "measured") & (data.frame["status"] == "valid")]
@@ -109,8 +106,8 @@ def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]
         error = (shown[f"predicted_{name}"] - shown[name]) / shown[name] * 100
         hover = [f"{h}<br>error {e:+.1f}%" for h, e in zip(_hover(shown, data.dims), error.tolist())]
         points = _scatter(x, y, "measurements", text=hover, hoverinfo="text+x+y",
-                          marker={"color": _r(error.abs()), "colorscale": "RdYlGn", "reversescale": True, "cmin": 0,
-                                  "cmax": 50, "colorbar": {"title": {"text": "|error| %"}}, "size": 8})  # fmt: skip
+                          marker={"color": _r(error.abs()), "colorscale": ERROR_SCALE, "cmin": 0, "cmax": 50,
+                                  "colorbar": {"title": {"text": "|error| %"}}, "size": 8})  # fmt: skip
         top = float(max(pairs[name].max(), pairs[f"predicted_{name}"].max()))
         diagonal = _scatter([0, top], [0, top], "prediction = measurement", mode="lines",
                             line={"dash": "dash", "color": "#7f7f7f"})  # fmt: skip
@@ -143,7 +140,7 @@ def pareto(data: ReportData) -> Plot:
     """Throughput against peak memory per valid row, and the front of what no other row beats on both."""
     key, title = "pareto", "Throughput vs peak memory"
     valid = data.frame[data.frame["status"] == "valid"]
-    mem, rate = _first_present(valid, MEMORY), _first_present(valid, THROUGHPUT)
+    mem, rate = _best_pair(valid)
     if mem is None or rate is None:
         return Plot(key, title, "Nothing to draw: no valid result has both a peak memory and a throughput.")
     traces, notes = [], []
@@ -165,6 +162,19 @@ def pareto(data: ReportData) -> Plot:
                f"other result beats with both less memory and more throughput (measured and predicted results "
                f"have separate fronts).{''.join(notes)}")  # fmt: skip
     return Plot(key, title, caption, fig)
+
+
+def _best_pair(valid: pd.DataFrame) -> tuple[str | None, str | None]:
+    """(memory, throughput) properties that the most measured rows hold both of (then the most rows of any source)."""
+    best, score = (None, None), (0, 0)
+    measured = valid["source"] == "measured"
+    for mem in MEMORY:
+        for rate in THROUGHPUT:
+            if mem in valid.columns and rate in valid.columns:
+                both = valid[mem].notna() & valid[rate].notna()
+                if (int((both & measured).sum()), int(both.sum())) > score:
+                    best, score = (mem, rate), (int((both & measured).sum()), int(both.sum()))
+    return best
 
 
 def pareto_front(memory: np.ndarray, rate: np.ndarray) -> list[int]:
