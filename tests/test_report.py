@@ -251,3 +251,15 @@ def test_importing_tunebench_does_not_import_plotly():
             "import tunebench.report, tunebench.report.cli; print('plotly' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_an_empty_store_gives_a_report_that_says_so(tmp_path):
+    from tunebench.store import Store
+
+    Store(f"sqlite:///{tmp_path / 'empty.db'}").close()
+    out = tmp_path / "empty.html"
+    assert main(["report", "--store", str(tmp_path / "empty.db"), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "0 results (no results)" in text and "class='plot'" not in text
+    assert text.count("Nothing to draw") == 4 and "the store has no measurements yet" in text
+    assert table_data(out)["rows"] == []

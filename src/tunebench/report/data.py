@@ -119,8 +119,8 @@ def _swept(frame: pd.DataFrame, constitutive: Sequence[str]) -> list[str]:
     """Constitutive columns with more than one value among the rows."""
     out = []
     for name in constitutive:
-        column = frame[name].map(lambda v: v if not isinstance(v, dict) else str(v))
-        if column.nunique(dropna=True) > 1:
+        values = {v if not isinstance(v, (dict, list)) else str(v) for v in frame[name].tolist()}
+        if len({v for v in values if v is not None and v == v}) > 1:  # None and NaN are no value
             out.append(name)
     return out
 

@@ -164,7 +164,7 @@ def _column(series: pd.Series) -> list[Any]:
     if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
         return [None if v != v else (int(v) if float(v).is_integer() and abs(v) < 2**53 else float(f"{v:.6g}"))
                 for v in series.astype(float).tolist()]  # fmt: skip
-    return [_cell(v) for v in series.tolist()]
+    return [v if type(v) is str else _cell(v) for v in series.tolist()]  # most cells are text already
 
 
 def _cell(value: Any) -> Any:

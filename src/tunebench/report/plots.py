@@ -219,8 +219,8 @@ def _boundary_plot(rows: pd.DataFrame, group: str, n: int, source: str, dims: li
                                                                     "symbol": "circle" if kind == "fits" else "x"}))
     first = rows.iloc[0]
     others = {k: v for k, v in first["_entity"].items() if k not in ("batch_size", "model_max_length")}
-    batches = sorted({int(b) for b in pd.to_numeric(rows["batch_size"]).tolist()})
-    lengths = sorted({int(v) for v in pd.to_numeric(rows["model_max_length"]).tolist()})
+    batches = sorted({int(b) for b in pd.to_numeric(rows["batch_size"]).tolist() if b >= 1})  # 0 breaks a rule
+    lengths = sorted({int(v) for v in pd.to_numeric(rows["model_max_length"]).tolist() if v >= 1})
     line = boundary(first["base_id"], first["_parameters"], others, batches, lengths)
     if line:
         traces.append(_scatter([b for b, _ in line], [v for _, v in line], "planner: largest length that fits",
