@@ -22,7 +22,8 @@ class ReportOptions(Options):
 
 def report(
     space: Annotated[
-        Path | None, typer.Argument(help="Space file (YAML): report only its points (default: every result).")
+        Path | None,
+        typer.Argument(metavar="SPACE", help="Space file (YAML): report only its points (default: every result)."),
     ] = None,
     store: Annotated[
         str | None,
