@@ -363,16 +363,19 @@ def demo() -> int:
 
 
 def _mount_subcommands() -> None:
-    """Commands whose modules own them: datasets; plan/recommend/deploy-spec/calibrate; explore/show/import/export."""
+    """Commands whose modules own them: datasets; plan/recommend/deploy-spec/calibrate; explore/show/import/export;
+    report."""
     if getattr(app, "_tunebench_mounted", False):
         return
     from tunebench.datasets.cli import app as datasets_app
     from tunebench.explore.cli import register as register_explore
     from tunebench.plan.cli import register as register_plan
+    from tunebench.report.cli import register as register_report
 
     app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
     register_plan(app)
     register_explore(app)
+    register_report(app)
     app._tunebench_mounted = True
 
 

@@ -1,0 +1,196 @@
+"""tunebench from Python (a notebook): plan a DataFrame of entities, run an exploration, read results.
+
+    import pandas as pd
+    from tunebench import api
+
+    jobs = pd.DataFrame({"model_name": ["llama3.1-8b"] * 2, "number_gpus": 1, "gpu_model": "NVIDIA-A100-SXM4-80GB",
+                         "model_max_length": [2048, 8192], "batch_size": 8})
+    plans = api.plan(jobs, "finetune_lora_benchmark-v1.0.0")   # one row per entity, predictions as columns
+    summary = api.explore("space.yaml", store="runs.db")       # the explorer, as `tunebench explore`
+    frame = api.results("runs.db", operation=summary.operation_id)
+
+Bad input raises tunebench.errors.InputError naming the field (and, for plan, the row). See docs/api.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from tunebench.explore.explorer import Summary
+    from tunebench.store import Store
+
+DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"
+# what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit)
+PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
+                "peak_phase", "step_seconds", "steps", "mfu", "gpu_hours", "cost")  # fmt: skip
+
+
+def plan(
+    entities: pd.DataFrame | Iterable[Mapping[str, Any]],
+    experiment: str = DEFAULT_EXPERIMENT,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    calibration: str | Path | None = None,
+    price_per_gpu_hour: float | None = None,
+    network_gbps: float | None = None,
+) -> pd.DataFrame:
+    """The planner's prediction of every entity (a row of KEY=VALUE properties), as a DataFrame.
+
+    Each input row is an entity (spec property names as columns; an empty cell or NaN leaves a
+    property at its default; an ``experiment`` column overrides the experiment per row). The result
+    keeps the input's index and columns and adds: experiment_id, entity_id, status (valid | invalid),
+    is_valid, reasons (``; ``-joined), every predicted property (tunebench.plan.PREDICTED: peak
+    memory in GiB per GPU, tokens/s, runtime s, ...) whether or not the job fits, and PLAN_DETAILS.
+    Vectorised (predict_many): 100,000 rows take seconds.
+    """
+    import pandas as pd
+
+    from tunebench.errors import InputError
+    from tunebench.plan import PREDICTED, load_calibration, predict_many
+    from tunebench.spec.experiments import get_experiment, make_entity
+
+    frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
+    options: dict[str, Any] = {"price_per_gpu_hour": price_per_gpu_hour, "network_gbps": network_gbps}
+    if calibration is not None:
+        options["calibration"] = load_calibration(calibration)
+    experiments: dict[str, Any] = {experiment: get_experiment(experiment, dict(parameters or {}))}
+    items = []
+    for n, (index, row) in enumerate(zip(frame.index, frame.to_dict("records"))):
+        name = row.pop("experiment", None) or experiment
+        try:
+            if name not in experiments:
+                experiments[name] = get_experiment(str(name), dict(parameters or {}))
+            values = {k: _plain(v) for k, v in row.items() if not _missing(v)}
+            items.append((experiments[name], make_entity(experiments[name], values)))
+        except InputError as exc:
+            raise InputError(f"row {index!r} (#{n}): {exc.field}", exc.message, exc.allowed) from None
+    results = predict_many(items, **{k: v for k, v in options.items() if v is not None}) if items else []
+    records = []
+    for result in results:
+        meta = result.metadata
+        predicted = meta.get("predicted") or {}
+        records.append({
+            "experiment_id": result.experiment_id, "entity_id": result.entity_id, "status": result.status,
+            "is_valid": result.status == "valid", "reasons": "; ".join(result.reasons) or (result.error or ""),
+            **{p: predicted.get(p) for p in PREDICTED}, **{k: meta.get(k) for k in PLAN_DETAILS},
+        })  # fmt: skip
+    added = pd.DataFrame.from_records(records, index=frame.index, columns=_plan_columns(PREDICTED))
+    return pd.concat([frame.drop(columns=[c for c in added.columns if c in frame.columns]), added], axis=1)
+
+
+def _plan_columns(predicted: Iterable[str]) -> list[str]:
+    return ["experiment_id", "entity_id", "status", "is_valid", "reasons", *predicted, *PLAN_DETAILS]
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value == ""
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as Python values, 512.0 as 512 (pandas makes int columns with gaps float)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def explore(
+    space: str | Path | Mapping[str, Any],
+    *,
+    store: str | Store | None = None,
+    actuator: str | None = None,
+    executor: str | None = None,
+    max_parallel: int | None = None,
+    max_retries: int | None = None,
+    remeasure: bool = False,
+    allow_actuator_import: bool = False,
+) -> Summary:
+    """Run (or resume) a space's operation, as `tunebench explore` does; returns its Summary.
+
+    space: a space file's path, or its content as a dict (the same schema). store: a URL, an SQLite
+    path or an open Store (default: $TUNEBENCH_STORE or the user's). Options left None take the
+    space file's execution section.
+    """
+    import dataclasses
+
+    from tunebench.executors.task import check_options
+    from tunebench.explore.explorer import Settings
+    from tunebench.explore.explorer import explore as run
+    from tunebench.explore.space import load_space, parse_space
+
+    spec = parse_space(dict(space)) if isinstance(space, Mapping) else load_space(space)
+    if actuator:
+        spec = dataclasses.replace(spec, actuator=actuator)
+    execution = spec.execution
+    settings = Settings(
+        max_parallel=max_parallel or execution.max_parallel,
+        max_retries=execution.max_retries if max_retries is None else max_retries,
+        remeasure=remeasure,
+        lease_seconds=execution.lease_seconds,
+        allow_actuator_import=allow_actuator_import,
+    )
+    check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
+    if (executor or execution.executor) == "ray":
+        from tunebench.executors.ray import RayExecutor
+
+        runner: Any = RayExecutor(execution.ray_address)
+    else:
+        from tunebench.executors.local import LocalExecutor
+
+        runner = LocalExecutor(settings.max_parallel)
+    opened = _open(store, create=True)
+    try:
+        return run(spec, opened, runner, settings)
+    finally:
+        if opened is not store:
+            opened.close()
+
+
+def results(
+    store: str | Store | None = None,
+    *,
+    operation: str | None = None,
+    space: str | Path | None = None,
+    actuator: str | None = None,
+    statuses: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The store's results as a DataFrame: one row per stored outcome (entity x experiment x actuator).
+
+    Columns: request_id, experiment_id, base_id, entity_id, actuator, source (measured | predicted),
+    status, outcome (fits | out of memory | invalid by rule | invalid | failed), reason, one column per
+    entity property (an experiment's default where the entity left it out), one per measured
+    property. Filters: an operation id (op-...), a space file's points, an actuator, statuses.
+    """
+    from tunebench.report.data import space_points, tidy
+
+    opened = _open(store, create=False)
+    try:
+        rows = opened.rows(operation_id=operation, actuator=actuator,
+                           statuses=list(statuses) if statuses is not None else None)  # fmt: skip
+    finally:
+        if opened is not store:
+            opened.close()
+    if space is not None:
+        points = space_points(Path(space))[0]
+        rows = [r for r in rows if (r["experiment_id"], r["entity_id"]) in points]
+    frame = tidy(rows)
+    return frame.drop(columns=[c for c in frame.columns if c.startswith("_")])
+
+
+def _open(store: str | Store | None, *, create: bool) -> Store:
+    """An open Store: the one given, or a new one at a URL/path (InputError naming --store if it cannot be)."""
+    from tunebench.store import Store
+    from tunebench.store.db import check_location, store_url
+
+    if isinstance(store, Store):
+        return store
+    target = store_url(store)
+    check_location(target, create=create)
+    return Store(target)

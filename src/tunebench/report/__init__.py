@@ -1,0 +1,56 @@
+"""The HTML report of a store: ``tunebench report [SPACE] [--store URL] [-o report.html]``.
+
+    from tunebench.report import write_report
+    write_report(store, "report.html")              # every result of the store
+    write_report(store, "report.html", space=path)  # the points of one space file
+
+data.py reads the results into a tidy table, planner.py asks the planner for predictions and OOM
+boundaries, plots.py draws one figure per function, html.py assembles one self-contained file.
+plotly is imported only here, when a report is made (``import tunebench`` does not import it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunebench.store import Store
+
+
+def build_report(store: Store, *, space: str | Path | None = None) -> str:
+    """The report of a store (or of the points of a space file) as one HTML document."""
+    from tunebench import __version__
+    from tunebench.report import plots
+    from tunebench.report.data import load, space_points
+    from tunebench.report.html import page
+    from tunebench.report.planner import predictions
+
+    if space is not None:
+        points, dims, title = space_points(Path(space))
+        data = load(store, points=points, dims=dims, title=f"tunebench report — {title}")
+    else:
+        data = load(store)
+    measured = data.frame[(data.frame["source"] == "measured") & (data.frame["status"] == "valid")]
+    planned = predictions(measured, [*plots.MEMORY, *plots.THROUGHPUT]) if not measured.empty else None
+    sections = [
+        ("Predicted vs measured", plots.predicted_vs_measured(data, planned if planned is not None else _empty())),
+        ("Throughput vs peak memory", [plots.pareto(data)]),
+        ("Out-of-memory boundary", plots.oom_boundaries(data)),
+        ("Each property against each swept dimension", plots.property_vs_dimensions(data)),
+        ("Stability", [plots.stability(data)]),
+    ]
+    return page(data, sections, version=__version__)
+
+
+def write_report(store: Store, output: str | Path, *, space: str | Path | None = None) -> Path:
+    """Write build_report's HTML to output; returns its path."""
+    path = Path(output)
+    path.write_text(build_report(store, space=space), encoding="utf-8")
+    return path
+
+
+def _empty():
+    import pandas as pd
+
+    return pd.DataFrame()

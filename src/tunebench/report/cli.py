@@ -1,0 +1,53 @@
+"""The ``report`` command: ``register(app)`` adds it to tunebench's CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tunebench.errors import InputError
+from tunebench.inputs import Options, OutputFile, TextFile, parse
+
+
+class ReportOptions(Options):
+    """Options of `report`."""
+
+    NAMES = {"space": "SPACE"}
+    space: TextFile | None
+    output: OutputFile
+
+
+def report(
+    space: Annotated[
+        Path | None,
+        typer.Argument(metavar="SPACE", help="Space file (YAML): report only its points (default: every result)."),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or "
+                     "the user data dir."),
+    ] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+) -> None:
+    """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
+    from tunebench.explore.cli import open_store
+    from tunebench.report import build_report
+
+    parse(ReportOptions, space=space, output=output)
+    if importlib.util.find_spec("plotly") is None:
+        raise InputError("report", "needs plotly, which is not installed: pip install 'tunebench[plot]'")
+    sample_store = open_store(store, create=False)
+    try:
+        text = build_report(sample_store, space=space)  # bad input raises before anything is written
+    finally:
+        sample_store.close()
+    output.write_text(text, encoding="utf-8")
+    typer.echo(f"report -> {output} ({len(text.encode()) / 1e6:.1f} MB)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `report` to a Typer app."""
+    app.command("report")(report)

@@ -1,0 +1,312 @@
+"""The report's figures: one function per figure, each returning Plot(s) with a caption.
+
+A figure is a plotly figure as a plain dict ({"data": [traces], "layout": {...}}, plotly.js's own
+schema): building plotly.graph_objects validates every value and costs seconds for a report of
+10,000 results. A figure with nothing to draw is a Plot whose ``figure`` is None and whose caption
+says why. Above MAX_POINTS points a figure shows an evenly spaced subsample and its caption says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tunebench.report.data import ReportData
+from tunebench.report.planner import boundary
+
+MAX_POINTS = 1_500  # points per figure: ~150 kB of HTML each; more make the file heavy and the browser slow
+MAX_BOUNDARY_GROUPS = 4  # OOM-boundary figures: the groups with the most points
+MAX_STABILITY_BARS = 60
+MEMORY = ("gpu_memory_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_allocated_peak_gib",
+          "gpu_memory_utilization_peak")  # fmt: skip
+THROUGHPUT = ("dataset_tokens_per_second", "train_tokens_per_second")
+UNITS = {"gpu_memory_peak_gib": "GiB per GPU", "gpu_memory_reserved_peak_gib": "GiB per GPU",
+         "gpu_memory_allocated_peak_gib": "GiB per GPU", "gpu_memory_utilization_peak": "% of GPU memory",
+         "dataset_tokens_per_second": "tokens/s", "train_tokens_per_second": "tokens/s",
+         "train_runtime": "s"}  # fmt: skip
+COLORS = {"measured": "#1f77b4", "predicted": "#ff7f0e", "fits": "#2ca02c", "out of memory": "#d62728",
+          "invalid by rule": "#7f7f7f", "invalid": "#9467bd", "failed": "#000000"}  # fmt: skip
+ERROR_SCALE = [[0.0, "#1a9850"], [0.2, "#91cf60"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # |error| 0 .. 50 %
+STABILITY = (("f_no_error", "no error", "#2ca02c"), ("f_gpu_oom", "GPU out of memory", "#d62728"),
+             ("f_other_error", "other error", "#7f7f7f"))  # fmt: skip
+
+
+@dataclass
+class Plot:
+    """A figure (None: nothing to draw) and the caption saying what it shows."""
+
+    key: str
+    title: str
+    caption: str
+    figure: Any | None = None
+
+
+def _label(name: str) -> str:
+    return f"{name} ({UNITS[name]})" if name in UNITS else name
+
+
+def _subsample(frame: pd.DataFrame, limit: int | None = None) -> tuple[pd.DataFrame, str]:
+    """At most limit (default MAX_POINTS) rows, evenly spaced; and the caption's note when rows were left out."""
+    limit = MAX_POINTS if limit is None else limit
+    if len(frame) <= limit:
+        return frame, ""
+    step = int(np.ceil(len(frame) / limit))
+    kept = frame.iloc[::step]
+    return kept, f" Showing {len(kept):,} of {len(frame):,} points (one in every {step}, evenly subsampled)."
+
+
+def _text(value: Any) -> str:
+    """A cell as text: missing values (None, NaN) as ''."""
+    return "" if value is None or (isinstance(value, float) and value != value) else str(value)
+
+
+def _hover(frame: pd.DataFrame, dims: list[str]) -> list[str]:
+    """Short hover labels: the swept dimensions' values (not the long entity ids)."""
+    names = [d for d in dims if d in frame.columns]
+    cols = [[_text(v) for v in frame[d].tolist()] for d in names]
+    if not cols:
+        return frame["base_id"].tolist()
+    return [", ".join(f"{n}={v}" for n, v in zip(names, vals)) for vals in zip(*cols)]
+
+
+def _scatter(x: list, y: list, name: str, **kw: Any) -> dict[str, Any]:
+    return {"type": "scatter", "x": x, "y": y, "name": name, "mode": "markers", **kw}
+
+
+def _figure(traces: list[dict[str, Any]], xaxis: str, yaxis: str, **layout: Any) -> dict[str, Any]:
+    return {"data": traces, "layout": {"xaxis": {"title": {"text": xaxis}}, "yaxis": {"title": {"text": yaxis}},
+                                       **layout}}
+
+
+def _r(values: Any) -> list[Any]:
+    """Numbers rounded to 5 significant digits (smaller HTML), NaN -> None."""
+    out = []
+    for v in pd.to_numeric(pd.Series(values), errors="coerce").tolist():
+        out.append(None if v != v else float(f"{v:.5g}"))
+    return out
+
+
+def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]:
+    """Predicted (x) against measured (y) peak memory and throughput, y = x drawn, error in the hover."""
+    measured = data.frame[(data.frame["source"] == "measured") & (data.frame["status"] == "valid")]
+    out = []
+    for kind, names in (("memory", MEMORY), ("throughput", THROUGHPUT)):
+        key, title = f"predicted-vs-measured-{kind}", f"Predicted vs measured {kind}"
+        pairs, name = _pairs(measured, planned, names, gpu_only=kind == "memory")
+        if pairs is None:
+            why = ("the store has no measurements yet (predictions only)" if measured.empty else
+                   f"no measured {kind} property ({', '.join(names)}) has a planner prediction")  # fmt: skip
+            out.append(Plot(key, title, f"Nothing to compare: {why}."))
+            continue
+        shown, note = _subsample(pairs)
+        x, y = _r(shown[f"predicted_{name}"]), _r(shown[name])
+        error = (shown[f"predicted_{name}"] - shown[name]) / shown[name] * 100
+        hover = [f"{h}<br>error {e:+.1f}%" for h, e in zip(_hover(shown, data.dims), error.tolist())]
+        points = _scatter(x, y, "measurements", text=hover, hoverinfo="text+x+y",
+                          marker={"color": _r(error.abs()), "colorscale": ERROR_SCALE, "cmin": 0, "cmax": 50,
+                                  "colorbar": {"title": {"text": "|error| %"}}, "size": 8})  # fmt: skip
+        top = float(max(pairs[name].max(), pairs[f"predicted_{name}"].max()))
+        diagonal = _scatter([0, top], [0, top], "prediction = measurement", mode="lines",
+                            line={"dash": "dash", "color": "#7f7f7f"})  # fmt: skip
+        fig = _figure([points, diagonal], f"predicted {_label(name)}", f"measured {_label(name)}")
+        all_err = ((pairs[f"predicted_{name}"] - pairs[name]) / pairs[name] * 100).abs()
+        caption = (f"The planner's prediction (made now, current calibration) against the measurement of {name} "
+                   f"for {len(pairs):,} measured entities; points on the dashed line are exact, colour is the "
+                   f"absolute error. Median |error| {all_err.median():.1f}%, 90th percentile "
+                   f"{all_err.quantile(0.9):.1f}%.{note}")  # fmt: skip
+        out.append(Plot(key, title, caption, fig))
+    return out
+
+
+def _pairs(measured: pd.DataFrame, planned: pd.DataFrame, names: tuple[str, ...], gpu_only: bool):
+    """(measured rows joined with their predictions, property) for the first property with pairs."""
+    if measured.empty or planned.empty:
+        return None, None
+    joined = measured.join(planned, how="inner")
+    if gpu_only and "number_gpus" in joined.columns:
+        joined = joined[pd.to_numeric(joined["number_gpus"], errors="coerce") > 0]
+    for name in names:
+        if name in joined.columns and f"predicted_{name}" in joined.columns:
+            pairs = joined[(joined[name] > 0) & joined[f"predicted_{name}"].notna()]
+            if not pairs.empty:
+                return pairs, name
+    return None, None
+
+
+def pareto(data: ReportData) -> Plot:
+    """Throughput against peak memory per valid row, and the front of what no other row beats on both."""
+    key, title = "pareto", "Throughput vs peak memory"
+    valid = data.frame[data.frame["status"] == "valid"]
+    mem, rate = _best_pair(valid)
+    if mem is None or rate is None:
+        return Plot(key, title, "Nothing to draw: no valid result has both a peak memory and a throughput.")
+    traces, notes = [], []
+    for source in ("measured", "predicted"):
+        rows = valid[(valid["source"] == source) & valid[mem].notna() & valid[rate].notna()]
+        if rows.empty:
+            continue
+        front = pareto_front(rows[mem].to_numpy(float), rows[rate].to_numpy(float))
+        shown, note = _subsample(rows)
+        notes.append(note)
+        traces.append(_scatter(_r(shown[mem]), _r(shown[rate]), source, text=_hover(shown, data.dims),
+                               marker={"color": COLORS[source], "opacity": 0.6}))  # fmt: skip
+        best = rows.iloc[front]
+        traces.append(_scatter(_r(best[mem]), _r(best[rate]), f"Pareto front ({source}, {len(best)})",
+                               mode="lines+markers", line={"color": COLORS[source], "width": 3, "shape": "hv"},
+                               text=_hover(best, data.dims), marker={"size": 10, "symbol": "star"}))  # fmt: skip
+    fig = _figure(traces, f"peak {_label(mem)}", _label(rate))
+    caption = (f"Each valid result's {rate} against its {mem}; the line joins the Pareto front: results that no "
+               f"other result beats with both less memory and more throughput (measured and predicted results "
+               f"have separate fronts).{''.join(notes)}")  # fmt: skip
+    return Plot(key, title, caption, fig)
+
+
+def _best_pair(valid: pd.DataFrame) -> tuple[str | None, str | None]:
+    """(memory, throughput) properties that the most measured rows hold both of (then the most rows of any source)."""
+    best, score = (None, None), (0, 0)
+    measured = valid["source"] == "measured"
+    for mem in MEMORY:
+        for rate in THROUGHPUT:
+            if mem in valid.columns and rate in valid.columns:
+                both = valid[mem].notna() & valid[rate].notna()
+                if (int((both & measured).sum()), int(both.sum())) > score:
+                    best, score = (mem, rate), (int((both & measured).sum()), int(both.sum()))
+    return best
+
+
+def pareto_front(memory: np.ndarray, rate: np.ndarray) -> list[int]:
+    """Positions of the points with no other point at <= memory and > rate (or < memory and >= rate)."""
+    order = np.lexsort((-rate, memory))  # by memory, then the best rate first
+    front, best = [], -np.inf
+    for i in order:
+        if rate[i] > best:
+            front.append(int(i))
+            best = rate[i]
+    return front
+
+
+def oom_boundaries(data: ReportData) -> list[Plot]:
+    """Outcome over (batch_size, model_max_length) per group (experiment, model, GPUs), planner's boundary on it."""
+    frame = data.frame
+    needed = {"batch_size", "model_max_length", "model_name", "number_gpus"}
+    if frame.empty or not needed <= set(frame.columns):
+        return [Plot("oom-boundary", "Out-of-memory boundary", "Nothing to draw: the store has no results.")]
+    source = "measured" if (frame["source"] == "measured").any() else "predicted"
+    rows = frame[(frame["source"] == source) & frame["status"].isin(["valid", "invalid"])]
+    group_cols = [c for c in ("experiment_id", "model_name", "number_gpus", "gpu_model") if c in rows.columns]
+    texts = [[_text(v) for v in rows[c].tolist()] for c in group_cols]
+    keys = pd.Series([", ".join(f"{c}={t}" for c, t in zip(group_cols, parts) if t and c != "experiment_id")
+                      + f" ({parts[0]})" for parts in zip(*texts)], index=rows.index, dtype=object)  # fmt: skip
+    groups = keys.value_counts()
+    groups = groups[groups >= 2].index[:MAX_BOUNDARY_GROUPS]
+    if len(groups) == 0:
+        return [Plot("oom-boundary", "Out-of-memory boundary",
+                     "Nothing to draw: no model and GPU setting has two or more results.")]  # fmt: skip
+    return [_boundary_plot(rows[keys == g], g, n, source, data.dims) for n, g in enumerate(groups)]
+
+
+def _boundary_plot(rows: pd.DataFrame, group: str, n: int, source: str, dims: list[str]) -> Plot:
+    traces = []
+    shown, note = _subsample(rows)
+    for kind in ("fits", "out of memory", "invalid by rule", "invalid"):
+        part = shown[shown["outcome"] == kind]
+        if not part.empty:
+            traces.append(_scatter(_r(part["batch_size"]), _r(part["model_max_length"]), f"{source}: {kind}",
+                                   text=_hover(part, dims), marker={"color": COLORS[kind], "size": 11,
+                                                                    "symbol": "circle" if kind == "fits" else "x"}))
+    first = rows.iloc[0]
+    others = {k: v for k, v in first["_entity"].items() if k not in ("batch_size", "model_max_length")}
+    batches = sorted({int(b) for b in pd.to_numeric(rows["batch_size"]).tolist() if b >= 1})  # 0 breaks a rule
+    lengths = sorted({int(v) for v in pd.to_numeric(rows["model_max_length"]).tolist() if v >= 1})
+    line = boundary(first["base_id"], first["_parameters"], others, batches, lengths)
+    if line:
+        traces.append(_scatter([b for b, _ in line], [v for _, v in line], "planner: largest length that fits",
+                               mode="lines+markers", line={"color": "#ff7f0e", "width": 3, "dash": "dot",
+                                                           "shape": "hvh"}))  # fmt: skip
+    fig = _figure(traces, "batch_size", "model_max_length (tokens)")
+    fig["layout"]["xaxis"]["type"] = fig["layout"]["yaxis"]["type"] = "log"
+    oom = int((rows["outcome"] == "out of memory").sum())
+    caption = (f"{group}: the {source} outcome of each (batch_size, model_max_length) of this experiment, model and "
+               f"GPU setting ({len(rows)} results, {oom} out of memory); the dotted line is the largest "
+               f"model_max_length the planner predicts fits at each batch size (points above it are predicted "
+               f"not to fit).{note}")  # fmt: skip
+    return Plot(f"oom-boundary-{n}", f"Out-of-memory boundary: {group}", caption, fig)
+
+
+def property_vs_dimensions(data: ReportData) -> list[Plot]:
+    """One figure per measured property: its value against each swept dimension (one panel each)."""
+    frame, dims = data.frame, data.dims
+    if not dims:
+        return [Plot("property-vs-dimension", "Properties against swept dimensions",
+                     "Nothing to draw: no dimension takes more than one value among the results.")]  # fmt: skip
+    out, constant = [], []
+    for prop in data.properties:
+        rows = frame[frame[prop].notna()] if prop in frame.columns else frame.iloc[0:0]
+        values = pd.to_numeric(rows[prop], errors="coerce") if not rows.empty else rows
+        if rows.empty or values.nunique(dropna=True) < 2:
+            constant.append(prop)
+            continue
+        traces, notes = [], []
+        for source in ("measured", "predicted"):
+            part = rows[rows["source"] == source]
+            if part.empty:
+                continue
+            shown, note = _subsample(part, max(1, MAX_POINTS // len(dims)))
+            notes.append(note)
+            y, hover = _r(shown[prop]), _hover(shown, dims)
+            for col, dim in enumerate(dims, start=1):
+                x = [v if isinstance(v, str) else (None if v != v else v) for v in shown[dim].tolist()]
+                traces.append(_scatter(x, y, source, legendgroup=source, showlegend=col == 1, text=hover,
+                                       xaxis=f"x{col if col > 1 else ''}", yaxis="y",
+                                       marker={"color": COLORS[source], "opacity": 0.6}))  # fmt: skip
+        fig = _figure(traces, dims[0], _label(prop))
+        fig["layout"].update(_panels(dims))
+        caption = (f"{prop} of each result against each swept dimension ({', '.join(dims)}), measured and "
+                   f"predicted results in their own colours.{''.join(dict.fromkeys(notes))}")  # fmt: skip
+        out.append(Plot(f"property-{prop}", f"{prop} against the swept dimensions", caption, fig))
+    if constant:
+        out.append(Plot("property-constant", "Properties with one value",
+                        "Not drawn, the same value in every result: " + ", ".join(constant) + "."))  # fmt: skip
+    return out
+
+
+def _panels(dims: list[str], gap: float = 0.03) -> dict[str, Any]:
+    """Side-by-side x axes sharing one y axis (what plotly's make_subplots writes), one per dimension."""
+    width = (1 - gap * (len(dims) - 1)) / len(dims)
+    axes = {}
+    for i, dim in enumerate(dims):
+        start = i * (width + gap)
+        axes[f"xaxis{i + 1 if i else ''}"] = {"domain": [start, start + width], "anchor": "y",
+                                               "title": {"text": dim}, "automargin": True}  # fmt: skip
+    return axes
+
+
+def stability(data: ReportData) -> Plot:
+    """Per stability entity: the fractions of repetitions with no error, a GPU OOM, another error (stacked)."""
+    key, title = "stability", "Stability: outcomes of repeated runs"
+    frame = data.frame
+    if "f_gpu_oom" not in frame.columns or frame["f_gpu_oom"].notna().sum() == 0:
+        return Plot(key, title, "Nothing to draw: no result of the stability experiment "
+                                "(finetune_full_stability, properties f_gpu_oom, f_other_error, f_no_error).")
+    rows = frame[frame["f_gpu_oom"].notna()].sort_values(["f_gpu_oom", "f_other_error"], ascending=False)
+    note = ""
+    if len(rows) > MAX_STABILITY_BARS:
+        note = f" Showing the {MAX_STABILITY_BARS} least stable of {len(rows)} entities."
+        rows = rows.iloc[:MAX_STABILITY_BARS]
+    labels = [h.split("<br>", 1)[-1] or e for h, e in zip(_hover(rows, data.dims), rows["entity_id"])]
+    labels = [f"{i + 1}. {t}" for i, t in enumerate(labels)]  # unique, in order
+    traces = [{"type": "bar", "y": labels, "x": _r(rows[name].fillna(0)), "name": label, "orientation": "h",
+               "marker": {"color": color}, "hovertext": rows["entity_id"].tolist(), "hoverinfo": "text+x"}
+              for name, label, color in STABILITY if name in rows.columns]  # fmt: skip
+    fig = _figure(traces, "fraction of repetitions", "", barmode="stack", height=max(300, 24 * len(rows) + 140))
+    fig["layout"]["xaxis"]["range"] = [0, 1]
+    fig["layout"]["yaxis"].update(autorange="reversed", automargin=True)
+    spread = rows["f_gpu_oom"].astype(float)
+    caption = (f"For each of {len(rows)} entities of the stability experiment, the fraction of its repeated runs "
+               f"that finished, ran out of GPU memory, or failed otherwise (least stable first). f_gpu_oom ranges "
+               f"{spread.min():.2f}-{spread.max():.2f}: an entity between 0 and 1 sits on the memory edge, "
+               f"where the same job sometimes fits.{note}")  # fmt: skip
+    return Plot(key, title, caption, fig)
