@@ -1,8 +1,10 @@
 """The measuring actuator: train for real, return spec 004's measured properties as a Result.
 
-``measure(experiment, entity, options)`` checks validity, makes sure the data set exists, builds the
-launch plan (tunebench.launch), runs it as a subprocess in its own process group with a timeout,
-reads the rank result files the worker writes (tunebench.worker) and classifies the outcome:
+``measure(experiment, entity, options)`` computes the entity's effective values and checks
+validity (once), makes sure the data set exists, builds the launch plan from those values
+(tunebench.actuators.launch), runs it as a subprocess in its own process group with a timeout
+(tunebench.actuators.process) and turns what the worker wrote into a Result
+(tunebench.actuators.outcome):
 
 - valid: every rank succeeded -> is_valid = 1 and every property;
 - invalid: a validity rule is broken (nothing runs), or any rank ran out of memory (GPU, or the host
@@ -11,69 +13,31 @@ reads the rank result files the worker writes (tunebench.worker) and classifies 
   properties; the error and the log tail are kept; failed measurements can be retried.
 
 The stability experiment runs its job ``repetitions`` times and reports the fractions (spec 004).
-Multi-node plans need one process per machine: the Ray executor runs those (tunebench.executors).
+Multi-node plans need one process per machine: the Ray executor schedules those and calls this
+actuator's ``plan_nodes`` (on the coordinator), ``run_node`` (on each node) and ``collect_nodes``
+(on the coordinator), the same steps and the same outcome rules as a single-node run.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import dataclasses
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tunebench.actuators.launch import LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.options import MeasureOptions
+from tunebench.actuators.outcome import RunOutcome, result_of_run
+from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
 from tunebench.datasets import ensure_dataset
-from tunebench.spec.experiments import Entity, Experiment, effective_values
-from tunebench.launch import MAIN_PROCESS_IP, OUTPUT_DIR, NodePlan, build_launch_plan
 from tunebench.paths import home
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values
-from tunebench.worker import outcome, properties_from_results, read_rank_results
-
-LOG_TAIL_LINES = 40
-
-
-@dataclass
-class MeasureOptions:
-    """Actuator options (a space file's `actuator:` block, or CLI flags).
-
-    weights: auto | pretrained | random (random builds the architecture, no download).
-    timeout_seconds: wall-clock limit of one run, process start to exit; None = no limit.
-    visible_devices: CUDA_VISIBLE_DEVICES for the run (the executor's GPU assignment).
-    cpu_processes: DDP processes (gloo) for a CPU entity (number_gpus = 0); 1 = one process.
-    host_memory_limit_gib: CPU runs: exceeding it is out of memory (is_valid = 0).
-    """
-
-    weights: str = "auto"
-    data_dir: str | None = None
-    model_map: dict[str, Any] | None = None
-    timeout_seconds: float | None = 3600.0
-    visible_devices: str | None = None
-    output_dir: str | None = None
-    cpu_processes: int = 1
-    host_memory_limit_gib: float | None = None
-    metrics_interval_seconds: float | None = None
-    auto_stop_windows_seconds: tuple[float, float, int] | None = None  # warm-up s, stable s, stable steps
-    extra_worker_args: tuple[str, ...] = ()
-
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> MeasureOptions:
-        from tunebench.errors import InputError
-
-        options = dict(options or {})
-        unknown = set(options) - set(cls.__dataclass_fields__)
-        if unknown:
-            allowed = ", ".join(cls.__dataclass_fields__)
-            raise InputError(f"actuator.{sorted(unknown)[0]}", "unknown actuator option", allowed=allowed)
-        return cls(**options)
+from tunebench.worker.results import read_aggregate, read_rank_results
 
 
 def measure(
@@ -97,6 +61,9 @@ def measure(
     return _measure_once(experiment, entity, values, opts, progress)
 
 
+measure.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
+
+
 def _measure_once(
     experiment: Experiment,
     entity: Entity,
@@ -113,57 +80,28 @@ def _measure_once(
         if progress:
             progress(f"data set {values['dataset_id']}")
         ensure_dataset(values["dataset_id"], opts.data_dir)
-        plan = build_launch_plan(
-            experiment,
-            entity,
-            data_directory=opts.data_dir,
-            model_map=opts.model_map,
-            weights=opts.weights,
-            main_process_ip="127.0.0.1",
-            main_process_port=_free_port(),
+        plan = plan_of_values(
+            experiment, entity.id, values, data_directory=opts.data_dir, model_map=opts.model_map,
+            weights=opts.weights, main_process_ip="127.0.0.1", main_process_port=_free_port(),
             cpu_processes=opts.cpu_processes,
-        )
+        )  # fmt: skip
     except Exception as exc:  # a data set or plan that cannot be made is a failed measurement
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
 
     (node,) = plan.nodes
-    command, env = node_command(node, out_dir, opts)
+    command, env = node_command(node, out_dir, with_gpu_count(opts, values))
     meta["command"] = command
     log_path = out_dir / "worker.log"
     if progress:
         progress("training")
     returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds)
     meta["wall_seconds"] = round(time.time() - started, 3)
-    log_tail = tail(log_path)
-
-    result_path = out_dir / "result"
-    ranks = read_rank_results(result_path)
-    world = plan.processes_per_node * plan.number_nodes
-    if timed_out:
-        return Result.failed(
-            experiment.id, entity.id, f"timeout: the run exceeded {opts.timeout_seconds:g} s and was killed",
-            log_tail=log_tail, metadata=meta,
-        )  # fmt: skip
-    status, reason = outcome(ranks, world_size=world)
-    if ranks:
-        meta.update(_run_metadata(ranks))
-    if status == "invalid":
-        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=log_tail)
-    if status == "valid" and returncode != 0:
-        status, reason = "failed", f"worker exited with code {returncode} after writing its results"
-    if status == "failed":
-        if returncode < 0:
-            reason = f"worker killed by signal {signal.Signals(-returncode).name}" + (f" ({reason})" if ranks else "")
-        elif not ranks:
-            reason = f"worker exited with code {returncode} and wrote no result"
-        return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=log_tail, metadata=meta)
-    try:
-        props = properties_from_results(
-            ranks, values["number_gpus"], values.get("stop_after_seconds", -1.0), values.get("auto_stop_method")
-        )
-    except ValueError as exc:
-        return Result.failed(experiment.id, entity.id, str(exc), log_tail=log_tail, metadata=meta)
-    return Result.valid(experiment.id, entity.id, props, metadata=meta)
+    run = RunOutcome(
+        returncode=returncode, timed_out=timed_out, ranks=read_rank_results(out_dir / "result"),
+        aggregate=read_aggregate(out_dir / "result"), world_size=plan.processes_per_node * plan.number_nodes,
+        log_tail=tail(log_path), metadata=meta,
+    )  # fmt: skip
+    return result_of_run(experiment, entity, run, opts.timeout_seconds)
 
 
 def _measure_stability(
@@ -201,121 +139,59 @@ def _measure_stability(
     return Result.valid(experiment.id, entity.id, props, metadata=meta)
 
 
-def node_command(
-    node: NodePlan,
-    out_dir: Path,
-    opts: MeasureOptions | None = None,
-    main_process_ip: str | None = None,
-    python_executable: str = sys.executable,
-) -> tuple[list[str], dict[str, str]]:
-    """A node's command and environment with placeholders filled, programs resolved to this interpreter
-    and the accelerate config written to its --config_file path."""
-    opts = opts or MeasureOptions()
-    fill = {OUTPUT_DIR: str(out_dir)}
-    if main_process_ip:
-        fill[MAIN_PROCESS_IP] = main_process_ip
-    command = [_fill(a, fill) for a in node.command]
-    if node.accelerate_config is not None:
-        cfg = {k: _fill(v, fill) if isinstance(v, str) else v for k, v in node.accelerate_config.items()}
-        path = command[command.index("--config_file") + 1] if "--config_file" in command else None
-        Path(path or out_dir / "accelerate_config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    if command[0] == "python":
-        command = [python_executable, *command[1:]]
-    elif command[:2] == ["accelerate", "launch"]:
-        command = [python_executable, "-m", "accelerate.commands.launch", *command[2:]]
-    if opts.host_memory_limit_gib:
-        command += ["--host_memory_limit_gib", f"{opts.host_memory_limit_gib:g}"]
-    if opts.metrics_interval_seconds:
-        command += ["--metrics_interval_seconds", f"{opts.metrics_interval_seconds:g}"]
-    if opts.auto_stop_windows_seconds:
-        warm, stable, steps = opts.auto_stop_windows_seconds
-        command += ["--auto_stop_warmup_seconds", f"{warm:g}", "--auto_stop_stable_seconds", f"{stable:g}"]
-        command += ["--auto_stop_stable_steps", str(int(steps))]
-    command += list(opts.extra_worker_args)
-    env = {**os.environ, **{k: _fill(v, fill) for k, v in node.env.items()}}
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if opts.visible_devices is not None:
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the executor numbers GPUs as NVML does (PCI bus order)
-        env["CUDA_VISIBLE_DEVICES"] = opts.visible_devices
-    return command, env
+# ------------------------------------------------------------------------ multi-node (Ray executor)
 
 
-def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout: float | None) -> tuple[int, bool]:
-    """Run in a new process group, output to log_path; on timeout kill the whole group.
-
-    Returns (returncode, timed_out); a negative returncode is the signal that ended the process.
-    """
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_terminate_with_parent,
-        )  # fmt: skip
-        try:
-            return proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            return proc.returncode, True
-        except BaseException:  # KeyboardInterrupt: leave no orphan training processes behind
-            _kill_group(proc)
-            raise
+def plan_nodes(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], main_process_ip: str, main_process_port: int
+) -> LaunchPlan:
+    """The launch plan of a multi-node entity, rendezvous at main_process_ip:main_process_port."""
+    return build_launch_plan(
+        experiment, entity, data_directory=options.get("data_dir"), model_map=options.get("model_map"),
+        weights=options.get("weights", "auto"), main_process_ip=main_process_ip, main_process_port=main_process_port,
+    )  # fmt: skip
 
 
-def _terminate_with_parent() -> None:
-    """In the child: SIGTERM when the measuring process dies (even by kill -9), so no training runs on
-    orphaned (the worker writes a failed result on SIGTERM; accelerate's launcher stops its ranks).
-    Linux prctl(PR_SET_PDEATHSIG); elsewhere a no-op."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _kill_group(proc: subprocess.Popen, grace_seconds: float = 5.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_seconds)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def run_node(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], node_plan: NodePlan, output_dir: str,
+    main_process_ip: str,
+) -> NodeResult:  # fmt: skip
+    """One node's part, on that node: its own copy of the data set (generated or verified), then the run."""
+    values = effective_values(experiment, entity)
+    ensure_dataset(values["dataset_id"], options.get("data_dir"))
+    return run_node_plan(
+        node_plan, output_dir, main_process_ip=main_process_ip, timeout_s=options.get("timeout_seconds"),
+        options=with_gpu_count(MeasureOptions(), values),
+    )  # fmt: skip
 
 
-def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+def with_gpu_count(opts: MeasureOptions, values: dict[str, Any]) -> MeasureOptions:
+    """opts plus the worker flag that makes the per-GPU rates divide by the entity's number_gpus (the
+    worker computes the properties; it cannot tell simulated GPUs, or CPU DDP processes, from real ones)."""
+    flag = ("--tunebench_number_gpus", str(values["number_gpus"]))
+    return dataclasses.replace(opts, extra_worker_args=(*opts.extra_worker_args, *flag))
 
 
-def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    r0 = min(ranks, key=lambda r: r.get("rank", 0))
-    meta = dict(r0.get("metadata") or {})
-    steps = r0.get("steps") or {}
-    meta.update(
-        {
-            "world_size": r0.get("world_size"),
-            "steps": steps.get("total"),
-            "warmup_steps": steps.get("warmup"),
-            "stopped_by": steps.get("stopped_by"),
-            "torch_memory": [r.get("torch_memory") for r in ranks],
-        }
-    )
-    return meta
+def collect_nodes(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], plan: LaunchPlan, nodes: list[NodeResult]
+) -> Result:
+    """The Result of a multi-node run from every node's exit and rank records (the single-node rules)."""
+    failed = [n.returncode for n in nodes if n.returncode]
+    tails = "\n".join(f"--- node {n.machine_rank} ({n.host}, exit {n.returncode})\n{n.log_tail[-1500:]}" for n in nodes)
+    meta = {"nodes": [{"rank": n.machine_rank, "host": n.host, "node_ip": n.node_ip, "node_id": n.node_id,
+                       "returncode": n.returncode} for n in nodes]}  # fmt: skip
+    run = RunOutcome(
+        returncode=failed[0] if failed else 0, timed_out=any(n.returncode is None for n in nodes),
+        ranks=sorted((r for n in nodes for r in n.records), key=lambda r: r.get("rank", 0)),
+        aggregate=next((n.aggregate for n in nodes if n.aggregate), None),
+        world_size=plan.processes_per_node * plan.number_nodes, log_tail=tails, metadata=meta,
+    )  # fmt: skip
+    return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 
 
-def _fill(text: str, mapping: dict[str, str]) -> str:
-    for key, value in mapping.items():
-        text = text.replace(key, value)
-    return text
+measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
+measure.run_node = run_node  # type: ignore[attr-defined]
+measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
 
 
 def _free_port() -> int:
