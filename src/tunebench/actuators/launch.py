@@ -129,6 +129,12 @@ def resolve_model_path(
     return spec.hf_id or spec.name
 
 
+def with_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """values plus the default of every optional property they lack: properties an experiment does not
+    expose (the stability experiment has no r, no fast_kernels, no enable_roce, ...) take the default."""
+    return {**{n: p.default for n, p in PROPERTIES.items() if not p.required}, **values}
+
+
 def worker_args(
     experiment: Experiment,
     values: dict[str, Any],
@@ -142,7 +148,7 @@ def worker_args(
     Properties an experiment does not expose (the stability experiment has no r, no fast_kernels, ...)
     take the property's default.
     """
-    values = {**{n: p.default for n, p in PROPERTIES.items() if not p.required}, **values}
+    values = with_defaults(values)
     gpus = values["number_gpus"]
     per_device = values["batch_size"] // max(1, gpus)
     flash = values.get("flash_attn")
@@ -324,6 +330,7 @@ def plan_of_values(
     """
     if weights not in WEIGHTS_MODES:
         raise InputError("weights", f"unknown weights mode {weights!r}", allowed=", ".join(WEIGHTS_MODES))
+    values = with_defaults(values)
     dataset = parse_dataset_id(values["dataset_id"])
     data_path = str(data_dir(data_directory) / f"{dataset.id}{dataset.suffix}")
     gpus, nodes = values["number_gpus"], values["number_nodes"]
