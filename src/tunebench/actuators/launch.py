@@ -281,32 +281,17 @@ def accelerate_config(
     return cfg
 
 
-def build_launch_plan(
-    experiment: Experiment,
-    entity: Entity,
-    *,
-    data_directory: str | Path | None = None,
-    model_map: dict[str, Any] | None = None,
-    weights: str = "auto",
-    config_file: str = "{output_dir}/accelerate_config.yaml",
-    main_process_ip: str | None = None,
-    main_process_port: int = DEFAULT_PORT,
-    cpu_processes: int = 1,
-) -> LaunchPlan:
+def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) -> LaunchPlan:
     """The launch plan of a valid entity; InputError if the entity breaks a validity rule.
 
-    Computes the entity's effective values and checks them, then ``plan_of_values`` (callers that
-    have checked the values already call that directly).
+    Computes the entity's effective values and checks them, then ``plan_of_values(..., **options)``
+    (whose keyword options these are; callers that have checked the values call it directly).
     """
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
     if not validity.is_valid:
         raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
-    return plan_of_values(
-        experiment, entity.id, values, data_directory=data_directory, model_map=model_map, weights=weights,
-        config_file=config_file, main_process_ip=main_process_ip, main_process_port=main_process_port,
-        cpu_processes=cpu_processes,
-    )  # fmt: skip
+    return plan_of_values(experiment, entity.id, values, **options)
 
 
 def plan_of_values(

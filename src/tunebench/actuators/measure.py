@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tunebench.actuators.launch import LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.launch import WORKER_MODULE, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
 from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
 from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
@@ -159,9 +159,10 @@ def run_node(
     """One node's part, on that node: its own copy of the data set (generated or verified), then the run."""
     values = effective_values(experiment, entity)
     ensure_dataset(values["dataset_id"], options.get("data_dir"))
+    runs_worker = WORKER_MODULE in node_plan.command  # a plan of another actuator's may run anything
     return run_node_plan(
         node_plan, output_dir, main_process_ip=main_process_ip, timeout_s=options.get("timeout_seconds"),
-        options=with_gpu_count(MeasureOptions(), values),
+        options=with_gpu_count(MeasureOptions(), values) if runs_worker else None,
     )  # fmt: skip
 
 
