@@ -49,7 +49,7 @@ def bare_loop(steps: int, dtype: str) -> float:
 
 def tunebench_run(steps: int, dtype: str, config_path: str, out: Path) -> float:
     from tunebench.spec.experiments import get_experiment, make_entity
-    from tunebench.measure import measure
+    from tunebench.actuators.measure import measure
 
     exp = get_experiment(
         "finetune_full_benchmark-v1.0.0",

@@ -1,10 +1,19 @@
-"""Shared test setup: tunebench's files go to a per-session temporary home, never the user's."""
+"""Shared test setup: tunebench's files go to a per-session temporary home, never the user's; the
+fake actuators of tests/fake_actuators.py are importable here, in subprocesses and in Ray workers."""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -16,8 +16,8 @@ GPU = "NVIDIA-A100-SXM4-80GB"
 MODEL = "llama3.1-8b"
 LENGTHS = (512, 1024, 2048, 4096, 8192)
 BATCHES = (1, 2, 4, 8, 16, 32)
-# a test actuator (see tunebench's explore testing module): invalid as out of memory above max_batch
-OOM_ACTUATOR = "tunebench.explore.testing:oom_above"
+# a test actuator (tests/fake_actuators.py): invalid as out of memory above max_batch
+OOM_ACTUATOR = "fake_actuators:oom_above"
 
 PREDICT_SPACE = f"""
 experiments:

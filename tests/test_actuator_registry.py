@@ -14,7 +14,7 @@ import yaml
 
 from tunebench.errors import InputError
 from tunebench.executors.local import LocalExecutor
-from tunebench.executors.task import _plugins, registered_actuators, resolve_actuator
+from tunebench.actuators.registry import _plugins, registered_actuators, resolve_actuator
 from tunebench.explore import Settings, explore, parse_space
 from tunebench.store import Store
 
@@ -29,7 +29,7 @@ def test_builtin_names_resolve_without_an_opt_in():
     assert resolve_actuator("noop").__name__ == "noop"
 
 
-@pytest.mark.parametrize("name", ["os:system", "subprocess:call", "builtins:exec", "tunebench.explore.testing:sleepy"])
+@pytest.mark.parametrize("name", ["os:system", "subprocess:call", "builtins:exec", "fake_actuators:sleepy"])
 def test_module_function_paths_need_the_opt_in(name):
     with pytest.raises(InputError, match="--allow-actuator-import") as caught:
         resolve_actuator(name)
@@ -56,7 +56,7 @@ def test_a_space_file_naming_os_system_runs_nothing_and_stores_nothing(tmp_path)
 
 
 def test_the_library_refuses_it_too_unless_settings_opt_in(tmp_path):
-    space = parse_space({**SPACE, "actuator": {"name": "tunebench.explore.testing:sleepy"}})
+    space = parse_space({**SPACE, "actuator": {"name": "fake_actuators:sleepy"}})
     with Store(tmp_path / "s.db") as store:
         with pytest.raises(InputError, match="actuator.name"):
             explore(space, store, LocalExecutor(1), Settings())

@@ -235,7 +235,7 @@ CASES: list[tuple[str, list[str]]] = [
     # --- actuators: registered names only, unless whoever runs it opts in (item 8)
     c("actuator.name", "explore", "osystem.yaml"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
-    c("actuator.name", "explore", "space.yaml", "--actuator", "tunebench.explore.testing:sleepy"),
+    c("actuator.name", "explore", "space.yaml", "--actuator", "fake_actuators:sleepy"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "measur"),
     c("space", "explore", "bomb.yaml"),
     c("space", "explore", "deep.yaml"),

@@ -6,14 +6,15 @@ import json
 import time
 
 from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
-from tunebench.executors.task import make_task, resolve_actuator, run_task
+from tunebench.actuators import resolve_actuator
+from tunebench.executors.task import make_task, run_task
 from tunebench.spec.experiments import get_experiment, make_entity
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0")
 A100 = "NVIDIA-A100-80GB-PCIe"
 
 
-def task(i: int, gpus: int, log, *, actuator="tunebench.explore.testing:sleepy", gpu_model=A100, nodes=1, sleep_s=0.3):
+def task(i: int, gpus: int, log, *, actuator="fake_actuators:sleepy", gpu_model=A100, nodes=1, sleep_s=0.3):
     values = {
         "model_name": "smollm2-135m",
         "model_max_length": 64 * (i + 1),
@@ -79,7 +80,7 @@ def test_what_this_machine_cannot_run_fails_at_once(tmp_path):
 
 
 def test_actuator_errors_become_failed_results(tmp_path):
-    result = run_task(task(0, 0, tmp_path / "log", actuator="tunebench.explore.testing:crashing"))
+    result = run_task(task(0, 0, tmp_path / "log", actuator="fake_actuators:crashing"))
     assert result.status == "failed" and result.error == "RuntimeError: actuator crashed"
     assert result.experiment_id == EXP.id and result.metadata["execution"]["attempt"] == 1
     result = run_task(task(0, 0, tmp_path / "log", actuator="tunebench.no_such_module:fn"))
@@ -88,7 +89,7 @@ def test_actuator_errors_become_failed_results(tmp_path):
 
 def test_actuator_names():
     assert resolve_actuator("noop").__name__ == "noop"
-    assert resolve_actuator("tunebench.explore.testing:sleepy", allow_import=True).__name__ == "sleepy"
+    assert resolve_actuator("fake_actuators:sleepy", allow_import=True).__name__ == "sleepy"
 
 
 def test_detect_gpus_on_this_machine():

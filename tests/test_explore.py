@@ -19,7 +19,7 @@ from tunebench.explore import Settings, explore, parse_space
 from tunebench.explore.__main__ import main
 from tunebench.store import Store
 
-TESTING = "tunebench.explore.testing"
+TESTING = "fake_actuators"
 
 
 def make_space(actuator: str, *, lengths=(64, 128), batches=(1, 2), operation=None, **options) -> dict:

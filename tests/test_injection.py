@@ -12,7 +12,7 @@ import pytest
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.explore.space import parse_space
-from tunebench.launch import build_launch_plan
+from tunebench.actuators.launch import build_launch_plan
 from tunebench.worker.args import parse_args
 
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")

@@ -15,7 +15,7 @@ import yaml
 
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
-from tunebench.launch import build_launch_plan
+from tunebench.actuators.launch import build_launch_plan
 
 GOLDEN = Path(__file__).parent / "golden"
 A100 = "NVIDIA-A100-80GB-PCIe"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import tunebench.measure as measure_module
+import tunebench.actuators.measure as measure_module
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
-from tunebench.measure import measure
+from tunebench.actuators.measure import measure
 
 pytestmark = pytest.mark.slow
 

@@ -259,7 +259,7 @@ def test_minimum_gpus_grow_with_the_model():
 
 
 def test_predict_actuator_contract_of_the_executors():
-    from tunebench.executors.task import check_options, resolve_actuator
+    from tunebench.actuators import check_options, resolve_actuator
 
     fn = resolve_actuator("predict")
     ent = make_entity(LORA, BASE)

@@ -54,7 +54,7 @@ def space(actuator: str, entity_space: dict, **options) -> dict:
     return {
         "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
         "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, **entity_space},
-        "actuator": {"name": f"tunebench.explore.testing:{actuator}", **options},
+        "actuator": {"name": f"fake_actuators:{actuator}", **options},
         "operation": {"sampler": "grid"},
     }
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.ray
 SPACE = """
 experiments: [{id: finetune_full_benchmark-v1.0.0}]
 entity_space: {model_name: smollm2-135m, number_gpus: 0, model_max_length: [64, 128], batch_size: 1}
-actuator: {name: "tunebench.explore.testing:where"}
+actuator: {name: "fake_actuators:where"}
 operation: {sampler: grid}
 """
 

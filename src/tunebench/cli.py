@@ -241,7 +241,7 @@ def launch_plan(
     as_json: Json = False,
 ) -> None:
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
-    from tunebench.launch import build_launch_plan
+    from tunebench.actuators.launch import build_launch_plan
 
     opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
     exp, entity = resolve(experiment, params, props)
@@ -313,7 +313,7 @@ def print_result(result: Any) -> None:
 def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]) -> Any:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from tunebench.measure import measure
+    from tunebench.actuators.measure import measure
 
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:

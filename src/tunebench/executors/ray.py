@@ -17,38 +17,30 @@ Multi-node entities (number_nodes > 1) get a placement group of one bundle per n
 STRICT_SPREAD (one bundle per distinct node). The rendezvous address is Ray's own view of the node
 of bundle 0 (``ray.util.get_node_ip_address()`` in a task placed on that bundle) plus a port that
 task found free, so it works wherever Ray runs (bare metal, Slurm, Kubernetes) — the reference
-builds a Kubernetes pod DNS name instead (ado-sfttrainer.md §16 pitfall 4). Then:
-
-1. ``plan = plan_nodes(experiment, entity, options, main_process_ip, main_process_port)`` — by
-   default ``tunebench.launch.build_launch_plan`` with the options weights/data_dir/model_map;
-2. on bundle i, a task runs ``run_node_plan(plan.nodes[i], output_dir/node<i>, sys.executable)``:
-   the node's command as a subprocess, its placeholders filled, returning a ``NodeResult`` with the
-   exit code, the log tail and the worker's rank result records found in its output directory;
-3. ``collect_nodes(experiment, entity, options, plan, node_results) -> Result`` — by default the
-   worker's own rules (``tunebench.worker.results.outcome`` / ``properties_from_results``: any rank
-   out of memory -> invalid, any error or missing rank -> failed).
-
-An actuator overrides steps 1 and 3 by carrying function attributes ``plan_nodes`` and
-``collect_nodes`` (``measure.plan_nodes = my_plan``); ``run_node_plan`` is plain Python with no Ray
-in it, so the measuring actuator can call it for its own single-node runs too.
+builds a Kubernetes pod DNS name instead (ado-sfttrainer.md §16 pitfall 4). The actuator does
+the rest through three attributes (the measuring actuator's are the defaults,
+tunebench.actuators.measure): ``plan_nodes(experiment, entity, options, ip, port) -> LaunchPlan``
+here, ``run_node(experiment, entity, options, node_plan, output_dir, ip) -> NodeResult`` on the
+node of each bundle, ``collect_nodes(experiment, entity, options, plan, node_results) -> Result``
+here. This module only schedules.
 """
 
 from __future__ import annotations
 
 import queue
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunebench.actuators.launch import LaunchPlan
+from tunebench.actuators.process import NodeResult
+from tunebench.actuators.registry import resolve_actuator
 from tunebench.errors import InputError
-from tunebench.executors.task import Finished, Task, resolve_actuator, run_task
-from tunebench.spec.experiments import Entity, Experiment, effective_values
-from tunebench.launch import LaunchPlan, NodePlan, build_launch_plan
+from tunebench.executors.task import Finished, Task, run_task
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
 PLACEMENT_TIMEOUT_S = 600.0  # how long a multi-node measurement waits for its nodes
@@ -71,110 +63,22 @@ def node_bundle(task: Task) -> dict[str, float]:
     return bundle
 
 
-# ------------------------------------------------------------------------------------------- nodes
-
-
-@dataclass
-class NodeResult:
-    """What one node of a multi-node measurement did."""
-
-    machine_rank: int
-    returncode: int | None  # None: timed out
-    duration_s: float
-    log_tail: str
-    output_dir: str
-    host: str = field(default_factory=socket.gethostname)
-    node_ip: str | None = None
-    node_id: str | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)  # the worker's rank result files
-
-
-def run_node_plan(
-    node_plan: NodePlan,
-    output_dir: str | Path,
-    python_executable: str = sys.executable,
-    *,
-    main_process_ip: str | None = None,
-    timeout_s: float | None = None,
-) -> NodeResult:
-    """Run one node's part of a launch plan here, as a subprocess; never raises for the child's failures.
-
-    Fills ``{output_dir}`` and ``{main_process_ip}`` in the command, the environment and the
-    accelerate config (written to ``output_dir/accelerate_config.yaml``), runs the command with the
-    node's environment over this process's, logs to ``output_dir/node<rank>.log`` and reads the rank
-    result files the worker wrote (``tunebench.worker.results.read_rank_results``).
-    """
-    from tunebench.measure import node_command, run_logged
-    from tunebench.worker.results import read_rank_results
-
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    command, env = node_command(node_plan, out, None, main_process_ip, python_executable)
-    log_path = out / f"node{node_plan.machine_rank}.log"
-    started = time.monotonic()
-    code, timed_out = run_logged(command, env, log_path, timeout_s)
-    returncode: int | None = None if timed_out else code
-    records = read_rank_results(out / "result")
-    return NodeResult(
-        machine_rank=node_plan.machine_rank,
-        returncode=returncode,
-        duration_s=time.monotonic() - started,
-        log_tail=log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:],
-        output_dir=str(out),
-        records=records,
-    )
-
-
-def default_plan_nodes(
-    experiment: Experiment, entity: Entity, options: dict[str, Any], main_process_ip: str, main_process_port: int
-) -> LaunchPlan:
-    """tunebench's launch plan of the entity, rendezvous at main_process_ip:main_process_port."""
-    return build_launch_plan(
-        experiment,
-        entity,
-        data_directory=options.get("data_dir"),
-        model_map=options.get("model_map"),
-        weights=options.get("weights", "auto"),
-        main_process_ip=main_process_ip,
-        main_process_port=main_process_port,
-    )
-
-
-def default_collect_nodes(
-    experiment: Experiment, entity: Entity, options: dict[str, Any], plan: LaunchPlan, nodes: list[NodeResult]
-) -> Result:
-    """The result of a multi-node run from every node's rank records (the worker's rules)."""
-    from tunebench.spec.experiments import effective_values
-    from tunebench.worker.results import outcome, properties_from_results
-
-    records = [r for n in nodes for r in n.records]
-    tails = "\n".join(f"--- node {n.machine_rank} ({n.host}, exit {n.returncode})\n{n.log_tail[-1500:]}" for n in nodes)
-    status, reason = outcome(records, world_size=plan.number_gpus)
-    meta = {"nodes": [{"rank": n.machine_rank, "host": n.host, "node_ip": n.node_ip, "node_id": n.node_id,
-                       "returncode": n.returncode} for n in nodes]}  # fmt: skip
-    if status == "invalid":
-        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta)
-    if status == "failed":
-        return Result.failed(experiment.id, entity.id, reason or "failed", log_tail=tails, metadata=meta)
-    values = effective_values(experiment, entity)
-    props = properties_from_results(
-        records, values["number_gpus"], values.get("stop_after_seconds", -1.0) or -1.0, values.get("auto_stop_method")
-    )
-    return Result.valid(experiment.id, entity.id, props, metadata=meta)
-
-
 @dataclass
 class MultiNodeHooks:
     plan: Callable[..., LaunchPlan]
+    run: Callable[..., NodeResult]
     collect: Callable[..., Result]
 
 
 def multinode_hooks(actuator: str, allow_import: bool = False) -> MultiNodeHooks:
-    """The actuator's plan_nodes / collect_nodes attributes, else tunebench's defaults."""
+    """The actuator's plan_nodes / run_node / collect_nodes attributes, else the measuring actuator's."""
+    from tunebench.actuators import measure
+
     fn = resolve_actuator(actuator, allow_import=allow_import)
     return MultiNodeHooks(
-        plan=getattr(fn, "plan_nodes", default_plan_nodes),
-        collect=getattr(fn, "collect_nodes", default_collect_nodes),
+        plan=getattr(fn, "plan_nodes", measure.plan_nodes),
+        run=getattr(fn, "run_node", measure.run_node),
+        collect=getattr(fn, "collect_nodes", measure.collect_nodes),
     )
 
 
@@ -202,21 +106,13 @@ def _rendezvous_on_worker() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
-def _node_on_worker(
-    node_plan: NodePlan,
-    output_dir: str,
-    main_process_ip: str,
-    timeout_s: float | None,
-    dataset_id: str | None = None,
-    data_dir: str | None = None,
-) -> NodeResult:
+def _node_on_worker(task: Task, rank: int, plan: LaunchPlan, output_dir: str, main_process_ip: str) -> NodeResult:
+    """One node's part of a multi-node measurement, run by the actuator's run_node on this node."""
     import ray
 
-    if dataset_id:  # every machine reads its own copy: generate (or verify) it here, as measure does
-        from tunebench.datasets import ensure_dataset
-
-        ensure_dataset(dataset_id, data_dir)
-    result = run_node_plan(node_plan, output_dir, sys.executable, main_process_ip=main_process_ip, timeout_s=timeout_s)
+    experiment, entity = task.rebuild()
+    hooks = multinode_hooks(task.actuator, task.allow_import)
+    result = hooks.run(experiment, entity, dict(task.options), plan.nodes[rank], output_dir, main_process_ip)
     result.node_ip = ray.util.get_node_ip_address()
     result.node_id = ray.get_runtime_context().get_node_id()
     return result
@@ -367,14 +263,12 @@ class RayExecutor:
             experiment, entity = task.rebuild()
             plan = hooks.plan(experiment, entity, dict(task.options), ip, port)
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")
-            timeout = task.options.get("timeout_seconds")
-            dataset_id = effective_values(experiment, entity).get("dataset_id")
             refs = [
                 self._node.options(
                     num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
                     resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                     scheduling_strategy=on(i), max_retries=0,
-                ).remote(plan.nodes[i], str(out / f"node{i}"), ip, timeout, dataset_id, task.options.get("data_dir"))
+                ).remote(task, i, plan, str(out / f"node{i}"), ip)
                 for i in range(nodes)
             ]  # fmt: skip
             try:

@@ -1,14 +1,8 @@
 """A measurement task and how an executor runs it: resolve the actuator, call it, never raise.
 
-Actuators are plain functions ``fn(experiment, entity, options) -> Result`` named in the space
-file's ``actuator.name``: a registered name, i.e. tunebench's own (``ACTUATORS``) or a plugin's
-(a Python entry point of group ``tunebench.actuators`` whose value is ``module:function``), so
-plugins need no change here. A space file cannot name an arbitrary ``module:function`` (it would
-import and call anything, ``os:system`` included): that takes an explicit opt-in by whoever runs
-it (``explore --allow-actuator-import``, ``Settings.allow_actuator_import``), carried by each task.
-Actuators are imported lazily, so a module that is missing fails only when its actuator is used.
-
-``options`` is the space file's actuator options plus what the executor assigns:
+The actuator is named by the task (``actuator``: a registered name, or with ``allow_import`` a
+module:function; see tunebench.actuators.registry). ``options`` is the space file's actuator
+options plus what the executor assigns:
 
 - ``visible_devices``: the CUDA_VISIBLE_DEVICES string of the GPUs given to this measurement
   ("" for a CPU measurement); GPU indices in NVML (PCI bus) order;
@@ -20,36 +14,16 @@ entity from their ids and values.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.metadata
 import os
-import re
 import socket
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunebench.errors import InputError, suggest
+from tunebench.actuators.registry import HARDWARE_FREE, resolve_actuator
 from tunebench.spec.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
-
-ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry points of this group
-_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
-# tunebench's own actuator names -> "module:function" (imported on first use).
-ACTUATORS = {
-    "measure": "tunebench.measure:measure",  # trains for real (issue 4)
-    "predict": "tunebench.plan:predict_actuator",  # the planner's predictions (issue 6)
-    "noop": "tunebench.executors.task:noop",  # returns at once: store and scheduling overhead
-}
-# Actuators that never touch the entity's hardware: their tasks ask executors for no GPUs and no nodes
-# (the planner predicts a 64-GPU entity on a laptop). Any other actuator, module:function ones
-# included, gets the entity's number_gpus / number_nodes / gpu_model.
-HARDWARE_FREE = frozenset({"predict", "noop"})
-
 
 @dataclass
 class Task:
@@ -110,62 +84,6 @@ def make_task(
     )
 
 
-def registered_actuators() -> dict[str, str]:
-    """Actuator name -> module:function: tunebench's own, then those plugins register as entry points."""
-    return {**_plugins(), **ACTUATORS}
-
-
-@functools.cache
-def _plugins() -> dict[str, str]:
-    """The entry points of group tunebench.actuators (read once per process: scanning costs ~10 ms)."""
-    return {entry.name: entry.value for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)}
-
-
-def resolve_actuator(name: str, *, allow_import: bool = False) -> Callable[..., Any]:
-    """The function behind a registered actuator name, or (allow_import only) a module:function path;
-    InputError (field actuator.name) if there is none or it is not allowed."""
-    registry = registered_actuators()
-    path = registry.get(name)
-    if path is None:
-        allowed = ", ".join(registry)
-        if not _PATH.match(name):
-            raise InputError("actuator.name", f"unknown actuator {name!r}." + suggest(name, registry), allowed=allowed)
-        if not allow_import:
-            raise InputError(
-                "actuator.name",
-                f"{name!r} is not a registered actuator; importing an arbitrary module:function runs any code "
-                "and needs --allow-actuator-import",
-                allowed=allowed + " (plugins: entry points of group tunebench.actuators)",
-            )
-        path = name
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise InputError(
-            "actuator.name", f"actuator {name!r} needs module {module_name!r}, which cannot be imported: {exc}"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise InputError("actuator.name", f"module {module_name!r} has no function {attr!r}")
-    return fn
-
-
-def check_options(name: str, options: dict[str, Any], *, allow_import: bool = False) -> None:
-    """Let the actuator reject unknown or bad options before anything runs (InputError).
-
-    An actuator may carry a ``check_options(options)`` attribute; the measuring actuator's options
-    are checked by ``tunebench.measure.MeasureOptions.from_mapping``.
-    """
-    fn = resolve_actuator(name, allow_import=allow_import)
-    full = {**options, "visible_devices": "", "output_dir": "."}  # what the executor adds
-    check = getattr(fn, "check_options", None)
-    if check is None and name == "measure":
-        check = importlib.import_module(fn.__module__).MeasureOptions.from_mapping
-    if check is not None:
-        check(full)
-
-
 def run_task(task: Task, execution: dict[str, Any] | None = None) -> Result:
     """Run one task in this process; any exception becomes a failed Result (never raises).
 
@@ -199,8 +117,3 @@ def run_task(task: Task, execution: dict[str, Any] | None = None) -> Result:
         "duration_s": time.time() - started,
     }
     return result
-
-
-def noop(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
-    """An actuator that measures nothing and returns at once (valid, no properties)."""
-    return Result.valid(experiment.id, entity.id, {}, actuator="noop")

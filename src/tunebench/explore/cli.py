@@ -127,7 +127,7 @@ def explore(
     """Measure the points of a space (grid, random or optimize); resumable by running it again."""
     from rich.console import Console
 
-    from tunebench.executors.task import check_options
+    from tunebench.actuators import check_options
     from tunebench.explore.explorer import Settings
     from tunebench.explore.explorer import explore as run
     from tunebench.explore.progress import ProgressDisplay

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tunebench.executors.task import Finished, Task, check_options, make_task
+from tunebench.actuators import check_options
+from tunebench.executors.task import Finished, Task, make_task
 from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.explore.samplers import sample
 from tunebench.explore.space import Space

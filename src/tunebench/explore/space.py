@@ -96,7 +96,7 @@ class ActuatorSpec(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
     def to_options(self) -> dict[str, Any]:
-        """The actuator's options dict (keys of tunebench.measure: weights, data_dir, model_map, timeout_seconds)."""
+        """The actuator's options dict (MeasureOptions keys: weights, data_dir, model_map, timeout_seconds)."""
         out = {**dict(self.model_extra or {}), **self.options}
         for key in ("weights", "data_dir", "model_map", "timeout_seconds"):
             value = getattr(self, key)

@@ -1,10 +1,10 @@
-"""The planner: the predicting actuator (memory, out-of-memory, GPU count, throughput, cost).
+"""The planner: predictions of memory, out-of-memory, GPU count, throughput and cost (the `predict` actuator
+of tunebench.actuators.predict wraps it).
 
 Public API:
     predict(experiment, entity, **options) -> Result        one entity
     predict_many([(experiment, entity), ...], **options)     a whole space, vectorised
     predict_values([(method, effective values), ...])        columns of numpy arrays (explorer fast path)
-    predict_actuator(experiment, entity, options) -> Result  the executors' 'predict' actuator
     load_calibration(path=None) -> Calibration               explicit > user refit > shipped default
     options: calibration=Calibration, price_per_gpu_hour=float, network_gbps=float
 """
@@ -16,7 +16,7 @@ from typing import Any
 _EXPORTS = {
     "Calibration": "coefficients", "Coefficients": "coefficients", "default_calibration": "coefficients",
     "PREDICTED": "predictor", "PlanOptions": "predictor", "load_calibration": "predictor", "plan_json": "predictor",
-    "predict": "predictor", "predict_actuator": "predictor", "predict_many": "predictor", "predict_values": "predictor",
+    "predict": "predictor", "predict_many": "predictor", "predict_values": "predictor",
 }  # fmt: skip
 __all__ = sorted(_EXPORTS)
 

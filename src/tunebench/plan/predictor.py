@@ -329,48 +329,7 @@ def _round(v: Any) -> Any:
     return v
 
 
-# --- the actuator contract of tunebench.executors (fn(experiment, entity, options) -> Result) ----------
-ACTUATOR_OPTIONS = ("calibration", "price_per_gpu_hour", "network_gbps")
-# What executors add, and the measuring actuator's own options (tunebench.measure.MeasureOptions): the
-# planner ignores them, so a space file written for measuring can be screened with the planner as is.
-_EXECUTOR_OPTIONS = (
-    "visible_devices", "output_dir", "weights", "data_dir", "model_map", "timeout_seconds", "cpu_processes",
-    "host_memory_limit_gib", "metrics_interval_seconds", "auto_stop_windows_seconds", "extra_worker_args",
-)  # fmt: skip
-
-
-def _actuator_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(ACTUATOR_OPTIONS) - set(_EXECUTOR_OPTIONS))
-    if unknown:
-        raise InputError("actuator.options", f"unknown option(s) of the predict actuator: {', '.join(unknown)}",
-                         allowed=", ".join(ACTUATOR_OPTIONS))  # fmt: skip
-    out: dict[str, Any] = {}
-    if options.get("calibration"):
-        path = Path(str(options["calibration"])).expanduser()
-        if not path.is_file():
-            raise InputError("actuator.options.calibration", f"no file {str(path)!r}")
-        out["calibration"] = load_calibration(path)
-    for key in ("price_per_gpu_hour", "network_gbps"):
-        if options.get(key) is not None:
-            try:
-                out[key] = float(options[key])
-            except (TypeError, ValueError):
-                raise InputError(f"actuator.options.{key}", f"{options[key]!r} is not a number") from None
-    return out
-
-
 @functools.lru_cache(maxsize=16)
 def _cached_calibration(path: str, mtime: float) -> Calibration:
     """A calibration file, read once per modification time."""
     return Calibration.load(path)
-
-
-def predict_actuator(experiment: Experiment, entity: Entity, options: Mapping[str, Any] | None = None) -> Result:
-    """The 'predict' actuator of explore: a Result predicted in microseconds, never a GPU used.
-
-    options: calibration (JSON path), price_per_gpu_hour, network_gbps; executor keys are ignored.
-    """
-    return predict(experiment, entity, **_actuator_options(options or {}))
-
-
-predict_actuator.check_options = _actuator_options  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ Llama-like models, c_attn on GPTBigCode, query_key_value on Bloom). Prompt tunin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,22 @@ import torch
 QUANTIZED_LINEAR = ("Linear4bit", "Linear8bitLt", "QuantLinear")  # bitsandbytes / GPTQ linear layers
 # First candidate set whose modules all exist in the model wins (hf-stack.md §4.4).
 TARGET_CANDIDATES = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("qkv_proj",), ("Wqkv",))
+
+
+@dataclass(frozen=True)
+class PeftSettings:
+    """What the worker's command line asks of peft (spec 004 flags of the same names)."""
+
+    method: str  # none | lora | qlora | pt
+    target_modules: list[str] | None  # None: derived from the model (TARGET_CANDIDATES)
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    num_virtual_tokens: int
+    prompt_tuning_init: str  # TEXT | RANDOM
+    prompt_tuning_init_text: str
+    gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, Any]
 
 
 def linear_module_names(model: torch.nn.Module) -> set[str]:
@@ -34,62 +51,62 @@ def default_target_modules(model: torch.nn.Module) -> list[str] | str:
     return "all-linear"
 
 
-def build_peft_config(args: Any, model: torch.nn.Module, tokenizer_path: str) -> Any | None:
+def build_peft_config(peft: PeftSettings, model: torch.nn.Module, tokenizer_path: str) -> Any | None:
     """peft config for --peft_method (None for full fine-tuning)."""
     from peft import LoraConfig, PromptTuningConfig, PromptTuningInit, TaskType
 
-    if args.peft_method in ("lora", "qlora"):
+    if peft.method in ("lora", "qlora"):
         targets: list[str] | str
-        if not args.target_modules:
+        if not peft.target_modules:
             targets = default_target_modules(model)
-        elif args.target_modules == ["all-linear"]:
+        elif peft.target_modules == ["all-linear"]:
             targets = "all-linear"  # fms-hf-tuning maps ["all-linear"] to "all-linear"
         else:
-            targets = list(args.target_modules)
+            targets = list(peft.target_modules)
         return LoraConfig(
-            r=args.r,
-            lora_alpha=args.lora_alpha,
-            lora_dropout=args.lora_dropout,
+            r=peft.r,
+            lora_alpha=peft.lora_alpha,
+            lora_dropout=peft.lora_dropout,
             bias="none",
             target_modules=targets,
             task_type=TaskType.CAUSAL_LM,
         )
-    if args.peft_method == "pt":
-        text_init = args.prompt_tuning_init == "TEXT"
+    if peft.method == "pt":
+        text_init = peft.prompt_tuning_init == "TEXT"
         return PromptTuningConfig(
             task_type=TaskType.CAUSAL_LM,
-            num_virtual_tokens=args.num_virtual_tokens,
+            num_virtual_tokens=peft.num_virtual_tokens,
             prompt_tuning_init=PromptTuningInit.TEXT if text_init else PromptTuningInit.RANDOM,
-            prompt_tuning_init_text=args.prompt_tuning_init_text if text_init else None,
+            prompt_tuning_init_text=peft.prompt_tuning_init_text if text_init else None,
             tokenizer_name_or_path=tokenizer_path if text_init else None,
             tokenizer_kwargs={"local_files_only": True} if text_init else None,
         )
     return None
 
 
-def apply_peft(args: Any, model: torch.nn.Module, tokenizer_path: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+def apply_peft(peft: PeftSettings, model: torch.nn.Module, tokenizer_path: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Wrap the model for the PEFT method; returns (model, facts for the result)."""
-    config = build_peft_config(args, model, tokenizer_path)
+    config = build_peft_config(peft, model, tokenizer_path)
     if config is None:
         return model, {"method": "none"}
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    gc_kwargs = args.gradient_checkpointing_kwargs or {}
-    if args.peft_method == "qlora":
+    gc_kwargs = peft.gradient_checkpointing_kwargs or {}
+    if peft.method == "qlora":
         model = prepare_model_for_kbit_training(
             model,
-            use_gradient_checkpointing=args.gradient_checkpointing,
+            use_gradient_checkpointing=peft.gradient_checkpointing,
             gradient_checkpointing_kwargs=gc_kwargs,
         )
-    elif args.gradient_checkpointing and gc_kwargs.get("use_reentrant", True) and args.peft_method == "lora":
+    elif peft.gradient_checkpointing and gc_kwargs.get("use_reentrant", True) and peft.method == "lora":
         # Reentrant checkpointing needs an input that requires grad; frozen embeddings give none.
         model.enable_input_require_grads()
     model = get_peft_model(model, config)
-    facts: dict[str, Any] = {"method": args.peft_method}
+    facts: dict[str, Any] = {"method": peft.method}
     targets = getattr(config, "target_modules", None)
     if targets is not None:
         facts["target_modules"] = sorted(targets) if not isinstance(targets, str) else targets
-    if args.peft_method == "pt":
+    if peft.method == "pt":
         facts.update(
             num_virtual_tokens=config.num_virtual_tokens,
             prompt_tuning_init=str(config.prompt_tuning_init.value),

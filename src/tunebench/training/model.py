@@ -73,21 +73,23 @@ def cuda_available(use_cpu: bool = False) -> bool:
     return not use_cpu and torch.cuda.is_available()
 
 
-def check_hardware(args: Any, on_gpu: bool) -> None:
+def check_hardware(
+    *, on_gpu: bool, use_flash_attn: bool, peft_method: str, auto_gptq: list[str] | None, weights: str
+) -> None:
     """Fail before loading anything when the requested method/options cannot run here."""
-    if args.use_flash_attn and not (on_gpu and importlib.util.find_spec("flash_attn")):
+    if use_flash_attn and not (on_gpu and importlib.util.find_spec("flash_attn")):
         raise HardwareError("flash-attention needs an NVIDIA GPU and the flash-attn package (use_flash_attn=True)")
-    if args.peft_method == "qlora":
+    if peft_method == "qlora":
         if not on_gpu:
             raise HardwareError("QLoRA (bitsandbytes NF4, double quantisation) needs an NVIDIA GPU; none is in use")
         if not importlib.util.find_spec("bitsandbytes"):
             raise HardwareError("QLoRA needs the bitsandbytes package, which is not installed")
-    if args.auto_gptq:
+    if auto_gptq:
         if not on_gpu:
-            raise HardwareError(f"GPTQ-LoRA (auto_gptq {' '.join(args.auto_gptq)}) needs an NVIDIA GPU; none is in use")
+            raise HardwareError(f"GPTQ-LoRA (auto_gptq {' '.join(auto_gptq)}) needs an NVIDIA GPU; none is in use")
         if not (importlib.util.find_spec("gptqmodel") or importlib.util.find_spec("auto_gptq")):
             raise HardwareError("GPTQ-LoRA needs the gptqmodel package (transformers' GPTQ backend), not installed")
-        if args.weights == "random":
+        if weights == "random":
             raise HardwareError("GPTQ-LoRA needs a GPTQ-quantized checkpoint; weights=random cannot provide one")
 
 
@@ -248,30 +250,43 @@ def bnb_config(dtype: torch.dtype) -> Any:
     )
 
 
+def quantization_of(peft_method: str, auto_gptq: list[str] | None) -> str | None:
+    """How the base weights are quantised: QLoRA's bitsandbytes NF4, GPTQ, or not at all."""
+    return "bnb-nf4-double" if peft_method == "qlora" else ("gptq" if auto_gptq else None)
+
+
 def load_model(
-    args: Any,
+    *,
+    torch_dtype: str,
+    use_flash_attn: bool,
+    quantization: str | None,
     on_gpu: bool,
     tokenizer_vocab: int,
     special_ids: dict[str, int | None],
     pretrained_path: str | None,
+    architecture: ModelSpec | None,
+    tiny: bool = False,
 ) -> LoadedModel:
-    """Build or load the model in the target dtype and device (see module docstring)."""
-    dtype = DTYPES[args.torch_dtype]
-    attn = attn_implementation(args.use_flash_attn)
+    """Build or load the model in the target dtype and device (see module docstring).
+
+    pretrained_path: a local checkpoint to load; else ``architecture`` (architecture_spec) is built with
+    random weights (``tiny``: shrunk to a test model).
+    """
+    dtype = DTYPES[torch_dtype]
     device = target_device(on_gpu)
-    quant = "bnb-nf4-double" if args.peft_method == "qlora" else ("gptq" if args.auto_gptq else None)
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn}
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation(use_flash_attn)}
     if pretrained_path:
-        if quant == "bnb-nf4-double":
+        if quantization == "bnb-nf4-double":
             kwargs["quantization_config"] = bnb_config(dtype)
         if device.type == "cuda":
             kwargs["device_map"] = {"": device.index}
         model = AutoModelForCausalLM.from_pretrained(pretrained_path, local_files_only=True, use_cache=False, **kwargs)
-        return LoadedModel(model, "pretrained", pretrained_path, None, quant)
+        return LoadedModel(model, "pretrained", pretrained_path, None, quantization)
 
-    spec = architecture_spec(args.tunebench_model, args.model_name_or_path)
-    config = build_config(spec, args.tunebench_tiny, tokenizer_vocab, special_ids)
-    if quant == "bnb-nf4-double":
+    if architecture is None:
+        raise ValueError("random weights need an architecture: pass --tunebench_model NAME_OR_CONFIG")
+    config = build_config(architecture, tiny, tokenizer_vocab, special_ids)
+    if quantization == "bnb-nf4-double":
         # bitsandbytes quantises while loading: save the random model once, load it quantised.
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         with tempfile.TemporaryDirectory(prefix="tunebench-random-") as tmp:
@@ -283,7 +298,7 @@ def load_model(
     else:
         with device:  # random init directly on the target device and in the target dtype
             model = AutoModelForCausalLM.from_config(config, **kwargs)
-    return LoadedModel(model, "random", spec.config_path or spec.name, spec.name, quant)
+    return LoadedModel(model, "random", architecture.config_path or architecture.name, architecture.name, quantization)
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:

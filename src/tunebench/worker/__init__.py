@@ -1,6 +1,6 @@
 """The measuring worker: one real fine-tuning run, its timing, tokens and system metrics.
 
-Launch (tunebench.launch builds the command): ``python -m tunebench.worker ARGS`` for one process,
+Launch (tunebench.actuators.launch builds the command): ``python -m tunebench.worker ARGS`` for one process,
 or ``accelerate launch --config_file CFG --num_processes N -m tunebench.worker ARGS`` (torchrun and
 ``accelerate launch --multi_gpu`` both work, also DDP over gloo on the CPU). ARGS are spec 004's
 command-line flags plus tunebench's own (``python -m tunebench.worker --help``).
@@ -44,9 +44,11 @@ written by every rank, also on failure::
 
 On success rank 0 also writes ``<result_path>`` (schema ``tunebench.worker.result/1``):
 ``{status, number_gpus, properties, ranks: [every rank's record]}``, where properties is
-:func:`properties_from_results` (spec 004's measured properties but is_valid). The parent can
-recompute them from the rank files with :func:`read_rank_results` + :func:`properties_from_results`,
-and classify the run with :func:`outcome` (any rank oom -> invalid; any error/missing -> failed).
+:func:`properties_from_results` (spec 004's measured properties but is_valid), computed here once
+over every rank's records. The parent reads them with :func:`read_aggregate` and classifies the run
+from the rank files (:func:`read_rank_results`, :func:`outcome`: any rank oom -> invalid; any
+error/missing -> failed). ``--tunebench_number_gpus`` (the entity's number_gpus, passed by the
+measuring actuator) is the divisor of the per-GPU rates.
 
 This package's ``__init__`` imports neither torch nor transformers.
 """
@@ -59,6 +61,7 @@ from tunebench.worker.results import (
     outcome,
     properties_from_results,
     rank_file,
+    read_aggregate,
     read_rank_results,
 )
 from tunebench.worker.stopping import AutoStopWindows, auto_stop_reached, should_stop, warmup_steps
@@ -73,6 +76,7 @@ __all__ = [
     "outcome",
     "properties_from_results",
     "rank_file",
+    "read_aggregate",
     "read_rank_results",
     "should_stop",
     "warmup_steps",

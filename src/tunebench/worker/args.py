@@ -1,23 +1,29 @@
-"""Command line of the training worker.
+"""Command line of the training worker, parsed once into a ``WorkerConfig``.
 
 Flag names follow spec 004 "Commandline" (the fms-hf-tuning flags) verbatim, plus tunebench's own
 ``--tunebench_*``, ``--weights``, ``--stop_after_seconds``, ``--auto_stop_*``, ``--result_path``,
 ``--metrics_interval_seconds``, ``--host_memory_limit_gib`` and ``--seed``. Flags the worker does
-not know are accepted and recorded in the result (``unknown_args``), never fatal.
+not know are accepted and recorded in the result (``unknown_args``), never fatal. The training
+defaults the spec hardcodes come from tunebench.spec.experiments.COMMON_HARDCODED.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from tunebench.spec.experiments import COMMON_HARDCODED
 
 AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # spec 004 "auto_stop_method"
 PEFT_METHODS = ("none", "lora", "pt", "qlora")
 WEIGHTS = ("auto", "pretrained", "random")
 DTYPES = ("bfloat16", "float16", "float32")  # spec 004 "torch_dtype"
+HARD = COMMON_HARDCODED  # spec 004's hardcoded training values (ado-sfttrainer.md §6.2)
 
 
 class ArgsError(ValueError):
@@ -44,6 +50,71 @@ class _Parser(argparse.ArgumentParser):
         raise ArgsError(message)
 
 
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The worker's command line, one field per flag (see build_parser for the meaning and defaults)."""
+
+    # spec 004 "Commandline" (fms-hf-tuning flags)
+    model_name_or_path: str | None
+    torch_dtype: str
+    use_flash_attn: bool
+    training_data_path: str
+    response_template: str
+    dataset_text_field: str
+    log_level: str
+    num_train_epochs: float
+    max_steps: int
+    per_device_train_batch_size: int
+    max_seq_length: int
+    eval_strategy: str
+    output_dir: str | None
+    gradient_accumulation_steps: int
+    save_strategy: str
+    learning_rate: float
+    weight_decay: float
+    warmup_ratio: float
+    lr_scheduler_type: str
+    logging_steps: int
+    include_tokens_per_second: bool
+    gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, Any]
+    packing: bool
+    peft_method: str  # none | lora | pt | qlora
+    target_modules: list[str] | None
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    num_virtual_tokens: int
+    prompt_tuning_init: str  # TEXT | RANDOM
+    prompt_tuning_init_text: str
+    optim: str
+    bf16: bool
+    fp16: bool
+    fast_moe: list[str] | None
+    fast_kernels: list[str] | None
+    fused_lora: list[str] | None
+    auto_gptq: list[str] | None
+    dataset_image_field: str | None
+    remove_unused_columns: bool
+    dataset_kwargs_skip_prepare_dataset: bool
+    use_cpu: bool
+    tokenizer_name_or_path: str | None
+    # tunebench's own
+    tunebench_model: str | None
+    tunebench_tiny: bool
+    tunebench_number_gpus: int  # < 0: the world size on CUDA, else 0
+    weights: str  # auto | pretrained | random
+    stop_after_seconds: float  # s; <= 0: off
+    auto_stop_method: str | None
+    auto_stop_warmup_seconds: float
+    auto_stop_stable_seconds: float
+    auto_stop_stable_steps: int
+    result_path: str | None
+    metrics_interval_seconds: float
+    host_memory_limit_gib: float  # GiB over this node's training processes; <= 0: no limit
+    seed: int
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tunebench.worker", description=__doc__, allow_abbrev=False)
     a = p.add_argument
@@ -52,27 +123,28 @@ def build_parser() -> argparse.ArgumentParser:
     a("--torch_dtype", default="bfloat16", choices=DTYPES)
     a("--use_flash_attn", type=to_bool, default=False, help="flash-attention 2 (needs an NVIDIA GPU + flash-attn)")
     a("--training_data_path", required=True, help="JSONL file of {dataset_text_field: text} records")
-    a("--response_template", default="\n### Response:", type=unescape)
+    a("--response_template", default=HARD["response_template"], type=unescape)
     a("--dataset_text_field", default="output")
+    # tunebench's experiments pass log_level debug; run by hand, the worker keeps transformers quiet.
     a("--log_level", default="passive")
     a("--num_train_epochs", type=float, default=1.0)
     a("--max_steps", type=int, default=-1)
     a("--per_device_train_batch_size", type=int, default=8)
     a("--max_seq_length", type=int, default=4096)
-    a("--eval_strategy", default="no")
+    a("--eval_strategy", default=HARD["eval_strategy"])
     a("--output_dir", default=None)
     a("--gradient_accumulation_steps", type=int, default=1)
-    a("--save_strategy", default="no")
-    # ado-sfttrainer.md §6.2 hardcoded training arguments are the defaults here.
-    a("--learning_rate", type=float, default=1e-5)
-    a("--weight_decay", type=float, default=0.0)
-    a("--warmup_ratio", type=float, default=0.03)
-    a("--lr_scheduler_type", default="cosine")
-    a("--logging_steps", type=int, default=1)
-    a("--include_tokens_per_second", type=to_bool, default=True, help="accepted; tunebench counts tokens itself")
+    a("--save_strategy", default=HARD["save_strategy"])
+    a("--learning_rate", type=float, default=HARD["learning_rate"])
+    a("--weight_decay", type=float, default=HARD["weight_decay"])
+    a("--warmup_ratio", type=float, default=HARD["warmup_ratio"])
+    a("--lr_scheduler_type", default=HARD["lr_scheduler_type"])
+    a("--logging_steps", type=int, default=HARD["logging_steps"])
+    a("--include_tokens_per_second", type=to_bool, default=HARD["include_tokens_per_second"],
+      help="accepted; tunebench counts tokens itself")  # fmt: skip
     a("--gradient_checkpointing", type=to_bool, default=False)
     a("--gradient_checkpointing_kwargs", type=json.loads, default=None, help='JSON, e.g. {"use_reentrant": false}')
-    a("--packing", type=to_bool, default=False)
+    a("--packing", type=to_bool, default=HARD["packing"])
     a("--peft_method", default="none", choices=PEFT_METHODS)
     a("--target_modules", nargs="+", default=None)
     a("--r", type=int, default=4)  # spec 004 entity default r=4, lora_alpha=16 (ado-sfttrainer.md §4)
@@ -93,9 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset_kwargs_skip_prepare_dataset", type=to_bool, default=False)
     a("--use_cpu", type=to_bool, default=False, help="train on the CPU even when CUDA is available")
     a("--tokenizer_name_or_path", default=None, help="local tokenizer (default: the model's, else an in-process BPE)")
-    # --- tunebench's own.
+    _add_tunebench_flags(p)
+    return p
+
+
+def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:
+    """tunebench's own flags."""
+    a = p.add_argument
     a("--tunebench_model", default=None, help="catalog name or config.json: the architecture for random weights")
     a("--tunebench_tiny", type=to_bool, default=False, help="shrink the architecture to a tiny test model")
+    a("--tunebench_number_gpus", type=int, default=-1,
+      help="the entity's number_gpus, divisor of the per-GPU rates (default: the world size on CUDA, else 0)")  # fmt: skip
     a("--weights", default="auto", choices=WEIGHTS)
     a("--stop_after_seconds", type=float, default=-1.0)  # spec 004 default -1 (off)
     a("--auto_stop_method", default="None", choices=AUTO_STOP_METHODS)
@@ -106,17 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--metrics_interval_seconds", type=float, default=1.0)
     a("--host_memory_limit_gib", type=float, default=-1.0, help="RSS limit of this node's training processes")
     a("--seed", type=int, default=42)  # transformers TrainingArguments default seed
-    return p
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    """Parse the worker's flags; returns (known, unknown flags verbatim)."""
+def parse_args(argv: Sequence[str] | None) -> tuple[WorkerConfig, list[str]]:
+    """Parse the worker's flags; returns (the config, unknown flags verbatim)."""
     args, unknown = build_parser().parse_known_args(argv)
     if args.auto_stop_method == "None":
         args.auto_stop_method = None
     if args.gradient_checkpointing_kwargs is None:
         args.gradient_checkpointing_kwargs = {"use_reentrant": False}  # spec 004 default use_reentrant False
-    return args, list(unknown)
+    return WorkerConfig(**vars(args)), list(unknown)
 
 
 def result_path_from_argv(argv: Sequence[str]) -> str | None:
@@ -130,6 +209,6 @@ def result_path_from_argv(argv: Sequence[str]) -> str | None:
     return None
 
 
-def args_record(args: argparse.Namespace) -> dict[str, Any]:
+def args_record(config: WorkerConfig) -> dict[str, Any]:
     """The parsed flags as JSON-safe values (for the result file)."""
-    return {k: v for k, v in vars(args).items()}
+    return dataclasses.asdict(config)

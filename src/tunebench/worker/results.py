@@ -51,6 +51,15 @@ def read_rank_results(result_path: str | os.PathLike) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: r.get("rank", 0))
 
 
+def read_aggregate(result_path: str | os.PathLike) -> dict[str, Any] | None:
+    """Rank 0's ``<result_path>`` (every rank's record and the properties), or None if it is not there."""
+    try:
+        data = json.loads(Path(result_path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == AGGREGATE_SCHEMA else None
+
+
 def write_json(path: str | os.PathLike, data: dict[str, Any]) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a file."""
     path = Path(path)

@@ -1,4 +1,7 @@
-"""Cheap, real actuators for tests and benchmarks (name them as ``tunebench.explore.testing:<fn>``).
+"""Cheap, real actuators for tests (name them as ``fake_actuators:<fn>`` with the import opt-in).
+
+tests/ is on the import path of the tests, of the subprocesses they start and of the Ray workers
+(tests/conftest.py puts it on $PYTHONPATH).
 
 They honour the actuator contract ``fn(experiment, entity, options) -> Result`` and leave traces in
 files named by their options, so tests running explorers in other processes can check who measured
@@ -148,7 +151,7 @@ def gloo_allreduce(experiment: Experiment, entity: Entity, options: dict[str, An
 
 
 def _gloo_plan(experiment: Experiment, entity: Entity, options: dict[str, Any], ip: str, port: int):
-    from tunebench.launch import OUTPUT_DIR, LaunchPlan, NodePlan
+    from tunebench.actuators.launch import OUTPUT_DIR, LaunchPlan, NodePlan
 
     nodes = int(entity.values.get("number_nodes", 1))
     plan = LaunchPlan(experiment.id, entity.id, mode="DDP", number_gpus=nodes, number_nodes=nodes,

@@ -129,6 +129,12 @@ def resolve_model_path(
     return spec.hf_id or spec.name
 
 
+def with_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """values plus the default of every optional property they lack: properties an experiment does not
+    expose (the stability experiment has no r, no fast_kernels, no enable_roce, ...) take the default."""
+    return {**{n: p.default for n, p in PROPERTIES.items() if not p.required}, **values}
+
+
 def worker_args(
     experiment: Experiment,
     values: dict[str, Any],
@@ -142,7 +148,7 @@ def worker_args(
     Properties an experiment does not expose (the stability experiment has no r, no fast_kernels, ...)
     take the property's default.
     """
-    values = {**{n: p.default for n, p in PROPERTIES.items() if not p.required}, **values}
+    values = with_defaults(values)
     gpus = values["number_gpus"]
     per_device = values["batch_size"] // max(1, gpus)
     flash = values.get("flash_attn")
@@ -177,6 +183,19 @@ def worker_args(
         "--packing", _flag(values["packing"]),
         "--peft_method", values["peft_method"],
     ]  # fmt: skip
+    args += _method_args(experiment, values)
+    args += _optional_args(values, dataset.is_vision)
+    # tunebench's own: the architecture for random weights, early stops, where results go.
+    args += ["--tunebench_model", _value(values["model_name"], "model_name"), "--weights", weights]
+    args += ["--stop_after_seconds", _flag(values.get("stop_after_seconds", -1.0))]
+    args += ["--auto_stop_method", str(values.get("auto_stop_method"))]
+    args += ["--result_path", RESULT_PATH]
+    return args
+
+
+def _method_args(experiment: Experiment, values: dict[str, Any]) -> list[str]:
+    """The flags of the fine-tuning method: LoRA, prompt tuning, GPTQ-LoRA's plugins, fast kernels."""
+    args: list[str] = []
     if experiment.uses_lora:
         args += ["--target_modules", *(_value(m, "target_modules") for m in values["target_modules"])]
         args += ["--r", str(values["r"]), "--lora_alpha", str(values["lora_alpha"])]
@@ -194,24 +213,24 @@ def worker_args(
         args += ["--auto_gptq", *values["auto_gptq"]]
     elif values.get("fast_kernels"):
         args += ["--fast_kernels", *[_flag(v) for v in values["fast_kernels"]]]
-    args += ["--optim", values["optim"], "--bf16", _flag(values["bf16"])]
+    return args
+
+
+def _optional_args(values: dict[str, Any], is_vision: bool) -> list[str]:
+    """The optimiser, precision, checkpointing and data-preparation flags."""
+    args = ["--optim", values["optim"], "--bf16", _flag(values["bf16"])]
     reentrant = json.dumps({"use_reentrant": values["gradient_checkpointing_use_reentrant"]})
     args += ["--gradient_checkpointing_kwargs", reentrant]
     # spec 004: "--fast_moe is only supported for fms-hf-tuning v2.4.0+"
     version = tuple(int(p) for p in values["fms_hf_tuning_version"].split("."))
     if version >= (2, 4, 0):
         args += ["--fast_moe", str(values.get("fast_moe", 0))]
-    if dataset.is_vision or values.get("dataset_image_field"):
+    if is_vision or values.get("dataset_image_field"):
         args += ["--dataset_image_field", _value(values.get("dataset_image_field") or "images", "dataset_image_field")]
     if not values["remove_unused_columns"]:
         args += ["--remove_unused_columns", "False"]
     if values["dataset_kwargs_skip_prepare_dataset"]:
         args += ["--dataset_kwargs_skip_prepare_dataset", "True"]
-    # tunebench's own: the architecture for random weights, early stops, where results go.
-    args += ["--tunebench_model", _value(values["model_name"], "model_name"), "--weights", weights]
-    args += ["--stop_after_seconds", _flag(values.get("stop_after_seconds", -1.0))]
-    args += ["--auto_stop_method", str(values.get("auto_stop_method"))]
-    args += ["--result_path", RESULT_PATH]
     return args
 
 
@@ -262,9 +281,23 @@ def accelerate_config(
     return cfg
 
 
-def build_launch_plan(
+def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) -> LaunchPlan:
+    """The launch plan of a valid entity; InputError if the entity breaks a validity rule.
+
+    Computes the entity's effective values and checks them, then ``plan_of_values(..., **options)``
+    (whose keyword options these are; callers that have checked the values call it directly).
+    """
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    if not validity.is_valid:
+        raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
+    return plan_of_values(experiment, entity.id, values, **options)
+
+
+def plan_of_values(
     experiment: Experiment,
-    entity: Entity,
+    entity_id: str,
+    values: dict[str, Any],
     *,
     data_directory: str | Path | None = None,
     model_map: dict[str, Any] | None = None,
@@ -274,7 +307,7 @@ def build_launch_plan(
     main_process_port: int = DEFAULT_PORT,
     cpu_processes: int = 1,
 ) -> LaunchPlan:
-    """The launch plan of a valid entity; InputError if the entity breaks a validity rule.
+    """The launch plan of an entity from its effective values, already checked valid.
 
     cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
     one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;
@@ -282,10 +315,7 @@ def build_launch_plan(
     """
     if weights not in WEIGHTS_MODES:
         raise InputError("weights", f"unknown weights mode {weights!r}", allowed=", ".join(WEIGHTS_MODES))
-    values = effective_values(experiment, entity)
-    validity = check_values(values, single_node_only=experiment.single_node_only)
-    if not validity.is_valid:
-        raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
+    values = with_defaults(values)
     dataset = parse_dataset_id(values["dataset_id"])
     data_path = str(data_dir(data_directory) / f"{dataset.id}{dataset.suffix}")
     gpus, nodes = values["number_gpus"], values["number_nodes"]
@@ -308,15 +338,10 @@ def build_launch_plan(
     per_node = gpus // nodes if mode != "single" else 1
     if cpu_ddp:
         mode, per_node = "DDP", cpu_processes
-    env: dict[str, str] = {}
-    if gpus == 0:
-        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
-    else:
-        # spec 004 enable_roce: "only in effect for multi-node runs"; reference: NCCL_IB_DISABLE=1 unless RoCE.
-        env["NCCL_IB_DISABLE"] = "0" if values["enable_roce"] and nodes > 1 else "1"
+    env = _environment(values, cpu_ddp)
     plan = LaunchPlan(
         experiment_id=experiment.id,
-        entity_id=entity.id,
+        entity_id=entity_id,
         mode=mode,
         number_gpus=gpus,
         number_nodes=nodes if mode != "single" else 1,
@@ -324,21 +349,42 @@ def build_launch_plan(
         per_device_train_batch_size=values["batch_size"] // max(1, gpus),
         worker_args=args,
     )
+    plan.nodes += _nodes(values, mode, args, env, cpu_processes if cpu_ddp else 0, config_file, main_process_ip,
+                         main_process_port)  # fmt: skip
+    return plan
+
+
+def _environment(values: dict[str, Any], cpu_ddp: bool) -> dict[str, str]:
+    """The environment every node of the plan sets."""
+    env: dict[str, str] = {}
+    if values["number_gpus"] == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
+    else:
+        # spec 004 enable_roce: "only in effect for multi-node runs"; reference: NCCL_IB_DISABLE=1 unless RoCE.
+        env["NCCL_IB_DISABLE"] = "0" if values["enable_roce"] and values["number_nodes"] > 1 else "1"
     if cpu_ddp:
         env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
+    return env
+
+
+def _nodes(
+    values: dict[str, Any], mode: str, args: list[str], env: dict[str, str], cpu_processes: int, config_file: str,
+    main_process_ip: str | None, main_process_port: int,
+) -> list[NodePlan]:  # fmt: skip
+    """One NodePlan per node: CPU DDP (cpu_processes > 0), one process, or accelerate per node."""
+    if cpu_processes:
         command = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(cpu_processes)]
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
         command += ["--main_process_port", str(main_process_port), "-m", WORKER_MODULE, *args]
-        plan.nodes.append(NodePlan(machine_rank=0, command=command, env=dict(env)))
-        return plan
+        return [NodePlan(machine_rank=0, command=command, env=dict(env))]
     if mode == "single":
-        plan.nodes.append(NodePlan(machine_rank=0, command=["python", "-m", WORKER_MODULE, *args], env=dict(env)))
-        return plan
-    for rank in range(nodes):
+        return [NodePlan(machine_rank=0, command=["python", "-m", WORKER_MODULE, *args], env=dict(env))]
+    nodes = []
+    for rank in range(values["number_nodes"]):
         cfg = accelerate_config(
             values, backend=mode, machine_rank=rank, port=main_process_port, main_process_ip=main_process_ip
         )
-        command = ["accelerate", "launch", "--config_file", config_file, "--num_processes", str(gpus)]
+        command = ["accelerate", "launch", "--config_file", config_file, "--num_processes", str(values["number_gpus"])]
         command += ["-m", WORKER_MODULE, *args]
-        plan.nodes.append(NodePlan(machine_rank=rank, command=command, env=dict(env), accelerate_config=cfg))
-    return plan
+        nodes.append(NodePlan(machine_rank=rank, command=command, env=dict(env), accelerate_config=cfg))
+    return nodes

@@ -1,0 +1,208 @@
+"""The measuring actuator: train for real, return spec 004's measured properties as a Result.
+
+``measure(experiment, entity, options)`` computes the entity's effective values and checks
+validity (once), makes sure the data set exists, builds the launch plan from those values
+(tunebench.actuators.launch), runs it as a subprocess in its own process group with a timeout
+(tunebench.actuators.process) and turns what the worker wrote into a Result
+(tunebench.actuators.outcome):
+
+- valid: every rank succeeded -> is_valid = 1 and every property;
+- invalid: a validity rule is broken (nothing runs), or any rank ran out of memory (GPU, or the host
+  memory limit on the CPU) -> is_valid = 0 with the reason;
+- failed: anything else (an exception, a crash, a signal, a timeout, missing rank files) -> no
+  properties; the error and the log tail are kept; failed measurements can be retried.
+
+The stability experiment runs its job ``repetitions`` times and reports the fractions (spec 004).
+Multi-node plans need one process per machine: the Ray executor schedules those and calls this
+actuator's ``plan_nodes`` (on the coordinator), ``run_node`` (on each node) and ``collect_nodes``
+(on the coordinator), the same steps and the same outcome rules as a single-node run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tunebench.actuators.launch import WORKER_MODULE, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.options import MeasureOptions
+from tunebench.actuators.outcome import RunOutcome, result_of_run
+from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
+from tunebench.datasets import ensure_dataset
+from tunebench.paths import home
+from tunebench.spec.experiments import Entity, Experiment, effective_values
+from tunebench.spec.results import Result
+from tunebench.spec.validity import check_values
+from tunebench.worker.results import read_aggregate, read_rank_results
+
+
+def measure(
+    experiment: Experiment,
+    entity: Entity,
+    options: Mapping[str, Any] | MeasureOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Result:
+    """Measure one entity; never raises for a run that goes wrong (that is a failed Result)."""
+    opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    if not validity.is_valid:
+        return Result.invalid(experiment.id, entity.id, validity.reasons)
+    if values.get("number_nodes", 1) > 1:
+        return Result.failed(
+            experiment.id, entity.id, "number_nodes > 1 needs one process per machine: use the ray executor"
+        )
+    if "repetitions" in experiment.hardcoded:
+        return _measure_stability(experiment, entity, values, opts, int(experiment.hardcoded["repetitions"]), progress)
+    return _measure_once(experiment, entity, values, opts, progress)
+
+
+measure.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
+
+
+def _measure_once(
+    experiment: Experiment,
+    entity: Entity,
+    values: dict[str, Any],
+    opts: MeasureOptions,
+    progress: Callable[[str], None] | None,
+) -> Result:
+    """One run of a valid entity; values are its effective property values."""
+    started = time.time()
+    out_dir = Path(opts.output_dir) if opts.output_dir else _new_output_dir(experiment, entity)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"output_dir": str(out_dir), "weights_requested": opts.weights}
+    try:
+        if progress:
+            progress(f"data set {values['dataset_id']}")
+        ensure_dataset(values["dataset_id"], opts.data_dir)
+        plan = plan_of_values(
+            experiment, entity.id, values, data_directory=opts.data_dir, model_map=opts.model_map,
+            weights=opts.weights, main_process_ip="127.0.0.1", main_process_port=_free_port(),
+            cpu_processes=opts.cpu_processes,
+        )  # fmt: skip
+    except Exception as exc:  # a data set or plan that cannot be made is a failed measurement
+        return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
+
+    (node,) = plan.nodes
+    command, env = node_command(node, out_dir, with_gpu_count(opts, values))
+    meta["command"] = command
+    log_path = out_dir / "worker.log"
+    if progress:
+        progress("training")
+    returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds)
+    meta["wall_seconds"] = round(time.time() - started, 3)
+    run = RunOutcome(
+        returncode=returncode, timed_out=timed_out, ranks=read_rank_results(out_dir / "result"),
+        aggregate=read_aggregate(out_dir / "result"), world_size=plan.processes_per_node * plan.number_nodes,
+        log_tail=tail(log_path), metadata=meta,
+    )  # fmt: skip
+    return result_of_run(experiment, entity, run, opts.timeout_seconds)
+
+
+def _measure_stability(
+    experiment: Experiment,
+    entity: Entity,
+    values: dict[str, Any],
+    opts: MeasureOptions,
+    repetitions: int,
+    progress: Callable[[str], None] | None,
+) -> Result:
+    """spec 004 finetune_full_stability: run the job `repetitions` times, report outcome fractions.
+
+    The reference registers this loop but never dispatches it (ado-sfttrainer.md §16 #2).
+    """
+    base = Path(opts.output_dir) if opts.output_dir else _new_output_dir(experiment, entity)
+    runs: list[Result] = []
+    for i in range(repetitions):
+        if progress:
+            progress(f"repetition {i + 1}/{repetitions}")
+        run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
+        runs.append(_measure_once(experiment, entity, values, run_opts, None))
+    oom = sum(r.status == "invalid" for r in runs)
+    ok = sum(r.status == "valid" for r in runs)
+    other = repetitions - oom - ok
+    rates = [r.properties["dataset_tokens_per_second"] for r in runs if r.status == "valid"]
+    meta: dict[str, Any] = {
+        "output_dir": str(base),
+        "runs": [{"status": r.status, "reasons": r.reasons, "error": r.error} for r in runs],
+    }
+    if len(rates) > 1:
+        mean = sum(rates) / len(rates)
+        sd = (sum((x - mean) ** 2 for x in rates) / (len(rates) - 1)) ** 0.5
+        meta["dataset_tokens_per_second_cv"] = sd / mean if mean else None
+    props = {"f_gpu_oom": oom / repetitions, "f_other_error": other / repetitions, "f_no_error": ok / repetitions}
+    return Result.valid(experiment.id, entity.id, props, metadata=meta)
+
+
+# ------------------------------------------------------------------------ multi-node (Ray executor)
+
+
+def plan_nodes(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], main_process_ip: str, main_process_port: int
+) -> LaunchPlan:
+    """The launch plan of a multi-node entity, rendezvous at main_process_ip:main_process_port."""
+    return build_launch_plan(
+        experiment, entity, data_directory=options.get("data_dir"), model_map=options.get("model_map"),
+        weights=options.get("weights", "auto"), main_process_ip=main_process_ip, main_process_port=main_process_port,
+    )  # fmt: skip
+
+
+def run_node(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], node_plan: NodePlan, output_dir: str,
+    main_process_ip: str,
+) -> NodeResult:  # fmt: skip
+    """One node's part, on that node: its own copy of the data set (generated or verified), then the run."""
+    values = effective_values(experiment, entity)
+    ensure_dataset(values["dataset_id"], options.get("data_dir"))
+    runs_worker = WORKER_MODULE in node_plan.command  # a plan of another actuator's may run anything
+    return run_node_plan(
+        node_plan, output_dir, main_process_ip=main_process_ip, timeout_s=options.get("timeout_seconds"),
+        options=with_gpu_count(MeasureOptions(), values) if runs_worker else None,
+    )  # fmt: skip
+
+
+def with_gpu_count(opts: MeasureOptions, values: dict[str, Any]) -> MeasureOptions:
+    """opts plus the worker flag that makes the per-GPU rates divide by the entity's number_gpus (the
+    worker computes the properties; it cannot tell simulated GPUs, or CPU DDP processes, from real ones)."""
+    flag = ("--tunebench_number_gpus", str(values["number_gpus"]))
+    return dataclasses.replace(opts, extra_worker_args=(*opts.extra_worker_args, *flag))
+
+
+def collect_nodes(
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], plan: LaunchPlan, nodes: list[NodeResult]
+) -> Result:
+    """The Result of a multi-node run from every node's exit and rank records (the single-node rules)."""
+    failed = [n.returncode for n in nodes if n.returncode]
+    tails = "\n".join(f"--- node {n.machine_rank} ({n.host}, exit {n.returncode})\n{n.log_tail[-1500:]}" for n in nodes)
+    meta = {"nodes": [{"rank": n.machine_rank, "host": n.host, "node_ip": n.node_ip, "node_id": n.node_id,
+                       "returncode": n.returncode} for n in nodes]}  # fmt: skip
+    run = RunOutcome(
+        returncode=failed[0] if failed else 0, timed_out=any(n.returncode is None for n in nodes),
+        ranks=sorted((r for n in nodes for r in n.records), key=lambda r: r.get("rank", 0)),
+        aggregate=next((n.aggregate for n in nodes if n.aggregate), None),
+        world_size=plan.processes_per_node * plan.number_nodes, log_tail=tails, metadata=meta,
+    )  # fmt: skip
+    return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
+
+
+measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
+measure.run_node = run_node  # type: ignore[attr-defined]
+measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _new_output_dir(experiment: Experiment, entity: Entity) -> Path:
+    root = home() / "runs"
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.mkdtemp(prefix=f"{stamp}-{experiment.method}-", dir=root))

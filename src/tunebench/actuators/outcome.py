@@ -1,0 +1,76 @@
+"""A measurement's processes -> its Result: one set of rules for single-node and multi-node runs.
+
+- timed out (any node) -> failed, "timeout: ...";
+- any rank out of memory -> invalid with the reason (ado-sfttrainer.md §5.4);
+- any rank failed, a rank missing, no rank result, a non-zero exit after valid results, a signal ->
+  failed with the reason and the log tail;
+- else valid, with the properties rank 0 computed from every rank's records
+  (``tunebench.worker.results.properties_from_results``, run once, in the worker).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunebench.spec.experiments import Entity, Experiment
+from tunebench.spec.results import Result
+from tunebench.worker.results import outcome
+
+
+@dataclass
+class RunOutcome:
+    """What the processes of one measurement left behind, over all its nodes."""
+
+    returncode: int  # 0, or the first non-zero exit code of a node; negative: the signal that ended it
+    timed_out: bool
+    ranks: list[dict[str, Any]]  # every rank's result record
+    aggregate: dict[str, Any] | None  # rank 0's result file (properties), written on success
+    world_size: int  # processes expected to write a rank record
+    log_tail: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeout_seconds: float | None) -> Result:
+    """The Result of a finished (or killed) run; see the module docstring for the rules."""
+    meta, tail = dict(run.metadata), run.log_tail
+    if run.timed_out:
+        return Result.failed(
+            experiment.id, entity.id, f"timeout: the run exceeded {timeout_seconds or 0:g} s and was killed",
+            log_tail=tail, metadata=meta,
+        )  # fmt: skip
+    status, reason = outcome(run.ranks, world_size=run.world_size)
+    if run.ranks:
+        meta.update(_run_metadata(run.ranks))
+    if status == "invalid":
+        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail)
+    if status == "valid" and run.returncode != 0:
+        status, reason = "failed", f"worker exited with code {run.returncode} after writing its results"
+    if status == "valid" and run.aggregate is None:
+        status, reason = "failed", "rank 0 wrote no aggregate result (properties)"
+    if status == "failed":
+        if run.returncode < 0:
+            name = signal.Signals(-run.returncode).name
+            reason = f"worker killed by signal {name}" + (f" ({reason})" if run.ranks else "")
+        elif not run.ranks:
+            reason = f"worker exited with code {run.returncode} and wrote no result"
+        return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta)
+    return Result.valid(experiment.id, entity.id, dict(run.aggregate["properties"]), metadata=meta)
+
+
+def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's metadata (versions, weights, ...) and step counts, every rank's torch memory peaks."""
+    r0 = min(ranks, key=lambda r: r.get("rank", 0))
+    meta = dict(r0.get("metadata") or {})
+    steps = r0.get("steps") or {}
+    meta.update(
+        {
+            "world_size": r0.get("world_size"),
+            "steps": steps.get("total"),
+            "warmup_steps": steps.get("warmup"),
+            "stopped_by": steps.get("stopped_by"),
+            "torch_memory": [r.get("torch_memory") for r in ranks],
+        }
+    )
+    return meta

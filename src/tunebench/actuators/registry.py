@@ -1,0 +1,118 @@
+"""Actuator names -> functions: tunebench's own, plugins' entry points, and (opt-in) module:function.
+
+Actuators are plain functions ``fn(experiment, entity, options) -> Result`` named in the space
+file's ``actuator.name``: a registered name, i.e. tunebench's own (``BUILTIN``: real imports, done
+on first use so that naming ``predict`` never loads the measuring stack and the reverse) or a
+plugin's (a Python entry point of group ``tunebench.actuators`` whose value is ``module:function``),
+so plugins need no change here. A space file cannot name an arbitrary ``module:function`` (it would
+import and call anything, ``os:system`` included): that takes an explicit opt-in by whoever runs
+it (``explore --allow-actuator-import``, ``Settings.allow_actuator_import``), carried by each task.
+
+An actuator may carry attributes: ``check_options(options)`` (reject bad options before anything
+runs), and for multi-node entities ``plan_nodes`` / ``run_node`` / ``collect_nodes`` (see
+tunebench.actuators.measure, whose own are the defaults).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Callable
+from typing import Any
+
+from tunebench.errors import InputError, suggest
+from tunebench.spec.experiments import Entity, Experiment
+from tunebench.spec.results import Result
+
+ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry points of this group
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
+
+Actuator = Callable[..., Result]
+
+
+def noop(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
+    """An actuator that measures nothing and returns at once (valid, no properties)."""
+    return Result.valid(experiment.id, entity.id, {}, actuator="noop")
+
+
+def _measure() -> Actuator:
+    from tunebench.actuators.measure import measure
+
+    return measure
+
+
+def _predict() -> Actuator:
+    from tunebench.actuators.predict import predict_actuator
+
+    return predict_actuator
+
+
+# tunebench's own actuators: name -> a function importing it (measure pulls the data sets and the
+# worker's result rules, predict pulls numpy: neither is paid for by the other or by `--help`).
+BUILTIN: dict[str, Callable[[], Actuator]] = {
+    "measure": _measure,  # trains for real
+    "predict": _predict,  # the planner's predictions
+    "noop": lambda: noop,  # returns at once: store and scheduling overhead
+}
+# Actuators that never touch the entity's hardware: their tasks ask executors for no GPUs and no nodes
+# (the planner predicts a 64-GPU entity on a laptop). Any other actuator, module:function ones
+# included, gets the entity's number_gpus / number_nodes / gpu_model.
+HARDWARE_FREE = frozenset({"predict", "noop"})
+
+
+def registered_actuators() -> dict[str, str | Callable[[], Actuator]]:
+    """Actuator name -> its loader (tunebench's own) or module:function (plugins' entry points)."""
+    return {**_plugins(), **BUILTIN}
+
+
+@functools.cache
+def _plugins() -> dict[str, str]:
+    """The entry points of group tunebench.actuators (read once per process: scanning costs ~10 ms)."""
+    return {entry.name: entry.value for entry in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+
+
+def resolve_actuator(name: str, *, allow_import: bool = False) -> Actuator:
+    """The function behind a registered actuator name, or (allow_import only) a module:function path;
+    InputError (field actuator.name) if there is none or it is not allowed."""
+    registry = registered_actuators()
+    target = registry.get(name)
+    if callable(target):
+        return target()
+    if target is None:
+        allowed = ", ".join(registry)
+        if not _PATH.match(name):
+            raise InputError("actuator.name", f"unknown actuator {name!r}." + suggest(name, registry), allowed=allowed)
+        if not allow_import:
+            raise InputError(
+                "actuator.name",
+                f"{name!r} is not a registered actuator; importing an arbitrary module:function runs any code "
+                "and needs --allow-actuator-import",
+                allowed=allowed + " (plugins: entry points of group tunebench.actuators)",
+            )
+        target = name
+    return _import(name, target)
+
+
+def _import(name: str, path: str) -> Actuator:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise InputError(
+            "actuator.name", f"actuator {name!r} needs module {module_name!r}, which cannot be imported: {exc}"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise InputError("actuator.name", f"module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def check_options(name: str, options: dict[str, Any], *, allow_import: bool = False) -> None:
+    """Let the actuator reject unknown or bad options before anything runs (InputError), through its
+    ``check_options(options)`` attribute if it has one."""
+    fn = resolve_actuator(name, allow_import=allow_import)
+    check = getattr(fn, "check_options", None)
+    if check is not None:
+        check({**options, "visible_devices": "", "output_dir": "."})  # with what the executor adds

@@ -1,0 +1,314 @@
+"""One measured fine-tuning run in four steps, each returning what the next one needs.
+
+``set_up`` (checks that need nothing loaded, precision, seed) -> ``load`` (data, tokenizer, model,
+PEFT) -> ``start_meters`` + ``fit`` (transformers Trainer with tunebench's step meter and metrics
+sampler) -> ``finish`` (global counts, warm-up exclusion, system metrics). tunebench.worker.run
+calls them in order and writes the result files.
+
+Why transformers.Trainer and not trl's SFTTrainer: trl 1.x's SFTTrainer computes the loss through
+a fused LM head over the completion positions only and gathers entropy/accuracy metrics across
+ranks at every micro-batch; the reference (fms-hf-tuning on trl 0.19) materialises the full logits
+through transformers' loss. Plain Trainer with our completion-only collator keeps the reference's
+compute and memory profile, which is what tunebench measures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tunebench.catalog import ModelSpec
+from tunebench.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
+from tunebench.training import adapters, data, model as model_mod, tokenizer as tok_mod
+from tunebench.worker.args import WorkerConfig
+from tunebench.worker.meter import MeasureCallback, MeasuredTrainer, StepMeter
+from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What set_up decided."""
+
+    config: WorkerConfig  # as run: on a CPU without native 16-bit support, float32 replaces it
+    on_gpu: bool
+    output_dir: str
+    precision_note: str | None  # why the run trains in float32 instead of what was asked
+
+
+@dataclass
+class Loaded:
+    """What load built, and the facts the result records about it."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    dataset: Any
+    data: dict[str, Any]  # the record's "data" field
+    metadata: dict[str, Any]  # weights, model, tokenizer, PEFT, parameter counts, load_seconds
+
+
+@dataclass
+class Meters:
+    """The step meter of this rank and (local rank 0) the system-metrics sampler."""
+
+    meter: StepMeter
+    auto_stop: AutoStopWindows | None
+    sampler: MetricsSampler | None
+    gpus: list[dict[str, Any]] | None = None  # the record's metadata["gpus"] (None: not recorded)
+
+
+def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
+    """Fail early on what cannot run here; the precision that will run; the output directory; the seed."""
+    from transformers import set_seed
+
+    reason = _unsupported(config)
+    if reason:
+        raise NotImplementedError(reason)
+    model_mod.check_hardware(
+        on_gpu=on_gpu, use_flash_attn=config.use_flash_attn, peft_method=config.peft_method,
+        auto_gptq=config.auto_gptq, weights=config.weights,
+    )  # fmt: skip
+    precision = model_mod.cpu_precision(config.torch_dtype, config.bf16, config.fp16, on_gpu)
+    if precision is not None:  # recorded: the measurement says which precision really ran
+        config = dataclasses.replace(config, torch_dtype="float32", bf16=False, fp16=False)
+    output_dir = config.output_dir or tempfile.mkdtemp(prefix="tunebench-run-")
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    set_seed(config.seed)
+    return Setup(config, on_gpu, output_dir, precision)
+
+
+def _unsupported(config: WorkerConfig) -> str | None:
+    if config.packing:
+        return "packing=True is not supported (spec 004 experiments run with packing False)"
+    if config.dataset_image_field:
+        return "vision fine-tuning (dataset_image_field) is not supported by tunebench's worker yet"
+    return None
+
+
+def load(setup: Setup, rank: int) -> Loaded:
+    """Data, weights, tokenizer, model and PEFT adapters of the run."""
+    config, started = setup.config, time.monotonic()
+    texts = data.read_jsonl(config.training_data_path, config.dataset_text_field)
+    pretrained = _pretrained_weights(config)
+    spec = None if pretrained else model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
+    moe = model_mod.is_moe(spec, pretrained)
+    if fast_moe_degree(config.fast_moe) > 0 and moe:
+        raise NotImplementedError(
+            "fast_moe > 0 (ScatterMoE expert parallelism) needs fms-acceleration-moe, "
+            "which tunebench's worker does not use"
+        )
+    resolved = tok_mod.resolve_tokenizer(
+        config.tokenizer_name_or_path,
+        pretrained or config.model_name_or_path,
+        texts,
+        512 if config.tunebench_tiny else (spec.vocab_size if spec else None),
+        Path(setup.output_dir) / f"tunebench-tokenizer-rank{rank}",
+        architecture=None if (config.tunebench_tiny or spec is None) else (spec.config_path or spec.name),
+        context_length=model_mod.context_length(spec, config.tunebench_tiny),
+    )
+    tokenizer = resolved.tokenizer
+    max_len = tok_mod.max_length(tokenizer, config.max_seq_length)
+    dataset, data_info = data.build_dataset(tokenizer, texts, config.response_template, max_len)
+    model, meta = _model(config, setup.on_gpu, tokenizer, pretrained, spec)
+    model, meta["peft"] = adapters.apply_peft(peft_settings(config), model, resolved.path)
+    meta["tokenizer"] = resolved.describe()
+    meta["parameters"] = model_mod.parameter_counts(model)
+    meta["not_applied"] = not_applied(config, moe)
+    meta["load_seconds"] = time.monotonic() - started
+    record_data = {"path": str(config.training_data_path), "text_field": config.dataset_text_field, **data_info}
+    return Loaded(model, tokenizer, dataset, record_data, meta)
+
+
+def _pretrained_weights(config: WorkerConfig) -> str | None:
+    """The local checkpoint to load, or None for random weights (FileNotFoundError if one is required)."""
+    if config.weights == "random":
+        pretrained = None
+    else:
+        pretrained = model_mod.resolve_pretrained(config.model_name_or_path)
+        if pretrained is None and config.weights == "pretrained":
+            raise FileNotFoundError(
+                f"weights=pretrained but {config.model_name_or_path!r} is neither a local model directory nor in the "
+                "local Hugging Face cache (tunebench never downloads during a measurement)"
+            )
+    if config.auto_gptq and pretrained is None:
+        raise model_mod.HardwareError("GPTQ-LoRA needs a local GPTQ-quantized checkpoint; none resolved")
+    return pretrained
+
+
+def _model(
+    config: WorkerConfig, on_gpu: bool, tokenizer: Any, pretrained: str | None, spec: ModelSpec | None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model (before PEFT) and the facts about it."""
+    special = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    loaded = model_mod.load_model(
+        torch_dtype=config.torch_dtype, use_flash_attn=config.use_flash_attn,
+        quantization=model_mod.quantization_of(config.peft_method, config.auto_gptq), on_gpu=on_gpu,
+        tokenizer_vocab=len(tokenizer), special_ids=special, pretrained_path=pretrained, architecture=spec,
+        tiny=config.tunebench_tiny,
+    )  # fmt: skip
+    model = loaded.model
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # tokenizer with added tokens
+        model.resize_token_embeddings(len(tokenizer))
+    meta = dict(
+        weights=loaded.weights,
+        weights_requested=config.weights,
+        weights_source=loaded.source,
+        architecture=loaded.architecture,
+        quantization=loaded.quantization,
+        model_class=type(model).__name__,
+        model_type=model.config.model_type,
+        dtype=str(model.dtype).replace("torch.", ""),
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+    )
+    return model, meta
+
+
+def peft_settings(config: WorkerConfig) -> adapters.PeftSettings:
+    return adapters.PeftSettings(
+        method=config.peft_method, target_modules=config.target_modules, r=config.r, lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout, num_virtual_tokens=config.num_virtual_tokens,
+        prompt_tuning_init=config.prompt_tuning_init, prompt_tuning_init_text=config.prompt_tuning_init_text,
+        gradient_checkpointing=config.gradient_checkpointing,
+        gradient_checkpointing_kwargs=config.gradient_checkpointing_kwargs,
+    )  # fmt: skip
+
+
+def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
+    """Flags accepted for compatibility with spec 004's command line that have no effect here."""
+    out = {}
+    if config.include_tokens_per_second:
+        out["include_tokens_per_second"] = "removed in transformers 5; tunebench counts tokens itself"
+    if config.fast_moe and not is_moe:
+        out["fast_moe"] = "not a mixture-of-experts model"
+    if config.fast_kernels:
+        out["fast_kernels"] = "fms-acceleration-foak kernels are not used by tunebench's worker"
+    if config.fused_lora:
+        out["fused_lora"] = "fms-acceleration-foak kernels are not used by tunebench's worker"
+    if config.eval_strategy != "no":
+        out["eval_strategy"] = "no evaluation set: never evaluates"
+    if config.save_strategy != "no":
+        out["save_strategy"] = "a measurement never saves checkpoints"
+    if not config.remove_unused_columns or config.dataset_kwargs_skip_prepare_dataset:
+        out["dataset preparation flags"] = "tunebench tokenizes the data itself"
+    return out
+
+
+def fast_moe_degree(fast_moe: list[str] | None) -> int:
+    """The expert-parallel degree of --fast_moe (True counts as 1)."""
+    try:
+        return int(fast_moe[0]) if fast_moe else 0
+    except ValueError:
+        return 1 if str(fast_moe[0]).lower() == "true" else 0
+
+
+def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> Any:
+    """transformers TrainingArguments: spec 004 hardcoded values (ado-sfttrainer.md §6.2) + entity values."""
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    kw: dict[str, Any] = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=config.per_device_train_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_train_epochs=config.num_train_epochs,
+        max_steps=config.max_steps,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        lr_scheduler_type=config.lr_scheduler_type,
+        logging_strategy="steps",
+        logging_steps=config.logging_steps,
+        save_strategy="no",  # a measurement never saves (spec 004 "does not save checkpoint")
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        log_level=config.log_level,
+        optim=config.optim,
+        bf16=config.bf16,  # False + torch_dtype bfloat16 = pure bf16 (hf-stack.md §4.6)
+        fp16=config.fp16,
+        seed=config.seed,
+        use_cpu=not on_gpu,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,  # the collator builds exactly the model inputs
+        include_num_input_tokens_seen="no",  # counted by tunebench's meter (no per-step gather)
+        skip_memory_metrics=True,
+    )
+    # transformers 5.x renamed warmup_ratio (a float warmup_steps < 1 is a ratio) and
+    # gradient_checkpointing (-> activation_checkpointing); use whichever this version has.
+    kw["warmup_ratio" if "warmup_ratio" in fields else "warmup_steps"] = config.warmup_ratio
+    gc = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    kw[gc] = config.gradient_checkpointing
+    kw[f"{gc}_kwargs"] = config.gradient_checkpointing_kwargs
+    return TrainingArguments(**kw)
+
+
+def start_meters(config: WorkerConfig, device: torch.device, on_gpu: bool, env: dict[str, int]) -> Meters:
+    """This rank's step meter; on local rank 0 the system-metrics sampler of this node's GPUs."""
+    auto_stop = None
+    if config.auto_stop_method:
+        auto_stop = AutoStopWindows(
+            config.auto_stop_warmup_seconds, config.auto_stop_stable_seconds, config.auto_stop_stable_steps
+        )
+    meter = StepMeter(device, config.stop_after_seconds, auto_stop, progress=env["rank"] == 0)
+    if env["local_rank"] == 0:
+        n_gpus_here = min(env["local_world_size"], torch.cuda.device_count()) if on_gpu else 0
+        gpu_ids = cuda_gpu_ids(n_gpus_here) if n_gpus_here else []
+        sampler = MetricsSampler(config.metrics_interval_seconds, gpu_ids)
+        gpus = [{"id": g, "name": gpu_names(sampler.nvml, [g]).get(g)} for g in gpu_ids]
+        return Meters(meter, auto_stop, sampler, gpus)
+    gpus = [{"id": cuda_gpu_ids(env["local_rank"] + 1)[-1]}] if on_gpu else None
+    return Meters(meter, auto_stop, None, gpus)
+
+
+def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
+    """Train until max_steps/epochs or a stop rule; returns facts for the record's metadata."""
+    trainer = MeasuredTrainer(
+        model=loaded.model,
+        args=training_args,
+        train_dataset=loaded.dataset,
+        data_collator=data.CompletionCollator(loaded.tokenizer.pad_token_id),
+        processing_class=loaded.tokenizer,
+        callbacks=[MeasureCallback(meters.meter, meters.sampler)],
+        meter=meters.meter,
+    )
+    trainer.train()
+    return {
+        "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
+        "wrapped_model_class": type(trainer.model_wrapped).__name__,
+    }
+
+
+def finish(meters: Meters) -> dict[str, Any]:
+    """The record's fields of a successful run: steps, consumed entries, runtime, system, torch memory."""
+    meter, auto_stop = meters.meter, meters.auto_stop
+    warmup = excluded_warmup_steps(meter.durations, auto_stop)
+    out: dict[str, Any] = {
+        "steps": {
+            "total": len(meter.durations),
+            "warmup": warmup,
+            "durations_s": meter.durations,
+            "local_durations_s": meter.local_durations,
+            "local": {
+                "samples": meter.samples,
+                "non_pad_tokens": meter.non_pad_tokens,
+                "padded_tokens": meter.padded_tokens,
+            },
+            "global": meter.global_counts(),
+            "stopped_by": meter.stopped_by,
+            "auto_stop_satisfied": (meter.stopped_by == "auto_stop") if auto_stop else None,
+        },
+        "consumed": {"entries": meter.consumed_total, "indices": meter.consumed_indices},
+        "train_runtime": sum(meter.durations[warmup:]),
+    }
+    if meters.sampler is not None:
+        out["system"] = meters.sampler.summary(drop_before=meter.warmup_end_monotonic(warmup))
+    out["torch_memory"] = torch_peak_memory_gib()
+    return out
