@@ -1,4 +1,4 @@
-"""The metrics sampler and the spec's reductions (tunebench.metrics)."""
+"""The metrics sampler and the spec's reductions (tunebench.worker.metrics)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunebench.metrics import (
+from tunebench.worker.metrics import (
     GpuSample,
     MetricsSampler,
     Sample,

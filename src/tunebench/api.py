@@ -120,7 +120,7 @@ def explore(
     """
     import dataclasses
 
-    from tunebench.executors.task import check_options
+    from tunebench.actuators import check_options
     from tunebench.explore.explorer import Settings
     from tunebench.explore.explorer import explore as run
     from tunebench.explore.space import load_space, parse_space

@@ -37,7 +37,7 @@ written by every rank, also on failure::
     consumed        entries (micro-batch samples this rank consumed), indices (their dataset
                     indices, first 65536)
     train_runtime   Σ post-warm-up step durations (s)
-    system          local rank 0 only: tunebench.metrics.summarize() of the sampler (cpu/memory
+    system          local rank 0 only: tunebench.worker.metrics.summarize() of the sampler (cpu/memory
                     time-averages, per-GPU time-averages and maxima, raw samples), warm-up dropped
     torch_memory    {max_allocated_gib, max_reserved_gib} of this rank's GPU, None on CPU
     host_memory     {limit_gib, per_process_limit_gib, peak_rss_gib} with --host_memory_limit_gib

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunebench.metrics import cpu_properties, gpu_properties
+from tunebench.worker.metrics import cpu_properties, gpu_properties
 
 SCHEMA = "tunebench.worker.rank-result/1"
 AGGREGATE_SCHEMA = "tunebench.worker.result/1"
@@ -168,7 +168,7 @@ def properties_from_results(
       planned step count, so the inflation that made the reference drop them does not arise;
     - dataset_tokens_per_second = non-padding tokens trained on (= Σ min(len(tokens(entry)),
       max_seq_length, tokenizer.model_max_length) over the consumed entries) / runtime, and per GPU;
-    - gpu_* and cpu_* from the local-rank-0 sampler summaries (tunebench.metrics), 0.0 without GPUs;
+    - gpu_* and cpu_* from the local-rank-0 sampler summaries (tunebench.worker.metrics), 0.0 without GPUs;
     - extra: gpu_memory_allocated_peak_gib / gpu_memory_reserved_peak_gib, the max over ranks of
       torch.cuda.max_memory_allocated / max_memory_reserved (0.0 without CUDA).
 

@@ -229,7 +229,7 @@ def _record_partial(record: dict[str, Any], state: RunState) -> None:
     if meters is not None:
         record["steps"] = {"total": len(meters.meter.durations), "durations_s": meters.meter.durations}
     if "torch" in sys.modules:
-        from tunebench.metrics import torch_peak_memory_gib
+        from tunebench.worker.metrics import torch_peak_memory_gib
 
         record["torch_memory"] = torch_peak_memory_gib()  # the peak reached before an OOM
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from tunebench.catalog import ModelSpec
-from tunebench.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
+from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
 from tunebench.training import adapters, data, model as model_mod, tokenizer as tok_mod
 from tunebench.worker.args import WorkerConfig
 from tunebench.worker.meter import MeasureCallback, MeasuredTrainer, StepMeter
