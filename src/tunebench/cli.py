@@ -20,11 +20,15 @@ from rich.table import Table
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
+from tunebench.datasets.cli import app as datasets_app
 from tunebench.errors import InputError, one_line
+from tunebench.explore.cli import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
 from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
+from tunebench.plan.cli import register as register_plan
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
+from tunebench.store.cli import register as register_store
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
@@ -362,18 +366,12 @@ def demo() -> int:
     return 1 if result.status == "failed" else 0
 
 
-def _mount_subcommands() -> None:
-    """Commands whose modules own them: datasets; plan/recommend/deploy-spec/calibrate; explore/show/import/export."""
-    if getattr(app, "_tunebench_mounted", False):
-        return
-    from tunebench.datasets.cli import app as datasets_app
-    from tunebench.explore.cli import register as register_explore
-    from tunebench.plan.cli import register as register_plan
-
-    app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
-    register_plan(app)
-    register_explore(app)
-    app._tunebench_mounted = True
+# Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,
+# calibrate; explore; show, import, export.
+app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
+register_plan(app)
+register_explore(app)
+register_store(app)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,7 +382,6 @@ def main(argv: list[str] | None = None) -> int:
     A bug prints one line and returns 1 (TUNEBENCH_DEBUG=1 re-raises it with its traceback);
     Ctrl-C returns 130. Passwords in URLs are masked in every message.
     """
-    _mount_subcommands()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="tunebench")
     except InputError as exc:

@@ -301,7 +301,7 @@ COMPARED = (
 
 def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
     """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
-    from tunebench.explore.cli import open_store
+    from tunebench.store.cli import open_store
     from tunebench.store import DONE
 
     with open_store(store_url) as sample_store:

@@ -27,7 +27,7 @@ from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
 from tunebench.spec.measured import REPORT_ORDER
 from tunebench.spec.properties import render_value
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
-from tunebench.store.store import Outcomes, no_gc
+from tunebench.store.rows import Outcomes, no_gc
 
 ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids
 FORMATS = ("table", "csv", "json", "parquet")
