@@ -31,6 +31,7 @@ StoreOpt = Annotated[
 ]
 SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
 OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
+MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only), and every actuator
 
 
 def open_store(url: str | None, *, create: bool = True) -> Store:
@@ -81,11 +82,26 @@ def show(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
+        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...).")
+    ] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option("--where", "-w", help="Keep rows where NAME OP VALUE holds (OP: = != < <= > >=), e.g. "
+                     "batch_size>=4, status=valid; repeatable (all must hold)."),
+    ] = None,
+    sort: Annotated[
+        str | None, typer.Option("--sort", "-s", help="Order rows by a column: NAME, NAME:asc or NAME:desc.")
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option("--top", min=1, help="Only the first N rows after sorting (default order: the highest "
+                     "dataset_tokens_per_second)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
+    show_all: Annotated[bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")] = False,
 ) -> None:
-    """Stored results, one row per entity x experiment: constitutive then measured columns."""
+    """Stored results, one row per entity x experiment: constitutive columns, actuator, measured columns."""
+    from tunebench.store.query import select_rows
     from tunebench.store.tables import build, render
 
     parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
@@ -96,7 +112,17 @@ def show(
         outcomes, columns, title = _select(sample_store, space, operation, actuator)
     finally:
         sample_store.close()
-    render(build(outcomes, constitutive=columns), fmt, output, limit=limit, title=title)
+    table = select_rows(build(outcomes, constitutive=columns), where or (), sort, top)
+    render(table, fmt, output, limit=None if show_all else limit, title=title,
+           empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
+
+
+def _no_results(url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None) -> str:
+    """The line an empty table prints: which store, and what was asked for."""
+    asked = [f"operation {operation}" if operation else "", f"space {space}" if space else "",
+             f"actuator {actuator}" if actuator else "", *(f"where {w}" for w in where or ())]  # fmt: skip
+    asked = [a for a in asked if a]
+    return f"no results in {mask_secrets(url)}" + (f" ({', '.join(asked)})" if asked else "")
 
 
 def import_csv(
@@ -141,17 +167,21 @@ def export(
     operation: OperationOpt = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
-    ] = None,
+        str,
+        typer.Option("--actuator", help="Results of this actuator: measure (the default: measurements only), "
+                     "predict, ..., or all. Each row names its actuator: the prefix of its experiment_id "
+                     "(SFTTrainer. for measurements, as ado writes them; predict. for predictions)."),
+    ] = MEASURE,
 ) -> None:
-    """Write valid and invalid results in the reference's CSV layout."""
-    from tunebench.store.tables import build, write_csv
+    """Write valid and invalid measurements in the reference's CSV layout (other actuators' results when asked)."""
     from tunebench.store import INVALID, VALID
+    from tunebench.store.tables import build, write_csv
 
     parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
+    wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
-        outcomes, _, _ = _select(sample_store, space, operation, actuator, statuses=[VALID, INVALID])
+        outcomes, _, _ = _select(sample_store, space, operation, wanted, statuses=[VALID, INVALID])
     finally:
         sample_store.close()
     table = build(outcomes, ado=True)
@@ -161,6 +191,9 @@ def export(
         typer.echo(f"{len(table)} rows -> {output}", err=True)
     else:
         write_csv(table, sys.stdout)
+    if not len(table) and actuator == MEASURE:
+        typer.echo("no measurements to export; --actuator all (or predict, ...) exports the other actuators' "
+                   "results, each labelled with its actuator", err=True)  # fmt: skip
 
 
 def _select(
