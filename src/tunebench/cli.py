@@ -28,6 +28,7 @@ from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Se
 from tunebench.plan.cli import register as register_plan
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
+from tunebench.store.cli import record_run, run_store
 from tunebench.store.cli import register as register_store
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
@@ -338,16 +339,21 @@ def run(
     host_memory_limit_gib: Annotated[
         float | None, typer.Option(help="CPU runs: exceeding this host memory is out of memory.")
     ] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store URL or SQLite file the result is kept in.")] = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
     as_json: Json = False,
 ) -> int:
-    """Measure an entity for real: train and report every measured property of the experiment."""
+    """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
     opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
                  cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
     options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
                "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
                "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
+    target = run_store(store, no_store)
     result = _measure_with_progress(exp, entity, options)
+    if target:
+        record_run(target, exp, entity, result)
     if as_json:
         typer.echo(result.to_json())
     else:

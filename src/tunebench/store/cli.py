@@ -19,6 +19,8 @@ from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
     from tunebench.explore.samplers import Point
+    from tunebench.spec.experiments import Entity, Experiment
+    from tunebench.spec.results import Result
     from tunebench.explore.space import Space
     from tunebench.store import Store
     from tunebench.store.rows import Outcomes
@@ -235,6 +237,27 @@ def _space_points(spec: Space) -> list[Point]:
     if spec.size * len(spec.experiments) > MAX_SHOW_POINTS:
         raise InputError("--space", f"the space has {spec.size:,} entities; use --operation {spec.operation_id}")
     return [point(e, spec.entity_values(i)) for i in range(spec.size) for e in spec.experiments]
+
+
+def run_store(url: str | None, no_store: bool) -> str | None:
+    """The store `tunebench run` records its result in, checked before measuring; None with --no-store."""
+    if no_store:
+        return None
+    from tunebench.store.db import check_location, store_url
+
+    target = store_url(url)
+    check_location(target, create=True)
+    return target
+
+
+def record_run(url: str, experiment: Experiment, entity: Entity, result: Result) -> None:
+    """Store the result of `tunebench run` as a measurement (memoised for explore; read by plan --compare,
+    calibrate and show), and say where it went."""
+    from tunebench.store.rows import Record
+
+    with open_store(url) as sample_store:
+        sample_store.record_many([Record(experiment, entity, result, actuator=MEASURE, generator="run")])
+    typer.echo(f"stored in {mask_secrets(url)} (tunebench show --store ...; --no-store skips this)", err=True)
 
 
 def register(app: typer.Typer) -> None:
