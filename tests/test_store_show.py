@@ -153,3 +153,28 @@ def test_export_of_other_actuators_is_never_read_back_as_measured(tmp_path, caps
     captured = capsys.readouterr()
     assert captured.out.count("\n") == 1  # the header only
     assert "--actuator all" in captured.err
+
+
+def test_explore_run_and_plan_compare_on_the_store(any_store_url, tmp_path, capsys):
+    """explore (and its resume), run and plan --compare, on SQLite and on a PostgreSQL server."""
+    space = tmp_path / "space.yaml"
+    space.write_text(json.dumps({
+        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": [1, 2]},
+        "actuator": {"name": "noop"},
+    }))  # fmt: skip
+    assert main(["explore", str(space), "--store", any_store_url, "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["valid"] == 2
+    assert main(["explore", str(space), "--store", any_store_url, "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["memoised"] == 2
+    entity = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=3"]  # invalid: no run
+    assert main(["run", "finetune_full_benchmark-v1.0.0", *entity, "--store", any_store_url, "--json"]) == 0
+    capsys.readouterr()
+    rows = show_json(any_store_url, capsys, "--sort", "batch_size")
+    assert [(r["actuator"], r["batch_size"], r["status"]) for r in rows] == [
+        ("noop", 1, "valid"), ("noop", 2, "valid"), ("measure", 3, "invalid")]  # fmt: skip
+    fill(any_store_url, records("measure", 1))  # batch size 1 of EXP, 1010 tokens/s
+    assert main(["plan", EXP.base_id, "-p", "stop_after_seconds=30", "model_name=smollm2-135m", "number_gpus=0",
+                 "model_max_length=128", "batch_size=1", "--compare", "--store", any_store_url, "--json"]) == 0  # fmt: skip
+    compared = json.loads(capsys.readouterr().out)
+    assert compared["measured"]["properties"]["dataset_tokens_per_second"] == 1010.0

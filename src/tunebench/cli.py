@@ -81,8 +81,13 @@ def _root(
         bool,
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print tunebench's version and exit."),
     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More log lines on stderr (every progress step).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr: no progress lines.")] = False,
 ) -> None:
-    """Options before any command: --version, --help."""
+    """Options before any command: --version, -v/--verbose, -q/--quiet, --help."""
+    from tunebench import logs
+
+    logs.configure(1 if verbose else -1 if quiet else 0)
 
 
 @app.command()

@@ -68,10 +68,13 @@ def explore(
         typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
                      "registered one (it imports and runs that code)."),
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress (live or logged).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-) -> None:
-    """Measure the points of a space (grid, random or optimize); resumable by running it again."""
+) -> int:
+    """Measure the points of a space (grid, random or optimize); resumable by running it again.
+
+    Progress: live in a terminal, else a log line per finished measurement and at least every 30 s.
+    Exit code 1 when measurements failed (after their retries), 0 otherwise."""
     # over 60 lines only through its Typer options: the body is short
     from tunebench.executors.task import check_options
     from tunebench.explore.explorer import Settings
@@ -99,6 +102,11 @@ def explore(
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
         print_summary(summary)
+    if summary.failed:  # after their retries: the exit code says so too
+        typer.echo(f"{summary.failed} point(s) failed: tunebench show --operation {summary.operation_id} "
+                   "--where status=failed", err=True)  # fmt: skip
+        return 1
+    return 0
 
 
 def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_address: str | None, quiet: bool) -> Summary:
@@ -106,7 +114,8 @@ def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_addr
     from rich.console import Console
 
     from tunebench.explore.explorer import explore as run
-    from tunebench.explore.progress import ProgressDisplay
+    from tunebench.explore.progress import ProgressDisplay, ProgressLog
+    from tunebench.logs import is_quiet
 
     sample_store = open_store(store)
     runner: Any
@@ -118,9 +127,13 @@ def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_addr
         from tunebench.executors.local import LocalExecutor
 
         runner = LocalExecutor(settings.max_parallel)
+    quiet = quiet or is_quiet()
     console = Console(stderr=True)
+    display: Any = ProgressDisplay(console, enabled=not quiet)
+    if not quiet and not console.is_terminal:  # a log or a pipe: a line per finished measurement, and every 30 s
+        display = ProgressLog()
     try:
-        with ProgressDisplay(console, enabled=not quiet and console.is_terminal) as display:
+        with display:
             return run(spec, sample_store, runner, settings, on_progress=display.update)
     finally:
         sample_store.close()

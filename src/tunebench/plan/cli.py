@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -510,7 +511,7 @@ def calibrate(
             label += f" + {len(reference)} reference runs"
     if not records:
         raise InputError("--store" if store and not sources else "--from", "no measurements to calibrate on")
-    result = cal.calibrate(records, source=label, lomo=lomo, progress=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
+    result = _calibrate_with_progress(cal, records, label, lomo)
     target = output or user_calibration_path()
     if save:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -538,6 +539,20 @@ def calibrate(
             )
     if save:
         console.print(f"saved to {target}")
+
+
+def _calibrate_with_progress(cal: Any, records: list[Any], label: str, lomo: bool) -> Any:
+    """cal.calibrate with its steps as log lines on stderr, and a line at least every 30 s (--quiet: none)."""
+    from tunebench.logs import get, heartbeat
+
+    log, started, step = get(__name__), time.monotonic(), ["starting"]
+
+    def say(msg: str) -> None:
+        step[0] = msg
+        log.info(f"calibrate: {msg} ({time.monotonic() - started:.0f} s)")
+
+    with heartbeat(log, lambda: f"calibrate: still {step[0]} ({time.monotonic() - started:.0f} s)"):
+        return cal.calibrate(records, source=label, lomo=lomo, progress=say)
 
 
 DEFAULT_SOURCE = "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan) + ado CPU example"

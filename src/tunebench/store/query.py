@@ -68,7 +68,7 @@ def select_rows(table: Table, where: Sequence[str] = (), sort: str | None = None
     if top is not None and sort is None:
         sort = TOP_DEFAULT_SORT
     order = parse_sort(sort) if sort else None
-    if not len(table):
+    if not len(table) or not (conditions or order or top is not None):
         return table
     names = [c for c in table.columns if c]
     for field, name in [("--where", c.name) for c in conditions] + ([("--sort", order[0])] if order else []):
