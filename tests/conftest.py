@@ -30,3 +30,29 @@ def _tunebench_home(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server for this test session (started on first use, stopped at the end).
+
+    Without PostgreSQL installed the tests that need it fail in CI (CI=true) and are skipped with
+    this reason elsewhere (`pytest -ra` lists them)."""
+    from postgres_server import binaries, start_server
+
+    if binaries() is None:
+        why = "PostgreSQL is not installed (Debian: apt-get install -y postgresql); .ci/run installs it"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    server = start_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store_url(request, tmp_path):
+    """The URL of a new empty store: an SQLite file, then a database on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("postgres_server").fresh_database()

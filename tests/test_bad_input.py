@@ -347,9 +347,8 @@ def test_bad_input_in_process(workdir, capsys, field, argv):
 
 
 def test_the_table_covers_every_command():
-    from tunebench.cli import _mount_subcommands, app
+    from tunebench.cli import app
 
-    _mount_subcommands()
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
     commands |= {f"datasets {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
                  for c in g.typer_instance.registered_commands}  # fmt: skip
@@ -427,7 +426,7 @@ def test_help_exits_0(capsys, argv):
 
 def test_store_passwords_are_masked_in_messages(workdir, capsys):
     """Item 7: a store URL's password never reaches a message: not main's, not the "no operation" error."""
-    from tunebench.explore.cli import _select
+    from tunebench.store.cli import _select
 
     url = "postgresql://user:s3cret-pw@127.0.0.1:notaport/db"
     assert main(["show", "--store", url]) == 2

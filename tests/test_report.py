@@ -247,7 +247,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(mixed, tmp_path, args, 
 
 
 def test_importing_tunebench_does_not_import_plotly():
-    code = ("import sys, tunebench, tunebench.cli; tunebench.cli._mount_subcommands(); "
+    code = ("import sys, tunebench, tunebench.cli; "
             "import tunebench.report, tunebench.report.cli; print('plotly' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -30,8 +30,8 @@ def points(n: int, reasons: list[str] | None = None):
 
 
 @pytest.fixture
-def store(tmp_path):
-    with Store(tmp_path / "store.db") as s:
+def store(any_store_url):
+    with Store(any_store_url) as s:
         s.open_operation("op-test", sampler="grid", actuator="noop", space={}, name=None)
         yield s
 

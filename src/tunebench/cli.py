@@ -20,11 +20,17 @@ from rich.table import Table
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
+from tunebench.datasets.cli import app as datasets_app
 from tunebench.errors import InputError, one_line
+from tunebench.explore.cli import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
 from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
+from tunebench.plan.cli import register as register_plan
+from tunebench.report.cli import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
+from tunebench.store.cli import record_run, run_store
+from tunebench.store.cli import register as register_store
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
@@ -76,8 +82,13 @@ def _root(
         bool,
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print tunebench's version and exit."),
     ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More log lines on stderr (every progress step).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr: no progress lines.")] = False,
 ) -> None:
-    """Options before any command: --version, --help."""
+    """Options before any command: --version, -v/--verbose, -q/--quiet, --help."""
+    from tunebench import logs
+
+    logs.configure(1 if verbose else -1 if quiet else 0)
 
 
 @app.command()
@@ -334,16 +345,21 @@ def run(
     host_memory_limit_gib: Annotated[
         float | None, typer.Option(help="CPU runs: exceeding this host memory is out of memory.")
     ] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store URL or SQLite file the result is kept in.")] = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
     as_json: Json = False,
 ) -> int:
-    """Measure an entity for real: train and report every measured property of the experiment."""
+    """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
     opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
                  cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
     options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
                "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
                "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
+    target = run_store(store, no_store)
     result = _measure_with_progress(exp, entity, options)
+    if target:
+        record_run(target, exp, entity, result)
     if as_json:
         typer.echo(result.to_json())
     else:
@@ -362,21 +378,13 @@ def demo() -> int:
     return 1 if result.status == "failed" else 0
 
 
-def _mount_subcommands() -> None:
-    """Commands whose modules own them: datasets; plan/recommend/deploy-spec/calibrate; explore/show/import/export;
-    report."""
-    if getattr(app, "_tunebench_mounted", False):
-        return
-    from tunebench.datasets.cli import app as datasets_app
-    from tunebench.explore.cli import register as register_explore
-    from tunebench.plan.cli import register as register_plan
-    from tunebench.report.cli import register as register_report
-
-    app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
-    register_plan(app)
-    register_explore(app)
-    register_report(app)
-    app._tunebench_mounted = True
+# Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,
+# calibrate; explore; show, import, export; report.
+app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
+register_plan(app)
+register_explore(app)
+register_store(app)
+register_report(app)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +395,6 @@ def main(argv: list[str] | None = None) -> int:
     A bug prints one line and returns 1 (TUNEBENCH_DEBUG=1 re-raises it with its traceback);
     Ctrl-C returns 130. Passwords in URLs are masked in every message.
     """
-    _mount_subcommands()
     try:
         result = app(args=argv, standalone_mode=False, prog_name="tunebench")
     except InputError as exc:

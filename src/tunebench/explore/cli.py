@@ -1,4 +1,4 @@
-"""Commands ``explore``, ``show``, ``import`` and ``export``: ``register(app)`` adds them to tunebench's CLI.
+"""Command ``explore``: ``register(app)`` adds it to tunebench's CLI (the store's commands: store/cli.py).
 
 Input errors raise ``InputError`` (tunebench's main prints one line and exits with code 2).
 """
@@ -7,51 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from tunebench.errors import InputError, one_of
-from tunebench.inputs import Count, NonNegativeInt, Options, OutputFile, Seconds, Text, TextFile, parse
-from tunebench.secrets import mask_secrets
+from tunebench.errors import InputError
+from tunebench.inputs import Count, NonNegativeInt, Options, Seconds, Text, TextFile, parse
+from tunebench.store.cli import StoreOpt, open_store
 
 if TYPE_CHECKING:
-    from tunebench.explore.samplers import Point
+    from tunebench.explore.explorer import Settings, Summary
     from tunebench.explore.space import Space
-    from tunebench.store import Store
-    from tunebench.store.store import Outcomes
-
-StoreOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir."
-    ),
-]
-SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
-OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
-
-
-def open_store(url: str | None, *, create: bool = True) -> Store:
-    """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError if it cannot be used.
-
-    create=False (commands that only read): a store that does not exist is an error, not a new empty one.
-    """
-    from sqlalchemy.exc import ArgumentError, DatabaseError
-
-    from tunebench.store import SchemaError, Store
-    from tunebench.store.db import check_location, store_url
-
-    target = store_url(url)
-    check_location(target, create=create)
-    try:
-        return Store(target)
-    except (ArgumentError, DatabaseError, SchemaError) as exc:
-        why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise InputError("--store", f"cannot open the store {mask_secrets(target)}: {mask_secrets(why)}") from None
-    except ModuleNotFoundError as exc:  # e.g. a PostgreSQL URL without its driver
-        raise InputError("--store", f"the store's database driver is not installed: {exc}") from None
 
 
 class ExploreOptions(Options):
@@ -65,26 +32,6 @@ class ExploreOptions(Options):
     lease_seconds: Seconds | None
     ray_address: Text | None
     actuator: Text | None
-
-
-class ShowOptions(Options):
-    """Options of `show` (and, with its one format, of `export`)."""
-
-    NAMES = {"fmt": "--format"}
-    fmt: Literal["table", "csv", "json", "parquet"]
-    output: OutputFile | None
-    space: TextFile | None
-    operation: Text | None
-    actuator: Text | None
-
-
-class ExportOptions(ShowOptions):
-    fmt: Literal["ado-csv"]
-
-
-class ImportOptions(Options):
-    NAMES = {"file": "FILE"}
-    file: TextFile
 
 
 def explore(
@@ -121,16 +68,16 @@ def explore(
         typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
                      "registered one (it imports and runs that code)."),
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress (live or logged).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-) -> None:
-    """Measure the points of a space (grid, random or optimize); resumable by running it again."""
-    from rich.console import Console
+) -> int:
+    """Measure the points of a space (grid, random or optimize); resumable by running it again.
 
+    Progress: live in a terminal, else a log line per finished measurement and at least every 30 s.
+    Exit code 1 when measurements failed (after their retries), 0 otherwise."""
+    # over 60 lines only through its Typer options: the body is short
     from tunebench.actuators import check_options
     from tunebench.explore.explorer import Settings
-    from tunebench.explore.explorer import explore as run
-    from tunebench.explore.progress import ProgressDisplay
     from tunebench.explore.space import load_space
 
     parse(ExploreOptions, space=space, executor=executor, max_parallel=max_parallel, max_retries=max_retries,
@@ -141,7 +88,6 @@ def explore(
     if skip_predicted_oom and spec.operation.sampler == "optimize":
         raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
     execution = spec.execution
-    kind = executor or execution.executor
     settings = Settings(
         max_parallel=max_parallel or execution.max_parallel,
         max_retries=execution.max_retries if max_retries is None else max_retries,
@@ -151,24 +97,50 @@ def explore(
         allow_actuator_import=allow_actuator_import,
     )
     check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
+    summary = _run(spec, settings, store, executor or execution.executor, ray_address or execution.ray_address, quiet)
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
+    else:
+        print_summary(summary)
+    if summary.failed:  # after their retries: the exit code says so too
+        typer.echo(f"{summary.failed} point(s) failed: tunebench show --operation {summary.operation_id} "
+                   "--where status=failed", err=True)  # fmt: skip
+        return 1
+    return 0
+
+
+def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_address: str | None, quiet: bool) -> Summary:
+    """Explore spec with the executor of kind on the store at the URL store, showing progress."""
+    from rich.console import Console
+
+    from tunebench.explore.explorer import explore as run
+    from tunebench.explore.progress import ProgressDisplay, ProgressLog
+    from tunebench.logs import is_quiet
+
     sample_store = open_store(store)
+    runner: Any
     if kind == "ray":
         from tunebench.executors.ray import RayExecutor
 
-        runner = RayExecutor(ray_address or execution.ray_address)
+        runner = RayExecutor(ray_address)
     else:
         from tunebench.executors.local import LocalExecutor
 
         runner = LocalExecutor(settings.max_parallel)
+    quiet = quiet or is_quiet()
     console = Console(stderr=True)
+    display: Any = ProgressDisplay(console, enabled=not quiet)
+    if not quiet and not console.is_terminal:  # a log or a pipe: a line per finished measurement, and every 30 s
+        display = ProgressLog()
     try:
-        with ProgressDisplay(console, enabled=not quiet and console.is_terminal) as display:
-            summary = run(spec, sample_store, runner, settings, on_progress=display.update)
+        with display:
+            return run(spec, sample_store, runner, settings, on_progress=display.update)
     finally:
         sample_store.close()
-    if as_json:
-        typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
-        return
+
+
+def print_summary(summary: Summary) -> None:
+    """What explore did, in a few lines."""
     typer.echo(
         f"{summary.operation_id}: {summary.done}/{summary.total} done — valid {summary.valid}, "
         f"invalid {summary.invalid} ({summary.rules} by rule), failed {summary.failed}; "
@@ -184,139 +156,6 @@ def explore(
     typer.echo(f"show them: tunebench show --operation {summary.operation_id}")
 
 
-def show(
-    space: SpaceOpt = None,
-    operation: OperationOpt = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
-    store: StoreOpt = None,
-    actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
-    ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
-) -> None:
-    """Stored results, one row per entity x experiment: constitutive then measured columns."""
-    from tunebench.store.tables import build, render
-
-    parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
-    if fmt == "parquet" and output is None:
-        raise InputError("--output", "parquet needs a file: --output FILE.parquet")
-    sample_store = open_store(store, create=False)
-    try:
-        outcomes, columns, title = _select(sample_store, space, operation, actuator)
-    finally:
-        sample_store.close()
-    render(build(outcomes, constitutive=columns), fmt, output, limit=limit, title=title)
-
-
-def import_csv(
-    file: Annotated[
-        Path, typer.Argument(help="CSV: ado's `show measurements -o csv`, or LLMFineTuningBench's ado-sfttrainer.csv.")
-    ],
-    store: StoreOpt = None,
-    skip_bad_rows: Annotated[
-        bool, typer.Option("--skip-bad-rows", help="Import the rows tunebench understands, skip the others.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-) -> None:
-    """Load measurements of the reference system; they count for memoisation and calibration."""
-    from tunebench.store.csvio import read_import, write_import
-
-    parse(ImportOptions, file=file)
-    records, summary = read_import(file, skip_bad_rows=skip_bad_rows)  # bad input: nothing is written
-    sample_store = open_store(store)
-    try:
-        summary = write_import(sample_store, records, summary)
-    finally:
-        sample_store.close()
-    if as_json:
-        typer.echo(json.dumps(summary.to_dict(), indent=1))
-        return
-    typer.echo(
-        f"{file.name}: {summary.rows} rows, {summary.added} added ({summary.valid} valid, {summary.invalid} invalid "
-        f"in the file), {summary.already_present} already in the store"
-    )
-    for reason, n in summary.skipped.most_common():
-        typer.echo(f"  skipped {n}: {reason}")
-    if summary.ignored_columns:
-        typer.echo("  ignored columns: " + ", ".join(summary.ignored_columns))
-
-
-def export(
-    fmt: Annotated[
-        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`).")
-    ] = "ado-csv",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout).")] = None,
-    space: SpaceOpt = None,
-    operation: OperationOpt = None,
-    store: StoreOpt = None,
-    actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (e.g. measure).")
-    ] = None,
-) -> None:
-    """Write valid and invalid results in the reference's CSV layout."""
-    from tunebench.store.tables import build, write_csv
-    from tunebench.store import INVALID, VALID
-
-    parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
-    sample_store = open_store(store, create=False)
-    try:
-        outcomes, _, _ = _select(sample_store, space, operation, actuator, statuses=[VALID, INVALID])
-    finally:
-        sample_store.close()
-    table = build(outcomes, ado=True)
-    if output:
-        with output.open("w", newline="") as out:
-            write_csv(table, out)
-        typer.echo(f"{len(table)} rows -> {output}", err=True)
-    else:
-        write_csv(table, sys.stdout)
-
-
-def _select(
-    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None
-) -> tuple[Outcomes, list[str], str | None]:
-    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store."""
-    if space and operation:
-        raise InputError("--space", "give --space or --operation, not both")
-    if operation:
-        op = store.operation(operation)
-        if op is None:
-            known = [o["id"] for o in store.operations()]
-            raise InputError(
-                "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
-            )
-        dims = list((op["space"] or {}).get("entity_space", {}))
-        outcomes = store.table(operation_id=operation, actuator=actuator, statuses=statuses)
-        return outcomes, dims, f"{operation} ({op['sampler']})"
-    if space:
-        from tunebench.explore.space import load_space
-
-        spec = load_space(space)
-        points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
-        ids = store.request_ids(points, actuator=actuator or spec.actuator)
-        outcomes = store.table(request_ids=[ids[p] for p in points if p in ids], statuses=statuses)
-        return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
-    return store.table(actuator=actuator, statuses=statuses), [], None
-
-
-MAX_SHOW_POINTS = 200_000
-
-
-def _space_points(spec: Space) -> list[Point]:
-    """Every point of a space to look up: the sampled ones, or the whole grid for optimize."""
-    from tunebench.explore.samplers import point, sample
-
-    if spec.operation.sampler != "optimize":
-        return sample(spec)
-    if spec.size * len(spec.experiments) > MAX_SHOW_POINTS:
-        raise InputError("--space", f"the space has {spec.size:,} entities; use --operation {spec.operation_id}")
-    return [point(e, spec.entity_values(i)) for i in range(spec.size) for e in spec.experiments]
-
-
 def register(app: typer.Typer) -> None:
-    """Add explore, show, import and export to a Typer app."""
+    """Add explore to a Typer app."""
     app.command("explore")(explore)
-    app.command("show")(show)
-    app.command("import")(import_csv)
-    app.command("export")(export)

@@ -1,6 +1,10 @@
-"""Live progress of an operation (rich): done / total, running, failed, invalid, memoised, ETA."""
+"""Progress of an operation: live in a terminal (rich), else log lines; done / total, running, failed, invalid, memoised."""
 
 from __future__ import annotations
+
+import logging
+import threading
+import time
 
 from rich.console import Console
 from rich.progress import (
@@ -13,6 +17,7 @@ from rich.progress import (
 )
 
 from tunebench.explore.explorer import Progress as Counts
+from tunebench.logs import get as get_logger
 
 
 class ProgressDisplay:
@@ -50,3 +55,58 @@ class ProgressDisplay:
             self.task = self.progress.add_task(counts.operation_id, total=counts.total, completed=counts.done, **fields)
         else:
             self.progress.update(self.task, total=counts.total, completed=counts.done, **fields)
+
+
+HEARTBEAT_S = 30.0  # outside a terminal, a progress line at least this often (a long measurement included)
+
+
+class ProgressLog:
+    """Progress as log lines (stderr outside a terminal): one per finished measurement, and one every
+    interval seconds while nothing finishes. A context manager whose update(counts) the explorer calls."""
+
+    def __init__(self, interval: float = HEARTBEAT_S, logger: logging.Logger | None = None):
+        self.interval = interval
+        self.log = logger or get_logger(__name__)
+        self.counts: Counts | None = None
+        self._finished = -1
+        self._started = time.monotonic()
+        self._last = self._started
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="tunebench-progress", daemon=True)
+
+    def __enter__(self) -> ProgressLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def update(self, counts: Counts) -> None:
+        with self._lock:
+            self.counts = counts
+            finished = counts.done + counts.measured  # a retried measurement counts too
+            if finished != self._finished:
+                self._finished = finished
+                self._say(counts)
+            else:
+                self.log.debug(self.line(counts))
+
+    def line(self, counts: Counts) -> str:
+        elapsed = time.monotonic() - self._started
+        return (
+            f"{counts.operation_id}: {counts.done}/{counts.total} done — valid {counts.valid}, invalid "
+            f"{counts.invalid}, failed {counts.failed}, running {counts.running}, memoised {counts.memoised}; "
+            f"{elapsed:.0f} s"
+        )
+
+    def _say(self, counts: Counts) -> None:
+        self.log.info(self.line(counts))
+        self._last = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.interval, 1.0)):
+            with self._lock:
+                if self.counts is not None and time.monotonic() - self._last >= self.interval:
+                    self._say(self.counts)

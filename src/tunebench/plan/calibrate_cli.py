@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,7 +44,7 @@ def calibrate(
 
     parse(CalibrateOptions, sources=sources, output=output)
     records, label = gather_records(store, sources, replace)
-    result = cal.calibrate(records, source=label, lomo=lomo, progress=lambda msg: typer.echo(f"calibrate: {msg}", err=True))
+    result = _calibrate_with_progress(cal, records, label, lomo)
     target = output or user_calibration_path()
     if save:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,3 +117,17 @@ def print_calibration(result: Any, label: str) -> None:
                 f"({fmt(m['oom_near_limit_accuracy_pct'])} % near the limit), throughput MdAPE "
                 f"{fmt(m['throughput_mdape_pct'])} %"
             )
+
+
+def _calibrate_with_progress(cal: Any, records: list[Any], label: str, lomo: bool) -> Any:
+    """cal.calibrate with its steps as log lines on stderr, and a line at least every 30 s (--quiet: none)."""
+    from tunebench.logs import get, heartbeat
+
+    log, started, step = get(__name__), time.monotonic(), ["starting"]
+
+    def say(msg: str) -> None:
+        step[0] = msg
+        log.info(f"calibrate: {msg} ({time.monotonic() - started:.0f} s)")
+
+    with heartbeat(log, lambda: f"calibrate: still {step[0]} ({time.monotonic() - started:.0f} s)"):
+        return cal.calibrate(records, source=label, lomo=lomo, progress=say)

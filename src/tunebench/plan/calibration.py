@@ -254,14 +254,16 @@ def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, floa
     return out
 
 
-def leave_one_out(records: list[Record], group: Callable[[Record], str], start: Coefficients | None = None
-                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
+def leave_one_out(records: list[Record], group: Callable[[Record], str], start: Coefficients | None = None,
+                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
     """Refit without each group (model family or source) and predict it: pooled and per-group scores."""
     names = sorted({group(r) for r in records})
+    say = progress or (lambda _msg: None)
     n = len(records)
     pooled = {k: np.full(n, np.nan) for k in (*MEMORY_KEYS, "fits", "p_oom", "capacity", "tps", "dtps")}
     per_group = {}
-    for name in names:
+    for number, name in enumerate(names, start=1):
+        say(f"held out {number}/{len(names)}: {name}")
         train = [r for r in records if group(r) != name]
         test_idx = [i for i, r in enumerate(records) if group(r) == name]
         if not any(r.fit for r in train):
@@ -275,8 +277,9 @@ def leave_one_out(records: list[Record], group: Callable[[Record], str], start: 
     return {"pooled": scores(records, pooled), "per_group": per_group}, pooled
 
 
-def leave_one_model_out(records: list[Record], start: Coefficients | None = None):
-    return leave_one_out(records, lambda r: r.family, start)
+def leave_one_model_out(records: list[Record], start: Coefficients | None = None,
+                        progress: Callable[[str], None] | None = None):  # fmt: skip
+    return leave_one_out(records, lambda r: r.family, start, progress)
 
 
 def leave_one_source_out(records: list[Record], start: Coefficients | None = None):
@@ -298,7 +301,7 @@ def calibrate(records: list[Record], source: str, lomo: bool = True, progress: C
     metrics: dict[str, Any] = {"in_sample": scores(records, Batch.of(records).predict(c))}
     if lomo and len({r.family for r in records}) > 1:
         say("leave-one-model-out: refitting once per model family")
-        held_out, pooled = leave_one_model_out(records)
+        held_out, pooled = leave_one_model_out(records, progress=say)
         metrics["leave_one_model_out"] = held_out
         errors = log_errors(records, pooled)
         if errors.size >= 4:

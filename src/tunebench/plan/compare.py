@@ -28,7 +28,7 @@ COMPARED = (
 
 def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
     """Measured (actuator ``measure``) valid or invalid outcomes in the store, oldest first."""
-    from tunebench.explore.cli import open_store
+    from tunebench.store.cli import open_store
     from tunebench.store import DONE
 
     with open_store(store_url) as sample_store:
@@ -37,7 +37,7 @@ def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
 
 def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
     """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
-    from tunebench.explore.cli import open_store
+    from tunebench.store.cli import open_store
     from tunebench.store import DONE
 
     with open_store(store_url) as sample_store:

@@ -33,7 +33,7 @@ def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
-    from tunebench.explore.cli import open_store
+    from tunebench.store.cli import open_store
     from tunebench.report import build_report
 
     parse(ReportOptions, space=space, output=output)

@@ -34,7 +34,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Annotated, Any, Literal
+from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
@@ -52,7 +52,10 @@ from tunebench.spec.properties import PROPERTIES
 from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.store.schema import INVALID, VALID
-from tunebench.store.store import Record, Store
+from tunebench.store.rows import Record
+
+if TYPE_CHECKING:
+    from tunebench.store.store import Store
 
 # LLMFineTuningBench "method" -> experiment (ado-sfttrainer.md §3, §13.2)
 METHOD_EXPERIMENTS = {

@@ -5,10 +5,13 @@ One row per entity x experiment, in the layout of the reference's ``show measure
 an unnamed index column, ``identifier``, ``generatorid``, ``experiment_id``, the constitutive
 columns (entity id order: model_name, number_gpus, model_max_length, batch_size, then the rest
 alphabetically), then the measured columns that any row has, in the reference's order with
-``is_valid`` last. ``show`` appends ``status`` (valid, invalid, failed, or pending/running for a
-point being retried) and ``reason`` (why it is invalid or failed); ``export --format ado-csv``
-writes exactly the reference layout (valid and invalid rows, experiment ids prefixed
-``SFTTrainer.``, an imported row's own identifiers kept).
+``is_valid`` last. ``show`` adds ``actuator`` after ``experiment_id`` (measure, predict, noop...: a
+prediction never passes for a measurement) and appends ``status`` (valid, invalid, failed, or
+pending/running for a point being retried) and ``reason`` (why it is invalid or failed).
+``export --format ado-csv`` writes exactly the reference layout (valid and invalid rows, an
+imported row's own identifiers kept), where ado names the actuator as the prefix of the experiment
+id: measurements get ado's ``SFTTrainer.``, any other actuator its own name (``predict.``), so ado
+never reads a prediction or a test row as a measurement.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
 from tunebench.spec.measured import REPORT_ORDER
 from tunebench.spec.properties import render_value
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
-from tunebench.store.store import Outcomes, no_gc
+from tunebench.store.rows import Outcomes, no_gc
 
-ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids
+ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids (ado names measurements so)
+MEASURE = "measure"  # the actuator that measures; every other one predicts or tests
 FORMATS = ("table", "csv", "json", "parquet")
-TABLE_MEASURED = ("dataset_tokens_per_second", "train_runtime")  # what the terminal table shows
+# what the terminal table shows of the measured properties (those any row has): throughput, time, memory
+TABLE_MEASURED = ("dataset_tokens_per_second", "train_runtime", "gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib",
+                  "gpu_memory_utilization_peak", "cpu_memory_utilization")  # fmt: skip
 
 
 @dataclass
@@ -110,19 +116,24 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
         measured_data.append(cols["is_valid"])
     # head and tail columns
     if ado:
+        prefix = {a: ADO_PREFIX if a == MEASURE else f"{a}." for a in set(cols["actuator"])}
         identifier = [s or e for s, e in zip(cols["source_identifier"], cols["entity_id"])]
-        experiment = [s or ADO_PREFIX + e for s, e in zip(cols["source_experiment_id"], experiment_ids)]
+        experiment = [s if s and a == MEASURE else prefix[a] + e
+                      for s, e, a in zip(cols["source_experiment_id"], experiment_ids, cols["actuator"])]  # fmt: skip
+        head, head_data = ["experiment_id"], [experiment]
     else:
-        identifier, experiment = cols["entity_id"], experiment_ids
+        identifier = cols["entity_id"]
+        head, head_data = ["experiment_id", "actuator"], [experiment_ids, cols["actuator"]]
     generator = [g or "" for g in cols["generator"]]
-    columns = ["", "identifier", "generatorid", "experiment_id", *const, *measured]
-    data = [range(n), identifier, generator, experiment, *const_data, *measured_data]
+    columns = ["", "identifier", "generatorid", *head, *const, *measured]
+    data = [range(n), identifier, generator, *head_data, *const_data, *measured_data]
     if not ado:
         reasons = [e or (None if r in (None, "[]") else "; ".join(json.loads(r) if isinstance(r, str) else r))
                    for e, r in zip(cols["error"], cols["reasons"])]  # fmt: skip
         columns += ["status", "reason"]
         data += [cols["status"], reasons]
-    return Table(columns, data, tuple(range(4, 4 + len(const))))
+    first = 3 + len(head)
+    return Table(columns, data, tuple(range(first, first + len(const))))
 
 
 def _present(column: Sequence[Any], n: int) -> bool:
@@ -199,19 +210,29 @@ def write_parquet(table: Table, path: str | Path) -> None:
     pq.write_table(pa.Table.from_arrays(arrays, names=names), str(path))
 
 
-def print_table(table: Table, *, limit: int = 50, title: str | None = None, file: IO[str] | None = None) -> None:
-    """A terminal table: constitutive columns, status, is_valid and the key measured properties."""
+def print_table(
+    table: Table, *, limit: int | None = 50, title: str | None = None, file: IO[str] | None = None,
+    empty: str = "no results",
+) -> None:
+    """A terminal table: constitutive columns, actuator, status, is_valid, throughput, time and memory.
+
+    limit: the rows shown (None: every row); a note under the table says how many were left out.
+    An empty table prints the line empty instead of a table of headers.
+    """
     from rich.console import Console
     from rich.table import Table as RichTable
 
     console = Console(file=file or sys.stdout)
+    if not len(table):
+        console.print(empty, highlight=False)
+        return
     cols = table.columns
     start = cols.index("experiment_id")
     end = len(cols)
     for name in REPORT_ORDER + ("is_valid",):
         if name in cols:
             end = min(end, cols.index(name))
-    experiments = set(table.data[start]) if table.data else set()
+    experiments = set(table.data[start])
     if len(experiments) == 1:  # one experiment: name it once, above the table
         title = f"{title + ' — ' if title else ''}{experiments.pop()}"
         wanted = [*cols[start + 1 : end], "status"]
@@ -224,11 +245,16 @@ def print_table(table: Table, *, limit: int = 50, title: str | None = None, file
         rich_table.add_column(
             cols[i], overflow="fold", max_width=60 if cols[i] in ("reason", "experiment_id") else None
         )
-    for row in list(zip(*(column[:limit] for column in table.data))):
+    shown = len(table) if limit is None else min(limit, len(table))
+    for row in zip(*(column[:shown] for column in table.data)):
         rich_table.add_row(*[_short(row[i]) for i in index])
     console.print(rich_table)
-    if len(table) > limit:
-        console.print(f"... {len(table) - limit} more rows (use --limit, or --format csv|json|parquet)")
+    if shown < len(table):
+        console.print(
+            f"showing {shown:,} of {len(table):,} rows: {len(table) - shown:,} more not shown "
+            "(--all shows every row; --limit N, --top N, --where; --format csv|json|parquet hold every row)",
+            highlight=False,
+        )
 
 
 def _short(value: Any) -> str:
@@ -238,7 +264,8 @@ def _short(value: Any) -> str:
 
 
 def render(
-    table: Table, fmt: str, output: str | Path | None = None, *, limit: int = 50, title: str | None = None
+    table: Table, fmt: str, output: str | Path | None = None, *, limit: int | None = 50, title: str | None = None,
+    empty: str = "no results",
 ) -> None:
     """Write a table as fmt to output (a file) or stdout; parquet needs a file."""
     if fmt == "parquet":
@@ -247,7 +274,7 @@ def render(
         write_parquet(table, output)
         return
     if fmt == "table" and not output:
-        print_table(table, limit=limit, title=title)
+        print_table(table, limit=limit, title=title, empty=empty)
         return
     buffer = io.StringIO()
     if fmt == "csv":
@@ -256,7 +283,7 @@ def render(
         write_json(table, buffer)
     else:  # a table into a file: the first `limit` rows, as on a terminal (csv/json/parquet hold every row;
         # rich takes minutes to lay out 100,000 rows that nobody reads as a table)
-        print_table(table, limit=limit, title=title, file=buffer)
+        print_table(table, limit=limit, title=title, file=buffer, empty=empty)
     text = buffer.getvalue()
     if output:
         Path(output).write_text(text)

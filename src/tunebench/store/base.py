@@ -1,0 +1,67 @@
+"""What every part of the store shares: the engine at a URL, and the primary keys of known ids.
+
+``Store`` (store/store.py) is this base plus its parts: the queue (store/queue.py), the reads
+(store/reads.py) and the bulk import (store/imports.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Self
+
+from sqlalchemy import Connection, insert, select
+
+from tunebench.spec.experiments import Entity, Experiment
+from tunebench.store import db
+from tunebench.store.migrations import migrate
+from tunebench.store.rows import entity_row, experiment_row, id_hash
+from tunebench.store.schema import entities, experiments
+
+
+class StoreBase:
+    """A sample store at an SQLAlchemy URL (created and migrated on first use)."""
+
+    def __init__(self, url: str | os.PathLike | None = None):
+        self.url = db.store_url(url)
+        self.engine = db.make_engine(self.url)
+        self.version = migrate(self.engine)
+        self._experiment_pks: dict[str, int] = {}
+        self._entity_pks: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------ identities
+
+    def _experiment_pk(self, conn: Connection, experiment: Experiment) -> int:
+        key = id_hash(experiment.id)
+        pk = self._experiment_pks.get(key)
+        if pk is None:
+            pk = conn.execute(select(experiments.c.pk).where(experiments.c.id_hash == key)).scalar()
+            if pk is None:
+                row = experiment_row(experiment, key, time.time())
+                pk = conn.execute(insert(experiments).values(row)).inserted_primary_key[0]
+            self._experiment_pks[key] = pk
+        return pk
+
+    def _entity_pk(self, conn: Connection, entity: Entity) -> int:
+        key = id_hash(entity.id)
+        pk = self._entity_pks.get(key)
+        if pk is None:
+            pk = conn.execute(select(entities.c.pk).where(entities.c.id_hash == key)).scalar()
+            if pk is None:
+                pk = conn.execute(insert(entities).values(entity_row(entity, key))).inserted_primary_key[0]
+            self._entity_pks[key] = pk
+        return pk
+
+    def _forget_new_keys(self) -> None:
+        """After a rolled-back transaction, cached primary keys may not exist: drop the caches."""
+        self._experiment_pks.clear()
+        self._entity_pks.clear()

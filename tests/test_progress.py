@@ -1,0 +1,107 @@
+"""Progress where no live display can be drawn (logs, pipes, CI), -v/--quiet, --version, explore's exit code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tunebench import __version__
+from tunebench.cli import main
+from tunebench.explore.explorer import Progress
+from tunebench.explore.progress import ProgressLog
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+NOOP = {
+    "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+    "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": [1, 2, 3]},
+    "actuator": {"name": "noop"},
+}
+# fails at once, without training: several nodes need the ray executor
+FAILING = {
+    "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+    "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 2, "batch_size": 2,
+                     "gpu_model": "NVIDIA-A100-80GB-PCIe", "number_nodes": 2},
+}  # fmt: skip
+LINE = re.compile(r"^\d\d:\d\d:\d\d op-[0-9a-f]+: (\d+)/(\d+) done — valid \d+, invalid \d+, failed \d+", re.M)
+
+
+def tunebench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """tunebench in a fresh process with stdout and stderr pipes (not a terminal)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "tunebench.cli", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_explore_logs_a_line_per_finished_measurement_outside_a_terminal(tmp_path):
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(NOOP))
+    proc = tunebench(tmp_path, "explore", "space.yaml", "--store", "s.db")
+    assert proc.returncode == 0, proc.stderr
+    done = [int(m.group(1)) for m in LINE.finditer(proc.stderr)]
+    assert {1, 2, 3} <= set(done) and done == sorted(done), proc.stderr
+    quiet = tunebench(tmp_path, "--quiet", "explore", "space.yaml", "--store", "q.db")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "3/3 done" in quiet.stdout
+    verbose = tunebench(tmp_path, "-v", "explore", "space.yaml", "--store", "v.db")
+    assert len(LINE.findall(verbose.stderr)) > len(LINE.findall(proc.stderr))
+
+
+def test_progress_is_logged_at_least_every_interval_while_nothing_finishes():
+    log = logging.getLogger("tunebench.test-progress")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    lines = Lines()
+    log.addHandler(lines)
+    counts = Progress("op-test", total=4, running=1)
+    with ProgressLog(interval=0.3, logger=log) as progress:
+        progress.update(counts)  # the first line at once
+        time.sleep(1.25)  # a long measurement: heartbeats only
+        heartbeats = len(lines.lines) - 1
+        progress.update(Progress("op-test", total=4, done=1, valid=1, measured=1))
+    assert 2 <= heartbeats <= 5, lines.lines
+    assert lines.lines[0].startswith("op-test: 0/4 done") and "running 1" in lines.lines[0]
+    assert lines.lines[-1].startswith("op-test: 1/4 done — valid 1")
+
+
+def test_explore_exits_1_when_measurements_failed(tmp_path):
+    (tmp_path / "fail.yaml").write_text(yaml.safe_dump(FAILING))
+    proc = tunebench(tmp_path, "explore", "fail.yaml", "--store", "s.db", "--max-retries", "0")
+    assert proc.returncode == 1, proc.stderr
+    assert "failed 1" in proc.stdout and "1 point(s) failed" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(NOOP))
+    assert tunebench(tmp_path, "explore", "ok.yaml", "--store", "s.db", "--quiet").returncode == 0
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tunebench {__version__}"
+
+
+def test_calibrate_shows_progress(tmp_path, capsys):
+    csv = tmp_path / "runs.csv"
+    csv.write_text(
+        ",identifier,experiment_id,model_name,number_gpus,model_max_length,batch_size,gpu_model,"
+        "gpu_memory_utilization_peak,train_runtime,train_samples_per_second,dataset_tokens_per_second,"
+        "dataset_tokens_per_second_per_gpu,is_valid\n"
+        "0,x,SFTTrainer.finetune_full_benchmark-v1.0.0,smollm2-135m,0,512,1,,0.0,30.4,134.5,2624.0,2624.0,1\n"
+        "1,y,SFTTrainer.finetune_lora_benchmark-v1.0.0,llama3.1-8b,1,2048,4,NVIDIA-A100-SXM4-80GB,55.0,100.0,1.0,"
+        "4000.0,4000.0,1\n"
+    )
+    assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"calibrate: fitting on 2 runs \(\d+ s\)", err), err
+    assert re.search(r"calibrate: held out 1/2: .*\n.*calibrate: held out 2/2: ", err), err
