@@ -253,12 +253,16 @@ def test_metadata_declares_every_table():
 
 
 def test_frozen_schema_matches_the_spec_lists():
-    """The store's columns are frozen (a new one needs a migration) but must match spec/ exactly."""
+    """The results table has one column per measured property of spec/; a change to those lists must
+    come with a migration: this fingerprint is of the columns schema version {SCHEMA_VERSION} created."""
+    import hashlib
+
     from tunebench.spec.experiments import ID_ORDER
-    from tunebench.spec.measured import BENCHMARK_MEASURED, REPORT_ORDER, STABILITY_MEASURED
+    from tunebench.spec.measured import REPORT_ORDER
     from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 
-    spec_measured = [p for p in (*BENCHMARK_MEASURED, *STABILITY_MEASURED) if p != "is_valid"]
-    assert list(MEASURED_COLUMNS) == spec_measured
+    fingerprint = hashlib.sha256(",".join(MEASURED_COLUMNS).encode()).hexdigest()
+    assert fingerprint == "44c5b645f1e4f741526820ff4aec34f92dbcc2430a2bf07df020bb7cfb09bb6e", "measured columns changed: write a migration"
+    assert len(MEASURED_COLUMNS) == 25 and "is_valid" not in MEASURED_COLUMNS
     assert sorted(REPORT_ORDER) == sorted(MEASURED_COLUMNS)
     assert ENTITY_COLUMNS == (*ID_ORDER, "number_nodes")  # the id's keys, then the placement

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -107,18 +107,7 @@ class Experiment:
                 params.pop(name, None)
             else:
                 params[name] = value
-        return Experiment(
-            base_id=self.base_id,
-            method=self.method,
-            description=self.description,
-            optional=self.optional,
-            hardcoded=self.hardcoded,
-            measured=self.measured,
-            target_module_map=self.target_module_map,
-            single_node_only=self.single_node_only,
-            restricted=self.restricted,
-            parameters=MappingProxyType(params),
-        )
+        return replace(self, parameters=MappingProxyType(params))
 
     def parse(self, name: str, raw: Any) -> Any:
         """Parse a value of one of this experiment's properties, honouring narrower domains."""

@@ -30,6 +30,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
+from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
+
 metadata = MetaData()
 
 # Request states. valid/invalid are final and memoised; failed is final until the next run retries it.
@@ -40,19 +42,11 @@ DONE = (VALID, INVALID)  # memoised outcomes (ado-sfttrainer.md §12.4: invalid 
 # Entity properties kept as real columns of `entities` (spec 004 required properties + placement):
 # the canonical value, NULL where the canonical entity leaves it at the experiment's default.
 ENTITY_COLUMNS = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model", "number_nodes")
-# Measured properties of spec 004 (benchmark and stability experiments), one real column each in
-# `results`; anything else an actuator measures goes to `results.extra_properties` (JSON). Frozen
-# here, not imported: a new column needs a migration.
-MEASURED_COLUMNS = (
-    "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
-    "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
-    "gpu_power_percent_min", "gpu_power_percent_avg", "gpu_power_percent_max",
-    "gpu_power_watts_min", "gpu_power_watts_avg", "gpu_power_watts_max",
-    "gpu_memory_utilization_peak", "cpu_compute_utilization", "cpu_memory_utilization",
-    "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
-    "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
-    "f_gpu_oom", "f_other_error", "f_no_error",
-)  # fmt: skip
+# Measured properties (spec/measured.py: the benchmark and stability experiments'), one real column
+# each in `results`; anything else an actuator measures goes to `results.extra_properties` (JSON). A
+# change to these lists changes the table: tests/test_store.py holds their fingerprint, so it fails
+# until a migration (store/migrations.py) is written with the new fingerprint.
+MEASURED_COLUMNS = tuple(p for p in (*BENCHMARK_MEASURED, *STABILITY_MEASURED) if p != "is_valid")
 
 schema_version = Table(
     "schema_version",
