@@ -105,7 +105,7 @@ def explore(
     executor: Executor,
     settings: Settings | None = None,
     on_progress: Callable[[Progress], None] | None = None,
-) -> Summary:
+) -> Summary:  # over 60 lines: the scheduling loop (claim, submit, poll, record, stop) reads in one place
     """Run (or resume) the space's operation to completion; returns what happened."""
     settings = settings or Settings()
     # fail fast on a bad actuator, before anything is stored
@@ -119,24 +119,7 @@ def explore(
     output_root = settings.output_root or home() / "runs"
     progress = Progress(op_id, total=0)
 
-    search = None
-    if sampler == "optimize":
-        from tunebench.explore.optimize import OptunaSearch
-
-        search = OptunaSearch(space, store, op_id, remeasure=settings.remeasure)
-        progress.total = search.budget
-        progress.memoised = search.evaluated
-    else:
-        points = sample(space)
-        if settings.skip_predicted_oom and space.actuator != "predict":
-            points, skipped = screen_predicted_oom(points)
-            progress.skipped = len(skipped)
-        regs = store.register(
-            op_id, points, actuator=space.actuator, generator=sampler, remeasure=settings.remeasure
-        )
-        progress.total = len({r.request_id for r in regs})
-        progress.memoised = sum(r.origin == "memoised" for r in {r.request_id: r for r in regs}.values())
-        progress.rules = sum(r.origin == "rules" for r in {r.request_id: r for r in regs}.values())
+    search = _register(space, store, settings, progress)
     _refresh(store, op_id, progress, search)
 
     experiments: dict[str, Experiment] = {}
@@ -155,54 +138,23 @@ def explore(
                 store.requeue_stale(max_retries=settings.max_retries)  # a dead explorer's claims come back
                 last_requeue = now
 
-            capacity = settings.max_parallel - len(in_flight)
-            claims: list[Claim] = []
-            if capacity > 0:
-                if search is None:
-                    claims = store.claim(op_id, owner, capacity, settings.lease_seconds)
-                else:
-                    search.check_watched()
-                    search.propose(capacity - len(search.claimable(exclude=in_flight)))
-                    wanted = search.claimable(exclude=in_flight)[:capacity]
-                    claims = store.claim(op_id, owner, capacity, settings.lease_seconds, request_ids=wanted)
-                    search.lost_race(set(wanted) - {c.request_id for c in claims})
+            claims = _claim(store, search, op_id, owner, settings.max_parallel - len(in_flight), settings, in_flight)
             for claim in claims:
                 in_flight[claim.request_id] = claim
-                try:
-                    executor.submit(_task(claim, experiments, space, output_root, settings.allow_actuator_import))
-                except Exception as exc:  # e.g. the Ray cluster went away: this attempt failed
+                error = _submit(executor, _task(claim, experiments, space, output_root, settings.allow_actuator_import))
+                if error:
                     in_flight.pop(claim.request_id)
-                    failed = Result.failed(claim.experiment_id, claim.entity_id, f"submit: {type(exc).__name__}: {exc}")
+                    failed = Result.failed(claim.experiment_id, claim.entity_id, error)
                     store.complete(claim, failed, max_retries=settings.max_retries, generator=sampler)
 
             finished = executor.poll(timeout=POLL_S if in_flight else 0.0)
-            for fin in finished:
-                claim = in_flight.pop(fin.request_id)
-                status = store.complete(claim, fin.result, max_retries=settings.max_retries, generator=sampler)
-                progress.measured += 1
-                progress.retried += status == PENDING
-                progress.lost += status == "lost"
-                if search is not None and status in (VALID, INVALID, FAILED):
-                    search.tell(claim.request_id, status, fin.result.properties)
-                elif search is not None and status == "lost":
-                    search.lost_race([claim.request_id])
+            _record(store, search, finished, in_flight, progress, settings, sampler)
             if claims or finished:
                 _refresh(store, op_id, progress, search, running=len(in_flight))
                 report(progress)
 
-            if not in_flight and not claims:
-                if search is not None:
-                    if search.finished():
-                        break
-                    if search.watched and not search.claimable():
-                        time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
-                else:
-                    counts = store.counts(op_id)
-                    if not counts.get(PENDING, 0) and not counts.get(RUNNING, 0):
-                        break
-                    # pending requests were claimed by someone else meanwhile, or other explorers hold
-                    # claims: wait for their results or for their leases to expire (requeued above)
-                    time.sleep(POLL_S if counts.get(RUNNING, 0) else 0.05)
+            if not in_flight and not claims and _finished_or_wait(store, search, op_id):
+                break
     except KeyboardInterrupt:
         interrupted = True
         store.release(in_flight.values())
@@ -219,6 +171,85 @@ def explore(
     summary.final = store.counts(op_id)
     summary.best = search.best() if search is not None else _best(store, space)
     return summary
+
+
+def _submit(executor: Executor, task: Task) -> str | None:
+    """Hand a task to the executor; why not, when it cannot take it (e.g. the Ray cluster went away)."""
+    try:
+        executor.submit(task)
+    except Exception as exc:  # any failure to submit fails this attempt, not the exploration
+        return f"submit: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _register(space: Space, store: Store, settings: Settings, progress: Progress):
+    """Register the space's points (grid/random) or start the Optuna search (optimize); sets the
+    progress totals. Returns the search, or None when the points are all registered up front."""
+    op_id, sampler = space.operation_id, space.operation.sampler
+    if sampler == "optimize":
+        from tunebench.explore.optimize import OptunaSearch
+
+        search = OptunaSearch(space, store, op_id, remeasure=settings.remeasure)
+        progress.total = search.budget
+        progress.memoised = search.evaluated
+        return search
+    points = sample(space)
+    if settings.skip_predicted_oom and space.actuator != "predict":
+        points, skipped = screen_predicted_oom(points)
+        progress.skipped = len(skipped)
+    regs = store.register(op_id, points, actuator=space.actuator, generator=sampler, remeasure=settings.remeasure)
+    unique = {r.request_id: r for r in regs}.values()
+    progress.total = len(unique)
+    progress.memoised = sum(r.origin == "memoised" for r in unique)
+    progress.rules = sum(r.origin == "rules" for r in unique)
+    return None
+
+
+def _claim(store: Store, search, op_id: str, owner: str, capacity: int, settings: Settings,
+           in_flight: dict[int, Claim]) -> list[Claim]:  # fmt: skip
+    """Up to capacity pending requests, claimed for this explorer (optimize: those the search proposes)."""
+    if capacity <= 0:
+        return []
+    if search is None:
+        return store.claim(op_id, owner, capacity, settings.lease_seconds)
+    search.check_watched()
+    search.propose(capacity - len(search.claimable(exclude=in_flight)))
+    wanted = search.claimable(exclude=in_flight)[:capacity]
+    claims = store.claim(op_id, owner, capacity, settings.lease_seconds, request_ids=wanted)
+    search.lost_race(set(wanted) - {c.request_id for c in claims})
+    return claims
+
+
+def _record(store: Store, search, finished: list, in_flight: dict[int, Claim], progress: Progress,
+            settings: Settings, sampler: str) -> None:  # fmt: skip
+    """Store each finished result (a failure may be requeued for a retry) and tell the search."""
+    for fin in finished:
+        claim = in_flight.pop(fin.request_id)
+        status = store.complete(claim, fin.result, max_retries=settings.max_retries, generator=sampler)
+        progress.measured += 1
+        progress.retried += status == PENDING
+        progress.lost += status == "lost"
+        if search is not None and status in (VALID, INVALID, FAILED):
+            search.tell(claim.request_id, status, fin.result.properties)
+        elif search is not None and status == "lost":
+            search.lost_race([claim.request_id])
+
+
+def _finished_or_wait(store: Store, search, op_id: str) -> bool:
+    """Nothing in flight here: True when the operation is done, else wait a little for other explorers."""
+    if search is not None:
+        if search.finished():
+            return True
+        if search.watched and not search.claimable():
+            time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
+        return False
+    counts = store.counts(op_id)
+    if not counts.get(PENDING, 0) and not counts.get(RUNNING, 0):
+        return True
+    # pending requests were claimed by someone else meanwhile, or other explorers hold claims: wait for
+    # their results or for their leases to expire (requeued by the loop)
+    time.sleep(POLL_S if counts.get(RUNNING, 0) else 0.05)
+    return False
 
 
 def screen_predicted_oom(points: list) -> tuple[list, list]:
