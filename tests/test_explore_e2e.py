@@ -15,7 +15,6 @@ MINIMAL = Path(__file__).parent.parent / "examples" / "minimal-cpu-lora.yaml"
 
 @pytest.mark.slow
 def test_minimal_space_measured_for_real(tmp_path):
-    pytest.importorskip("tunebench.measure", reason="the measuring actuator (issue 4) is not there yet")
     space = load_space(MINIMAL)
     with Store(tmp_path / "store.db") as store:
         summary = explore(space, store, LocalExecutor(1), Settings(max_parallel=1, max_retries=1))

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+from worker_data import write_data
 
-from worker_data import write_data  # noqa: E402
-
-from tunebench.spec.measured import BENCHMARK_MEASURED  # noqa: E402
-from tunebench.worker.run import main  # noqa: E402
+from tunebench.spec.measured import BENCHMARK_MEASURED
+from tunebench.worker.run import main
 
 pytestmark = pytest.mark.slow  # every test here trains a model (the marker is informational: CI runs them)
 
@@ -271,8 +268,7 @@ def test_random_weights_use_the_offline_tokenizer_of_their_family(tmp_path, monk
     from tunebench.datasets import offline
     from tunebench.training.tokenizer import offline_tokenizer
 
-    if not offline.available("mistral-v1"):
-        pytest.skip("mistral-common (offline Mistral tokenizer) is not installed")
+    assert offline.available("mistral-v1"), "mistral-common (the offline Mistral tokenizer) is part of the install"
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
     tok, name = offline_tokenizer("mistral-7b-v0.1", 32000)
     assert name.startswith("mistral-v1") and len(tok) == 32000
