@@ -164,13 +164,17 @@ def measure_on_gpu(tmp_path: Path, config: str, parameters: dict, entity: dict):
 
     exp = get_experiment("finetune_full_benchmark-v1.0.0", {"dataset_id": "news-chars-2048-entries-4096",
                                                             "gradient_accumulation_steps": 1, **parameters})  # fmt: skip
-    ent = make_entity(exp, {"model_name": config, "number_gpus": 1, **entity})
+    from tunebench.catalog import get_gpu
+
+    gpu_model = get_gpu(nvidia_smi("name")[0][0]).name  # this machine's GPU as the catalog names it
+    ent = make_entity(exp, {"model_name": config, "number_gpus": 1, "gpu_model": gpu_model, **entity})
     options = {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 900, "visible_devices": "0"}
     return measure(exp, ent, options)
 
 
 def test_cuda_out_of_memory_is_invalid(tmp_path):
-    """Logits alone: 256 samples x 2,048 tokens x 1,048,576 vocabulary x 2 B = 1 TiB, beyond any GPU."""
+    """Logits alone: 256 samples of about 1,000 tokens (4,223 characters, a 2,048-entry BPE) x 1,048,576
+    vocabulary entries x 2 B = 0.5 TB, beyond any GPU (the embedding itself is 67 M parameters)."""
     config = tiny_config(tmp_path, vocab_size=1_048_576)
     result = measure_on_gpu(tmp_path, config, {"max_steps": 2}, {"model_max_length": 2048, "batch_size": 256})
     assert result.status == "invalid", (result.status, result.error, result.log_tail)
