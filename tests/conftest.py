@@ -1,5 +1,10 @@
 """Shared test setup: tunebench's files go to a per-session temporary home, never the user's; the
-fake actuators of tests/fake_actuators.py are importable here, in subprocesses and in Ray workers."""
+fake actuators of tests/fake_actuators.py are importable here, in subprocesses and in Ray workers.
+
+Skip policy: tests never skip silently. The only skip allowed is a test marked ``gpu`` on a machine
+without an NVIDIA GPU (NVML finds none); every other skip, including a module that skips at import,
+is turned into a failure that names the reason. ``-ra`` (pyproject's addopts) prints the skips.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,65 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 if TESTS not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
+
+NO_GPU_REASON = "needs an NVIDIA GPU: NVML finds none on this machine (run with pytest -m gpu where one exists)"
+
+
+def nvidia_gpu_count() -> int:
+    """NVIDIA GPUs the driver reports (NVML, independent of torch's build); 0 without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no library: a CPU machine
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+HAVE_GPU = nvidia_gpu_count() > 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu are skipped (and reported) where no NVIDIA GPU exists."""
+    if HAVE_GPU:
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=NO_GPU_REASON))
+
+
+def _reason(longrepr) -> str:
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def _allowed_skip(item) -> bool:
+    return "gpu" in item.keywords and not HAVE_GPU
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A skip outside the gpu marker (or of a gpu test on a GPU machine) is reported as a failure."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and not hasattr(rep, "wasxfail") and not _allowed_skip(item):
+        reason = _reason(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped outside the gpu marker (tests never skip silently): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module that skips while being imported (pytest.skip, importorskip) is a collection error."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped:
+        reason = _reason(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"{collector.nodeid} skipped at import (tests never skip silently): {reason}"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import time
+from types import SimpleNamespace
 
 from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
 from tunebench.actuators import resolve_actuator
@@ -92,5 +97,47 @@ def test_actuator_names():
     assert resolve_actuator("fake_actuators:sleepy", allow_import=True).__name__ == "sleepy"
 
 
+def fake_nvml(names: list, calls: list) -> SimpleNamespace:
+    """A pynvml stand-in reporting the given product names (bytes, as older pynvml returns, or str)."""
+    return SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: len(names),
+        nvmlDeviceGetHandleByIndex=lambda i: ("handle", i),
+        nvmlDeviceGetName=lambda handle: names[handle[1]],
+    )
+
+
+def test_detect_gpus_reads_nvml_in_order_and_honours_cuda_visible_devices(monkeypatch):
+    calls: list = []
+    names = [b"NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA H100 80GB HBM3"]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(names, calls))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert detect_gpus() == [Gpu("0", "NVIDIA A100-SXM4-80GB"), Gpu("1", "NVIDIA L40S"), Gpu("2", "NVIDIA H100 80GB HBM3")]
+    assert calls == ["init", "shutdown"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 0")
+    assert detect_gpus() == [Gpu("0", "NVIDIA A100-SXM4-80GB"), Gpu("2", "NVIDIA H100 80GB HBM3")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_gpus() == []
+
+
+def test_detect_gpus_without_a_driver_is_empty(monkeypatch):
+    def no_driver():
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=no_driver))
+    assert detect_gpus() == []
+
+
 def test_detect_gpus_on_this_machine():
-    assert isinstance(detect_gpus(), list)  # [] without NVML; never raises
+    """The real NVML against the driver's own tool: nvidia-smi's list (none where it is absent)."""
+    expected = []
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        if out.returncode == 0:
+            expected = [Gpu(*(x.strip() for x in line.split(",", 1))) for line in out.stdout.splitlines() if line.strip()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        expected = [g for g in expected if g.index in {v.strip() for v in visible.split(",")}]
+    assert detect_gpus() == expected

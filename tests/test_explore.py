@@ -140,8 +140,22 @@ def test_optimize_treats_invalid_as_worst(tmp_path):
     space = make_space("oom_above", lengths=(64, 128, 192, 256), batches=(1, 2, 4, 8, 16), max_batch=4,
                        operation={"sampler": "optimize", "budget": 12, "seed": 3})  # fmt: skip
     summary = run(space, tmp_path / "s.db")
-    assert summary.best["entity"]["batch_size"] <= 4
-    assert summary.valid + summary.invalid == summary.done
+    with Store(tmp_path / "s.db") as store:
+        rows = store.rows(operation_id=summary.operation_id)
+    measured = [(r["entity"]["model_max_length"], r["entity"]["batch_size"], r["status"]) for r in rows]
+    # what TPE (Optuna, seed 3; 4 random start-up trials, then 8 guided by the scores) asks for when an
+    # invalid point scores -inf (the worst): a different score for invalid points changes the sequence
+    assert measured == [(192, 8, "invalid"), (128, 4, "valid"), (256, 16, "invalid"), (64, 2, "valid"),
+                        (192, 1, "valid"), (64, 16, "invalid"), (256, 4, "valid"), (192, 2, "valid"),
+                        (128, 1, "valid"), (256, 2, "valid"), (64, 8, "invalid"), (256, 8, "invalid")]  # fmt: skip
+    assert all((status == "invalid") == (batch > 4) for _, batch, status in measured)  # max_batch=4
+    for r in rows:  # the made-up property of tests/fake_actuators.py, written out
+        length, batch = r["entity"]["model_max_length"], r["entity"]["batch_size"]
+        if r["status"] == "valid":
+            assert r["properties"]["dataset_tokens_per_second"] == 1000 - 10 * (length / 64 - 4) ** 2 - 10 * (batch - 4) ** 2
+    assert (summary.done, summary.valid, summary.invalid, summary.measured) == (12, 7, 5, 12)
+    assert summary.best["entity"]["model_max_length"] == 256 and summary.best["entity"]["batch_size"] == 4
+    assert summary.best["dataset_tokens_per_second"] == 1000.0
 
 
 def test_unknown_actuator_is_an_input_error_before_anything_is_stored(tmp_path):

@@ -15,14 +15,23 @@ MINIMAL = Path(__file__).parent.parent / "examples" / "minimal-cpu-lora.yaml"
 
 @pytest.mark.slow
 def test_minimal_space_measured_for_real(tmp_path):
-    pytest.importorskip("tunebench.actuators.measure", reason="the measuring actuator (issue 4) is not there yet")
     space = load_space(MINIMAL)
     with Store(tmp_path / "store.db") as store:
         summary = explore(space, store, LocalExecutor(1), Settings(max_parallel=1, max_retries=1))
         rows = store.rows(operation_id=summary.operation_id)
         assert summary.valid == 4, [r["error"] for r in rows]
+        assert sorted((r["entity"]["model_max_length"], r["entity"]["batch_size"]) for r in rows) == [
+            (64, 1), (64, 2), (128, 1), (128, 2)]  # fmt: skip
         for row in rows:
-            props = row["properties"]
-            assert props["is_valid"] == 1 and props["dataset_tokens_per_second"] > 0 and props["train_runtime"] > 0
+            props, length, batch = row["properties"], row["entity"]["model_max_length"], row["entity"]["batch_size"]
+            runtime = props["train_runtime"]
+            assert props["is_valid"] == 1 and runtime > 0
+            # 2 steps x 4 accumulated micro-batches (spec default) x batch; every news-chars-512 entry
+            # (1,151 characters) is longer than 128 tokens: no padding, each sample is `length` tokens
+            samples = 2 * 4 * batch
+            assert props["train_steps_per_second"] == pytest.approx(2 / runtime, rel=1e-6)
+            assert props["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-6)
+            assert props["dataset_tokens_per_second"] == pytest.approx(samples * length / runtime, rel=1e-6)
+            assert props["train_tokens_per_second"] == pytest.approx(samples * length / runtime, rel=1e-6)
         again = explore(space, store, LocalExecutor(1), Settings(max_parallel=1))
         assert (again.measured, again.memoised) == (0, 4)

@@ -36,9 +36,17 @@ def test_minimal_file_as_written():
     assert all(reasons == [] for _, _, reasons in points)
 
 
+# Sizes counted from the files by hand: 3 models x lengths 128, 320, 512 x 3 batch sizes; 2 x 2; 3 x 4 x 5.
+EXAMPLE_SIZES = {"grid-cpu-noop.yaml": 27, "minimal-cpu-lora.yaml": 4, "optimize-throughput-ray.yaml": 60}
+
+
 def test_every_example_parses():
-    for path in EXAMPLES.glob("*.yaml"):
-        load_space(path)
+    paths = sorted(EXAMPLES.glob("*.yaml"))
+    assert set(EXAMPLE_SIZES) <= {p.name for p in paths}
+    for path in paths:
+        spec = load_space(path)
+        assert spec.size == EXAMPLE_SIZES.get(path.name, spec.size) and spec.size >= 1, path.name
+        assert len(spec.experiments) == 1, path.name
 
 
 def test_ranges_fixed_values_and_operation_id():

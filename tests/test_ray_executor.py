@@ -13,10 +13,10 @@ import tempfile
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
-from tunebench.explore import Settings, explore, parse_space  # noqa: E402
-from tunebench.store import Store  # noqa: E402
+from tunebench.explore import Settings, explore, parse_space
+from tunebench.store import Store
 
 pytestmark = pytest.mark.ray
 A100, L40S = "NVIDIA-A100-80GB-PCIe", "NVIDIA-L40S"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray
 
-from tunebench.explore.__main__ import main  # noqa: E402
+from tunebench.explore.__main__ import main
 
 pytestmark = pytest.mark.ray
 

@@ -1,8 +1,8 @@
 """The experiments as code against the text of spec 004 itself.
 
-The spec (shared/seeds/004_*.txt) sits beside the checkout in CI and in every developer checkout;
-these tests parse its experiment sections and compare defaults, domains, model lists, hardcoded
-LoRA target modules and measured properties with ours. Deliberate departures are listed here.
+The spec's experiment sections are copied verbatim into tests/data/spec/ (the first line names their
+origin), so nothing beside the checkout is read; these tests parse those sections and compare defaults,
+domains, model lists, hardcoded LoRA target modules and measured properties with ours. Deliberate departures are listed here.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ from tunebench.datasets import KNOWN_DATASET_IDS
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.properties import PROPERTIES
 
-SEEDS = Path(__file__).resolve().parents[1].parent / "shared" / "seeds"
-SPEC = next(iter(sorted(SEEDS.glob("004_*.txt"))), None)
-pytestmark = pytest.mark.skipif(SPEC is None, reason="spec 004 not beside the checkout (../shared/seeds)")
+SPEC = Path(__file__).parent / "data" / "spec" / "004_sfttrainer_experiments.txt"
 
 # spec heading -> our id (the spec's README spells the GPTQ experiment "gtpq")
 SECTIONS = {

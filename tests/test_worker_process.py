@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 import worker_data
 
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-
 pytestmark = pytest.mark.slow  # subprocesses that train (the marker is informational: CI runs them)
 
 _WORDS = "market shares rose after the company reported strong quarterly earnings".split()  # this file's own records (worker_data.write_data)

@@ -101,7 +101,8 @@ def test_oom_classification():
     alloc = RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
     assert classify_exception(alloc, on_cpu=True)[0] == "oom"
     assert classify_exception(alloc, on_cpu=False)[0] == "error"
-    torch = pytest.importorskip("torch")
+    import torch
+
     assert classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 MiB")) == (
         "oom", "GPU out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 20 MiB")
     # wrapped: the cause chain is searched
@@ -231,7 +232,6 @@ def test_spec_command_line_parses():
 
 
 def test_completion_only_labels():
-    pytest.importorskip("transformers")
     from tunebench.training.data import IGNORE_INDEX, CompletionCollator, tokenize_record
     from tunebench.training.tokenizer import train_bpe_tokenizer
 

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-pytest.importorskip("peft")
+from worker_data import write_data
 
-from worker_data import write_data  # noqa: E402
-
-from tunebench.spec.measured import BENCHMARK_MEASURED  # noqa: E402
-from tunebench.worker.run import main  # noqa: E402
+from tunebench.spec.measured import BENCHMARK_MEASURED
+from tunebench.worker.run import main
 
 pytestmark = pytest.mark.slow  # every test here trains a model (the marker is informational: CI runs them)
 
@@ -93,6 +90,20 @@ def test_every_property_for_each_architecture_and_method(tmp_path, arch, method)
         expected = {"gpt_bigcode": ["c_attn"], "bloom": ["query_key_value"]}.get(arch, ["q_proj", "v_proj"])
         assert meta["peft"]["target_modules"] == expected
     assert r["steps"]["total"] == 3 and r["train_runtime"] > 0
+    assert_rates_follow_from_tokens(tmp_path, r, agg["properties"], steps=3, samples=3 * 2)
+
+
+def assert_rates_follow_from_tokens(tmp_path: Path, r: dict, props: dict, *, steps: int, samples: int) -> None:
+    """Each rate is its count over train_runtime; token counts brute-forced from the consumed entries."""
+    assert r["consumed"]["entries"] == samples
+    non_pad, padded = _brute_force(tmp_path, r, int(r["args"]["max_seq_length"]))
+    assert sum(r["steps"]["global"]["non_pad_tokens"]) == non_pad
+    assert sum(r["steps"]["global"]["padded_tokens"]) == padded
+    runtime = props["train_runtime"]
+    assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / runtime, rel=1e-9)
+    assert props["train_tokens_per_second"] == pytest.approx(padded / runtime, rel=1e-9)
+    assert props["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-9)
+    assert props["train_steps_per_second"] == pytest.approx(steps / runtime, rel=1e-9)
 
 
 def _brute_force(tmp_path: Path, r: dict, max_len: int) -> tuple[int, int]:
@@ -121,11 +132,7 @@ def test_tokens_counted_from_consumed_micro_batches(tmp_path, gas, gc):
     non_pad, padded = _brute_force(tmp_path, r, 48)
     assert sum(steps["global"]["non_pad_tokens"]) == non_pad
     assert sum(steps["global"]["padded_tokens"]) == padded
-    props = agg["properties"]
-    assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / props["train_runtime"])
-    assert props["train_tokens_per_second"] == pytest.approx(padded / props["train_runtime"])
-    assert props["train_samples_per_second"] == pytest.approx(3 * 2 * gas / props["train_runtime"])
-    assert props["train_steps_per_second"] == pytest.approx(3 / props["train_runtime"])
+    assert_rates_follow_from_tokens(tmp_path, r, agg["properties"], steps=3, samples=3 * 2 * gas)
 
 
 def test_truncation_counts_max_seq_length(tmp_path):
@@ -146,7 +153,10 @@ def test_stop_after_seconds_stops_and_drops_hf_rates(tmp_path):
     for name in ("train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
                  "train_tokens_per_gpu_per_second"):
         assert name not in props  # spec 004: omitted when stop_after_seconds > 0
-    assert props["dataset_tokens_per_second"] > 0 and props["train_runtime"] == pytest.approx(sum(d))
+    assert props["train_runtime"] == pytest.approx(sum(d))
+    non_pad, _ = _brute_force(tmp_path, r, 48)  # one entry per step (batch 1), truncated at 48 tokens
+    assert r["consumed"]["entries"] == len(d) and sum(r["steps"]["global"]["non_pad_tokens"]) == non_pad
+    assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / sum(d), rel=1e-9)
 
 
 def test_auto_stop_excludes_warmup(tmp_path):
@@ -271,8 +281,7 @@ def test_random_weights_use_the_offline_tokenizer_of_their_family(tmp_path, monk
     from tunebench.datasets import offline
     from tunebench.training.tokenizer import offline_tokenizer
 
-    if not offline.available("mistral-v1"):
-        pytest.skip("mistral-common (offline Mistral tokenizer) is not installed")
+    assert offline.available("mistral-v1"), "mistral-common (the offline Mistral tokenizer) is part of the install"
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
     tok, name = offline_tokenizer("mistral-7b-v0.1", 32000)
     assert name.startswith("mistral-v1") and len(tok) == 32000
