@@ -65,3 +65,16 @@ def test_cli_launch_plan_takes_nccl_env_and_refuses_bad_input():
     bad = subprocess.run(base + ["--nccl-env", "NCCL_IB_GID_INDEX"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "nccl_env" in bad.stderr
     assert "Traceback" not in bad.stderr and not bad.stdout
+
+
+def test_multi_node_bundle_asks_for_a_roce_node_only_with_enable_roce():
+    from tunebench.executors.ray import node_bundle
+    from tunebench.executors.task import Task
+
+    def task(roce: bool) -> Task:
+        return Task(request_id=1, attempt=1, actuator="measure", base_id="finetune_full_benchmark-v1.0.0",
+                    parameters={}, experiment_id="e", entity_id="x", entity_values={**TWO_NODES, "enable_roce": roce},
+                    number_gpus=8, number_nodes=2, gpu_model="NVIDIA-H100-80GB-HBM3")  # fmt: skip
+
+    assert node_bundle(task(True)) == {"CPU": 8, "GPU": 4, "NVIDIA-H100-80GB-HBM3": 4, "RoCE": 1}
+    assert "RoCE" not in node_bundle(task(False))
