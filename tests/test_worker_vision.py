@@ -52,7 +52,13 @@ def test_image_tokens_per_sample_match_a_hand_count(model):
         {"role": "user", "content": [{"type": "text", "text": "what is shown"}, {"type": "image"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "two circles"}]},
     ]
-    ex = vision.tokenize_row(processor, chat, jpeg(384, 768), 8192)
+    ex = vision.tokenize_row(processor, chat, vision.process_image(processor, jpeg(384, 768)), 8192)
+    # the same ids as the processor's own expansion of the whole prompt
+    from PIL import Image
+    import io
+
+    direct = processor(images=[Image.open(io.BytesIO(jpeg(384, 768)))], text=[vision.render(chat)[0]])
+    assert ex.input_ids[: len(direct["input_ids"][0])] == list(direct["input_ids"][0])
     vc = spec.extra["vision_config"]
     expected = _image_tokens_by_hand(768, 384, vc["image_size"], vc["patch_size"], vision.grid_pinpoints(spec))
     assert ex.input_ids.count(tok.convert_tokens_to_ids(vision.IMAGE_TOKEN)) == expected

@@ -139,24 +139,44 @@ class VisionExample(Example):
     image_size: tuple[int, int] | None = None  # (height, width) of the original image
 
 
-def tokenize_row(processor: Any, chat: list[dict], image_bytes: bytes, max_length: int) -> VisionExample:
-    """Ids with the image tokens expanded, labels on the response only, truncated to max_length."""
+@dataclass(frozen=True)
+class ProcessedImage:
+    pixel_values: torch.Tensor  # (tiles, 3, H, W)
+    image_size: tuple[int, int]  # (height, width) of the original image
+    image_tokens: int  # how many tokens the processor expands <image> into
+
+
+def process_image(processor: Any, image_bytes: bytes) -> ProcessedImage:
+    """Tiles of one image and its image-token count (the processor's own expansion of one <image>)."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(image_bytes)).convert("RGB")
+    enc = processor(images=[image], text=[IMAGE_TOKEN], return_tensors="pt")
+    n = int((enc["input_ids"][0] == processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)).sum())
+    return ProcessedImage(enc["pixel_values"][0], tuple(enc["image_sizes"][0].tolist()), n)
+
+
+def tokenize_row(processor: Any, chat: list[dict], image: ProcessedImage, max_length: int) -> VisionExample:
+    """Ids with the image tokens expanded, labels on the response only, truncated to max_length.
+
+    As LlavaNextProcessor does: the prompt is tokenized with ``<image>`` as one special token, which is
+    then repeated image.image_tokens times (the image is processed once per distinct image, not per row).
+    """
+    tok = processor.tokenizer
     prompt, response = render(chat)
-    enc = processor(images=[image], text=[prompt], return_tensors="pt")
-    prompt_ids = enc["input_ids"][0].tolist()
+    image_id = tok.convert_tokens_to_ids(IMAGE_TOKEN)
+    prompt_ids: list[int] = []
+    for t in tok(prompt)["input_ids"]:
+        prompt_ids += [t] * image.image_tokens if t == image_id else [t]
     if len(prompt_ids) > max_length:
         raise ValueError(
             f"max_seq_length {max_length} is shorter than the prompt with its image tokens ({len(prompt_ids)}): "
             "the image would be cut"
         )
-    tok = processor.tokenizer
     response_ids = tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     ids = (prompt_ids + response_ids)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + response_ids)[:max_length]
-    return VisionExample(ids, labels, True, enc["pixel_values"][0], tuple(enc["image_sizes"][0].tolist()))
+    return VisionExample(ids, labels, True, image.pixel_values, image.image_size)
 
 
 class VisionDataset(torch.utils.data.Dataset):
@@ -176,11 +196,12 @@ class VisionDataset(torch.utils.data.Dataset):
 
 def build_dataset(processor: Any, rows: list[tuple[list[dict], bytes]], max_length: int) -> tuple[VisionDataset, dict]:
     """Dataset plus the facts the result records (as tunebench.training.data.build_dataset)."""
-    cache: dict[bytes, Any] = {}
+    cache: dict[bytes, ProcessedImage] = {}
     examples = []
     for chat, image in rows:
-        examples.append(tokenize_row(processor, chat, image, max_length))
-        cache.setdefault(image, None)
+        if image not in cache:
+            cache[image] = process_image(processor, image)
+        examples.append(tokenize_row(processor, chat, cache[image], max_length))
     lengths = [len(e.input_ids) for e in examples]
     image_token = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     info = {
