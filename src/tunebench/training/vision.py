@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tunebench.catalog import ModelSpec
-from tunebench.training.data import IGNORE_INDEX, Example
+from tunebench.training.data import IGNORE_INDEX, Example, _prefix_chars
 
 IMAGE_TOKEN = "<image>"  # LlavaNextProcessor's default image placeholder
 USER_MARKER = "<|user|>\n"  # granite-vision chat template roles (a plain-text rendering of the chat)
@@ -173,7 +173,15 @@ def tokenize_row(processor: Any, chat: list[dict], image: ProcessedImage, max_le
             f"max_seq_length {max_length} is shorter than the prompt with its image tokens ({len(prompt_ids)}): "
             "the image would be cut"
         )
-    response_ids = tok(response, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    room = max_length - len(prompt_ids)
+    # As data.tokenize_record: a character prefix is enough when it yields well over the tokens kept.
+    cut = _prefix_chars(room)
+    response_ids = tok(response[:cut], add_special_tokens=False)["input_ids"]
+    if len(response) > cut and len(response_ids) <= room + 8:
+        response_ids = tok(response, add_special_tokens=False)["input_ids"]
+    elif len(response) > cut:
+        response_ids = response_ids[:room]  # truncated anyway: no EOS fits after it
+    response_ids = response_ids + [tok.eos_token_id]
     ids = (prompt_ids + response_ids)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + response_ids)[:max_length]
     return VisionExample(ids, labels, True, image.pixel_values, image.image_size)
