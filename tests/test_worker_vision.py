@@ -148,3 +148,24 @@ def _run(tmp_path: Path, *, model: str, method: str, **flags: str) -> tuple[int,
     r = json.loads((tmp_path / "result.json.rank0.json").read_text())
     agg_path = tmp_path / "result.json"
     return rc, r, json.loads(agg_path.read_text()) if agg_path.exists() else {}
+
+
+def test_measuring_actuator_runs_the_vision_lora_experiment(tmp_path):
+    """The spec's command (LoRA benchmark, granite-vision-3.2-2b, a vision data set) through the measuring
+    actuator in a real subprocess; --tunebench_tiny shrinks the catalog model so the CPU can train it."""
+    from tunebench.actuators.measure import measure
+    from tunebench.spec.experiments import get_experiment, make_entity
+
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0",
+                         {"max_steps": 2, "dataset_id": DATASET, "gradient_accumulation_steps": 1})  # fmt: skip
+    entity = make_entity(exp, {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 0,
+                               "batch_size": 1})  # fmt: skip
+    result = measure(exp, entity, {
+        "weights": "random", "output_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data"),
+        "timeout_seconds": 300, "extra_worker_args": ("--tunebench_tiny", "True"),
+    })  # fmt: skip
+    assert result.status == "valid", (result.error, result.log_tail)
+    p = result.properties
+    assert set(BENCHMARK_MEASURED) <= set(p) and p["is_valid"] == 1
+    # 2 steps of one record each, every record holds 2241 image tokens (the hand count above)
+    assert p["dataset_tokens_per_second"] * p["train_runtime"] > 2 * 2241
