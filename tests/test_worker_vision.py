@@ -169,3 +169,9 @@ def test_measuring_actuator_runs_the_vision_lora_experiment(tmp_path):
     assert set(BENCHMARK_MEASURED) <= set(p) and p["is_valid"] == 1
     # 2 steps of one record each, every record holds 2241 image tokens (the hand count above)
     assert p["dataset_tokens_per_second"] * p["train_runtime"] > 2 * 2241
+
+
+def test_a_text_model_on_a_vision_data_set_fails_clearly(tmp_path):
+    rc, r, agg = _run(tmp_path, model="llama3-8b", method="lora")
+    assert rc == 1 and r["status"] == "error" and not agg
+    assert "needs a vision model; llama3-8b is not one" in r["reason"]

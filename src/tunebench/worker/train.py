@@ -138,6 +138,8 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         source, arch = pretrained, None
     else:
         spec = model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
+        if spec.model_type != "llava_next" or "vision_config" not in spec.extra:
+            raise ValueError(f"a vision data set (dataset_image_field) needs a vision model; {spec.name} is not one")
         resolved = tok_mod.resolve_tokenizer(
             config.tokenizer_name_or_path, config.model_name_or_path, [" ".join(vision.render(c)) for c, _ in rows],
             512 if config.tunebench_tiny else spec.extra["text_config"].get("vocab_size", spec.vocab_size),
