@@ -249,16 +249,20 @@ def launch_plan(
     weights: Annotated[str, typer.Option(help="auto | pretrained | random")] = "auto",
     main_process_ip: Annotated[str | None, typer.Option(help="Rendezvous host of multi-node runs.")] = None,
     port: Annotated[int, typer.Option(help="Rendezvous port.")] = 29500,
+    nccl_env: Annotated[
+        list[str] | None, typer.Option(help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...).")
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
     from tunebench.actuators.launch import build_launch_plan
+    from tunebench.actuators.network import check_nccl_env
 
     opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
         exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
-        main_process_port=opts.port,
+        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")),
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -296,6 +300,17 @@ class LaunchPlanOptions(Options):
     weights: Weights
     main_process_ip: Host | None
     port: Port
+
+
+def _pairs(items: list[str], field: str) -> dict[str, str]:
+    """NAME=VALUE items as a dict (InputError naming the field for an item without '=')."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InputError(field, f"{item!r} is not NAME=VALUE", allowed="NAME=VALUE, e.g. NCCL_IB_GID_INDEX=3")
+        out[name] = value
+    return out
 
 
 def _text(path: Path | None) -> str | None:

@@ -23,6 +23,7 @@ import yaml
 
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
+from tunebench.actuators.network import nccl_environment
 from tunebench.errors import InputError, has_control_characters
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
@@ -306,8 +307,11 @@ def plan_of_values(
     main_process_ip: str | None = None,
     main_process_port: int = DEFAULT_PORT,
     cpu_processes: int = 1,
+    nccl_env: dict[str, Any] | None = None,
 ) -> LaunchPlan:
     """The launch plan of an entity from its effective values, already checked valid.
+
+    nccl_env: NCCL variables every node of a GPU plan sets (tunebench.actuators.network; RoCE fabric settings).
 
     cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
     one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;
@@ -338,7 +342,7 @@ def plan_of_values(
     per_node = gpus // nodes if mode != "single" else 1
     if cpu_ddp:
         mode, per_node = "DDP", cpu_processes
-    env = _environment(values, cpu_ddp)
+    env = _environment(values, cpu_ddp, nccl_env)
     plan = LaunchPlan(
         experiment_id=experiment.id,
         entity_id=entity_id,
@@ -354,14 +358,13 @@ def plan_of_values(
     return plan
 
 
-def _environment(values: dict[str, Any], cpu_ddp: bool) -> dict[str, str]:
+def _environment(values: dict[str, Any], cpu_ddp: bool, nccl_env: dict[str, Any] | None) -> dict[str, str]:
     """The environment every node of the plan sets."""
     env: dict[str, str] = {}
     if values["number_gpus"] == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
     else:
-        # spec 004 enable_roce: "only in effect for multi-node runs"; reference: NCCL_IB_DISABLE=1 unless RoCE.
-        env["NCCL_IB_DISABLE"] = "0" if values["enable_roce"] and values["number_nodes"] > 1 else "1"
+        env.update(nccl_environment(bool(values["enable_roce"]), values["number_nodes"], nccl_env))
     if cpu_ddp:
         env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
     return env

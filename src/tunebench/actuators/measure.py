@@ -83,7 +83,7 @@ def _measure_once(
         plan = plan_of_values(
             experiment, entity.id, values, data_directory=opts.data_dir, model_map=opts.model_map,
             weights=opts.weights, main_process_ip="127.0.0.1", main_process_port=_free_port(),
-            cpu_processes=opts.cpu_processes,
+            cpu_processes=opts.cpu_processes, nccl_env=opts.nccl_env,
         )  # fmt: skip
     except Exception as exc:  # a data set or plan that cannot be made is a failed measurement
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
@@ -149,6 +149,7 @@ def plan_nodes(
     return build_launch_plan(
         experiment, entity, data_directory=options.get("data_dir"), model_map=options.get("model_map"),
         weights=options.get("weights", "auto"), main_process_ip=main_process_ip, main_process_port=main_process_port,
+        nccl_env=options.get("nccl_env"),
     )  # fmt: skip
 
 

@@ -19,6 +19,8 @@ class MeasureOptions:
     output_dir: where the run writes (the executor's fresh directory per attempt).
     cpu_processes: DDP processes (gloo) for a CPU entity (number_gpus = 0); 1 = one process.
     host_memory_limit_gib: CPU runs: exceeding it is out of memory (is_valid = 0).
+    nccl_env: NCCL_* variables every node of a GPU run sets (RoCE fabric: NCCL_IB_HCA, NCCL_IB_GID_INDEX,
+        NCCL_SOCKET_IFNAME, NCCL_IB_TC, ...; unset ones keep NCCL's defaults, see actuators/network.py).
     """
 
     weights: str = "auto"
@@ -32,6 +34,7 @@ class MeasureOptions:
     metrics_interval_seconds: float | None = None
     auto_stop_windows_seconds: tuple[float, float, int] | None = None  # warm-up s, stable s, stable steps
     extra_worker_args: tuple[str, ...] = ()
+    nccl_env: dict[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> MeasureOptions:
@@ -41,4 +44,8 @@ class MeasureOptions:
         unknown = set(options) - set(names)
         if unknown:
             raise InputError(f"actuator.{sorted(unknown)[0]}", "unknown actuator option", allowed=", ".join(names))
+        if options.get("nccl_env") is not None:
+            from tunebench.actuators.network import check_nccl_env
+
+            options["nccl_env"] = check_nccl_env(options["nccl_env"])
         return cls(**options)

@@ -13,7 +13,8 @@ once with the reason (rather than waiting forever); Ray task errors and node dea
 results (retried by the explorer up to max_retries). Ray never retries a measurement itself.
 
 Multi-node entities (number_nodes > 1) get a placement group of one bundle per node
-({CPU: 2 * max(1, g), GPU: g, gpu_model: g} with g = number_gpus / number_nodes), strategy
+({CPU: 2 * max(1, g), GPU: g, gpu_model: g, plus RoCE: 1 with enable_roce} with g = number_gpus /
+number_nodes), strategy
 STRICT_SPREAD (one bundle per distinct node). The rendezvous address is Ray's own view of the node
 of bundle 0 (``ray.util.get_node_ip_address()`` in a task placed on that bundle) plus a port that
 task found free, so it works wherever Ray runs (bare metal, Slurm, Kubernetes) — the reference
@@ -43,6 +44,7 @@ from tunebench.errors import InputError
 from tunebench.executors.task import Finished, Task, run_task
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
+ROCE_RESOURCE = "RoCE"  # custom resource of nodes on a RoCE fabric (reference bundle, ado-sfttrainer.md §9)
 PLACEMENT_TIMEOUT_S = 600.0  # how long a multi-node measurement waits for its nodes
 
 
@@ -60,6 +62,8 @@ def node_bundle(task: Task) -> dict[str, float]:
         bundle["GPU"] = per_node
         if task.gpu_model:
             bundle[task.gpu_model] = per_node
+        if task.entity_values.get("enable_roce"):
+            bundle[ROCE_RESOURCE] = 1  # ado-sfttrainer.md §9: only nodes with the RDMA devices advertise it
     return bundle
 
 

@@ -61,6 +61,8 @@ def build_peft_config(peft: PeftSettings, model: torch.nn.Module, tokenizer_path
             targets = default_target_modules(model)
         elif peft.target_modules == ["all-linear"]:
             targets = "all-linear"  # fms-hf-tuning maps ["all-linear"] to "all-linear"
+        elif len(peft.target_modules) == 1 and peft.target_modules[0].startswith(".*"):
+            targets = peft.target_modules[0]  # a regex (peft full-matches a string): vision language-model layers
         else:
             targets = list(peft.target_modules)
         return LoraConfig(

@@ -172,7 +172,7 @@ def is_moe(spec: ModelSpec | None, pretrained_path: str | None) -> bool:
 def config_dict_from_spec(spec: ModelSpec) -> dict[str, Any]:
     """transformers config kwargs of an architecture (tunebench.catalog.hf_config); vision models not yet."""
     if spec.model_type == "llava_next" and not spec.extra.get("config"):
-        raise NotImplementedError("vision models (llava_next) are not supported by the worker yet")
+        raise NotImplementedError("vision models (llava_next) train on a vision data set (dataset_image_field)")
     return config_dict(spec)
 
 

@@ -25,7 +25,7 @@ import torch
 
 from tunebench.catalog import ModelSpec
 from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
-from tunebench.training import adapters, data, model as model_mod, tokenizer as tok_mod
+from tunebench.training import adapters, data, model as model_mod, tokenizer as tok_mod, vision
 from tunebench.worker.args import WorkerConfig
 from tunebench.worker.meter import MeasureCallback, MeasuredTrainer, StepMeter
 from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
@@ -85,14 +85,14 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
 def _unsupported(config: WorkerConfig) -> str | None:
     if config.packing:
         return "packing=True is not supported (spec 004 experiments run with packing False)"
-    if config.dataset_image_field:
-        return "vision fine-tuning (dataset_image_field) is not supported by tunebench's worker yet"
     return None
 
 
 def load(setup: Setup, rank: int) -> Loaded:
     """Data, weights, tokenizer, model and PEFT adapters of the run."""
     config, started = setup.config, time.monotonic()
+    if config.dataset_image_field:
+        return _load_vision(setup, rank, started)
     texts = data.read_jsonl(config.training_data_path, config.dataset_text_field)
     pretrained = _pretrained_weights(config)
     spec = None if pretrained else model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
@@ -121,6 +121,63 @@ def load(setup: Setup, rank: int) -> Loaded:
     meta["not_applied"] = not_applied(config, moe)
     meta["load_seconds"] = time.monotonic() - started
     record_data = {"path": str(config.training_data_path), "text_field": config.dataset_text_field, **data_info}
+    return Loaded(model, tokenizer, dataset, record_data, meta)
+
+
+def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
+    """Vision runs (tunebench.training.vision): image-text records, processor, LlavaNext model (a local
+    checkpoint, else random weights of the catalog architecture), PEFT on its language model."""
+    config = setup.config
+    rows = vision.read_parquet(config.training_data_path, config.dataset_text_field, config.dataset_image_field)
+    pretrained = _pretrained_weights(config)
+    dtype, device = model_mod.DTYPES[config.torch_dtype], model_mod.target_device(setup.on_gpu)
+    attn = model_mod.attn_implementation(config.use_flash_attn)
+    if pretrained:
+        processor, model = vision.load_pretrained(pretrained, dtype=dtype, device=device, attn_implementation=attn)
+        tokenizer, tok_facts, tok_path = processor.tokenizer, {"kind": "model", "path": pretrained}, pretrained
+        source, arch = pretrained, None
+    else:
+        spec = model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
+        if spec.model_type != "llava_next" or "vision_config" not in spec.extra:
+            raise ValueError(f"a vision data set (dataset_image_field) needs a vision model; {spec.name} is not one")
+        resolved = tok_mod.resolve_tokenizer(
+            config.tokenizer_name_or_path, config.model_name_or_path, [" ".join(vision.render(c)) for c, _ in rows],
+            512 if config.tunebench_tiny else spec.extra["text_config"].get("vocab_size", spec.vocab_size),
+            Path(setup.output_dir) / f"tunebench-tokenizer-rank{rank}",
+            architecture=None if config.tunebench_tiny else (spec.config_path or spec.name),
+            context_length=model_mod.context_length(spec, config.tunebench_tiny),
+        )  # fmt: skip
+        tokenizer, tok_facts, tok_path = resolved.tokenizer, resolved.describe(), resolved.path
+        processor = vision.build_processor(spec, tokenizer)  # adds <image> to the tokenizer
+        model = vision.build_model(
+            spec, tiny=config.tunebench_tiny, tokenizer_vocab=len(tokenizer),
+            special_ids={"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                         "pad_token_id": tokenizer.pad_token_id},
+            image_token_id=tokenizer.convert_tokens_to_ids(vision.IMAGE_TOKEN), dtype=dtype, device=device,
+            attn_implementation=attn,
+        )  # fmt: skip
+        source, arch = spec.config_path or spec.name, spec.name
+    dataset, data_info = vision.build_dataset(processor, rows, tok_mod.max_length(tokenizer, config.max_seq_length))
+    meta: dict[str, Any] = dict(
+        weights="pretrained" if pretrained else "random", weights_requested=config.weights, weights_source=source,
+        architecture=arch, quantization=None, model_class=type(model).__name__,
+        model_type=model.config.model_type, dtype=str(model.dtype).replace("torch.", ""),
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+    )  # fmt: skip
+    settings = peft_settings(config)
+    if settings.method in ("lora", "qlora"):  # spec 004's per-model targets name the language model's layers
+        targets = settings.target_modules or ["q_proj", "v_proj"]
+        if targets != ["all-linear"]:
+            settings = dataclasses.replace(settings, target_modules=[vision.language_model_targets(targets)])
+    model, meta["peft"] = adapters.apply_peft(settings, model, tok_path)
+    meta["tokenizer"] = tok_facts
+    meta["parameters"] = model_mod.parameter_counts(model)
+    meta["not_applied"] = not_applied(config, False)
+    meta["load_seconds"] = time.monotonic() - started
+    record_data = {
+        "path": str(config.training_data_path), "text_field": config.dataset_text_field,
+        "image_field": config.dataset_image_field, **data_info,
+    }  # fmt: skip
     return Loaded(model, tokenizer, dataset, record_data, meta)
 
 
@@ -274,7 +331,7 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
         model=loaded.model,
         args=training_args,
         train_dataset=loaded.dataset,
-        data_collator=data.CompletionCollator(loaded.tokenizer.pad_token_id),
+        data_collator=_collator(loaded),
         processing_class=loaded.tokenizer,
         callbacks=[MeasureCallback(meters.meter, meters.sampler)],
         meter=meters.meter,
@@ -284,6 +341,12 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
     }
+
+
+def _collator(loaded: Loaded) -> Any:
+    if isinstance(loaded.dataset, vision.VisionDataset):
+        return vision.VisionCollator(loaded.tokenizer.pad_token_id, loaded.model.dtype)
+    return data.CompletionCollator(loaded.tokenizer.pad_token_id)
 
 
 def finish(meters: Meters) -> dict[str, Any]:
