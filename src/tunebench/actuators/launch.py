@@ -1,8 +1,8 @@
-"""Launch plans: exactly what a measurement of an entity executes (spec 004 "Commandline").
+"""Launch plans: exactly what a measurement of an entity executes (the SFTTrainer spec "Commandline").
 
 For a valid entity this builds, per node, the accelerate config (the spec's FSDP or DDP block), the
 command line with every flag of the spec, and the environment. number_gpus <= 1 runs the worker as a
-single process (spec 004 NOTE: accelerate with one GPU is unsupported, so it runs the trainer
+single process (the SFTTrainer spec NOTE: accelerate with one GPU is unsupported, so it runs the trainer
 directly); several GPUs run ``accelerate launch`` with one process per GPU; several nodes get one plan
 each with its machine_rank and the rendezvous address.
 
@@ -144,7 +144,7 @@ def worker_args(
     model_path: str,
     weights: str = "auto",
 ) -> list[str]:
-    """The worker's arguments, in the order of spec 004's command line, then tunebench's own.
+    """The worker's arguments, in the order of the SFTTrainer spec's command line, then tunebench's own.
 
     Properties an experiment does not expose (the stability experiment has no r, no fast_kernels, ...)
     take the property's default.
@@ -208,7 +208,7 @@ def _method_args(experiment: Experiment, values: dict[str, Any]) -> list[str]:
         args += ["--prompt_tuning_init", values["prompt_tuning_init"]]
         args += ["--prompt_tuning_init_text", values["prompt_tuning_init_text"]]
     if experiment.method == "gptq-lora":
-        # spec 004 GPTQ-LoRA command line: fms-acceleration plugins.
+        # the SFTTrainer spec GPTQ-LoRA command line: fms-acceleration plugins.
         args += ["--fp16", "true", "--fast_kernels", *[_flag(v).lower() for v in values["fast_kernels"]]]
         args += ["--fused_lora", *[_flag(v).lower() if isinstance(v, bool) else v for v in values["fused_lora"]]]
         args += ["--auto_gptq", *values["auto_gptq"]]
@@ -222,7 +222,7 @@ def _optional_args(values: dict[str, Any], is_vision: bool) -> list[str]:
     args = ["--optim", values["optim"], "--bf16", _flag(values["bf16"])]
     reentrant = json.dumps({"use_reentrant": values["gradient_checkpointing_use_reentrant"]})
     args += ["--gradient_checkpointing_kwargs", reentrant]
-    # spec 004: "--fast_moe is only supported for fms-hf-tuning v2.4.0+"
+    # the SFTTrainer spec: "--fast_moe is only supported for fms-hf-tuning v2.4.0+"
     version = tuple(int(p) for p in values["fms_hf_tuning_version"].split("."))
     if version >= (2, 4, 0):
         args += ["--fast_moe", str(values.get("fast_moe", 0))]
@@ -238,7 +238,7 @@ def _optional_args(values: dict[str, Any], is_vision: bool) -> list[str]:
 def accelerate_config(
     values: dict[str, Any], *, backend: str, machine_rank: int, port: int, main_process_ip: str | None
 ) -> dict[str, Any]:
-    """spec 004's accelerate_config.yml: the FSDP block or the DDP block, keys in the spec's order."""
+    """The SFTTrainer spec's accelerate_config.yml: the FSDP block or the DDP block, keys in the spec's order."""
     nodes = values["number_nodes"]
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
     if backend == "FSDP":

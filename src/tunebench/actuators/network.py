@@ -1,6 +1,6 @@
 """The NCCL environment of GPU runs: RoCE on or off, plus the fabric settings a user gives.
 
-spec 004 ``enable_roce`` ("only in effect for multi-node runs") and the reference actuator
+the SFTTrainer spec ``enable_roce`` ("only in effect for multi-node runs") and the reference actuator
 (ado-sfttrainer.md §9) decide ``NCCL_IB_DISABLE``: 0 with RoCE on a multi-node run, else 1 (NCCL falls
 back to TCP sockets). Everything else keeps NCCL's own default (auto-detection) unless the measure
 option ``nccl_env`` gives it; the values a RoCE v2 fabric usually needs are in ROCE_SETTINGS and

@@ -108,7 +108,7 @@ def _from_catalog_entry(entry: dict[str, Any]) -> ModelSpec:
 
 @functools.cache
 def load_models() -> dict[str, ModelSpec]:
-    """The catalog, keyed by short name (spec 004 model_name values plus the extras in the file)."""
+    """The catalog, keyed by short name (the SFTTrainer spec model_name values plus the extras in the file)."""
     raw = json.loads((DATA / "models.json").read_text())
     return {name: _from_catalog_entry(entry) for name, entry in raw.items() if not name.startswith("_")}
 
@@ -254,7 +254,7 @@ def _target_module_maps() -> dict[str, dict[str, list[str]]]:
 
 
 def default_target_modules(experiment_family: str, model_name: str) -> tuple[str, ...] | None:
-    """The LoRA target modules the reference hardcodes for a model (spec 004 "Hardcoded").
+    """The LoRA target modules the reference hardcodes for a model (the SFTTrainer spec "Hardcoded").
 
     experiment_family is 'finetune_lora_benchmark' or 'finetune_gptq-lora_benchmark'.
     """

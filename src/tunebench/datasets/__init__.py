@@ -1,4 +1,4 @@
-"""Artificial data sets of spec 004 and their token accounting.
+"""Artificial data sets of the SFTTrainer spec and their token accounting.
 
     ensure_dataset(id) -> Path         generate once, verify on every use (generate.py)
     token_counts(id, model, ...)       per-entry tokens, capped, cached (tokens.py)

@@ -20,7 +20,7 @@ from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_d
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
 from tunebench.inputs import Count, Options, OutputDir, parse
 
-app = typer.Typer(help="Artificial data sets of spec 004 and their token counts.", no_args_is_help=True)
+app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
 
 DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
 
@@ -47,7 +47,7 @@ def list_cmd(
     data_dir: Path | None = DirOption,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """The data set ids of spec 004 and whether their files are in the data directory."""
+    """The data set ids of the SFTTrainer spec and whether their files are in the data directory."""
     parse(DataDirOptions, data_dir=data_dir)
     rows = []
     for ds_id in KNOWN_DATASET_IDS:

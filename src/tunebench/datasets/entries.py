@@ -26,7 +26,7 @@ PROMPT_TEMPLATE = (
     "Write a response that appropriately completes the remainder of the following input text."
     "\n\n### Input:\n{input}\n\n### Response: {output}"
 )
-RESPONSE_TEMPLATE = "\n### Response:"  # spec 004 launch command, --response_template
+RESPONSE_TEMPLATE = "\n### Response:"  # the SFTTrainer spec launch command, --response_template
 TEXT_INPUT_WORDS = 8  # ado-sfttrainer.md §10.1: input of 10 tokens -> 8 words
 VISION_USER_WORDS = 38  # ado-sfttrainer.md §10.3: user text of 50 tokens -> 38 words
 BOOK_SEED = 3  # the prose of every data set comes from this book (any fixed int works)

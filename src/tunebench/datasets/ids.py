@@ -1,4 +1,4 @@
-"""Dataset identifiers of spec 004 ("dataset_id") and their generalisation.
+"""Dataset identifiers of the SFTTrainer spec ("dataset_id") and their generalisation.
 
     news-chars-N-entries-M          M entries, N characters of input and N of response (+ prompt)
     news-tokens-Kplus-entries-M     M entries of at least K tokens ("16384plus", "128kplus")
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tunebench.errors import InputError, suggest
 
-# spec 004, "dataset_id" (finetune_* experiments); 128kplus appears in the stability experiment.
+# the SFTTrainer spec, "dataset_id" (finetune_* experiments); 128kplus appears in the stability experiment.
 KNOWN_DATASET_IDS: tuple[str, ...] = (
     "news-chars-512-entries-4096",
     "news-chars-1024-entries-4096",
@@ -52,7 +52,7 @@ class DatasetId:
 
     @property
     def suffix(self) -> str:
-        """File suffix: text data sets are JSON lines, vision data sets parquet (spec 004)."""
+        """File suffix: text data sets are JSON lines, vision data sets parquet (SFTTrainer spec)."""
         return ".parquet" if self.is_vision else ".jsonl"
 
 

@@ -1,4 +1,4 @@
-"""Token accounting of data set entries (spec 004 note 3; ado-sfttrainer.md §7.3).
+"""Token accounting of data set entries (the SFTTrainer spec note 3; ado-sfttrainer.md §7.3).
 
 Per entry: ``min(len(tokens(entry["output"])), tokenizer.model_max_length, max_seq_length)``,
 where tokens() is the tokenizer's encode with its special tokens (as ``tokenizer.encode`` in

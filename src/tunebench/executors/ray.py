@@ -4,7 +4,7 @@
 ``ray://host:port`` (Ray client), or None: a local Ray on 127.0.0.1 started on demand (dashboard off), shut
 down at the end. tunebench must be importable on the cluster's nodes (installed in their image).
 
-Resources of a measurement of number_gpus GPUs of gpu_model on one node (spec 004):
+Resources of a measurement of number_gpus GPUs of gpu_model on one node (SFTTrainer spec):
 ``num_gpus = number_gpus``, ``num_cpus = 2 * max(1, number_gpus)`` and, when number_gpus > 0, the
 custom resource ``{gpu_model: number_gpus}``, so that the task lands on a node of that type: start
 each node with ``ray start --resources '{"NVIDIA-A100-80GB-PCIe": 8}'`` (labels as ``tunebench gpus``
@@ -49,7 +49,7 @@ PLACEMENT_TIMEOUT_S = 600.0  # how long a multi-node measurement waits for its n
 
 
 def task_resources(number_gpus: int, gpu_model: str | None) -> dict[str, Any]:
-    """Ray task options of a one-node measurement (spec 004: 2 CPUs per GPU, at least 2)."""
+    """Ray task options of a one-node measurement (the SFTTrainer spec: 2 CPUs per GPU, at least 2)."""
     resources = {gpu_model: number_gpus} if number_gpus > 0 and gpu_model else {}
     return {"num_cpus": 2 * max(1, number_gpus), "num_gpus": number_gpus, "resources": resources}
 

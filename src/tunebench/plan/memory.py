@@ -45,7 +45,7 @@ class OptimizerMemory:
 
 _ADAM = OptimizerMemory(2, 0, 1)  # torch AdamW foreach: m, v; one param-sized temporary (sqrt(v)) in step
 _FUSED_ADAM = OptimizerMemory(2, 0, 0)  # fused kernels work in place
-# HF TrainingArguments.optim values (spec 004 "optim"). Sources: torch/optim/adamw.py (_multi_tensor_adamw),
+# HF TrainingArguments.optim values (the SFTTrainer spec "optim"). Sources: torch/optim/adamw.py (_multi_tensor_adamw),
 # bitsandbytes optim docs (8-bit: 1 byte per state + 2 fp32 statistics per 2048-value block; paged
 # variants live in unified memory and page out only under pressure, counted here as on-GPU),
 # torchao AdamW4bit, transformers optimization.py Adafactor (factored second moment, no first moment),

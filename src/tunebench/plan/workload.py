@@ -22,7 +22,7 @@ from tunebench.datasets.ids import DatasetId
 from tunebench.plan.structure import Structure, image_tiles, structure_of
 from tunebench.plan.trace import ActivationProfile, TraceRequest, profile
 
-# Numeric entity properties, vectorised per group (spec 004 names).
+# Numeric entity properties, vectorised per group (the SFTTrainer spec names).
 NUMERIC = (
     "number_gpus", "number_nodes", "batch_size", "model_max_length", "gradient_accumulation_steps",
     "r", "max_steps", "num_train_epochs", "stop_after_seconds",
@@ -148,7 +148,7 @@ class Workload:
 
     @property
     def amp(self) -> bool:
-        """Automatic mixed precision: HF bf16/fp16 flags or accelerate mixed_precision (spec 004)."""
+        """Automatic mixed precision: HF bf16/fp16 flags or accelerate mixed_precision (SFTTrainer spec)."""
         return self.autocast is not None
 
     @property

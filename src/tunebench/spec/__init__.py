@@ -1,2 +1,2 @@
 """The specification as code: experiments and their properties, validity rules, measured properties
-and the result format (spec 004, IBM ado's SFTTrainer actuator: its names verbatim)."""
+and the result format (the SFTTrainer spec, IBM ado's SFTTrainer actuator: its names verbatim)."""

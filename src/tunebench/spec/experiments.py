@@ -1,4 +1,4 @@
-"""The experiments of spec 004 as code, their parameterisation, and entity identity.
+"""The experiments of the SFTTrainer spec as code, their parameterisation, and entity identity.
 
 An *experiment* fixes a method (full, LoRA, QLoRA, GPTQ-LoRA, prompt tuning), required and optional
 properties with defaults, hardcoded training parameters and the properties it measures. An *entity*
@@ -23,12 +23,12 @@ from tunebench.errors import InputError, one_of, suggest
 from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
 from tunebench.spec.properties import PROPERTIES, REQUIRED, get_property, render_value
 
-# spec 004 "Entity space": what every experiment requires.
+# the SFTTrainer spec "Entity space": what every experiment requires.
 REQUIRED_PROPERTIES = ("model_name", "model_max_length", "number_gpus", "batch_size")
 # Order of constitutive properties in entity ids and reports: the reference's (model_name.X-number_gpus.Y-...).
 ID_ORDER = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model")
 
-# Training arguments every experiment hardcodes (spec 004 "Commandline"; ado-sfttrainer.md §6.2).
+# Training arguments every experiment hardcodes (the SFTTrainer spec "Commandline"; ado-sfttrainer.md §6.2).
 COMMON_HARDCODED = {
     "learning_rate": 1e-05,
     "weight_decay": 0.0,
@@ -42,7 +42,7 @@ COMMON_HARDCODED = {
     "response_template": "\n### Response:",
     "log_level": "debug",
 }
-# Optional properties of every benchmark experiment (spec 004 "Optional"), default from PROPERTIES.
+# Optional properties of every benchmark experiment (the SFTTrainer spec "Optional"), default from PROPERTIES.
 _BENCHMARK_OPTIONAL = (
     "gpu_model", "dataset_id", "gradient_checkpointing", "gradient_accumulation_steps", "torch_dtype",
     "max_steps", "num_train_epochs", "stop_after_seconds", "auto_stop_method", "distributed_backend",
@@ -171,13 +171,13 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
         _benchmark(
             "finetune_full_benchmark-v1.0.0",
             "full",
-            "Full fine-tuning of every weight on artificial data (spec 004).",
+            "Full fine-tuning of every weight on artificial data (SFTTrainer spec).",
             hardcoded={"peft_method": "none"},
         ),
         _benchmark(
             "finetune_lora_benchmark-v1.0.0",
             "lora",
-            "LoRA fine-tuning, target modules from the reference's per-model map (spec 004).",
+            "LoRA fine-tuning, target modules from the reference's per-model map (SFTTrainer spec).",
             extra_optional=_LORA_OPTIONAL,
             hardcoded={"peft_method": "lora", "lora_dropout": 0.05, "lora_bias": "none"},
             target_module_map="finetune_lora_benchmark",
@@ -200,9 +200,9 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
         _benchmark(
             "finetune_gptq-lora_benchmark-v1.0.0",
             "gptq-lora",
-            "LoRA on GPTQ 4-bit pre-quantised weights with fms-acceleration kernels (spec 004; GPU only).",
+            "LoRA on GPTQ 4-bit pre-quantised weights with fms-acceleration kernels (the SFTTrainer spec; GPU only).",
             extra_optional=_LORA_OPTIONAL,
-            # spec 004 lists fast_kernels "Default is None" here but sets it to "True True True" in the
+            # the SFTTrainer spec lists fast_kernels "Default is None" here but sets it to "True True True" in the
             # experiment's description and command line; the reference code makes [True]*3 the default.
             defaults={"torch_dtype": "float16", "fast_kernels": (True, True, True)},
             hardcoded={
@@ -213,13 +213,13 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
                 "fp16": True,
                 "fused_lora": ("auto_gptq", True),
             },
-            restrict={"torch_dtype": ("float16",)},  # spec 004: "torch_dtype ... One of float16"
+            restrict={"torch_dtype": ("float16",)},  # the SFTTrainer spec: "torch_dtype ... One of float16"
             target_module_map="finetune_gptq-lora_benchmark",
         ),
         _benchmark(
             "finetune_pt_benchmark-v1.0.0",
             "pt",
-            "Prompt tuning: 8 virtual tokens initialised from text, frozen model (spec 004).",
+            "Prompt tuning: 8 virtual tokens initialised from text, frozen model (SFTTrainer spec).",
             hardcoded={
                 "peft_method": "pt",
                 "prompt_tuning_init": "TEXT",
@@ -228,7 +228,7 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
             },
         ),
     ]
-    # spec 004 finetune_full_stability-v1.0.0: 5 runs of 5 steps, FSDP, single node.
+    # the SFTTrainer spec finetune_full_stability-v1.0.0: 5 runs of 5 steps, FSDP, single node.
     stability_optional = (
         "gpu_model", "dataset_id", "torch_dtype", "gradient_accumulation_steps", "optim", "bf16",
         "gradient_checkpointing_use_reentrant", "fast_moe", "fms_hf_tuning_version", "flash_attn",
@@ -239,7 +239,7 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
             base_id="finetune_full_stability-v1.0.0",
             method="full",
             description="Full fine-tuning run 5 times (5 optimizer steps each): fractions of runs that ran out "
-            "of GPU memory, failed otherwise, or completed (spec 004).",
+            "of GPU memory, failed otherwise, or completed (SFTTrainer spec).",
             optional=MappingProxyType({n: PROPERTIES[n].default for n in stability_optional}),
             hardcoded=MappingProxyType(
                 {

@@ -1,8 +1,8 @@
-"""Measured properties: spec 004's, in its order, and the few tunebench adds; each list defined once."""
+"""Measured properties: the SFTTrainer spec's, in its order, and the few tunebench adds; each list defined once."""
 
 from __future__ import annotations
 
-# spec 004 "Measured properties" of the benchmark experiments, in the spec's order.
+# the SFTTrainer spec "Measured properties" of the benchmark experiments, in the spec's order.
 BENCHMARK_MEASURED = (
     "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
     "gpu_memory_utilization_min", "gpu_memory_utilization_avg", "gpu_memory_utilization_max",
@@ -13,7 +13,7 @@ BENCHMARK_MEASURED = (
     "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
     "is_valid",
 )  # fmt: skip
-# spec 004 finetune_full_stability-v1.0.0 "Measured properties".
+# the SFTTrainer spec finetune_full_stability-v1.0.0 "Measured properties".
 STABILITY_MEASURED = ("f_gpu_oom", "f_other_error", "f_no_error", "is_valid")
 # tunebench's additions: peak memory per GPU in GiB as torch allocated, torch reserved and nvidia-smi
 # report it (the spec has only the nvidia-smi percentage); both actuators produce them.

@@ -1,4 +1,4 @@
-"""Entity properties of spec 004: names, types, defaults and domains, and how values parse.
+"""Entity properties of the SFTTrainer spec: names, types, defaults and domains, and how values parse.
 
 Every property name is the spec's, verbatim (model_name, model_max_length, number_gpus, batch_size,
 ...). Where the reference narrows a domain more than real jobs need (LoRA r <= 32, 32 GPUs, 8 nodes,
@@ -22,7 +22,7 @@ from tunebench.errors import InputError, has_control_characters, one_of, suggest
 
 REQUIRED = object()  # sentinel default of a required property
 
-# spec 004 "optim": the optimizer names the experiments accept (HF TrainingArguments.optim).
+# the SFTTrainer spec "optim": the optimizer names the experiments accept (HF TrainingArguments.optim).
 OPTIMIZERS = (
     "adamw_hf", "adamw_torch", "adamw_torch_fused", "adamw_torch_xla", "adamw_torch_npu_fused",
     "adamw_apex_fused", "adafactor", "adamw_anyprecision", "adamw_torch_4bit", "ademamix", "sgd",
@@ -34,13 +34,13 @@ OPTIMIZERS = (
     "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
 )  # fmt: skip
 
-# spec 004 "fms_hf_tuning_version": available options (the reference's pinned stacks).
+# the SFTTrainer spec "fms_hf_tuning_version": available options (the reference's pinned stacks).
 FMS_HF_TUNING_VERSIONS = (
     "3.1.0", "3.0.0.1", "3.0.0", "2.8.2", "2.7.1", "2.6.0", "2.5.0", "2.4.0", "2.3.1", "2.2.1",
     "2.1.2", "2.1.0", "2.0.1",
 )  # fmt: skip
 
-# spec 004 "fsdp_sharding_strategy": [1]..[5]; the numbers are accepted as the spec writes them.
+# the SFTTrainer spec "fsdp_sharding_strategy": [1]..[5]; the numbers are accepted as the spec writes them.
 FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 TORCH_DTYPES = ("bfloat16", "float32", "float16")
@@ -197,7 +197,7 @@ def _parse_choice(prop: Property, raw: Any) -> Any:
         raise prop.error(raw, "a value is required")
     text = str(raw).strip()
     if prop.name == "fsdp_sharding_strategy" and text.isdigit() and 1 <= int(text) <= len(prop.choices):
-        return prop.choices[int(text) - 1]  # spec 004: "[1] FULL_SHARD ... [5] HYBRID_SHARD_ZERO2"
+        return prop.choices[int(text) - 1]  # the SFTTrainer spec: "[1] FULL_SHARD ... [5] HYBRID_SHARD_ZERO2"
     if text in prop.choices:
         return text
     by_lower = {str(c).lower(): c for c in prop.choices if c is not None}
@@ -296,7 +296,7 @@ def _p(name: str, kind: str, description: str, default: Any = REQUIRED, **kw: An
 
 
 # Every property any experiment uses, with the spec's default. Experiments pick subsets and may
-# override a default (GPTQ-LoRA: torch_dtype float16). Descriptions paraphrase spec 004.
+# override a default (GPTQ-LoRA: torch_dtype float16). Descriptions paraphrase the SFTTrainer spec.
 PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in (

@@ -4,7 +4,7 @@ The measuring actuator trains and returns measured properties; the predicting ac
 returns predictions of the same properties. Both return a ``Result`` so a prediction and a
 measurement of the same entity compare line by line.
 
-Outcomes (spec 004 "is_valid logic", ado-sfttrainer.md §5):
+Outcomes (the SFTTrainer spec "is_valid logic", ado-sfttrainer.md §5):
 - ``valid``: ``properties`` holds is_valid = 1 and every measured property;
 - ``invalid``: broke a validity rule, or ran out of memory: ``properties == {"is_valid": 0}`` and
   ``reasons`` says why; memoised, never retried;

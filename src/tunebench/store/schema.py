@@ -10,7 +10,7 @@ Portability (SQLite, PostgreSQL, MySQL): integer surrogate keys; long identifier
 text and made unique through a SHA-256 hash column (MySQL cannot index a 2 kB VARCHAR);
 timestamps are Double epoch seconds (UTC; MySQL FLOAT would keep only ~7 digits); JSON columns use
 SQLAlchemy's portable JSON type. The constitutive properties every entity has and every measured
-property of spec 004 are real columns, queryable without JSON functions (and read without JSON
+property of the SFTTrainer spec are real columns, queryable without JSON functions (and read without JSON
 decoding: ``tunebench show`` over 100,000 results stays well under 2 s).
 """
 
@@ -39,7 +39,7 @@ PENDING, RUNNING, VALID, INVALID, FAILED = "pending", "running", "valid", "inval
 STATES = (PENDING, RUNNING, VALID, INVALID, FAILED)
 DONE = (VALID, INVALID)  # memoised outcomes (ado-sfttrainer.md §12.4: invalid results count as results)
 
-# Entity properties kept as real columns of `entities` (spec 004 required properties + placement):
+# Entity properties kept as real columns of `entities` (the SFTTrainer spec required properties + placement):
 # the canonical value, NULL where the canonical entity leaves it at the experiment's default.
 ENTITY_COLUMNS = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model", "number_nodes")
 # Measured properties (spec/measured.py: the benchmark and stability experiments'), one real column

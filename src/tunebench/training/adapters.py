@@ -20,7 +20,7 @@ TARGET_CANDIDATES = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("
 
 @dataclass(frozen=True)
 class PeftSettings:
-    """What the worker's command line asks of peft (spec 004 flags of the same names)."""
+    """What the worker's command line asks of peft (the SFTTrainer spec flags of the same names)."""
 
     method: str  # none | lora | qlora | pt
     target_modules: list[str] | None  # None: derived from the model (TARGET_CANDIDATES)

@@ -1,6 +1,6 @@
 """The model of a measured run: pretrained weights resolved locally, or random weights from an architecture.
 
-``weights`` (issue 4): ``pretrained`` loads a local path or the local HF cache
+``weights``: ``pretrained`` loads a local path or the local HF cache
 (``local_files_only``, never a download); ``random`` instantiates the architecture (a catalog entry
 of tunebench.catalog or a config.json) with random initialisation directly in the target dtype and
 on the target device (throughput and memory do not depend on weight values); ``auto`` is

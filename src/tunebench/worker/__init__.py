@@ -2,7 +2,7 @@
 
 Launch (tunebench.actuators.launch builds the command): ``python -m tunebench.worker ARGS`` for one process,
 or ``accelerate launch --config_file CFG --num_processes N -m tunebench.worker ARGS`` (torchrun and
-``accelerate launch --multi_gpu`` both work, also DDP over gloo on the CPU). ARGS are spec 004's
+``accelerate launch --multi_gpu`` both work, also DDP over gloo on the CPU). ARGS are the SFTTrainer spec's
 command-line flags plus tunebench's own (``python -m tunebench.worker --help``).
 
 Exit code: 0 ok, 3 out of memory, 1 any other failure (bad flags included).
@@ -44,7 +44,7 @@ written by every rank, also on failure::
 
 On success rank 0 also writes ``<result_path>`` (schema ``tunebench.worker.result/1``):
 ``{status, number_gpus, properties, ranks: [every rank's record]}``, where properties is
-:func:`properties_from_results` (spec 004's measured properties but is_valid), computed here once
+:func:`properties_from_results` (the SFTTrainer spec's measured properties but is_valid), computed here once
 over every rank's records. The parent reads them with :func:`read_aggregate` and classifies the run
 from the rank files (:func:`read_rank_results`, :func:`outcome`: any rank oom -> invalid; any
 error/missing -> failed). ``--tunebench_number_gpus`` (the entity's number_gpus, passed by the

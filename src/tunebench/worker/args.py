@@ -1,6 +1,6 @@
 """Command line of the training worker, parsed once into a ``WorkerConfig``.
 
-Flag names follow spec 004 "Commandline" (the fms-hf-tuning flags) verbatim, plus tunebench's own
+Flag names follow the SFTTrainer spec "Commandline" (the fms-hf-tuning flags) verbatim, plus tunebench's own
 ``--tunebench_*``, ``--weights``, ``--stop_after_seconds``, ``--auto_stop_*``, ``--result_path``,
 ``--metrics_interval_seconds``, ``--host_memory_limit_gib`` and ``--seed``. Flags the worker does
 not know are accepted and recorded in the result (``unknown_args``), never fatal. The training
@@ -19,11 +19,11 @@ from typing import Any
 
 from tunebench.spec.experiments import COMMON_HARDCODED
 
-AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # spec 004 "auto_stop_method"
+AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTrainer spec "auto_stop_method"
 PEFT_METHODS = ("none", "lora", "pt", "qlora")
 WEIGHTS = ("auto", "pretrained", "random")
-DTYPES = ("bfloat16", "float16", "float32")  # spec 004 "torch_dtype"
-HARD = COMMON_HARDCODED  # spec 004's hardcoded training values (ado-sfttrainer.md §6.2)
+DTYPES = ("bfloat16", "float16", "float32")  # the SFTTrainer spec "torch_dtype"
+HARD = COMMON_HARDCODED  # the SFTTrainer spec's hardcoded training values (ado-sfttrainer.md §6.2)
 
 
 class ArgsError(ValueError):
@@ -31,7 +31,7 @@ class ArgsError(ValueError):
 
 
 def to_bool(text: str) -> bool:
-    """'True/False/true/false/1/0/yes/no' -> bool (spec 004 passes booleans as True/False)."""
+    """'True/False/true/false/1/0/yes/no' -> bool (the SFTTrainer spec passes booleans as True/False)."""
     value = str(text).strip().lower()
     if value in ("true", "1", "yes", "y", "on"):
         return True
@@ -54,7 +54,7 @@ class _Parser(argparse.ArgumentParser):
 class WorkerConfig:
     """The worker's command line, one field per flag (see build_parser for the meaning and defaults)."""
 
-    # spec 004 "Commandline" (fms-hf-tuning flags)
+    # the SFTTrainer spec "Commandline" (fms-hf-tuning flags)
     model_name_or_path: str | None
     torch_dtype: str
     use_flash_attn: bool
@@ -118,7 +118,7 @@ class WorkerConfig:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m tunebench.worker", description=__doc__, allow_abbrev=False)
     a = p.add_argument
-    # --- spec 004 "Commandline" (fms-hf-tuning flags); defaults are the spec's where it states one.
+    # --- the SFTTrainer spec "Commandline" (fms-hf-tuning flags); defaults are the spec's where it states one.
     a("--model_name_or_path", default=None, help="local path or HF id (local cache only) of the weights")
     a("--torch_dtype", default="bfloat16", choices=DTYPES)
     a("--use_flash_attn", type=to_bool, default=False, help="flash-attention 2 (needs an NVIDIA GPU + flash-attn)")
@@ -147,14 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--packing", type=to_bool, default=HARD["packing"])
     a("--peft_method", default="none", choices=PEFT_METHODS)
     a("--target_modules", nargs="+", default=None)
-    a("--r", type=int, default=4)  # spec 004 entity default r=4, lora_alpha=16 (ado-sfttrainer.md §4)
+    a("--r", type=int, default=4)  # the SFTTrainer spec entity default r=4, lora_alpha=16 (ado-sfttrainer.md §4)
     a("--lora_alpha", type=int, default=16)
     a("--lora_dropout", type=float, default=0.05)  # ado-sfttrainer.md §6.2
     a("--num_virtual_tokens", type=int, default=8)  # fms-hf-tuning PromptTuningConfig defaults (hf-stack.md §7.2.1)
     a("--prompt_tuning_init", default="TEXT", choices=("TEXT", "RANDOM"))
     a("--prompt_tuning_init_text", default="Classify if the tweet is a complaint or not:")
-    a("--optim", default="adamw_torch")  # spec 004 "optim" default
-    a("--bf16", type=to_bool, default=False)  # spec 004: default False -> pure bf16 with torch_dtype bfloat16
+    a("--optim", default="adamw_torch")  # the SFTTrainer spec "optim" default
+    a("--bf16", type=to_bool, default=False)  # the SFTTrainer spec: default False -> pure bf16 with torch_dtype bfloat16
     a("--fp16", type=to_bool, default=False)
     a("--fast_moe", nargs="+", default=None, help="expert-parallel degree (fms-acceleration-moe)")
     a("--fast_kernels", nargs="+", default=None, help="fms-acceleration-foak: fast_loss rms_layernorm rope")
@@ -177,9 +177,9 @@ def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:
     a("--tunebench_number_gpus", type=int, default=-1,
       help="the entity's number_gpus, divisor of the per-GPU rates (default: the world size on CUDA, else 0)")  # fmt: skip
     a("--weights", default="auto", choices=WEIGHTS)
-    a("--stop_after_seconds", type=float, default=-1.0)  # spec 004 default -1 (off)
+    a("--stop_after_seconds", type=float, default=-1.0)  # the SFTTrainer spec default -1 (off)
     a("--auto_stop_method", default="None", choices=AUTO_STOP_METHODS)
-    a("--auto_stop_warmup_seconds", type=float, default=60.0)  # spec 004 "auto_stop_method": 60 s warm-up
+    a("--auto_stop_warmup_seconds", type=float, default=60.0)  # the SFTTrainer spec "auto_stop_method": 60 s warm-up
     a("--auto_stop_stable_seconds", type=float, default=120.0)  # ... the longer of 120 s
     a("--auto_stop_stable_steps", type=int, default=10)  # ... or 10 optimisation steps
     a("--result_path", default=None, help="rank r writes RESULT_PATH.rank<r>.json; rank 0 also RESULT_PATH")
@@ -194,7 +194,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[WorkerConfig, list[str]]:
     if args.auto_stop_method == "None":
         args.auto_stop_method = None
     if args.gradient_checkpointing_kwargs is None:
-        args.gradient_checkpointing_kwargs = {"use_reentrant": False}  # spec 004 default use_reentrant False
+        args.gradient_checkpointing_kwargs = {"use_reentrant": False}  # the SFTTrainer spec default use_reentrant False
     return WorkerConfig(**vars(args)), list(unknown)
 
 

@@ -1,4 +1,4 @@
-"""Host-memory limit of a training process: exceeding it is an out-of-memory outcome (issue 4).
+"""Host-memory limit of a training process: exceeding it is an out-of-memory outcome.
 
 Mechanism: a watchdog thread polls the resident set size (RSS) of the training process and its
 children with psutil every ``poll_s`` (50 ms). When it exceeds the limit, the watchdog records the

@@ -11,13 +11,13 @@ tracker used 10 s) and one at stop, so even a sub-second run has two samples. A 
   compile workers) over the interval since the previous sample, 100 = one core (can exceed 100);
   its time-average is Σ CPU seconds / Σ interval seconds.
   Other ranks' processes are not included (each rank is its own process, as in the reference;
-  spec 004 note 2 "the sft_trainer.py process"). The start sample has no CPU value (no interval);
+  the SFTTrainer spec note 2 "the sft_trainer.py process"). The start sample has no CPU value (no interval);
 - ``node_memory_percent``: the whole node's RAM in use (psutil ``virtual_memory().percent``, AIM's
   ``__system__memory_percent``); ``process_rss_gib``: the training process tree's resident memory.
 
 Without NVML (no driver, no GPU, package absent) the GPU series are empty and nothing fails.
 
-Reductions (spec 004 notes 1-2, ado-sfttrainer.md §7.2): each series is reduced to its time-average
+Reductions (the SFTTrainer spec notes 1-2, ado-sfttrainer.md §7.2): each series is reduced to its time-average
 (the mean of its samples, which are evenly spaced but for the final stop sample); GPU properties
 are then the min / mean / max **across GPUs** of each GPU's time-average, and
 ``gpu_memory_utilization_peak`` the max over GPUs of each GPU's largest sample. All GPU properties
@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 from tunebench.units import GIB
 
-GPU_SERIES = ("compute_utilization", "memory_utilization", "power_watts", "power_percent")  # spec 004 gpu_<X>
+GPU_SERIES = ("compute_utilization", "memory_utilization", "power_watts", "power_percent")  # the SFTTrainer spec gpu_<X>
 
 
 @dataclass
@@ -346,7 +346,7 @@ def summarize(samples: Sequence[Sample], drop_before: float | None = None, inter
 
 
 def gpu_properties(per_gpu: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Spec 004 GPU properties from per-GPU summaries (``summarize()["gpus"]`` of every node).
+    """The SFTTrainer spec GPU properties from per-GPU summaries (``summarize()["gpus"]`` of every node).
 
     gpu_<X>_{min,avg,max}: min / mean / max across GPUs of each GPU's time-average (note 1);
     gpu_memory_utilization_peak: max over GPUs of each GPU's largest memory sample. 0.0 without GPUs.

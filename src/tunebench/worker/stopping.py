@@ -4,7 +4,7 @@ Pure functions over the list of optimisation-step wall durations (float seconds)
 unit-tested apart from training. The worker agrees the durations across ranks first (all_reduce MAX
 of each step's duration), so every rank takes the same decision at the same step.
 
-Reading of spec 004 ("auto_stop_method"): *"the job stops after spending at least 60 seconds in the
+Reading of the SFTTrainer spec ("auto_stop_method"): *"the job stops after spending at least 60 seconds in the
 warmup phase plus the longer of 120 seconds or the duration of 10 optimization steps"*:
 
 - warm-up = the first k steps, k the smallest count whose durations sum to >= warmup_s (the step
@@ -61,7 +61,7 @@ def auto_stop_reached(durations: Sequence[float], windows: AutoStopWindows) -> b
 
 
 def stop_after_reached(durations: Sequence[float], stop_after_seconds: float) -> bool:
-    """stop_after_seconds (spec 004): checked at the end of each step against the time since train start."""
+    """stop_after_seconds (SFTTrainer spec): checked at the end of each step against the time since train start."""
     return stop_after_seconds > 0 and bool(durations) and _elapsed(durations)[-1] >= stop_after_seconds
 
 
