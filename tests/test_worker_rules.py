@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tunebench.worker.args import parse_args
-from tunebench.worker.results import HF_RATES, classify_exception, outcome, properties_from_results
+from tunebench.worker.results import STOP_AFTER_DROPPED_RATES, classify_exception, outcome, properties_from_results
 from tunebench.worker.stopping import (
     AutoStopWindows,
     StopRule,
@@ -189,7 +189,10 @@ def test_properties_warmup_and_stop_after():
     assert p["train_steps_per_second"] == 1.0  # kept with auto-stop: computed from real post-warm-up steps
     assert all(p[k] == 0.0 for k in p if k.startswith("gpu_"))
     q = properties_from_results(ranks, number_gpus=0, stop_after_seconds=30)
-    assert not set(HF_RATES) & set(q) and q["dataset_tokens_per_second_per_gpu"] == 100.0
+    assert not set(STOP_AFTER_DROPPED_RATES) & set(q) and q["dataset_tokens_per_second_per_gpu"] == 100.0
+    assert set(STOP_AFTER_DROPPED_RATES) == {"train_tokens_per_second", "train_tokens_per_gpu_per_second"}
+    # spec 004 omits only the two token rates: the samples and steps rates stay
+    assert q["train_steps_per_second"] == 1.0 and q["train_samples_per_second"] == 2.0
     with pytest.raises(ValueError):
         properties_from_results([_rank(0, [5.0], 2, 100, 128, warmup=1)], 0)
     with pytest.raises(ValueError):

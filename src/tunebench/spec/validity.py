@@ -23,9 +23,10 @@ class Validity:
 
     is_valid: bool
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # platform notes (platform_notes): warn, never invalidate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"is_valid": self.is_valid, "reasons": list(self.reasons)}
+        return {"is_valid": self.is_valid, "reasons": list(self.reasons), "notes": list(self.notes)}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -76,5 +77,35 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
 
 
 def check(experiment: Experiment, entity: Entity) -> Validity:
-    """Validity of an entity under an experiment (defaults and parameters applied)."""
-    return check_values(effective_values(experiment, entity), single_node_only=experiment.single_node_only)
+    """Validity of an entity under an experiment (defaults and parameters applied), with its platform notes."""
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    return Validity(validity.is_valid, validity.reasons, platform_notes(experiment.method, values))
+
+
+# watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
+# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S), and
+# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs".
+WATSONX_QLORA_GPUS = ("A100", "H100", "H200")
+WATSONX_GUIDE = "watsonx.ai 'Planning for foundation model tuning'"
+
+
+def platform_notes(method: str, values: dict[str, Any]) -> list[str]:
+    """Warnings from the watsonx.ai tuning guide for the entity's method and gpu_model.
+
+    Notes, not validity rules: spec 004's is_valid logic is normative and fms-hf-tuning itself runs
+    these entities (bitsandbytes QLoRA works on an L40S); the guide restricts what the watsonx.ai
+    service offers, which is what a user planning for it needs to know.
+    """
+    gpu = str(values.get("gpu_model") or "").upper().replace("_", "-").replace(" ", "-")
+    if not gpu or values.get("number_gpus", 0) <= 0:
+        return []
+    notes = []
+    if "GAUDI" in gpu:
+        notes.append(f"{WATSONX_GUIDE}: foundation models cannot be tuned on Intel Gaudi 3 accelerators")
+    elif method == "qlora" and "L40S" in gpu:
+        notes.append(
+            f"{WATSONX_GUIDE}: QLoRA fine tuning is not supported on NVIDIA L40S "
+            f"(supported: NVIDIA {', '.join(WATSONX_QLORA_GPUS)})"
+        )
+    return notes

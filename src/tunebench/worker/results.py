@@ -26,13 +26,10 @@ OOM_MESSAGES = ("cuda error: out of memory", "an illegal memory access was encou
 # Host allocator failures: out of memory on CPU runs, where host RAM is the device memory.
 HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "can't allocate memory")
 
-# The four rates spec 004 omits when stop_after_seconds > 0 (ado-sfttrainer.md §7.2).
-HF_RATES = (
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_tokens_per_second",
-    "train_tokens_per_gpu_per_second",
-)
+# The two rates spec 004 omits when stop_after_seconds > 0 ("Omitted when stop_after_seconds is greater
+# than 0" on train_tokens_per_second and train_tokens_per_gpu_per_second only; the reference also drops
+# the samples/steps rates, ado-sfttrainer.md §7.2, tunebench follows the spec).
+STOP_AFTER_DROPPED_RATES = ("train_tokens_per_second", "train_tokens_per_gpu_per_second")
 
 
 def rank_file(result_path: str | os.PathLike, rank: int) -> Path:
@@ -161,9 +158,9 @@ def properties_from_results(
     Over the post-warm-up steps (all steps without auto-stop), with global counts (summed over ranks):
 
     - train_runtime = Σ step durations (s);
-    - train_samples_per_second, train_steps_per_second;
+    - train_samples_per_second, train_steps_per_second (always);
     - train_tokens_per_second = padded tokens (padding included) / runtime; _per_gpu_ divides by
-      max(1, number_gpus) — the four omitted when stop_after_seconds > 0 (spec 004). They are kept
+      max(1, number_gpus) — these two omitted when stop_after_seconds > 0 (spec 004). They are kept
       with auto-stop: they come from the steps actually run after the warm-up, not from HF's
       planned step count, so the inflation that made the reference drop them does not arise;
     - dataset_tokens_per_second = non-padding tokens trained on (= Σ min(len(tokens(entry)),
@@ -193,9 +190,9 @@ def properties_from_results(
     padded = sum(steps["padded_tokens"][post])
 
     props: dict[str, float] = {"train_runtime": runtime}
+    props["train_samples_per_second"] = samples / runtime
+    props["train_steps_per_second"] = n_steps / runtime
     if not stop_after_seconds or stop_after_seconds <= 0:
-        props["train_samples_per_second"] = samples / runtime
-        props["train_steps_per_second"] = n_steps / runtime
         props["train_tokens_per_second"] = padded / runtime
         props["train_tokens_per_gpu_per_second"] = padded / runtime / per_gpu
     props["dataset_tokens_per_second"] = non_pad / runtime
