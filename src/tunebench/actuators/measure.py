@@ -7,8 +7,8 @@ validity (once), makes sure the data set exists, builds the launch plan from tho
 (tunebench.actuators.outcome):
 
 - valid: every rank succeeded -> is_valid = 1 and every property;
-- invalid: a validity rule is broken (nothing runs), or any rank ran out of memory (GPU, or the host
-  memory limit on the CPU) -> is_valid = 0 with the reason;
+- invalid: a validity rule is broken (nothing runs), any rank ran out of memory (GPU, or the host
+  memory limit on the CPU), or the run trained on no label token -> is_valid = 0 with the reason;
 - failed: anything else (an exception, a crash, a signal, a timeout, missing rank files) -> no
   properties; the error and the log tail are kept; failed measurements can be retried.
 
@@ -37,7 +37,7 @@ from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values
-from tunebench.worker.results import read_aggregate, read_rank_results
+from tunebench.worker.results import NO_TRAINED_TOKENS, read_aggregate, read_rank_results
 
 
 def measure(
@@ -123,7 +123,7 @@ def _measure_stability(
             progress(f"repetition {i + 1}/{repetitions}")
         run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
         runs.append(_measure_once(experiment, entity, values, run_opts, None))
-    oom = sum(r.status == "invalid" for r in runs)
+    oom = sum(r.status == "invalid" and not r.reasons[0].startswith(NO_TRAINED_TOKENS) for r in runs)
     ok = sum(r.status == "valid" for r in runs)
     other = repetitions - oom - ok
     rates = [r.properties["dataset_tokens_per_second"] for r in runs if r.status == "valid"]

@@ -2,9 +2,11 @@
 
 - timed out (any node) -> failed, "timeout: ...";
 - any rank out of memory -> invalid with the reason (ado-sfttrainer.md §5.4);
+- a run that trained on no label token (every label -100: the response template missing or cut off
+  by model_max_length) -> invalid, "no label tokens trained: ..." (its rates measure no training);
 - any rank failed, a rank missing, no rank result, a non-zero exit after valid results, a signal ->
   failed with the reason and the log tail;
-- else valid, with the properties rank 0 computed from every rank's records
+- else valid, with the properties (and metadata ``trained_tokens``) rank 0 computed from every rank's records
   (``tunebench.worker.results.properties_from_results``, run once, in the worker).
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
-from tunebench.worker.results import outcome
+from tunebench.worker.results import no_trained_tokens_reason, outcome
 
 
 @dataclass
@@ -56,6 +58,13 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         elif not run.ranks:
             reason = f"worker exited with code {run.returncode} and wrote no result"
         return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta)
+    tokens = run.aggregate.get("trained_tokens")
+    meta["trained_tokens"] = tokens
+    if tokens == 0:
+        r0 = min(run.ranks, key=lambda r: r.get("rank", 0))
+        template = (r0.get("args") or {}).get("response_template") or "\n### Response:"
+        reason = no_trained_tokens_reason(r0.get("data"), template)
+        return Result.invalid(experiment.id, entity.id, [reason], metadata=meta, log_tail=tail)
     return Result.valid(experiment.id, entity.id, dict(run.aggregate["properties"]), metadata=meta)
 
 

@@ -128,6 +128,8 @@ def build_dataset(
     info = {
         "records": len(examples),
         "records_without_response_template": sum(not e.has_template for e in examples),
+        # records whose every label is -100: no template, or the template cut off by max_length
+        "records_without_label_tokens": sum(all(x == IGNORE_INDEX for x in e.labels) for e in examples),
         "max_length": max_length,
         "tokens_min": min(lengths),
         "tokens_max": max(lengths),

@@ -98,7 +98,9 @@ def offline_tokenizer(architecture: str, model_vocab_size: int | None) -> tuple[
         backend = found.load()
     except Exception:  # package absent, unknown model, or an API change in tunebench.datasets
         return None
-    if backend is None or (model_vocab_size and backend.get_vocab_size() > model_vocab_size):
+    if not hasattr(backend, "get_vocab"):  # a tiktoken counter (Llama 3, Granite 4) is no tokenizers.Tokenizer
+        return None
+    if model_vocab_size and backend.get_vocab_size() > model_vocab_size:
         return None
     vocab = backend.get_vocab()
     specials = {}

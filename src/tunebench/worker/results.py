@@ -132,6 +132,32 @@ def outcome(rank_results: Sequence[dict[str, Any]], world_size: int | None = Non
 # ---------------------------------------------------------------------------------------------- properties
 
 
+def trained_tokens(rank_results: Sequence[dict[str, Any]]) -> int | None:
+    """Label tokens trained on (labels != -100) over every step, warm-up included, summed over ranks;
+    None when the records do not count them."""
+    if not rank_results or any("trained_tokens" not in (r.get("steps") or {}).get("local", {}) for r in rank_results):
+        return None
+    return int(sum(_global_steps(rank_results)["trained_tokens"]))
+
+
+NO_TRAINED_TOKENS = "no label tokens trained"  # the start of that invalid reason
+
+
+def no_trained_tokens_reason(data: dict[str, Any] | None, template: str = "\n### Response:") -> str:
+    """Why a run trained on no label token: records without the response template, or cut before it."""
+    data = data or {}
+    records, without = data.get("records"), data.get("records_without_response_template")
+    if records and without == records:
+        return f"{NO_TRAINED_TOKENS}: no record of the data set contains the response template {template!r}"
+    cut = data.get("records_without_label_tokens")
+    counted = f" ({cut} of {records} records have none)" if cut is not None and records else ""
+    return (
+        f"{NO_TRAINED_TOKENS}: the response marker {template!r} of every record trained on was cut off by "
+        f"truncation at max_length {data.get('max_length')} (min of model_max_length and the tokenizer's "
+        f"limit){counted}; raise model_max_length"
+    )
+
+
 def _global_steps(rank_results: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     """Per-step durations and global counts: rank 0's all-reduced values, else the sum of the ranks' own."""
     r0 = min(rank_results, key=lambda r: r.get("rank", 0))

@@ -300,6 +300,7 @@ def finish(meters: Meters) -> dict[str, Any]:
                 "samples": meter.samples,
                 "non_pad_tokens": meter.non_pad_tokens,
                 "padded_tokens": meter.padded_tokens,
+                "trained_tokens": meter.trained_tokens,
             },
             "global": meter.global_counts(),
             "stopped_by": meter.stopped_by,
