@@ -7,15 +7,19 @@ downloaded; data sets are small generated ones (news-chars-256-entries-32).
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import tunebench.actuators.measure as measure_module
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
+from tunebench.units import GIB
 from tunebench.actuators.measure import measure
 
 pytestmark = pytest.mark.slow
@@ -112,6 +116,39 @@ def test_crashing_worker_is_failed_with_reason(tmp_path, tiny, monkeypatch):
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
     assert result.status == "failed" and result.properties == {}
     assert "SIGKILL" in result.error and "about to crash" in result.log_tail
+
+
+def test_kernel_oom_kill_is_out_of_memory_with_evidence(tmp_path, tiny, monkeypatch):
+    """A worker SIGKILLed when its memory crosses the limit (what the kernel's OOM killer does; here a
+    thread of the test plays the kernel) is an out-of-memory invalid result with the parent's evidence."""
+    limit_gib = 0.25
+    # 4 MiB of written (resident) memory every 50 ms, past the limit
+    _replace_command(monkeypatch, "import time\nheld = []\nwhile True:\n    held.append(b'x' * (4 << 20))\n"
+                                  "    time.sleep(0.05)")  # fmt: skip
+    killed: list[int] = []
+
+    def kernel() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if "held.append" in " ".join(child.cmdline()) and child.memory_info().rss > limit_gib * GIB:
+                        killed.append(child.memory_info().rss)
+                        child.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    continue
+            time.sleep(0.01)
+
+    threading.Thread(target=kernel, daemon=True).start()
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path, host_memory_limit_gib=limit_gib))
+    assert killed, "the allocating worker never crossed the limit"
+    assert result.status == "invalid" and result.properties == {"is_valid": 0}, (result.error, result.log_tail)
+    (reason,) = result.reasons
+    assert reason.startswith("out of memory: the training process was killed by SIGKILL") and "0.25 GiB" in reason
+    evidence = result.metadata["host_memory"]
+    assert evidence["limit_source"] == "host_memory_limit_gib" and evidence["limit_gib"] == limit_gib
+    assert 0.9 * limit_gib * GIB <= evidence["peak_rss_bytes"] <= killed[0] + (64 << 20)
 
 
 def test_hanging_worker_times_out(tmp_path, tiny, monkeypatch):

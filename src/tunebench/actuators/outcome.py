@@ -2,6 +2,8 @@
 
 - timed out (any node) -> failed, "timeout: ...";
 - any rank out of memory -> invalid with the reason (ado-sfttrainer.md §5.4);
+- killed by SIGKILL with evidence that memory ran out (the cgroup's OOM-kill counter, peak RSS at the
+  limit, MemAvailable exhausted: tunebench.actuators.memwatch) -> invalid, out of memory (not retried);
 - a run that trained on no label token (every label -100: the response template missing or cut off
   by model_max_length) -> invalid, "no label tokens trained: ..." (its rates measure no training);
 - any rank failed, a rank missing, no rank result, a non-zero exit after valid results, a signal ->
@@ -16,6 +18,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunebench.actuators.memwatch import MemoryEvidence, oom_kill_reason
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
 from tunebench.worker.results import no_trained_tokens_reason, outcome
@@ -32,6 +35,7 @@ class RunOutcome:
     world_size: int  # processes expected to write a rank record
     log_tail: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryEvidence | None = None  # the parent's view of host memory (single-node runs)
 
 
 def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeout_seconds: float | None) -> Result:
@@ -51,6 +55,10 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         status, reason = "failed", f"worker exited with code {run.returncode} after writing its results"
     if status == "valid" and run.aggregate is None:
         status, reason = "failed", "rank 0 wrote no aggregate result (properties)"
+    if run.memory is not None:
+        meta["host_memory"] = run.memory.to_dict()
+    if status == "failed" and (oom := oom_kill_reason(run.returncode, tail, run.memory)):
+        return Result.invalid(experiment.id, entity.id, [oom], metadata=meta, log_tail=tail)
     if status == "failed":
         if run.returncode < 0:
             name = signal.Signals(-run.returncode).name
