@@ -26,7 +26,10 @@ class Validity:
     notes: list[str] = field(default_factory=list)  # platform notes (platform_notes): warn, never invalidate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"is_valid": self.is_valid, "reasons": list(self.reasons), "notes": list(self.notes)}
+        out: dict[str, Any] = {"is_valid": self.is_valid, "reasons": list(self.reasons)}
+        if self.notes:  # only when there are some: the long-standing two-key form otherwise
+            out["notes"] = list(self.notes)
+        return out
 
 
 def _version(text: str) -> tuple[int, ...]:
