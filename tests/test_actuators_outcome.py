@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tunebench.actuators.measure import collect_nodes
 from tunebench.actuators.process import NodeResult
 from tunebench.actuators.launch import build_launch_plan
@@ -65,3 +67,50 @@ def test_the_cli_and_the_registry_import_no_torch_transformers_or_ray():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def _cgroup(root: Path, v2: bool, limit: str, usage: int, oom_kills: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    if v2:
+        (root / "memory.max").write_text(limit + "\n")
+        (root / "memory.current").write_text(f"{usage}\n")
+        (root / "memory.events").write_text(f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {oom_kills}\n")
+    else:
+        (root / "memory").mkdir(parents=True, exist_ok=True)
+        (root / "memory/memory.limit_in_bytes").write_text(limit + "\n")
+        (root / "memory/memory.usage_in_bytes").write_text(f"{usage}\n")
+        (root / "memory/memory.oom_control").write_text(f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kills}\n")
+    return root
+
+
+def test_cgroup_v1_and_v2_limits_counters_and_the_default_host_limit(tmp_path):
+    from tunebench.actuators.memwatch import cgroup_limit, cgroup_oom_kills, default_host_memory_limit_bytes, meminfo
+
+    v2 = _cgroup(tmp_path / "v2", True, str(8 << 30), 2 << 30, 4)
+    assert cgroup_limit(v2) == (8 << 30, str(v2 / "memory.max")) and cgroup_oom_kills(v2)[0] == 4
+    v1 = _cgroup(tmp_path / "v1", False, "9223372036854771712", 1 << 30, 0)  # v1's "no limit"
+    assert cgroup_limit(v1) is None and cgroup_oom_kills(v1) == (0, str(v1 / "memory/memory.oom_control"))
+    assert cgroup_limit(_cgroup(tmp_path / "max", True, "max", 0, 0)) is None
+    # 80% of the smaller of the cgroup's room (8 - 2 GiB) and MemAvailable
+    expected = 0.8 * min(6 << 30, meminfo()["MemAvailable"])
+    assert default_host_memory_limit_bytes(v2) == pytest.approx(expected, rel=0.05)  # MemAvailable moves
+    assert default_host_memory_limit_bytes(v2) <= 0.8 * (6 << 30)
+
+
+def test_a_sigkill_is_out_of_memory_only_with_evidence(tmp_path):
+    from tunebench.actuators.memwatch import MemoryWatch, oom_kill_reason
+
+    root = _cgroup(tmp_path, True, str(64 << 30), 0, 2)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    watch = MemoryWatch(root=root).start(proc.pid)
+    proc.wait()
+    _cgroup(tmp_path, True, str(64 << 30), 0, 3)  # the kernel counted an OOM kill in this cgroup
+    ev = watch.stop()
+    assert ev.peak_rss_bytes > 0 and ev.limit_source == f"cgroup {root / 'memory.max'}"
+    reason = oom_kill_reason(-9, "", ev)
+    assert reason and "killed by SIGKILL" in reason and "oom_kill 2 -> 3" in reason and "64.00 GiB" in reason
+    assert oom_kill_reason(1, "", ev) is None  # not a kill
+    ev.oom_kills_after = 2  # no OOM kill counted, peak far below the limit, memory available: a crash
+    assert oom_kill_reason(-9, "", ev) is None
+    ev.peak_rss_bytes = int(0.95 * ev.limit_bytes)  # at the limit: out of memory
+    assert "peak RSS within 10% of the limit" in oom_kill_reason(-9, "", ev)

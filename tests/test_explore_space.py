@@ -28,10 +28,10 @@ def test_minimal_file_as_written():
     assert spec.operation.sampler == "grid" and spec.size == 4
     points = sample(spec)
     assert [p[1].id for p in points] == [
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.64-batch_size.1",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.64-batch_size.2",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.128-batch_size.1",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.128-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.1",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.1",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.2",
     ]
     assert all(reasons == [] for _, _, reasons in points)
 

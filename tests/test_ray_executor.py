@@ -120,7 +120,7 @@ def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
         "experiments": [{"id": "finetune_full_benchmark-v1.0.0",
                          "parameters": {"max_steps": 3, "dataset_id": "news-chars-256-entries-32",
                                         "gradient_accumulation_steps": 1}}],
-        "entity_space": {"model_name": str(config), "model_max_length": 64, "number_gpus": 2, "number_nodes": 2,
+        "entity_space": {"model_name": str(config), "model_max_length": 192, "number_gpus": 2, "number_nodes": 2,
                          "batch_size": 4, "gpu_model": L40S, "distributed_backend": "DDP", "flash_attn": False},
         "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300},
         "operation": {"sampler": "grid"},
@@ -133,8 +133,9 @@ def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
     ex = result.metadata["execution"]
     assert set(ex["node_ids"]) == cluster[L40S] and ex["placement"] == "STRICT_SPREAD"
     p = result.properties
-    # 3 steps x batch 4 (2 per process, one process on each node) x 64 tokens, summed over both nodes
-    assert p["dataset_tokens_per_second"] == pytest.approx(3 * 4 * 64 / p["train_runtime"], rel=1e-6)
+    # 3 steps x batch 4 (2 per process, one process on each node) x 192 tokens (the response marker ends
+    # by token 152, every entry is longer than 192), summed over both nodes
+    assert p["dataset_tokens_per_second"] == pytest.approx(3 * 4 * 192 / p["train_runtime"], rel=1e-6)
     assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2, rel=1e-6)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tunebench.spec.experiments import get_experiment, make_entity
@@ -104,3 +106,31 @@ def test_stability_experiment_is_single_node():
     assert check(stability, entity).is_valid
     result = check(stability, make_entity(stability, {**BASE, "number_nodes": 2}))
     assert not result.is_valid and "one node" in result.reasons[0]
+
+
+def test_watsonx_platform_notes_qlora_on_l40s_and_gaudi_3():
+    """The watsonx.ai tuning guide: no QLoRA on L40S, no tuning at all on Gaudi 3 (notes, still valid)."""
+    qlora = get_experiment("finetune_qlora_benchmark-v1.0.0")
+    on = {"number_gpus": 1, "batch_size": 1}
+    l40s = check(qlora, make_entity(qlora, {**BASE, **on, "gpu_model": "NVIDIA-L40S"}))
+    assert l40s.is_valid and len(l40s.notes) == 1 and "QLoRA" in l40s.notes[0] and "L40S" in l40s.notes[0]
+    assert "Planning for foundation model tuning" in l40s.notes[0]
+    assert check(qlora, make_entity(qlora, {**BASE, **on})).notes == []  # A100: supported
+    assert check(LORA, make_entity(LORA, {**BASE, **on, "gpu_model": "NVIDIA-L40S"})).notes == []  # LoRA on L40S
+    gaudi = check(LORA, make_entity(LORA, {**BASE, **on, "gpu_model": "Intel-Gaudi-3"}))
+    assert gaudi.is_valid and "Gaudi 3" in gaudi.notes[0] and gaudi.to_dict()["notes"] == gaudi.notes
+
+
+def test_validate_and_plan_print_the_platform_notes():
+    from typer.testing import CliRunner
+
+    from tunebench.cli import _mount_subcommands, app
+
+    _mount_subcommands()  # plan lives in tunebench.plan.cli
+    args = ["finetune_qlora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
+            "batch_size=1", "gpu_model=NVIDIA-L40S"]  # fmt: skip
+    validate = CliRunner().invoke(app, ["validate", *args])
+    assert validate.exit_code == 0 and "QLoRA fine tuning is not supported on NVIDIA L40S" in validate.output
+    plan = CliRunner().invoke(app, ["plan", *args, "--json"])
+    assert plan.exit_code == 0, plan.output
+    assert "not supported on NVIDIA L40S" in " ".join(json.loads(plan.output)["platform_notes"])

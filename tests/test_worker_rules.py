@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tunebench.worker.args import parse_args
-from tunebench.worker.results import HF_RATES, classify_exception, outcome, properties_from_results
+from tunebench.worker.results import STOP_AFTER_DROPPED_RATES, classify_exception, outcome, properties_from_results
 from tunebench.worker.stopping import (
     AutoStopWindows,
     StopRule,
@@ -190,7 +190,10 @@ def test_properties_warmup_and_stop_after():
     assert p["train_steps_per_second"] == 1.0  # kept with auto-stop: computed from real post-warm-up steps
     assert all(p[k] == 0.0 for k in p if k.startswith("gpu_"))
     q = properties_from_results(ranks, number_gpus=0, stop_after_seconds=30)
-    assert not set(HF_RATES) & set(q) and q["dataset_tokens_per_second_per_gpu"] == 100.0
+    assert not set(STOP_AFTER_DROPPED_RATES) & set(q) and q["dataset_tokens_per_second_per_gpu"] == 100.0
+    assert set(STOP_AFTER_DROPPED_RATES) == {"train_tokens_per_second", "train_tokens_per_gpu_per_second"}
+    # spec 004 omits only the two token rates: the samples and steps rates stay
+    assert q["train_steps_per_second"] == 1.0 and q["train_samples_per_second"] == 2.0
     with pytest.raises(ValueError):
         properties_from_results([_rank(0, [5.0], 2, 100, 128, warmup=1)], 0)
     with pytest.raises(ValueError):
@@ -256,3 +259,22 @@ def test_completion_only_labels():
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3], [1, -100, -100]] and batch["entry_index"] == [7, 2]
     assert batch["input_ids"][1, 1].item() == tok.pad_token_id  # right padding
+
+
+def test_trained_tokens_sum_every_step_and_rank_and_name_the_cause_when_zero():
+    from tunebench.worker.results import no_trained_tokens_reason, trained_tokens
+
+    ranks = [_rank(0, [1.0, 1.0], 2, 100, 128, warmup=1), _rank(1, [1.0, 1.0], 2, 100, 128)]
+    assert trained_tokens(ranks) is None  # records that do not count them
+    ranks[0]["steps"]["local"]["trained_tokens"] = [5, 7]  # warm-up steps count: they trained too
+    ranks[1]["steps"]["local"]["trained_tokens"] = [0, 3]
+    assert trained_tokens(ranks) == 15
+    for r in ranks:
+        r["steps"]["local"]["trained_tokens"] = [0, 0]
+    assert trained_tokens(ranks) == 0
+    cut = no_trained_tokens_reason({"records": 32, "records_without_response_template": 0, "max_length": 64,
+                                    "records_without_label_tokens": 32}, "\n### Response:")  # fmt: skip
+    assert cut.startswith("no label tokens trained") and "cut off" in cut and "max_length 64" in cut
+    assert "32 of 32 records" in cut and "raise model_max_length" in cut
+    missing = no_trained_tokens_reason({"records": 4, "records_without_response_template": 4}, "\n### Response:")
+    assert "no record of the data set contains the response template" in missing

@@ -143,6 +143,26 @@ def test_truncation_counts_max_seq_length(tmp_path):
     assert sum(r["steps"]["global"]["padded_tokens"]) == 8 * 2 * 2
 
 
+def test_trained_tokens_are_the_labels_the_loss_used(tmp_path):
+    """trained_tokens = Σ labels != -100 over the consumed entries; 0 when truncation cuts the marker."""
+    from transformers import AutoTokenizer
+
+    from tunebench.training.data import IGNORE_INDEX, tokenize_record
+
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    rc, r, agg = run(tmp_path / "a", steps=2)
+    assert rc == 0, r.get("reason")
+    tok = AutoTokenizer.from_pretrained(r["metadata"]["tokenizer"]["path"])
+    texts = [json.loads(line)["output"] for line in (tmp_path / "a" / "data.jsonl").read_text().splitlines()]
+    labels = [tokenize_record(tok, t, "\n### Response:", 48).labels for t in texts]
+    expected = sum(sum(x != IGNORE_INDEX for x in labels[i]) for i in r["consumed"]["indices"])
+    assert expected > 0 and sum(r["steps"]["global"]["trained_tokens"]) == expected == agg["trained_tokens"]
+    rc, r, agg = run(tmp_path / "b", steps=1, max_seq_length=8)  # 8 tokens end before every marker
+    assert rc == 0 and agg["trained_tokens"] == 0
+    assert r["data"]["records_without_label_tokens"] == r["data"]["records"]
+
+
 def test_stop_after_seconds_stops_and_drops_hf_rates(tmp_path):
     rc, r, agg = run(tmp_path, steps=100000, stop_after_seconds=1.0, per_device_train_batch_size=1)
     assert rc == 0, r.get("reason")
@@ -150,13 +170,14 @@ def test_stop_after_seconds_stops_and_drops_hf_rates(tmp_path):
     assert r["steps"]["stopped_by"] == "stop_after_seconds"
     assert sum(d) >= 1.0 > sum(d[:-1])  # stopped at the end of the first step past the limit
     props = agg["properties"]
-    for name in ("train_samples_per_second", "train_steps_per_second", "train_tokens_per_second",
-                 "train_tokens_per_gpu_per_second"):
+    for name in ("train_tokens_per_second", "train_tokens_per_gpu_per_second"):
         assert name not in props  # spec 004: omitted when stop_after_seconds > 0
     assert props["train_runtime"] == pytest.approx(sum(d))
     non_pad, _ = _brute_force(tmp_path, r, 48)  # one entry per step (batch 1), truncated at 48 tokens
     assert r["consumed"]["entries"] == len(d) and sum(r["steps"]["global"]["non_pad_tokens"]) == non_pad
     assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / sum(d), rel=1e-9)
+    for name in ("train_samples_per_second", "train_steps_per_second"):
+        assert props[name] > 0  # the spec omits only the two token rates
 
 
 def test_auto_stop_excludes_warmup(tmp_path):

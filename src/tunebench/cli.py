@@ -238,6 +238,8 @@ def validate(
     console.print(f"{entity.id}: {mark}")
     for reason in result.reasons:
         console.print(f"  - {reason}")
+    for note in result.notes:
+        console.print(f"  [yellow]note:[/yellow] {note}")
 
 
 @app.command("launch-plan")

@@ -1,4 +1,4 @@
-"""The measuring actuator: train for real, return spec 004's measured properties as a Result.
+"""The measuring actuator: train for real, return the SFTTrainer spec's measured properties as a Result.
 
 ``measure(experiment, entity, options)`` computes the entity's effective values and checks
 validity (once), makes sure the data set exists, builds the launch plan from those values
@@ -7,12 +7,12 @@ validity (once), makes sure the data set exists, builds the launch plan from tho
 (tunebench.actuators.outcome):
 
 - valid: every rank succeeded -> is_valid = 1 and every property;
-- invalid: a validity rule is broken (nothing runs), or any rank ran out of memory (GPU, or the host
-  memory limit on the CPU) -> is_valid = 0 with the reason;
+- invalid: a validity rule is broken (nothing runs), any rank ran out of memory (GPU, or the host
+  memory limit on the CPU), or the run trained on no label token -> is_valid = 0 with the reason;
 - failed: anything else (an exception, a crash, a signal, a timeout, missing rank files) -> no
   properties; the error and the log tail are kept; failed measurements can be retried.
 
-The stability experiment runs its job ``repetitions`` times and reports the fractions (spec 004).
+The stability experiment runs its job ``repetitions`` times and reports the fractions (SFTTrainer spec).
 Multi-node plans need one process per machine: the Ray executor schedules those and calls this
 actuator's ``plan_nodes`` (on the coordinator), ``run_node`` (on each node) and ``collect_nodes``
 (on the coordinator), the same steps and the same outcome rules as a single-node run.
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebench.actuators.launch import WORKER_MODULE, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.memwatch import DEFAULT_LIMIT_FRACTION, MemoryWatch, default_host_memory_limit_bytes
 from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
 from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
@@ -37,7 +38,8 @@ from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values
-from tunebench.worker.results import read_aggregate, read_rank_results
+from tunebench.units import GIB
+from tunebench.worker.results import NO_TRAINED_TOKENS, read_aggregate, read_rank_results
 
 
 def measure(
@@ -89,17 +91,23 @@ def _measure_once(
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
 
     (node,) = plan.nodes
+    opts, limit_source = with_host_memory_limit(opts, values)
+    if opts.host_memory_limit_gib:
+        meta["host_memory_limit_gib"] = opts.host_memory_limit_gib
+        meta["host_memory_limit_source"] = limit_source
     command, env = node_command(node, out_dir, with_gpu_count(opts, values))
     meta["command"] = command
     log_path = out_dir / "worker.log"
     if progress:
         progress("training")
-    returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds)
+    limit = int(opts.host_memory_limit_gib * GIB) if opts.host_memory_limit_gib else None
+    watch = MemoryWatch(limit, limit_source)
+    returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds, watch)
     meta["wall_seconds"] = round(time.time() - started, 3)
     run = RunOutcome(
         returncode=returncode, timed_out=timed_out, ranks=read_rank_results(out_dir / "result"),
         aggregate=read_aggregate(out_dir / "result"), world_size=plan.processes_per_node * plan.number_nodes,
-        log_tail=tail(log_path), metadata=meta,
+        log_tail=tail(log_path), metadata=meta, memory=watch.evidence,
     )  # fmt: skip
     return result_of_run(experiment, entity, run, opts.timeout_seconds)
 
@@ -112,7 +120,7 @@ def _measure_stability(
     repetitions: int,
     progress: Callable[[str], None] | None,
 ) -> Result:
-    """spec 004 finetune_full_stability: run the job `repetitions` times, report outcome fractions.
+    """The SFTTrainer spec finetune_full_stability: run the job `repetitions` times, report outcome fractions.
 
     The reference registers this loop but never dispatches it (ado-sfttrainer.md §16 #2).
     """
@@ -123,7 +131,7 @@ def _measure_stability(
             progress(f"repetition {i + 1}/{repetitions}")
         run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
         runs.append(_measure_once(experiment, entity, values, run_opts, None))
-    oom = sum(r.status == "invalid" for r in runs)
+    oom = sum(r.status == "invalid" and not r.reasons[0].startswith(NO_TRAINED_TOKENS) for r in runs)
     ok = sum(r.status == "valid" for r in runs)
     other = repetitions - oom - ok
     rates = [r.properties["dataset_tokens_per_second"] for r in runs if r.status == "valid"]
@@ -167,6 +175,22 @@ def run_node(
     )  # fmt: skip
 
 
+def with_host_memory_limit(opts: MeasureOptions, values: dict[str, Any]) -> tuple[MeasureOptions, str | None]:
+    """opts with the host memory limit the run gets, and where it comes from.
+
+    Given (> 0): as given; 0: none. Not given, on the CPU (number_gpus = 0): the default of
+    tunebench.actuators.memwatch (80% of the smaller of the cgroup's room and MemAvailable at
+    launch), so that the worker's own limit is reached before the kernel's OOM killer acts.
+    """
+    if opts.host_memory_limit_gib is not None:
+        return opts, "host_memory_limit_gib" if opts.host_memory_limit_gib > 0 else None
+    default = default_host_memory_limit_bytes() if values.get("number_gpus", 0) == 0 else None
+    if not default:
+        return opts, None
+    source = f"default: {DEFAULT_LIMIT_FRACTION:.0%} of the memory available at launch"
+    return dataclasses.replace(opts, host_memory_limit_gib=round(default / GIB, 3)), source
+
+
 def with_gpu_count(opts: MeasureOptions, values: dict[str, Any]) -> MeasureOptions:
     """opts plus the worker flag that makes the per-GPU rates divide by the entity's number_gpus (the
     worker computes the properties; it cannot tell simulated GPUs, or CPU DDP processes, from real ones)."""
@@ -187,6 +211,7 @@ def collect_nodes(
         ranks=sorted((r for n in nodes for r in n.records), key=lambda r: r.get("rank", 0)),
         aggregate=next((n.aggregate for n in nodes if n.aggregate), None),
         world_size=plan.processes_per_node * plan.number_nodes, log_tail=tails, metadata=meta,
+        memory=next((n.memory for n in nodes if n.returncode and n.memory), None),  # a killed node's view
     )  # fmt: skip
     return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 

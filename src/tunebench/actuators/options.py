@@ -18,7 +18,8 @@ class MeasureOptions:
     visible_devices: CUDA_VISIBLE_DEVICES for the run (the executor's GPU assignment).
     output_dir: where the run writes (the executor's fresh directory per attempt).
     cpu_processes: DDP processes (gloo) for a CPU entity (number_gpus = 0); 1 = one process.
-    host_memory_limit_gib: CPU runs: exceeding it is out of memory (is_valid = 0).
+    host_memory_limit_gib: exceeding it is out of memory (is_valid = 0); None: CPU runs get 80% of the
+        memory available at launch (tunebench.actuators.memwatch), GPU runs none; 0: no limit.
     nccl_env: NCCL_* variables every node of a GPU run sets (RoCE fabric: NCCL_IB_HCA, NCCL_IB_GID_INDEX,
         NCCL_SOCKET_IFNAME, NCCL_IB_TC, ...; unset ones keep NCCL's defaults, see actuators/network.py).
     """

@@ -2,9 +2,13 @@
 
 - timed out (any node) -> failed, "timeout: ...";
 - any rank out of memory -> invalid with the reason (ado-sfttrainer.md §5.4);
+- killed by SIGKILL with evidence that memory ran out (the cgroup's OOM-kill counter, peak RSS at the
+  limit, MemAvailable exhausted: tunebench.actuators.memwatch) -> invalid, out of memory (not retried);
+- a run that trained on no label token (every label -100: the response template missing or cut off
+  by model_max_length) -> invalid, "no label tokens trained: ..." (its rates measure no training);
 - any rank failed, a rank missing, no rank result, a non-zero exit after valid results, a signal ->
   failed with the reason and the log tail;
-- else valid, with the properties rank 0 computed from every rank's records
+- else valid, with the properties (and metadata ``trained_tokens``) rank 0 computed from every rank's records
   (``tunebench.worker.results.properties_from_results``, run once, in the worker).
 """
 
@@ -14,9 +18,10 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunebench.actuators.memwatch import MemoryEvidence, oom_kill_reason
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
-from tunebench.worker.results import outcome
+from tunebench.worker.results import no_trained_tokens_reason, outcome
 
 
 @dataclass
@@ -30,6 +35,7 @@ class RunOutcome:
     world_size: int  # processes expected to write a rank record
     log_tail: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryEvidence | None = None  # the parent's view of host memory (single-node runs)
 
 
 def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeout_seconds: float | None) -> Result:
@@ -49,6 +55,10 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         status, reason = "failed", f"worker exited with code {run.returncode} after writing its results"
     if status == "valid" and run.aggregate is None:
         status, reason = "failed", "rank 0 wrote no aggregate result (properties)"
+    if run.memory is not None:
+        meta["host_memory"] = run.memory.to_dict()
+    if status == "failed" and (oom := oom_kill_reason(run.returncode, tail, run.memory)):
+        return Result.invalid(experiment.id, entity.id, [oom], metadata=meta, log_tail=tail)
     if status == "failed":
         if run.returncode < 0:
             name = signal.Signals(-run.returncode).name
@@ -56,6 +66,13 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         elif not run.ranks:
             reason = f"worker exited with code {run.returncode} and wrote no result"
         return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta)
+    tokens = run.aggregate.get("trained_tokens")
+    meta["trained_tokens"] = tokens
+    if tokens == 0:
+        r0 = min(run.ranks, key=lambda r: r.get("rank", 0))
+        template = (r0.get("args") or {}).get("response_template") or "\n### Response:"
+        reason = no_trained_tokens_reason(r0.get("data"), template)
+        return Result.invalid(experiment.id, entity.id, [reason], metadata=meta, log_tail=tail)
     return Result.valid(experiment.id, entity.id, dict(run.aggregate["properties"]), metadata=meta)
 
 

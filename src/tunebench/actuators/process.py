@@ -22,8 +22,10 @@ from typing import Any
 import yaml
 
 from tunebench.actuators.launch import MAIN_PROCESS_IP, OUTPUT_DIR, NodePlan
+from tunebench.actuators.memwatch import MemoryEvidence, MemoryWatch
 from tunebench.actuators.options import MeasureOptions
 from tunebench.spec.results import LOG_TAIL_CHARS
+from tunebench.units import GIB
 from tunebench.worker.results import read_aggregate, read_rank_results
 
 LOG_TAIL_LINES = 40  # lines of a single-node run's log kept in its Result
@@ -43,6 +45,7 @@ class NodeResult:
     node_id: str | None = None
     records: list[dict[str, Any]] = field(default_factory=list)  # the worker's rank result files
     aggregate: dict[str, Any] | None = None  # rank 0's result file, on the node that ran rank 0
+    memory: MemoryEvidence | None = None  # this node's process tree memory (tunebench.actuators.memwatch)
 
 
 def node_command(
@@ -90,9 +93,12 @@ def _option_flags(opts: MeasureOptions) -> list[str]:
     return flags + list(opts.extra_worker_args)
 
 
-def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout: float | None) -> tuple[int, bool]:
+def run_logged(
+    command: list[str], env: dict[str, str], log_path: Path, timeout: float | None, watch: MemoryWatch | None = None
+) -> tuple[int, bool]:
     """Run in a new process group, output to log_path; on timeout kill the whole group.
 
+    watch: samples the process tree's memory from start to exit (the evidence of a kernel OOM kill).
     Returns (returncode, timed_out); a negative returncode is the signal that ended the process.
     """
     with open(log_path, "wb") as log:
@@ -100,6 +106,8 @@ def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout:
             command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=_terminate_with_parent,
         )  # fmt: skip
+        if watch is not None:
+            watch.start(proc.pid)
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
@@ -108,6 +116,9 @@ def run_logged(command: list[str], env: dict[str, str], log_path: Path, timeout:
         except BaseException:  # KeyboardInterrupt: leave no orphan training processes behind
             _kill_group(proc)
             raise
+        finally:
+            if watch is not None:
+                watch.stop()
 
 
 def run_node_plan(
@@ -132,7 +143,9 @@ def run_node_plan(
     command, env = node_command(node_plan, out, options, main_process_ip, python_executable)
     log_path = out / f"node{node_plan.machine_rank}.log"
     started = time.monotonic()
-    code, timed_out = run_logged(command, env, log_path, timeout_s)
+    limit = options.host_memory_limit_gib if options else None
+    watch = MemoryWatch(int(limit * GIB) if limit else None)
+    code, timed_out = run_logged(command, env, log_path, timeout_s, watch)
     return NodeResult(
         machine_rank=node_plan.machine_rank,
         returncode=None if timed_out else code,
@@ -141,6 +154,7 @@ def run_node_plan(
         output_dir=str(out),
         records=read_rank_results(out / "result"),
         aggregate=read_aggregate(out / "result"),
+        memory=watch.evidence,
     )
 
 

@@ -192,6 +192,10 @@ def plan(  # over 60 lines: 20 lines are Typer's option declarations
     entity = make_entity(exp, values)
     result = predict(exp, entity, **kw)
     out = plan_json(result)
+    from tunebench.spec.experiments import effective_values
+    from tunebench.spec.validity import platform_notes
+
+    out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
     if compare:
         from tunebench.plan.compare import compare_rows, measured_result, print_comparison
 

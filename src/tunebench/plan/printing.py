@@ -71,6 +71,8 @@ def print_plan(console: Console, out: dict[str, Any]) -> None:
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
     for reason in out["reasons"]:
         console.print(f"  - {reason}")
+    for note in out.get("platform_notes") or []:
+        console.print(f"  [yellow]note:[/yellow] {note}")
     table = Table(title="GPU memory per GPU (GiB)")
     table.add_column("component")
     table.add_column("GiB", justify="right")

@@ -1,4 +1,4 @@
-"""Validity of an entity: spec 004 "is_valid logic", all rules in one place.
+"""Validity of an entity: the SFTTrainer spec "is_valid logic", all rules in one place.
 
 An entity that breaks a rule is a *valid request* whose result is ``is_valid = 0``: it is recorded
 (and memoised), never run. Rules 1-7 are the spec's; the two after them are rules the reference
@@ -13,7 +13,7 @@ from typing import Any
 from tunebench.catalog import get_model
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 
-# spec 004 note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
+# the SFTTrainer spec note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
 FAST_MOE_MIN_VERSION = (2, 4, 0)
 
 
@@ -23,9 +23,13 @@ class Validity:
 
     is_valid: bool
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # platform notes (platform_notes): warn, never invalidate
 
     def to_dict(self) -> dict[str, Any]:
-        return {"is_valid": self.is_valid, "reasons": list(self.reasons)}
+        out: dict[str, Any] = {"is_valid": self.is_valid, "reasons": list(self.reasons)}
+        if self.notes:  # only when there are some: the long-standing two-key form otherwise
+            out["notes"] = list(self.notes)
+        return out
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -65,7 +69,7 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
             reasons.append(f"rule 7: fast_moe {fast_moe} needs a Mixture-of-Experts model; {values['model_name']} has none")
         elif experts % fast_moe != 0:
             reasons.append(f"rule 7: num_local_experts {experts} is not divisible by fast_moe {fast_moe}")
-        # reference: fast_moe is only supported by fms-hf-tuning 2.4.0+ (spec 004 note)
+        # reference: fast_moe is only supported by fms-hf-tuning 2.4.0+ (the SFTTrainer spec note)
         version = values.get("fms_hf_tuning_version")
         if version and _version(version) < FAST_MOE_MIN_VERSION:
             reasons.append(f"fast_moe needs fms_hf_tuning_version >= 2.4.0 (got {version})")
@@ -76,5 +80,35 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
 
 
 def check(experiment: Experiment, entity: Entity) -> Validity:
-    """Validity of an entity under an experiment (defaults and parameters applied)."""
-    return check_values(effective_values(experiment, entity), single_node_only=experiment.single_node_only)
+    """Validity of an entity under an experiment (defaults and parameters applied), with its platform notes."""
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    return Validity(validity.is_valid, validity.reasons, platform_notes(experiment.method, values))
+
+
+# watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
+# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S), and
+# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs".
+WATSONX_QLORA_GPUS = ("A100", "H100", "H200")
+WATSONX_GUIDE = "watsonx.ai 'Planning for foundation model tuning'"
+
+
+def platform_notes(method: str, values: dict[str, Any]) -> list[str]:
+    """Warnings from the watsonx.ai tuning guide for the entity's method and gpu_model.
+
+    Notes, not validity rules: the SFTTrainer spec's is_valid logic is normative and fms-hf-tuning itself runs
+    these entities (bitsandbytes QLoRA works on an L40S); the guide restricts what the watsonx.ai
+    service offers, which is what a user planning for it needs to know.
+    """
+    gpu = str(values.get("gpu_model") or "").upper().replace("_", "-").replace(" ", "-")
+    if not gpu or values.get("number_gpus", 0) <= 0:
+        return []
+    notes = []
+    if "GAUDI" in gpu:
+        notes.append(f"{WATSONX_GUIDE}: foundation models cannot be tuned on Intel Gaudi 3 accelerators")
+    elif method == "qlora" and "L40S" in gpu:
+        notes.append(
+            f"{WATSONX_GUIDE}: QLoRA fine tuning is not supported on NVIDIA L40S "
+            f"(supported: NVIDIA {', '.join(WATSONX_QLORA_GPUS)})"
+        )
+    return notes

@@ -1,13 +1,13 @@
 """Training data of a measured run: JSONL records -> token ids with completion-only labels.
 
-Each record's text field (spec 004: ``output``, ``"<prompt>\\n\\n### Response: <response>"``) is
+Each record's text field (the SFTTrainer spec: ``output``, ``"<prompt>\\n\\n### Response: <response>"``) is
 tokenized with the tokenizer's special tokens (BOS), EOS appended (fms-hf-tuning's template
 ``{{ element['output'] }}{{ eos_token }}``, hf-stack.md §7.2.4) and truncated to
 ``max_length = min(max_seq_length, tokenizer.model_max_length)``. Labels are -100 up to and
 including the response template, found by character offsets (no token-id matching, so no
 tokenizer-specific quirk like fms's dropping of the first two template tokens); a record without
 the template trains on nothing (all -100), as the reference collator does. Batches are right padded
-to the longest sequence of the micro-batch (spec 004 "right padded"; the reference's collator pads
+to the longest sequence of the micro-batch (the SFTTrainer spec "right padded"; the reference's collator pads
 to the longest).
 
 trl 1.x removed ``response_template``/``DataCollatorForCompletionOnlyLM`` (hf-stack.md §4.3); this
@@ -128,6 +128,8 @@ def build_dataset(
     info = {
         "records": len(examples),
         "records_without_response_template": sum(not e.has_template for e in examples),
+        # records whose every label is -100: no template, or the template cut off by max_length
+        "records_without_label_tokens": sum(all(x == IGNORE_INDEX for x in e.labels) for e in examples),
         "max_length": max_length,
         "tokens_min": min(lengths),
         "tokens_max": max(lengths),

@@ -98,7 +98,9 @@ def offline_tokenizer(architecture: str, model_vocab_size: int | None) -> tuple[
         backend = found.load()
     except Exception:  # package absent, unknown model, or an API change in tunebench.datasets
         return None
-    if backend is None or (model_vocab_size and backend.get_vocab_size() > model_vocab_size):
+    if not hasattr(backend, "get_vocab"):  # a tiktoken counter (Llama 3, Granite 4) is no tokenizers.Tokenizer
+        return None
+    if model_vocab_size and backend.get_vocab_size() > model_vocab_size:
         return None
     vocab = backend.get_vocab()
     specials = {}
@@ -122,7 +124,7 @@ def resolve_tokenizer(
     architecture: catalog name (or config path) of a random-weights model, for the offline tokenizer.
     context_length: the model's maximum positions; a stand-in tokenizer (offline or in-process) declares
     it as its model_max_length, as the model's own tokenizer does, so sequences are truncated at
-    min(max_seq_length, model limit) whatever model_max_length asks for (spec 004 note 3).
+    min(max_seq_length, model limit) whatever model_max_length asks for (the SFTTrainer spec note 3).
     """
     if explicit:
         tok = load_local_tokenizer(explicit)
@@ -157,11 +159,11 @@ def _with_pad(resolved: ResolvedTokenizer) -> ResolvedTokenizer:
     tok = resolved.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    tok.padding_side = "right"  # spec 004: sequences are right padded
+    tok.padding_side = "right"  # the SFTTrainer spec: sequences are right padded
     return resolved
 
 
 def max_length(tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> int:
-    """Truncation length: min(max_seq_length, tokenizer.model_max_length) (spec 004 note 3)."""
+    """Truncation length: min(max_seq_length, tokenizer.model_max_length) (the SFTTrainer spec note 3)."""
     mml = tokenizer.model_max_length
     return min(max_seq_length, mml) if mml and mml < SANE_MAX_LENGTH else max_seq_length

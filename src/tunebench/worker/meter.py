@@ -2,8 +2,8 @@
 
 Per optimisation step the meter records the wall duration (float seconds, from the end of the
 previous step, or train begin, to the end of this one, so data loading is included), and the
-samples, non-padding tokens (attention-mask sum) and padded tokens (input_ids.numel()) of every
-micro-batch the step actually consumed: counted in ``training_step``, once per micro-batch, so the
+samples, non-padding tokens (attention-mask sum), padded tokens (input_ids.numel()) and trained
+tokens (labels != -100: the completion tokens the loss is computed on) of every micro-batch the step actually consumed: counted in ``training_step``, once per micro-batch, so the
 numbers are right for any gradient_accumulation_steps and with gradient checkpointing on or off
 (reference bug IBM/ado#65, ado-sfttrainer.md §16 #3).
 
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from tunebench.training.data import IGNORE_INDEX
 from tunebench.worker.stopping import AutoStopWindows, StopRule
 
 MAX_RECORDED_INDICES = 1 << 16  # consumed entry indices kept for the result (per rank)
@@ -51,6 +52,7 @@ class StepMeter:
         self.samples: list[int] = []
         self.non_pad_tokens: list[int] = []
         self.padded_tokens: list[int] = []
+        self.trained_tokens: list[int] = []  # label tokens the loss used (labels != -100)
         self.consumed_indices: list[int] = []
         self.consumed_total = 0
         self.stopped_by: str | None = None
@@ -65,6 +67,7 @@ class StepMeter:
         self._non_pad: torch.Tensor | int = 0  # stays on the device until the step ends (no sync per micro-batch)
         self._padded = 0
         self._samples = 0
+        self._trained: torch.Tensor | int = 0
 
     # -- called by the trainer / callback
     def begin(self) -> None:
@@ -79,6 +82,9 @@ class StepMeter:
         self._non_pad = self._non_pad + (mask.sum() if mask is not None else ids.numel())
         self._padded += ids.numel()
         self._samples += ids.shape[0]
+        labels = inputs.get("labels")
+        if labels is not None:  # completion-only labels: -100 marks prompt, padding and cut-off records
+            self._trained = self._trained + (labels != IGNORE_INDEX).sum()
         if indices is not None:
             self.consumed_total += len(indices)
             room = MAX_RECORDED_INDICES - len(self.consumed_indices)
@@ -106,6 +112,7 @@ class StepMeter:
         self.step_end_times.append(now)
         self.non_pad_tokens.append(int(self._non_pad))
         self.padded_tokens.append(int(self._padded))
+        self.trained_tokens.append(int(self._trained))
         self.samples.append(int(self._samples))
         self._reset_pending()
         if self.progress:
@@ -131,14 +138,14 @@ class StepMeter:
 
     # -- after training
     def global_counts(self) -> dict[str, list[int]]:
-        """Per-step samples / non-pad / padded tokens summed over ranks (one all_reduce)."""
-        local = {"samples": self.samples, "non_pad_tokens": self.non_pad_tokens, "padded_tokens": self.padded_tokens}
+        """Per-step samples / non-pad / padded / trained tokens summed over ranks (one all_reduce)."""
+        local = {"samples": self.samples, "non_pad_tokens": self.non_pad_tokens, "padded_tokens": self.padded_tokens,
+                 "trained_tokens": self.trained_tokens}  # fmt: skip
         if not (_dist_ready() and torch.distributed.get_world_size() > 1):
             return {k: list(v) for k, v in local.items()}
-        t = torch.tensor([self.samples, self.non_pad_tokens, self.padded_tokens], dtype=torch.int64, device=self.device)
+        t = torch.tensor(list(local.values()), dtype=torch.int64, device=self.device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
-        rows = t.cpu().tolist()
-        return {"samples": rows[0], "non_pad_tokens": rows[1], "padded_tokens": rows[2]}
+        return dict(zip(local, t.cpu().tolist()))
 
     def warmup_end_monotonic(self, warmup_steps: int) -> float | None:
         """This process's monotonic time at the end of the warm-up (None without warm-up)."""

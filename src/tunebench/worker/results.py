@@ -20,19 +20,16 @@ SCHEMA = "tunebench.worker.rank-result/1"
 AGGREGATE_SCHEMA = "tunebench.worker.result/1"
 EXIT_OK, EXIT_ERROR, EXIT_OOM = 0, 1, 3
 
-# Spec 004 "Runs raising the following errors are considered invalid due to running out of GPU
+# The SFTTrainer spec "Runs raising the following errors are considered invalid due to running out of GPU
 # memory" and ado-sfttrainer.md §5.3 (lower-cased substring match on RuntimeError messages).
 OOM_MESSAGES = ("cuda error: out of memory", "an illegal memory access was encountered")
 # Host allocator failures: out of memory on CPU runs, where host RAM is the device memory.
 HOST_OOM_MESSAGES = ("defaultcpuallocator: can't allocate memory", "can't allocate memory")
 
-# The four rates spec 004 omits when stop_after_seconds > 0 (ado-sfttrainer.md §7.2).
-HF_RATES = (
-    "train_samples_per_second",
-    "train_steps_per_second",
-    "train_tokens_per_second",
-    "train_tokens_per_gpu_per_second",
-)
+# The two rates the SFTTrainer spec omits when stop_after_seconds > 0 ("Omitted when stop_after_seconds is greater
+# than 0" on train_tokens_per_second and train_tokens_per_gpu_per_second only; the reference also drops
+# the samples/steps rates, ado-sfttrainer.md §7.2, tunebench follows the spec).
+STOP_AFTER_DROPPED_RATES = ("train_tokens_per_second", "train_tokens_per_gpu_per_second")
 
 
 def rank_file(result_path: str | os.PathLike, rank: int) -> Path:
@@ -88,7 +85,7 @@ def classify_exception(exc: BaseException, host_memory_exceeded: str | None = No
     """(status, reason) of a failed run: 'oom' or 'error'.
 
     oom: torch.cuda.OutOfMemoryError; a RuntimeError whose lower-cased message contains "cuda error:
-    out of memory" or "an illegal memory access was encountered" (spec 004); the host-memory limit
+    out of memory" or "an illegal memory access was encountered" (SFTTrainer spec); the host-memory limit
     (``host_memory_exceeded`` is the watchdog's message); on CPU runs, a MemoryError or a host
     allocator failure. Anything else: error. The exception's cause/context chain is searched too.
     """
@@ -135,6 +132,32 @@ def outcome(rank_results: Sequence[dict[str, Any]], world_size: int | None = Non
 # ---------------------------------------------------------------------------------------------- properties
 
 
+def trained_tokens(rank_results: Sequence[dict[str, Any]]) -> int | None:
+    """Label tokens trained on (labels != -100) over every step, warm-up included, summed over ranks;
+    None when the records do not count them."""
+    if not rank_results or any("trained_tokens" not in (r.get("steps") or {}).get("local", {}) for r in rank_results):
+        return None
+    return int(sum(_global_steps(rank_results)["trained_tokens"]))
+
+
+NO_TRAINED_TOKENS = "no label tokens trained"  # the start of that invalid reason
+
+
+def no_trained_tokens_reason(data: dict[str, Any] | None, template: str = "\n### Response:") -> str:
+    """Why a run trained on no label token: records without the response template, or cut before it."""
+    data = data or {}
+    records, without = data.get("records"), data.get("records_without_response_template")
+    if records and without == records:
+        return f"{NO_TRAINED_TOKENS}: no record of the data set contains the response template {template!r}"
+    cut = data.get("records_without_label_tokens")
+    counted = f" ({cut} of {records} records have none)" if cut is not None and records else ""
+    return (
+        f"{NO_TRAINED_TOKENS}: the response marker {template!r} of every record trained on was cut off by "
+        f"truncation at max_length {data.get('max_length')} (min of model_max_length and the tokenizer's "
+        f"limit){counted}; raise model_max_length"
+    )
+
+
 def _global_steps(rank_results: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     """Per-step durations and global counts: rank 0's all-reduced values, else the sum of the ranks' own."""
     r0 = min(rank_results, key=lambda r: r.get("rank", 0))
@@ -156,14 +179,14 @@ def properties_from_results(
     stop_after_seconds: float = -1.0,
     auto_stop: str | None = None,
 ) -> dict[str, float]:
-    """Spec 004 measured properties (all but is_valid, which the caller sets) from successful rank results.
+    """The SFTTrainer spec measured properties (all but is_valid, which the caller sets) from successful rank results.
 
     Over the post-warm-up steps (all steps without auto-stop), with global counts (summed over ranks):
 
     - train_runtime = Σ step durations (s);
-    - train_samples_per_second, train_steps_per_second;
+    - train_samples_per_second, train_steps_per_second (always);
     - train_tokens_per_second = padded tokens (padding included) / runtime; _per_gpu_ divides by
-      max(1, number_gpus) — the four omitted when stop_after_seconds > 0 (spec 004). They are kept
+      max(1, number_gpus) — these two omitted when stop_after_seconds > 0 (SFTTrainer spec). They are kept
       with auto-stop: they come from the steps actually run after the warm-up, not from HF's
       planned step count, so the inflation that made the reference drop them does not arise;
     - dataset_tokens_per_second = non-padding tokens trained on (= Σ min(len(tokens(entry)),
@@ -193,9 +216,9 @@ def properties_from_results(
     padded = sum(steps["padded_tokens"][post])
 
     props: dict[str, float] = {"train_runtime": runtime}
+    props["train_samples_per_second"] = samples / runtime
+    props["train_steps_per_second"] = n_steps / runtime
     if not stop_after_seconds or stop_after_seconds <= 0:
-        props["train_samples_per_second"] = samples / runtime
-        props["train_steps_per_second"] = n_steps / runtime
         props["train_tokens_per_second"] = padded / runtime
         props["train_tokens_per_gpu_per_second"] = padded / runtime / per_gpu
     props["dataset_tokens_per_second"] = non_pad / runtime

@@ -32,6 +32,7 @@ from tunebench.worker.results import (
     classify_exception,
     properties_from_results,
     rank_file,
+    trained_tokens,
     write_json,
 )
 
@@ -251,6 +252,7 @@ def _write_results(config: WorkerConfig, record: dict[str, Any], env: dict[str, 
                     "status": "ok",
                     "number_gpus": number_gpus,
                     "properties": props,
+                    "trained_tokens": trained_tokens(ranks),
                     "ranks": ranks,
                 }
         except Exception as exc:  # noqa: BLE001

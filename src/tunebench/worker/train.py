@@ -84,7 +84,7 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
 
 def _unsupported(config: WorkerConfig) -> str | None:
     if config.packing:
-        return "packing=True is not supported (spec 004 experiments run with packing False)"
+        return "packing=True is not supported (the SFTTrainer spec experiments run with packing False)"
     return None
 
 
@@ -165,7 +165,7 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         attn_implementation=getattr(model.config, "_attn_implementation", None),
     )  # fmt: skip
     settings = peft_settings(config)
-    if settings.method in ("lora", "qlora"):  # spec 004's per-model targets name the language model's layers
+    if settings.method in ("lora", "qlora"):  # the SFTTrainer spec's per-model targets name the language model's layers
         targets = settings.target_modules or ["q_proj", "v_proj"]
         if targets != ["all-linear"]:
             settings = dataclasses.replace(settings, target_modules=[vision.language_model_targets(targets)])
@@ -240,7 +240,7 @@ def peft_settings(config: WorkerConfig) -> adapters.PeftSettings:
 
 
 def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
-    """Flags accepted for compatibility with spec 004's command line that have no effect here."""
+    """Flags accepted for compatibility with the SFTTrainer spec's command line that have no effect here."""
     out = {}
     if config.include_tokens_per_second:
         out["include_tokens_per_second"] = "removed in transformers 5; tunebench counts tokens itself"
@@ -268,7 +268,7 @@ def fast_moe_degree(fast_moe: list[str] | None) -> int:
 
 
 def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> Any:
-    """transformers TrainingArguments: spec 004 hardcoded values (ado-sfttrainer.md §6.2) + entity values."""
+    """transformers TrainingArguments: the SFTTrainer spec hardcoded values (ado-sfttrainer.md §6.2) + entity values."""
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -283,7 +283,7 @@ def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> 
         lr_scheduler_type=config.lr_scheduler_type,
         logging_strategy="steps",
         logging_steps=config.logging_steps,
-        save_strategy="no",  # a measurement never saves (spec 004 "does not save checkpoint")
+        save_strategy="no",  # a measurement never saves (the SFTTrainer spec "does not save checkpoint")
         eval_strategy="no",
         report_to="none",
         disable_tqdm=True,
@@ -363,6 +363,7 @@ def finish(meters: Meters) -> dict[str, Any]:
                 "samples": meter.samples,
                 "non_pad_tokens": meter.non_pad_tokens,
                 "padded_tokens": meter.padded_tokens,
+                "trained_tokens": meter.trained_tokens,
             },
             "global": meter.global_counts(),
             "stopped_by": meter.stopped_by,
