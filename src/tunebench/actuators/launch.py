@@ -309,9 +309,8 @@ def plan_of_values(
     cpu_processes: int = 1,
     nccl_env: dict[str, Any] | None = None,
 ) -> LaunchPlan:
-    """The launch plan of an entity from its effective values, already checked valid.
-
-    nccl_env: NCCL variables every node of a GPU plan sets (tunebench.actuators.network; RoCE fabric settings).
+    """The launch plan of an entity from its effective values, already checked valid. nccl_env: NCCL
+    variables every node of a GPU plan sets (tunebench.actuators.network; RoCE fabric settings).
 
     cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
     one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;

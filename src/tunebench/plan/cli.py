@@ -135,7 +135,7 @@ def use_gpuplanner_options(label: str | None, catalog: Path | None, memory: floa
     register_gpu(custom_gpu(label, memory, tflops, link, bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
 
 
-def plan(  # over 60 lines: 20 lines are Typer's option declarations
+def plan(  # over 60 lines: 25 lines are Typer's option declarations
     experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
     props: Props = None,
     params: Params = None,
