@@ -10,6 +10,7 @@ import typer
 
 from tunebench.errors import InputError
 from tunebench.inputs import Options, OutputFile, TextFile, parse
+from tunebench.store.cli import StoreOpt
 
 
 class ReportOptions(Options):
@@ -25,11 +26,7 @@ def report(
         Path | None,
         typer.Argument(metavar="SPACE", help="Space file (YAML): report only its points (default: every result)."),
     ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option("--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or "
-                     "the user data dir."),
-    ] = None,
+    store: StoreOpt = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
