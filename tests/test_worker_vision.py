@@ -104,7 +104,7 @@ def test_lora_adapts_only_the_language_models_q_and_v():
     )  # fmt: skip
     assert any("vision_tower" in n and n.endswith("q_proj") for n, _ in model.named_modules())  # SigLIP has q_proj too
     settings = adapters.PeftSettings(
-        method="lora", target_modules=[vision.language_model_targets(["q_proj", "v_proj"])], r=4, lora_alpha=16,
+        peft_method="lora", target_modules=[vision.language_model_targets(["q_proj", "v_proj"])], r=4, lora_alpha=16,
         lora_dropout=0.05, num_virtual_tokens=8, prompt_tuning_init="RANDOM", prompt_tuning_init_text="",
         gradient_checkpointing=False, gradient_checkpointing_kwargs={},
     )  # fmt: skip

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Self
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, Table, insert, select
 
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.store import db
@@ -41,27 +42,25 @@ class StoreBase:
     # ------------------------------------------------------------------------------------ identities
 
     def _experiment_pk(self, conn: Connection, experiment: Experiment) -> int:
-        key = id_hash(experiment.id)
-        pk = self._experiment_pks.get(key)
-        if pk is None:
-            pk = conn.execute(select(experiments.c.pk).where(experiments.c.id_hash == key)).scalar()
-            if pk is None:
-                row = experiment_row(experiment, key, time.time())
-                pk = conn.execute(insert(experiments).values(row)).inserted_primary_key[0]
-            self._experiment_pks[key] = pk
-        return pk
+        return _pk(conn, experiments, self._experiment_pks, experiment.id,
+                   lambda key: experiment_row(experiment, key, time.time()))  # fmt: skip
 
     def _entity_pk(self, conn: Connection, entity: Entity) -> int:
-        key = id_hash(entity.id)
-        pk = self._entity_pks.get(key)
-        if pk is None:
-            pk = conn.execute(select(entities.c.pk).where(entities.c.id_hash == key)).scalar()
-            if pk is None:
-                pk = conn.execute(insert(entities).values(entity_row(entity, key))).inserted_primary_key[0]
-            self._entity_pks[key] = pk
-        return pk
+        return _pk(conn, entities, self._entity_pks, entity.id, lambda key: entity_row(entity, key))
 
     def _forget_new_keys(self) -> None:
         """After a rolled-back transaction, cached primary keys may not exist: drop the caches."""
         self._experiment_pks.clear()
         self._entity_pks.clear()
+
+
+def _pk(conn: Connection, table: Table, cache: dict[str, int], ident: str, make_row: Callable[[str], dict]) -> int:
+    """Primary key of the row of table whose id_hash is sha256(ident): cached, else read, else inserted."""
+    key = id_hash(ident)
+    pk = cache.get(key)
+    if pk is None:
+        pk = conn.execute(select(table.c.pk).where(table.c.id_hash == key)).scalar()
+        if pk is None:
+            pk = conn.execute(insert(table).values(make_row(key))).inserted_primary_key[0]
+        cache[key] = pk
+    return pk

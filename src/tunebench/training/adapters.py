@@ -9,9 +9,11 @@ Llama-like models, c_attn on GPTBigCode, query_key_value on Bloom). Prompt tunin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 QUANTIZED_LINEAR = ("Linear4bit", "Linear8bitLt", "QuantLinear")  # bitsandbytes / GPTQ linear layers
 # First candidate set whose modules all exist in the model wins (hf-stack.md §4.4).
@@ -20,9 +22,12 @@ TARGET_CANDIDATES = (("q_proj", "v_proj"), ("c_attn",), ("query_key_value",), ("
 
 @dataclass(frozen=True)
 class PeftSettings:
-    """What the worker's command line asks of peft (the SFTTrainer spec flags of the same names)."""
+    """What the worker's command line asks of peft (the SFTTrainer spec flags of the same names); the
+    worker's WorkerConfig is one (it adds the other flags)."""
 
-    method: str  # none | lora | qlora | pt
+    gradient_checkpointing: bool
+    gradient_checkpointing_kwargs: dict[str, Any]
+    peft_method: str  # none | lora | qlora | pt
     target_modules: list[str] | None  # None: derived from the model (TARGET_CANDIDATES)
     r: int
     lora_alpha: int
@@ -30,12 +35,12 @@ class PeftSettings:
     num_virtual_tokens: int
     prompt_tuning_init: str  # TEXT | RANDOM
     prompt_tuning_init_text: str
-    gradient_checkpointing: bool
-    gradient_checkpointing_kwargs: dict[str, Any]
 
 
 def linear_module_names(model: torch.nn.Module) -> set[str]:
     """Leaf names of the model's linear layers (e.g. 'q_proj')."""
+    import torch
+
     names = set()
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) or type(module).__name__ in QUANTIZED_LINEAR:
@@ -55,7 +60,7 @@ def build_peft_config(peft: PeftSettings, model: torch.nn.Module, tokenizer_path
     """peft config for --peft_method (None for full fine-tuning)."""
     from peft import LoraConfig, PromptTuningConfig, PromptTuningInit, TaskType
 
-    if peft.method in ("lora", "qlora"):
+    if peft.peft_method in ("lora", "qlora"):
         targets: list[str] | str
         if not peft.target_modules:
             targets = default_target_modules(model)
@@ -73,7 +78,7 @@ def build_peft_config(peft: PeftSettings, model: torch.nn.Module, tokenizer_path
             target_modules=targets,
             task_type=TaskType.CAUSAL_LM,
         )
-    if peft.method == "pt":
+    if peft.peft_method == "pt":
         text_init = peft.prompt_tuning_init == "TEXT"
         return PromptTuningConfig(
             task_type=TaskType.CAUSAL_LM,
@@ -94,21 +99,21 @@ def apply_peft(peft: PeftSettings, model: torch.nn.Module, tokenizer_path: str) 
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     gc_kwargs = peft.gradient_checkpointing_kwargs or {}
-    if peft.method == "qlora":
+    if peft.peft_method == "qlora":
         model = prepare_model_for_kbit_training(
             model,
             use_gradient_checkpointing=peft.gradient_checkpointing,
             gradient_checkpointing_kwargs=gc_kwargs,
         )
-    elif peft.gradient_checkpointing and gc_kwargs.get("use_reentrant", True) and peft.method == "lora":
+    elif peft.gradient_checkpointing and gc_kwargs.get("use_reentrant", True) and peft.peft_method == "lora":
         # Reentrant checkpointing needs an input that requires grad; frozen embeddings give none.
         model.enable_input_require_grads()
     model = get_peft_model(model, config)
-    facts: dict[str, Any] = {"method": peft.method}
+    facts: dict[str, Any] = {"method": peft.peft_method}
     targets = getattr(config, "target_modules", None)
     if targets is not None:
         facts["target_modules"] = sorted(targets) if not isinstance(targets, str) else targets
-    if peft.method == "pt":
+    if peft.peft_method == "pt":
         facts.update(
             num_virtual_tokens=config.num_virtual_tokens,
             prompt_tuning_init=str(config.prompt_tuning_init.value),

@@ -215,16 +215,24 @@ def build_config(
     """transformers config of the architecture; vocabulary at least the tokenizer's (tiny: exactly)."""
     from transformers import CONFIG_MAPPING
 
-    cfg = config_dict_from_spec(spec)
+    cfg = training_config_dict(config_dict_from_spec(spec), tiny, tokenizer_vocab, special_ids)
+    mt = cfg.pop("model_type")
+    return CONFIG_MAPPING[mt].from_dict(cfg)
+
+
+def training_config_dict(
+    cfg: dict[str, Any], tiny: bool, tokenizer_vocab: int, special_ids: dict[str, int | None]
+) -> dict[str, Any]:
+    """A (language) model's config dict as a run trains it: shrunk when tiny, a vocabulary of at least
+    the tokenizer's (tiny: exactly), the tokenizer's special ids, and no KV cache."""
     if tiny:
         cfg = shrink(cfg)
         cfg["vocab_size"] = tokenizer_vocab
     else:
-        cfg["vocab_size"] = max(int(cfg.get("vocab_size") or 0), tokenizer_vocab)
+        cfg = dict(cfg, vocab_size=max(int(cfg.get("vocab_size") or 0), tokenizer_vocab))
     cfg.update({k: v for k, v in special_ids.items() if v is not None})
     cfg["use_cache"] = False  # fms-hf-tuning loads with use_cache=False (training)
-    mt = cfg.pop("model_type")
-    return CONFIG_MAPPING[mt].from_dict(cfg)
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------- loading

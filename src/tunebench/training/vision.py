@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tunebench.catalog import ModelSpec
-from tunebench.training.data import IGNORE_INDEX, Example, _prefix_chars
+from tunebench.training.data import IGNORE_INDEX, Example, TokenizedDataset, _prefix_chars
 
 IMAGE_TOKEN = "<image>"  # LlavaNextProcessor's default image placeholder
 USER_MARKER = "<|user|>\n"  # granite-vision chat template roles (a plain-text rendering of the chat)
@@ -187,12 +187,8 @@ def tokenize_row(processor: Any, chat: list[dict], image: ProcessedImage, max_le
     return VisionExample(ids, labels, True, image.pixel_values, image.image_size)
 
 
-class VisionDataset(torch.utils.data.Dataset):
-    def __init__(self, examples: list[VisionExample]):
-        self.examples = examples
-
-    def __len__(self) -> int:
-        return len(self.examples)
+class VisionDataset(TokenizedDataset):
+    """Pre-processed image-text records; item i also carries its image's pixel values and size."""
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         ex = self.examples[i]
@@ -260,19 +256,12 @@ def build_model(
     to TINY_VISION with the same number of feature layers; image and patch size kept)."""
     from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
 
-    from tunebench.training.model import shrink
+    from tunebench.training.model import training_config_dict
 
     text = text_config_dict(spec)
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"):
         text.setdefault(key, getattr(spec, key))
-    if tiny:
-        text = shrink(text)
-        text["vocab_size"] = tokenizer_vocab
-    else:
-        text["vocab_size"] = max(int(text.get("vocab_size") or 0), tokenizer_vocab)
-    text.update({k: v for k, v in special_ids.items() if v is not None})
-    text["use_cache"] = False
-    cfg = config_dict(spec, text, tiny)
+    cfg = config_dict(spec, training_config_dict(text, tiny, tokenizer_vocab, special_ids), tiny)
     cfg["image_token_index"] = image_token_id  # the run's tokenizer decides the placeholder's id
     cfg.pop("model_type")
     config = CONFIG_MAPPING["llava_next"](**cfg)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.spec.experiments import COMMON_HARDCODED
+from tunebench.training.adapters import PeftSettings
 
 AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTrainer spec "auto_stop_method"
 PEFT_METHODS = ("none", "lora", "pt", "qlora")
@@ -51,8 +52,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    """The worker's command line, one field per flag (see build_parser for the meaning and defaults)."""
+class WorkerConfig(PeftSettings):
+    """The worker's command line, one field per flag (see build_parser for the meaning and defaults);
+    the PEFT flags (peft_method, target_modules, r, lora_alpha, ...) are PeftSettings' fields."""
 
     # the SFTTrainer spec "Commandline" (fms-hf-tuning flags)
     model_name_or_path: str | None
@@ -76,17 +78,7 @@ class WorkerConfig:
     lr_scheduler_type: str
     logging_steps: int
     include_tokens_per_second: bool
-    gradient_checkpointing: bool
-    gradient_checkpointing_kwargs: dict[str, Any]
     packing: bool
-    peft_method: str  # none | lora | pt | qlora
-    target_modules: list[str] | None
-    r: int
-    lora_alpha: int
-    lora_dropout: float
-    num_virtual_tokens: int
-    prompt_tuning_init: str  # TEXT | RANDOM
-    prompt_tuning_init_text: str
     optim: str
     bf16: bool
     fp16: bool

@@ -115,7 +115,7 @@ def load(setup: Setup, rank: int) -> Loaded:
     max_len = tok_mod.max_length(tokenizer, config.max_seq_length)
     dataset, data_info = data.build_dataset(tokenizer, texts, config.response_template, max_len)
     model, meta = _model(config, setup.on_gpu, tokenizer, pretrained, spec)
-    model, meta["peft"] = adapters.apply_peft(peft_settings(config), model, resolved.path)
+    model, meta["peft"] = adapters.apply_peft(config, model, resolved.path)
     meta["tokenizer"] = resolved.describe()
     meta["parameters"] = model_mod.parameter_counts(model)
     meta["not_applied"] = not_applied(config, moe)
@@ -164,8 +164,8 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         model_type=model.config.model_type, dtype=str(model.dtype).replace("torch.", ""),
         attn_implementation=getattr(model.config, "_attn_implementation", None),
     )  # fmt: skip
-    settings = peft_settings(config)
-    if settings.method in ("lora", "qlora"):  # the SFTTrainer spec's per-model targets name the language model's layers
+    settings = config
+    if settings.peft_method in ("lora", "qlora"):  # the SFTTrainer spec's per-model targets name the language model's layers
         targets = settings.target_modules or ["q_proj", "v_proj"]
         if targets != ["all-linear"]:
             settings = dataclasses.replace(settings, target_modules=[vision.language_model_targets(targets)])
@@ -227,16 +227,6 @@ def _model(
         attn_implementation=getattr(model.config, "_attn_implementation", None),
     )
     return model, meta
-
-
-def peft_settings(config: WorkerConfig) -> adapters.PeftSettings:
-    return adapters.PeftSettings(
-        method=config.peft_method, target_modules=config.target_modules, r=config.r, lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout, num_virtual_tokens=config.num_virtual_tokens,
-        prompt_tuning_init=config.prompt_tuning_init, prompt_tuning_init_text=config.prompt_tuning_init_text,
-        gradient_checkpointing=config.gradient_checkpointing,
-        gradient_checkpointing_kwargs=config.gradient_checkpointing_kwargs,
-    )  # fmt: skip
 
 
 def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
