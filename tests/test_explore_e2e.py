@@ -21,13 +21,14 @@ def test_minimal_space_measured_for_real(tmp_path):
         rows = store.rows(operation_id=summary.operation_id)
         assert summary.valid == 4, [r["error"] for r in rows]
         assert sorted((r["entity"]["model_max_length"], r["entity"]["batch_size"]) for r in rows) == [
-            (64, 1), (64, 2), (128, 1), (128, 2)]  # fmt: skip
+            (320, 1), (320, 2), (384, 1), (384, 2)]  # fmt: skip
         for row in rows:
             props, length, batch = row["properties"], row["entity"]["model_max_length"], row["entity"]["batch_size"]
             runtime = props["train_runtime"]
             assert props["is_valid"] == 1 and runtime > 0
-            # 2 steps x 4 accumulated micro-batches (spec default) x batch; every news-chars-512 entry
-            # (1,151 characters) is longer than 128 tokens: no padding, each sample is `length` tokens
+            # 2 steps x 4 accumulated micro-batches (spec default) x batch; every news-chars-1024 entry
+            # (410-500 SmolLM2 tokens, `tunebench datasets stats`) is longer than 384 tokens: no padding,
+            # each sample is `length` tokens
             samples = 2 * 4 * batch
             assert props["train_steps_per_second"] == pytest.approx(2 / runtime, rel=1e-6)
             assert props["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-6)

@@ -22,16 +22,16 @@ def space(**changes):
 def test_minimal_file_as_written():
     spec = load_space(EXAMPLES / "minimal-cpu-lora.yaml")
     assert [e.id for e in spec.experiments] == [
-        "finetune_lora_benchmark-v1.0.0-dataset_id.news-chars-512-entries-4096-max_steps.2"
+        "finetune_lora_benchmark-v1.0.0-dataset_id.news-chars-1024-entries-4096-max_steps.2"
     ]
     assert spec.actuator == "measure" and spec.options == {"weights": "random"}
     assert spec.operation.sampler == "grid" and spec.size == 4
     points = sample(spec)
     assert [p[1].id for p in points] == [
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.1",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.2",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.1",
-        "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.320-batch_size.1",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.320-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.384-batch_size.1",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.384-batch_size.2",
     ]
     assert all(reasons == [] for _, _, reasons in points)
 

@@ -124,9 +124,7 @@ def test_watsonx_platform_notes_qlora_on_l40s_and_gaudi_3():
 def test_validate_and_plan_print_the_platform_notes():
     from typer.testing import CliRunner
 
-    from tunebench.cli import _mount_subcommands, app
-
-    _mount_subcommands()  # plan lives in tunebench.plan.cli
+    from tunebench.cli import app
     args = ["finetune_qlora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
             "batch_size=1", "gpu_model=NVIDIA-L40S"]  # fmt: skip
     validate = CliRunner().invoke(app, ["validate", *args])
