@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tunebench.plan.calibration import Batch, _log_sq, fit, scores
 from tunebench.plan.measurements import default_records, read_cases, read_csv, records_from_store, store_records
-from tunebench.plan.cli import register
+from cli_app import invoke_plan as invoke
 from tunebench.plan.coefficients import DEFAULT_FILE, Calibration, Coefficients, default_calibration
 
 # Rows in the fms-acceleration layout (refs_a100_80gb.csv / refs_a100_80gb_liger.csv).
@@ -34,15 +34,6 @@ SPEC_CSV = """,identifier,experiment_id,model_name,number_gpus,model_max_length,
 """
 
 
-def invoke(*args: str):
-    app = typer.Typer(pretty_exceptions_enable=False)
-
-    @app.callback()
-    def _root() -> None:
-        """test app"""
-
-    register(app)
-    return CliRunner().invoke(app, list(args))
 
 
 @pytest.fixture

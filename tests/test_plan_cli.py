@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
-from tunebench.plan.cli import register
+from cli_app import invoke_plan as invoke
 from tunebench.plan.measurements import PUBLISHED
 
 LORA = "finetune_lora_benchmark-v1.0.0"
@@ -17,15 +15,6 @@ FULL = "finetune_full_benchmark-v1.0.0"
 CONFIGS = sorted((PUBLISHED / "configs").glob("*/config.json"))
 
 
-def invoke(*args: str, env: dict | None = None):
-    app = typer.Typer(pretty_exceptions_enable=False)
-
-    @app.callback()
-    def _root() -> None:
-        """test app"""
-
-    register(app)
-    return CliRunner().invoke(app, list(args), env=env)
 
 
 def plan_json(*args: str, env: dict | None = None) -> dict:

@@ -8,23 +8,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from tunebench.errors import InputError
-from tunebench.plan.cli import register
+from cli_app import invoke_plan as invoke
 from tunebench.plan.deploy import deploy_spec
 
 
-def invoke(*args: str, env: dict | None = None):
-    app = typer.Typer(pretty_exceptions_enable=False)
-
-    @app.callback()
-    def _root() -> None:
-        """test app"""
-
-    register(app)
-    return CliRunner().invoke(app, list(args), env=env)
 
 
 @pytest.mark.parametrize(

@@ -65,23 +65,31 @@ def compare_rows(predicted: dict, measured: dict | None) -> list[dict]:
 
 
 def compare_many(rows: list[dict], plan_kw: dict[str, Any]) -> list[dict]:
-    """One comparison per stored measurement: {experiment_id, entity_id, comparison} or {..., error}."""
-    from tunebench.plan.predictor import plan_json, predict
+    """One comparison per stored measurement: {experiment_id, entity_id, comparison} or {..., error}.
+
+    All entities are planned in one ``predict_many`` call (the batch path: one calibration, models
+    grouped); an entity the planner cannot read or size gets its error, the others are compared."""
+    from tunebench.plan.predictor import plan_json, predict_many
     from tunebench.spec.experiments import get_experiment, make_entity
 
     latest = {(r["experiment_id"], r["entity_id"]): r for r in rows}  # a re-measured entity: its newest result
-    out = []
+    items: list[dict[str, Any]] = []
+    planned: list[tuple[dict, dict, tuple]] = []  # (item, measured row, (experiment, entity))
     for (experiment_id, entity_id), row in latest.items():
         item: dict[str, Any] = {"experiment_id": experiment_id, "entity_id": entity_id, "status": row["status"]}
+        items.append(item)
         try:
             exp = get_experiment(row["base_id"], row.get("parameters") or {})
-            predicted = plan_json(predict(exp, make_entity(exp, row["entity"]), **plan_kw))
-        except InputError as exc:  # an entity the planner cannot size (a model it cannot read, ...)
+            planned.append((item, row, (exp, make_entity(exp, row["entity"]))))
+        except InputError as exc:  # an entity this version cannot read
             item["error"] = str(exc)
+    results = predict_many([pair for _, _, pair in planned], **plan_kw)
+    for (item, row, _), result in zip(planned, results, strict=True):
+        if result.status == "failed":  # a model the planner cannot size
+            item["error"] = result.error
         else:
-            item["comparison"] = compare_rows(predicted, row)
-        out.append(item)
-    return out
+            item["comparison"] = compare_rows(plan_json(result), row)
+    return items
 
 
 def summarise(items: list[dict]) -> dict[str, Any]:
