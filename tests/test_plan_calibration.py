@@ -26,7 +26,7 @@ True,,,foak-fast-kernels-liger,2e-05,16,,25465,24905936896,16241584128,meta-llam
 True,,,foak-fast-kernels-liger,2e-05,16,,34681,33567698944,16241977344,meta-llama/Meta-Llama-3-8B,1,lora,8,16,q_proj k_proj v_proj o_proj,bfloat16,1.0,844.8273,0.947,0.118,3878.662
 ,0.07,,none,2.00E-05,,,15116,11267745280,6770300416,bigcode/gpt_bigcode-santacoder,1,,4,,,bfloat16,2.3,47.6604,8.393,2.098,17188.262
 """
-# The spec's measured-property layout (ado's CSV export, shared/reference-data/ado/...).
+# The spec's measured-property layout (ado's CSV export; docs/reference/published-runs.md).
 SPEC_CSV = """,identifier,experiment_id,model_name,number_gpus,model_max_length,batch_size,gpu_model,gpu_memory_utilization_peak,train_runtime,train_samples_per_second,dataset_tokens_per_second,dataset_tokens_per_second_per_gpu,is_valid
 0,x,SFTTrainer.finetune_full_benchmark-v1.0.0-fms_hf_tuning_version.2.8.2-stop_after_seconds.30-flash_attn.0,smollm2-135m,0,512,1,,0.0,30.4385,134.566,2624.0452059069926,2624.0452059069926,1
 1,y,SFTTrainer.finetune_lora_benchmark-v1.0.0,llama3.1-8b,1,2048,4,NVIDIA-A100-SXM4-80GB,55.0,100.0,1.0,4000.0,4000.0,1

@@ -14,7 +14,7 @@ from tunebench.store import Store
 from tunebench.store.csvio import export_csv, import_csv, parse_entity_id, parse_experiment_id
 
 DATA = Path(__file__).parent / "data"
-ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"  # copy of ../shared/reference-data/ado/
+ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"  # also shipped in src/tunebench/plan/data/measurements/ado/
 BENCH_CSV = DATA / "llmfinetuningbench_layout_sample.csv"  # LLMFineTuningBench's header, made-up rows
 
 

@@ -1,7 +1,7 @@
 """Tables of stored results: what ``tunebench show`` prints and ``tunebench export`` writes.
 
 One row per entity x experiment, in the layout of the reference's ``show measurements -o csv``
-(ado-sfttrainer.md §12.5; ``../shared/reference-data/ado/ado_docs_example_smollm2_cpu_measurements.csv``):
+(ado-sfttrainer.md §12.5; ``src/tunebench/plan/data/measurements/ado/ado_docs_example_smollm2_cpu_measurements.csv``):
 an unnamed index column, ``identifier``, ``generatorid``, ``experiment_id``, the constitutive
 columns (entity id order: model_name, number_gpus, model_max_length, batch_size, then the rest
 alphabetically), then the measured columns that any row has, in the reference's order with
