@@ -21,6 +21,8 @@ from rich.table import Table
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
 from tunebench.datasets.cli import app as datasets_app
+from tunebench.engines import ENGINES, NATIVE
+from tunebench.engines.cli import app as engines_app
 from tunebench.errors import InputError, one_line
 from tunebench.explore.cli import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
@@ -48,6 +50,15 @@ Params = Annotated[
     typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable)."),
 ]
 Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
+EngineOpt = Annotated[
+    str, typer.Option("--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
+]
+
+
+def check_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise InputError("engine", f"unknown engine {engine!r}", allowed=", ".join(ENGINES))
+    return engine
 
 
 def _print_json(obj: Any) -> None:
@@ -254,6 +265,7 @@ def launch_plan(
     nccl_env: Annotated[
         list[str] | None, typer.Option(help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...).")
     ] = None,
+    engine: EngineOpt = NATIVE,
     as_json: Json = False,
 ) -> None:
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
@@ -261,10 +273,11 @@ def launch_plan(
     from tunebench.actuators.network import check_nccl_env
 
     opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
+    engine = check_engine(engine)
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
         exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
-        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")),
+        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=engine,
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -338,7 +351,7 @@ def print_result(result: Any) -> None:
         console.print(table)
 
 
-def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]) -> Any:
+def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any], engine: str = NATIVE) -> Any:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from tunebench.actuators.measure import measure
@@ -346,7 +359,8 @@ def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(f"measuring {entity.id}")
-        return measure(exp, entity, options, progress=lambda m: progress.update(task, description=f"measuring: {m}"))
+        return measure(exp, entity, options, engine=engine,
+                       progress=lambda m: progress.update(task, description=f"measuring: {m}"))  # fmt: skip
 
 
 @app.command()
@@ -364,17 +378,19 @@ def run(
     ] = None,
     store: Annotated[str | None, typer.Option("--store", help="Store URL or SQLite file the result is kept in.")] = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
+    engine: EngineOpt = NATIVE,
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
     opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
                  cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
+    engine = check_engine(engine)
     exp, entity = resolve(experiment, params, props)
     options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
                "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
                "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
     target = run_store(store, no_store)
-    result = _measure_with_progress(exp, entity, options)
+    result = _measure_with_progress(exp, entity, options, engine)
     if target:
         record_run(target, exp, entity, result)
     if as_json:
@@ -398,6 +414,7 @@ def demo() -> int:
 # Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,
 # calibrate; explore; show, import, export; report.
 app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
+app.add_typer(engines_app, name="engines", help="fms-hf-tuning environments: list, install, remove.")
 register_plan(app)
 register_explore(app)
 register_store(app)

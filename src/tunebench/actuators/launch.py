@@ -24,6 +24,8 @@ import yaml
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
 from tunebench.actuators.network import nccl_environment
+from tunebench.engines import FMS, NATIVE
+from tunebench.engines.versions import plugin_reasons
 from tunebench.errors import InputError, has_control_characters
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
@@ -31,6 +33,9 @@ from tunebench.spec.properties import PROPERTIES
 from tunebench.spec.validity import check_values
 
 WORKER_MODULE = "tunebench.worker"
+# The module each engine's processes run (tunebench.engines): the native worker, or fms-hf-tuning's
+# sft_trainer driven by tunebench.engines.fms_worker inside that version's environment.
+WORKER_MODULES = {NATIVE: WORKER_MODULE, FMS: "tunebench.engines.fms_worker"}
 DEFAULT_PORT = 29500  # torch.distributed's customary rendezvous port
 OUTPUT_DIR = "{output_dir}"
 RESULT_PATH = "{output_dir}/result"
@@ -290,8 +295,9 @@ def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) ->
     """
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    if not validity.is_valid:
-        raise InputError("entity", "is not valid, nothing would run: " + "; ".join(validity.reasons))
+    reasons = validity.reasons + (plugin_reasons(values) if options.get("engine") == FMS else [])
+    if reasons:
+        raise InputError("entity", "is not valid, nothing would run: " + "; ".join(reasons))
     return plan_of_values(experiment, entity.id, values, **options)
 
 
@@ -308,9 +314,11 @@ def plan_of_values(
     main_process_port: int = DEFAULT_PORT,
     cpu_processes: int = 1,
     nccl_env: dict[str, Any] | None = None,
+    engine: str = NATIVE,
 ) -> LaunchPlan:
     """The launch plan of an entity from its effective values, already checked valid. nccl_env: NCCL
     variables every node of a GPU plan sets (tunebench.actuators.network; RoCE fabric settings).
+    engine: which worker module the processes run (WORKER_MODULES).
 
     cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
     one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;
@@ -353,7 +361,7 @@ def plan_of_values(
         worker_args=args,
     )
     plan.nodes += _nodes(values, mode, args, env, cpu_processes if cpu_ddp else 0, config_file, main_process_ip,
-                         main_process_port)  # fmt: skip
+                         main_process_port, WORKER_MODULES[engine])  # fmt: skip
     return plan
 
 
@@ -371,22 +379,22 @@ def _environment(values: dict[str, Any], cpu_ddp: bool, nccl_env: dict[str, Any]
 
 def _nodes(
     values: dict[str, Any], mode: str, args: list[str], env: dict[str, str], cpu_processes: int, config_file: str,
-    main_process_ip: str | None, main_process_port: int,
+    main_process_ip: str | None, main_process_port: int, module: str,
 ) -> list[NodePlan]:  # fmt: skip
     """One NodePlan per node: CPU DDP (cpu_processes > 0), one process, or accelerate per node."""
     if cpu_processes:
         command = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(cpu_processes)]
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        command += ["--main_process_port", str(main_process_port), "-m", WORKER_MODULE, *args]
+        command += ["--main_process_port", str(main_process_port), "-m", module, *args]
         return [NodePlan(machine_rank=0, command=command, env=dict(env))]
     if mode == "single":
-        return [NodePlan(machine_rank=0, command=["python", "-m", WORKER_MODULE, *args], env=dict(env))]
+        return [NodePlan(machine_rank=0, command=["python", "-m", module, *args], env=dict(env))]
     nodes = []
     for rank in range(values["number_nodes"]):
         cfg = accelerate_config(
             values, backend=mode, machine_rank=rank, port=main_process_port, main_process_ip=main_process_ip
         )
         command = ["accelerate", "launch", "--config_file", config_file, "--num_processes", str(values["number_gpus"])]
-        command += ["-m", WORKER_MODULE, *args]
+        command += ["-m", module, *args]
         nodes.append(NodePlan(machine_rank=rank, command=command, env=dict(env), accelerate_config=cfg))
     return nodes

@@ -34,6 +34,9 @@ from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
 from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
 from tunebench.datasets import ensure_dataset
+from tunebench.engines import FMS, NATIVE
+from tunebench.engines.runtime import runtime
+from tunebench.engines.versions import plugin_reasons
 from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
@@ -47,23 +50,41 @@ def measure(
     entity: Entity,
     options: Mapping[str, Any] | MeasureOptions | None = None,
     progress: Callable[[str], None] | None = None,
+    engine: str = NATIVE,
 ) -> Result:
-    """Measure one entity; never raises for a run that goes wrong (that is a failed Result)."""
+    """Measure one entity with an engine (tunebench.engines); never raises for a run that goes wrong
+    (that is a failed Result). The Result's actuator is the engine's actuator name."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    if not validity.is_valid:
-        return Result.invalid(experiment.id, entity.id, validity.reasons)
-    if values.get("number_nodes", 1) > 1:
-        return Result.failed(
+    reasons = validity.reasons + (plugin_reasons(values) if engine == FMS and validity.is_valid else [])
+    if reasons:
+        result = Result.invalid(experiment.id, entity.id, reasons)
+    elif values.get("number_nodes", 1) > 1:
+        result = Result.failed(
             experiment.id, entity.id, "number_nodes > 1 needs one process per machine: use the ray executor"
         )
-    if "repetitions" in experiment.hardcoded:
-        return _measure_stability(experiment, entity, values, opts, int(experiment.hardcoded["repetitions"]), progress)
-    return _measure_once(experiment, entity, values, opts, progress)
+    elif "repetitions" in experiment.hardcoded:
+        repetitions = int(experiment.hardcoded["repetitions"])
+        result = _measure_stability(experiment, entity, values, opts, repetitions, progress, engine)
+    else:
+        result = _measure_once(experiment, entity, values, opts, progress, engine)
+    return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
 
 
+def measure_fms(
+    experiment: Experiment,
+    entity: Entity,
+    options: Mapping[str, Any] | MeasureOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Result:
+    """The ``fms-hf-tuning`` actuator: measure through fms-hf-tuning at the entity's fms_hf_tuning_version."""
+    return measure(experiment, entity, options, progress, engine=FMS)
+
+
+ACTUATOR_OF_ENGINE = {NATIVE: "measure", FMS: FMS}  # the store keeps each engine's results apart
 measure.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
+measure_fms.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
 
 
 def _measure_once(
@@ -72,6 +93,7 @@ def _measure_once(
     values: dict[str, Any],
     opts: MeasureOptions,
     progress: Callable[[str], None] | None,
+    engine: str = NATIVE,
 ) -> Result:
     """One run of a valid entity; values are its effective property values."""
     started = time.time()
@@ -85,17 +107,20 @@ def _measure_once(
         plan = plan_of_values(
             experiment, entity.id, values, data_directory=opts.data_dir, model_map=opts.model_map,
             weights=opts.weights, main_process_ip="127.0.0.1", main_process_port=_free_port(),
-            cpu_processes=opts.cpu_processes, nccl_env=opts.nccl_env,
+            cpu_processes=opts.cpu_processes, nccl_env=opts.nccl_env, engine=engine,
         )  # fmt: skip
-    except Exception as exc:  # a data set or plan that cannot be made is a failed measurement
+        run_env = runtime(engine, values, out_dir, progress)  # fms-hf-tuning: its environment, built if needed
+    except Exception as exc:  # a data set, plan or environment that cannot be made is a failed measurement
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
+    meta["engine"] = run_env.facts
 
     (node,) = plan.nodes
     opts, limit_source = with_host_memory_limit(opts, values)
     if opts.host_memory_limit_gib:
         meta["host_memory_limit_gib"] = opts.host_memory_limit_gib
         meta["host_memory_limit_source"] = limit_source
-    command, env = node_command(node, out_dir, with_gpu_count(opts, values))
+    command, env = node_command(node, out_dir, with_gpu_count(opts, values), python_executable=run_env.python)
+    env.update(run_env.env)
     meta["command"] = command
     log_path = out_dir / "worker.log"
     if progress:
@@ -119,6 +144,7 @@ def _measure_stability(
     opts: MeasureOptions,
     repetitions: int,
     progress: Callable[[str], None] | None,
+    engine: str = NATIVE,
 ) -> Result:
     """The SFTTrainer spec finetune_full_stability: run the job `repetitions` times, report outcome fractions.
 
@@ -130,7 +156,7 @@ def _measure_stability(
         if progress:
             progress(f"repetition {i + 1}/{repetitions}")
         run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
-        runs.append(_measure_once(experiment, entity, values, run_opts, None))
+        runs.append(_measure_once(experiment, entity, values, run_opts, None, engine))
     oom = sum(r.status == "invalid" and not r.reasons[0].startswith(NO_TRAINED_TOKENS) for r in runs)
     ok = sum(r.status == "valid" for r in runs)
     other = repetitions - oom - ok

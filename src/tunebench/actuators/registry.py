@@ -43,6 +43,12 @@ def _measure() -> Actuator:
     return measure
 
 
+def _measure_fms() -> Actuator:
+    from tunebench.actuators.measure import measure_fms
+
+    return measure_fms
+
+
 def _predict() -> Actuator:
     from tunebench.actuators.predict import predict_actuator
 
@@ -52,7 +58,8 @@ def _predict() -> Actuator:
 # tunebench's own actuators: name -> a function importing it (measure pulls the data sets and the
 # worker's result rules, predict pulls numpy: neither is paid for by the other or by `--help`).
 BUILTIN: dict[str, Callable[[], Actuator]] = {
-    "measure": _measure,  # trains for real
+    "measure": _measure,  # trains for real, with tunebench's own worker (the native engine)
+    "fms-hf-tuning": _measure_fms,  # trains for real through fms-hf-tuning at the entity's version
     "predict": _predict,  # the planner's predictions
     "noop": lambda: noop,  # returns at once: store and scheduling overhead
 }

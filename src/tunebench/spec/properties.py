@@ -34,9 +34,10 @@ OPTIMIZERS = (
     "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
 )  # fmt: skip
 
-# the SFTTrainer spec "fms_hf_tuning_version": available options (the reference's pinned stacks).
+# the SFTTrainer spec "fms_hf_tuning_version": available options (the reference's pinned stacks), after the
+# releases published since (3.2.0-3.2.2, on the package index), which the fms-hf-tuning actuator runs too.
 FMS_HF_TUNING_VERSIONS = (
-    "3.1.0", "3.0.0.1", "3.0.0", "2.8.2", "2.7.1", "2.6.0", "2.5.0", "2.4.0", "2.3.1", "2.2.1",
+    "3.2.2", "3.2.1", "3.2.0", "3.1.0", "3.0.0.1", "3.0.0", "2.8.2", "2.7.1", "2.6.0", "2.5.0", "2.4.0", "2.3.1", "2.2.1",
     "2.1.2", "2.1.0", "2.0.1",
 )  # fmt: skip
 

@@ -256,7 +256,7 @@ def record_run(url: str, experiment: Experiment, entity: Entity, result: Result)
     from tunebench.store.rows import Record
 
     with open_store(url) as sample_store:
-        sample_store.record_many([Record(experiment, entity, result, actuator=MEASURE, generator="run")])
+        sample_store.record_many([Record(experiment, entity, result, actuator=result.actuator, generator="run")])
     typer.echo(f"stored in {mask_secrets(url)} (tunebench show --store ...; --no-store skips this)", err=True)
 
 

@@ -174,6 +174,32 @@ class MeasureCallback(TrainerCallback):
             self.sampler.stop()
 
 
+class ForwardCountingCallback(MeasureCallback):
+    """MeasureCallback that also counts each micro-batch, from the inputs of the model's forward.
+
+    For trainers tunebench does not build (fms-hf-tuning's SFTTrainer is made inside its own
+    ``train()``; only callbacks reach it): a forward pre-hook on the model sees every training
+    micro-batch once (gradient checkpointing re-runs inner layers, not the model's forward).
+    """
+
+    def __init__(self, meter: StepMeter, sampler: Any | None = None):
+        super().__init__(meter, sampler)
+        self._hook: Any = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        super().on_train_begin(args, state, control, **kwargs)
+
+    def _count(self, module, args, kwargs):
+        if module.training and kwargs.get("input_ids") is not None:
+            self.meter.count_batch(dict(kwargs))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._hook is not None:
+            self._hook.remove()
+        super().on_train_end(args, state, control, **kwargs)
+
+
 class MeasuredTrainer(Trainer):
     """transformers.Trainer whose training_step lets the meter count each micro-batch first."""
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -157,8 +158,15 @@ def _install_term_handler() -> dict[int, Any]:
     return previous
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the worker; returns the exit code (0 ok, 1 error, 3 out of memory)."""
+TrainFn = Callable[[WorkerConfig, dict[str, Any], dict[str, int], RunState], None]
+
+
+def main(argv: list[str] | None = None, train_fn: TrainFn = train) -> int:
+    """Run the worker; returns the exit code (0 ok, 1 error, 3 out of memory).
+
+    train_fn runs the steps and fills the record: ``train`` (the native engine) or another engine's
+    (tunebench.engines.fms_worker.train_fms); parsing, the watchdog and the result files are shared.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     # Never reach the network during a measurement (weights/tokenizers come from disk or the cache).
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
@@ -181,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     record["unknown_args"] = unknown
     previous_handlers = _install_term_handler()
     try:
-        _run_guarded(config, record, env)
+        _run_guarded(config, record, env, train_fn)
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     return _write_results(config, record, env)
 
 
-def _run_guarded(config: WorkerConfig, record: dict[str, Any], env: dict[str, int]) -> None:
+def _run_guarded(config: WorkerConfig, record: dict[str, Any], env: dict[str, int], train_fn: TrainFn) -> None:
     """train() under the host-memory watchdog; any failure is classified into the record, never raised."""
     watchdog, state = None, RunState()
     with ExitStack() as stack:
@@ -198,7 +206,7 @@ def _run_guarded(config: WorkerConfig, record: dict[str, Any], env: dict[str, in
                     raise RuntimeError("--host_memory_limit_gib needs the worker in the main thread (signals)")
                 limit = config.host_memory_limit_gib * GIB / max(1, env["local_world_size"])
                 watchdog = stack.enter_context(HostMemoryWatchdog(int(limit)))
-            train(config, record, env, state)
+            train_fn(config, record, env, state)
             record.update(status="ok", reason=None)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a result
             if watchdog is not None:

@@ -94,27 +94,19 @@ def load(setup: Setup, rank: int) -> Loaded:
     if config.dataset_image_field:
         return _load_vision(setup, rank, started)
     texts = data.read_jsonl(config.training_data_path, config.dataset_text_field)
-    pretrained = _pretrained_weights(config)
+    pretrained = pretrained_weights(config)
     spec = None if pretrained else model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
     moe = model_mod.is_moe(spec, pretrained)
     if fast_moe_degree(config.fast_moe) > 0 and moe:
         raise NotImplementedError(
-            "fast_moe > 0 (ScatterMoE expert parallelism) needs fms-acceleration-moe, "
-            "which tunebench's worker does not use"
+            "fast_moe > 0 (ScatterMoE expert parallelism) needs fms-acceleration-moe, which the native worker "
+            "does not use: measure with the fms-hf-tuning actuator"
         )
-    resolved = tok_mod.resolve_tokenizer(
-        config.tokenizer_name_or_path,
-        pretrained or config.model_name_or_path,
-        texts,
-        512 if config.tunebench_tiny else (spec.vocab_size if spec else None),
-        Path(setup.output_dir) / f"tunebench-tokenizer-rank{rank}",
-        architecture=None if (config.tunebench_tiny or spec is None) else (spec.config_path or spec.name),
-        context_length=model_mod.context_length(spec, config.tunebench_tiny),
-    )
+    resolved = text_tokenizer(config, texts, pretrained, spec, Path(setup.output_dir), rank)
     tokenizer = resolved.tokenizer
     max_len = tok_mod.max_length(tokenizer, config.max_seq_length)
     dataset, data_info = data.build_dataset(tokenizer, texts, config.response_template, max_len)
-    model, meta = _model(config, setup.on_gpu, tokenizer, pretrained, spec)
+    model, meta = build_model(config, setup.on_gpu, tokenizer, pretrained, spec)
     model, meta["peft"] = adapters.apply_peft(config, model, resolved.path)
     meta["tokenizer"] = resolved.describe()
     meta["parameters"] = model_mod.parameter_counts(model)
@@ -129,7 +121,7 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
     checkpoint, else random weights of the catalog architecture), PEFT on its language model."""
     config = setup.config
     rows = vision.read_parquet(config.training_data_path, config.dataset_text_field, config.dataset_image_field)
-    pretrained = _pretrained_weights(config)
+    pretrained = pretrained_weights(config)
     dtype, device = model_mod.DTYPES[config.torch_dtype], model_mod.target_device(setup.on_gpu)
     attn = model_mod.attn_implementation(config.use_flash_attn)
     if pretrained:
@@ -181,7 +173,23 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
     return Loaded(model, tokenizer, dataset, record_data, meta)
 
 
-def _pretrained_weights(config: WorkerConfig) -> str | None:
+def text_tokenizer(
+    config: WorkerConfig, texts: list[str], pretrained: str | None, spec: ModelSpec | None, output_dir: Path, rank: int
+) -> Any:
+    """The tokenizer of a text run (tunebench.training.tokenizer.resolve_tokenizer): the checkpoint's, the
+    architecture's, or (tiny models) one trained on the data set's texts."""
+    return tok_mod.resolve_tokenizer(
+        config.tokenizer_name_or_path,
+        pretrained or config.model_name_or_path,
+        texts,
+        512 if config.tunebench_tiny else (spec.vocab_size if spec else None),
+        output_dir / f"tunebench-tokenizer-rank{rank}",
+        architecture=None if (config.tunebench_tiny or spec is None) else (spec.config_path or spec.name),
+        context_length=model_mod.context_length(spec, config.tunebench_tiny),
+    )
+
+
+def pretrained_weights(config: WorkerConfig) -> str | None:
     """The local checkpoint to load, or None for random weights (FileNotFoundError if one is required)."""
     if config.weights == "random":
         pretrained = None
@@ -197,7 +205,7 @@ def _pretrained_weights(config: WorkerConfig) -> str | None:
     return pretrained
 
 
-def _model(
+def build_model(
     config: WorkerConfig, on_gpu: bool, tokenizer: Any, pretrained: str | None, spec: ModelSpec | None
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model (before PEFT) and the facts about it."""
