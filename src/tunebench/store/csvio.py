@@ -75,13 +75,17 @@ _SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
 
 @dataclass
 class ImportSummary:
+    """What an import found in the file (rows) and what it added to the store."""
+
+    # the file: its rows, the valid and invalid ones, those skipped by reason, columns not understood
     rows: int = 0
-    added: int = 0
-    already_present: int = 0
     valid: int = 0
     invalid: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
     ignored_columns: list[str] = field(default_factory=list)
+    # the store: rows added, rows it already held
+    added: int = 0
+    already_present: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
