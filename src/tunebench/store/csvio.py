@@ -52,7 +52,7 @@ from tunebench.spec.properties import PROPERTIES
 from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.store.schema import INVALID, VALID
-from tunebench.store.rows import Record
+from tunebench.store.rows import Record, Selection
 
 if TYPE_CHECKING:
     from tunebench.store.store import Store
@@ -312,9 +312,6 @@ def _reason(exc: InputError) -> str:
 def export_csv(store: Store, out: IO[str], *, operation_id: str | None = None, request_ids: list[int] | None = None,
                actuator: str | None = None) -> int:  # fmt: skip
     """Write valid and invalid results in the reference's CSV layout; returns the number of rows."""
-    table = build(
-        store.table(operation_id=operation_id, request_ids=request_ids, actuator=actuator, statuses=[VALID, INVALID]),
-        ado=True,
-    )
+    table = build(store.table(Selection(operation_id, request_ids, actuator, statuses=[VALID, INVALID])), ado=True)
     write_csv(table, out)
     return len(table)
