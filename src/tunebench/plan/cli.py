@@ -33,6 +33,11 @@ CalibrationPath = Annotated[
 Network = Annotated[
     float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
 ]
+Compare = Annotated[
+    bool,
+    typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
+                 "an entity, of every measured entity in the store (or in --space's exploration)."),
+]
 
 
 def _batch_lines(path: Path) -> list[tuple[int, tuple[Any, Any] | InputError]]:
@@ -103,7 +108,7 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
 
 
 @with_gpu_options
-def plan(  # over 60 lines: 20 lines are Typer's option declarations
+def plan(  # over 60 lines: 16 lines are Typer's option declarations
     experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
     props: Props = None,
     params: Params = None,
@@ -112,11 +117,7 @@ def plan(  # over 60 lines: 20 lines are Typer's option declarations
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
-    compare: Annotated[
-        bool,
-        typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
-                     "an entity, of every measured entity in the store (or in --space's exploration)."),
-    ] = False,
+    compare: Compare = False,
     store: Annotated[
         str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
     ] = None,
