@@ -32,7 +32,7 @@ GPUBandwidth = Annotated[
 ]
 GPUName = Annotated[str | None, typer.Option("--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
 
-# The command's parameter -> its Typer declaration, in GPUOptions' field order (and --help's).
+# The command's parameter ("gpu_" + GPUOptions' field) -> its Typer declaration, in --help's order.
 GPU_PARAMETERS = {
     "gpu_catalog": GPUCatalog, "gpu_memory": GPUMemory, "gpu_tflops": GPUTflops, "gpu_link": GPULink,
     "gpu_bandwidth": GPUBandwidth, "gpu_name": GPUName,
@@ -84,7 +84,7 @@ def with_gpu_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def typer_command(**kwargs: Any) -> None:
-        gpu = GPUOptions(*(kwargs.pop(name) for name in GPU_PARAMETERS))
+        gpu = GPUOptions(**{name.removeprefix("gpu_"): kwargs.pop(name) for name in GPU_PARAMETERS})
         command(**kwargs, gpu=gpu)
 
     parameters = [*own, *added]
