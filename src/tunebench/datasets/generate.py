@@ -98,28 +98,29 @@ def ensure_dataset(
     disk or memory to generate (datasets.size), before touching the disk.
     """
     spec = _spec(dataset_id)
-    path = dataset_path(spec, data_dir)
-    if verify(spec, data_dir):
-        return path
-    _check_room(spec, path.parent)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with lock(spec, data_dir):
-        if verify(spec, data_dir) is None:  # another process may have written it meanwhile
-            _generate(spec, data_dir, progress)
-    return path
+    if verify(spec, data_dir) is None:
+        generate_dataset(spec, data_dir, progress, keep_valid=True)
+    return dataset_path(spec, data_dir)
 
 
 def generate_dataset(
     dataset_id: str | DatasetId,
     data_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
+    *,
+    keep_valid: bool = False,
 ) -> Manifest:
-    """(Re)write the file of dataset_id and its manifest, under the id's lock (InputError as ensure_dataset)."""
+    """(Re)write the file of dataset_id and its manifest, under the id's lock (InputError as ensure_dataset).
+
+    keep_valid: keep a file that verifies once the lock is held (another process may have written it).
+    """
     spec = _spec(dataset_id)
-    _check_room(spec, paths.data_dir(data_dir))
-    paths.data_dir(data_dir).mkdir(parents=True, exist_ok=True)
+    directory = paths.data_dir(data_dir)
+    _check_room(spec, directory)
+    directory.mkdir(parents=True, exist_ok=True)
     with lock(spec, data_dir):
-        return _generate(spec, data_dir, progress)
+        valid = verify(spec, data_dir) if keep_valid else None
+        return valid or _generate(spec, data_dir, progress)
 
 
 def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:

@@ -62,25 +62,12 @@ class TokenCounts:
     from_cache: bool
     seconds: float
 
-    @property
-    def entries(self) -> int:
-        return len(self.counts)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def min(self) -> int:
-        return min(self.counts)
-
-    @property
-    def max(self) -> int:
-        return max(self.counts)
-
-    @property
-    def mean(self) -> float:
-        return self.total / len(self.counts)
+    # Statistics of the capped counts: how many entries, and tokens in all, least, most and on average.
+    entries = property(lambda self: len(self.counts))
+    total = property(lambda self: sum(self.counts))
+    min = property(lambda self: min(self.counts))
+    max = property(lambda self: max(self.counts))
+    mean = property(lambda self: self.total / len(self.counts))
 
     def processed(self, entries_per_step: int, training_steps: int, warmup_steps: int = 0,
                   exclude_warmup: bool = True) -> int:

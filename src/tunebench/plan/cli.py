@@ -17,6 +17,7 @@ from rich.table import Table
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
+from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
 from tunebench.plan.options import DeployOptions, check_recommend
 from tunebench.plan.printing import duration, echo_json, finite, fmt, planner_options, print_plan
 
@@ -31,6 +32,11 @@ CalibrationPath = Annotated[
 ]
 Network = Annotated[
     float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
+]
+Compare = Annotated[
+    bool,
+    typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
+                 "an entity, of every measured entity in the store (or in --space's exploration)."),
 ]
 
 
@@ -101,41 +107,8 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
     console.print(table)
 
 
-GPUCatalog = Annotated[
-    Path | None, typer.Option("--gpu-catalog", help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
-                              "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).")  # fmt: skip
-]
-GPUMemory = Annotated[float | None, typer.Option("--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
-GPUTflops = Annotated[float | None, typer.Option("--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
-GPULink = Annotated[
-    float | None, typer.Option("--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
-]
-GPUBandwidth = Annotated[
-    float | None, typer.Option("--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
-]
-GPUName = Annotated[str | None, typer.Option("--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
-
-
-def use_gpuplanner_options(label: str | None, catalog: Path | None, memory: float | None, tflops: float | None,
-                    link: float | None, bandwidth: float | None) -> None:  # fmt: skip
-    """Make the GPUs of --gpu-catalog and of the --gpu-* numbers known to this process's planner."""
-    from tunebench.catalog.gpus import custom_gpu, register_gpu
-    from tunebench.catalog.user_gpus import read_catalog
-
-    for spec in read_catalog(str(catalog)) if catalog is not None else ():
-        register_gpu(spec)
-    given = {"--gpu-memory-gib": memory, "--gpu-bf16-tflops": tflops, "--gpu-interconnect-gbps": link}
-    if all(v is None for v in (*given.values(), bandwidth)):
-        return
-    missing = [k for k, v in given.items() if v is None]
-    if missing:
-        raise InputError(missing[0], "missing: a GPU given by its numbers needs all of " + ", ".join(given))
-    if not label:
-        raise InputError("--gpu-name", "which GPU do the --gpu-* numbers describe? give gpu_model=LABEL or --gpu-name")
-    register_gpu(custom_gpu(label, memory, tflops, link, bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
-
-
-def plan(  # over 60 lines: 25 lines are Typer's option declarations
+@with_gpu_options
+def plan(  # over 60 lines: 16 lines are Typer's option declarations
     experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
     props: Props = None,
     params: Params = None,
@@ -144,23 +117,14 @@ def plan(  # over 60 lines: 25 lines are Typer's option declarations
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
-    compare: Annotated[
-        bool,
-        typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
-                     "an entity, of every measured entity in the store (or in --space's exploration)."),
-    ] = False,
+    compare: Compare = False,
     store: Annotated[
         str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
     ] = None,
     space: Annotated[
         Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
     ] = None,
-    gpu_catalog: GPUCatalog = None,
-    gpu_memory: GPUMemory = None,
-    gpu_tflops: GPUTflops = None,
-    gpu_link: GPULink = None,
-    gpu_bandwidth: GPUBandwidth = None,
-    gpu_name: GPUName = None,
+    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
     or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
@@ -173,7 +137,7 @@ def plan(  # over 60 lines: 25 lines are Typer's option declarations
         "network_gbps": opts.network_gbps,
     }
     values = parse_assignments(props or [])
-    use_gpuplanner_options(gpu_name or values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
+    gpu.register(values.get("gpu_model"))
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
@@ -229,6 +193,7 @@ def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_
     print_summary(Console(), summary, items)
 
 
+@with_gpu_options
 def recommend(
     experiment: Annotated[str, typer.Argument(help="Experiment id.")],
     props: Props = None,
@@ -239,11 +204,7 @@ def recommend(
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
-    gpu_catalog: GPUCatalog = None,
-    gpu_memory: GPUMemory = None,
-    gpu_tflops: GPUTflops = None,
-    gpu_link: GPULink = None,
-    gpu_bandwidth: GPUBandwidth = None,
+    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method."""
     from tunebench.plan.recommend import recommend as run
@@ -251,7 +212,7 @@ def recommend(
     check_recommend(gpus_per_node, max_gpus)
     opts = planner_options(price, calibration, network)
     values = parse_assignments(props or [])
-    use_gpuplanner_options(values.get("gpu_model"), gpu_catalog, gpu_memory, gpu_tflops, gpu_link, gpu_bandwidth)
+    gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
     out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
     if as_json:

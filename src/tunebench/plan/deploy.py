@@ -108,18 +108,14 @@ def deploy_spec(
     memory = round(memory, 9)  # 30.375, not 30.375000000000004
     gpus = max(1, math.ceil(memory / gpu_memory_gb))
     return DeploySpec(
-        params_b=params_b,
-        quantization=quantization,
-        adapters=adapters,
-        adapter_size_gb=adapter_size_gb,
+        # the inputs as given
+        params_b=params_b, quantization=quantization, adapters=adapters, adapter_size_gb=adapter_size_gb,
         gpu_memory_per_gpu_gb=gpu_memory_gb,
-        gpu_memory_gb=memory,
-        num_gpus=gpus,
-        num_cpus=gpus + 1,
-        cpu_memory_gb=math.ceil(memory),
+        # the formula's results
+        gpu_memory_gb=memory, num_gpus=gpus, num_cpus=gpus + 1, cpu_memory_gb=math.ceil(memory),
         name=name or DEFAULT_NAME,
         description=description or DEFAULT_DESCRIPTION,
-    )
+    )  # fmt: skip
 
 
 def check_post_url(url: str) -> str:

@@ -202,6 +202,8 @@ def _select(
     store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None
 ) -> tuple[Outcomes, list[str], str | None]:
     """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store."""
+    from tunebench.store.rows import Selection
+
     if space and operation:
         raise InputError("--space", "give --space or --operation, not both")
     if operation:
@@ -212,7 +214,7 @@ def _select(
                 "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
             )
         dims = list((op["space"] or {}).get("entity_space", {}))
-        outcomes = store.table(operation_id=operation, actuator=actuator, statuses=statuses)
+        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses))
         return outcomes, dims, f"{operation} ({op['sampler']})"
     if space:
         from tunebench.explore.space import load_space
@@ -220,9 +222,9 @@ def _select(
         spec = load_space(space)
         points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
-        outcomes = store.table(request_ids=[ids[p] for p in points if p in ids], statuses=statuses)
+        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
-    return store.table(actuator=actuator, statuses=statuses), [], None
+    return store.table(Selection(actuator=actuator, statuses=statuses)), [], None
 
 
 MAX_SHOW_POINTS = 200_000

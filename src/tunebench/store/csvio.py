@@ -52,7 +52,7 @@ from tunebench.spec.properties import PROPERTIES
 from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.store.schema import INVALID, VALID
-from tunebench.store.rows import Record
+from tunebench.store.rows import Record, Selection
 
 if TYPE_CHECKING:
     from tunebench.store.store import Store
@@ -75,13 +75,17 @@ _SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
 
 @dataclass
 class ImportSummary:
+    """What an import found in the file (rows) and what it added to the store."""
+
+    # the file: its rows, the valid and invalid ones, those skipped by reason, columns not understood
     rows: int = 0
-    added: int = 0
-    already_present: int = 0
     valid: int = 0
     invalid: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
     ignored_columns: list[str] = field(default_factory=list)
+    # the store: rows added, rows it already held
+    added: int = 0
+    already_present: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -308,9 +312,6 @@ def _reason(exc: InputError) -> str:
 def export_csv(store: Store, out: IO[str], *, operation_id: str | None = None, request_ids: list[int] | None = None,
                actuator: str | None = None) -> int:  # fmt: skip
     """Write valid and invalid results in the reference's CSV layout; returns the number of rows."""
-    table = build(
-        store.table(operation_id=operation_id, request_ids=request_ids, actuator=actuator, statuses=[VALID, INVALID]),
-        ado=True,
-    )
+    table = build(store.table(Selection(operation_id, request_ids, actuator, statuses=[VALID, INVALID])), ado=True)
     write_csv(table, out)
     return len(table)

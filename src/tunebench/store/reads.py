@@ -19,6 +19,7 @@ from tunebench.store.rows import (
     CHUNK,
     PROPERTY_COLUMNS,
     Outcomes,
+    Selection,
     as_text,
     decode_rows,
     id_hash,
@@ -98,42 +99,29 @@ class Reads(StoreBase):
         between rows: treat them as read-only.
         """
         with no_gc():  # 100,000s of small acyclic objects: pausing the cyclic GC makes this 2-3x faster
-            keys, raw, exps = self._outcomes(operation_id, request_ids, actuator, statuses)
+            keys, raw, exps = self._outcomes(Selection(operation_id, request_ids, actuator, statuses))
             return decode_rows(raw, keys, exps)
 
-    def table(
-        self,
-        *,
-        operation_id: str | None = None,
-        request_ids: Sequence[int] | None = None,
-        actuator: str | None = None,
-        statuses: Sequence[str] | None = None,
-    ) -> Outcomes:
+    def table(self, selection: Selection = Selection()) -> Outcomes:
         """The outcomes of rows(), column by column and undecoded: what reports over 100,000s of rows use."""
         with no_gc():
-            keys, raw, exps = self._outcomes(operation_id, request_ids, actuator, statuses)
+            keys, raw, exps = self._outcomes(selection)
             columns = list(zip(*raw)) if raw else [() for _ in keys]
             count = len(raw)
             del raw  # free the row tuples before the collector is back on (it would walk all of them)
             return Outcomes(dict(zip(keys, columns)), exps, count)
 
-    def _outcomes(
-        self,
-        operation_id: str | None,
-        request_ids: Sequence[int] | None,
-        actuator: str | None,
-        statuses: Sequence[str] | None,
-    ) -> tuple[list[str], list[Any], dict[int, dict[str, Any]]]:
+    def _outcomes(self, selection: Selection) -> tuple[list[str], list[Any], dict[int, dict[str, Any]]]:
         """(column names, row tuples, experiments by pk) of the outcomes asked for (request_ids' order)."""
-        query = outcomes_query(operation_id, actuator, statuses)
+        query = outcomes_query(selection)
         raw: list[Any] = []
         keys: list[str] = []
         with db.read(self.engine) as conn:
-            if request_ids is None:
+            if selection.request_ids is None:
                 result = conn.execute(query)
                 keys, raw = list(result.keys()), result.all()
             else:
-                ids = list(request_ids)
+                ids = list(selection.request_ids)
                 for i in range(0, len(ids), CHUNK):
                     result = conn.execute(query.where(requests.c.id.in_(ids[i : i + CHUNK])))
                     keys = list(result.keys())
@@ -179,8 +167,9 @@ class Reads(StoreBase):
         ]  # fmt: skip
 
 
-def outcomes_query(operation_id: str | None, actuator: str | None, statuses: Sequence[str] | None) -> Select:
-    """The outcomes of requests that have a result: an operation's in sampling order, else all by request id.
+def outcomes_query(selection: Selection) -> Select:
+    """The outcomes of requests that have a result: an operation's in sampling order, else all by request id
+    (the caller picks selection.request_ids, in chunks).
 
     Columns: request_id, status, actuator, experiment_pk, entity_id, only_columns, entity (the JSON
     of the values only where the real columns do not hold them all), reasons, error, generator,
@@ -199,13 +188,14 @@ def outcomes_query(operation_id: str | None, actuator: str | None, statuses: Seq
         .join(entities, entities.c.pk == requests.c.entity_pk)
         .join(results, results.c.id == requests.c.result_id)
     )  # fmt: skip
-    if operation_id is not None:
-        here = and_(operation_points.c.request_id == requests.c.id, operation_points.c.operation_id == operation_id)
+    if selection.operation_id is not None:
+        here = and_(operation_points.c.request_id == requests.c.id,
+                    operation_points.c.operation_id == selection.operation_id)  # fmt: skip
         query = query.add_columns(operation_points.c.origin).join(operation_points, here).order_by(operation_points.c.seq)
     else:
         query = query.order_by(requests.c.id)
-    if actuator is not None:
-        query = query.where(requests.c.actuator == actuator)
-    if statuses is not None:
-        query = query.where(requests.c.status.in_(list(statuses)))
+    if selection.actuator is not None:
+        query = query.where(requests.c.actuator == selection.actuator)
+    if selection.statuses is not None:
+        query = query.where(requests.c.status.in_(list(selection.statuses)))
     return query

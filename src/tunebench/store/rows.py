@@ -66,6 +66,17 @@ class Claim:
     operation_id: str | None
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which stored outcomes to read (None: no condition): an operation's (in sampling order), these
+    request ids (in their order), one actuator's, of these statuses."""
+
+    operation_id: str | None = None
+    request_ids: Sequence[int] | None = None
+    actuator: str | None = None
+    statuses: Sequence[str] | None = None
+
+
 @dataclass
 class Outcomes:
     """Store.table(): outcome columns by name (see reads.outcomes_query), experiments by pk, row count."""

@@ -16,9 +16,11 @@ from __future__ import annotations
 from tunebench.store.imports import Imports
 from tunebench.store.queue import Queue, owner_id
 from tunebench.store.reads import Reads
-from tunebench.store.rows import Claim, Outcomes, Record, Registered, clean_json, no_gc, properties_of
+from tunebench.store.rows import Claim, Outcomes, Record, Registered, Selection, clean_json, no_gc, properties_of
 
-__all__ = ["Claim", "Outcomes", "Record", "Registered", "Store", "clean_json", "no_gc", "owner_id", "properties_of"]
+__all__ = [
+    "Claim", "Outcomes", "Record", "Registered", "Selection", "Store", "clean_json", "no_gc", "owner_id", "properties_of",
+]  # fmt: skip
 
 
 class Store(Queue, Reads, Imports):

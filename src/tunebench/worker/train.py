@@ -265,32 +265,28 @@ def fast_moe_degree(fast_moe: list[str] | None) -> int:
         return 1 if str(fast_moe[0]).lower() == "true" else 0
 
 
+# WorkerConfig fields that TrainingArguments takes under the same name: the entity's values and the run's
+# settings. bf16 False + torch_dtype bfloat16 = pure bf16 (hf-stack.md §4.6).
+SAME_NAME_ARGS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs", "max_steps", "learning_rate",
+    "weight_decay", "lr_scheduler_type", "logging_steps", "log_level", "optim", "bf16", "fp16", "seed",
+)  # fmt: skip
+
+
 def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> Any:
     """transformers TrainingArguments: the SFTTrainer spec hardcoded values (ado-sfttrainer.md §6.2) + entity values."""
     from transformers import TrainingArguments
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    kw: dict[str, Any] = dict(
+    kw: dict[str, Any] = {name: getattr(config, name) for name in SAME_NAME_ARGS}
+    kw.update(
         output_dir=output_dir,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_train_epochs=config.num_train_epochs,
-        max_steps=config.max_steps,
-        learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay,
-        lr_scheduler_type=config.lr_scheduler_type,
+        use_cpu=not on_gpu,
         logging_strategy="steps",
-        logging_steps=config.logging_steps,
         save_strategy="no",  # a measurement never saves (the SFTTrainer spec "does not save checkpoint")
         eval_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        log_level=config.log_level,
-        optim=config.optim,
-        bf16=config.bf16,  # False + torch_dtype bfloat16 = pure bf16 (hf-stack.md §4.6)
-        fp16=config.fp16,
-        seed=config.seed,
-        use_cpu=not on_gpu,
         dataloader_num_workers=0,
         remove_unused_columns=False,  # the collator builds exactly the model inputs
         include_num_input_tokens_seen="no",  # counted by tunebench's meter (no per-step gather)
