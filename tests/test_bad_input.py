@@ -97,6 +97,14 @@ CASES: list[tuple[str, list[str]]] = [
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "0"),
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "nan"),
     c("--weights", "run", LORA, *ENTITY, "--weights", "fancy"),
+    c("engine", "run", LORA, *ENTITY, "--engine", "fms"),
+    c("engine", "launch-plan", LORA, *ENTITY, "--engine", "trl"),
+    c("entity", "launch-plan", LORA, *ENTITY, "--engine", "fms-hf-tuning", "fast_kernels=True,True,True"),
+    c("fms_hf_tuning_version", "engines", "install", "9.9"),
+    c("fms_hf_tuning_version", "engines", "install", "3.0.0.1"),
+    c("fms_hf_tuning_version", "engines", "remove", "2.1.2x"),
+    c("torch", "engines", "install", "3.2.2", "--torch", "cuda"),
+    c("--bogus", "engines", "list", "--bogus"),
     c("--port", "launch-plan", LORA, *ENTITY, "--port", "99999999"),
     c("--port", "launch-plan", LORA, *ENTITY, "--port", "0"),
     c("--port", "launch-plan", LORA, *ENTITY, "--port", "-1"),
@@ -354,10 +362,11 @@ def test_the_table_covers_every_command():
     from tunebench.cli import app
 
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
-    commands |= {f"datasets {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
+    commands |= {f"{g.name} {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
                  for c in g.typer_instance.registered_commands}  # fmt: skip
     commands -= {"version", "demo", "_root"}  # take no input (bad arguments to them are covered as usage errors)
-    named = {" ".join(a[:2]) if a[0] == "datasets" else a[0] for _, a in CASES}
+    groups = {g.name for g in app.registered_groups}
+    named = {" ".join(a[:2]) if a[0] in groups else a[0] for _, a in CASES}
     assert commands <= named, commands - named
 
 
@@ -385,6 +394,7 @@ SUBPROCESS = [
     ["plan", LORA, *ENTITY, "--calibration", "notjson.json"],
     ["run", LORA, *ENTITY, "--timeout", "-5"],
     ["run", LORA, *ENTITY, "--cpu-processes", "0"],
+    ["engines", "install", "9.9"],
     ["launch-plan", LORA, *ENTITY, "--port", "99999999"],
     ["plan", LORA, *ENTITY, "--price-per-gpu-hour", "nan"],
     ["plan", LORA, *ENTITY, "--network-gbps", "0"],

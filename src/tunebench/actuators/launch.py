@@ -25,7 +25,7 @@ from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
 from tunebench.actuators.network import nccl_environment
 from tunebench.engines import FMS, NATIVE
-from tunebench.engines.versions import plugin_reasons
+from tunebench.engines.versions import engine_reasons
 from tunebench.errors import InputError, has_control_characters
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
@@ -295,7 +295,7 @@ def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) ->
     """
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    reasons = validity.reasons + (plugin_reasons(values) if options.get("engine") == FMS else [])
+    reasons = validity.reasons + (engine_reasons(values) if options.get("engine") == FMS else [])
     if reasons:
         raise InputError("entity", "is not valid, nothing would run: " + "; ".join(reasons))
     return plan_of_values(experiment, entity.id, values, **options)

@@ -36,7 +36,7 @@ from tunebench.actuators.process import NodeResult, node_command, run_logged, ru
 from tunebench.datasets import ensure_dataset
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.runtime import runtime
-from tunebench.engines.versions import plugin_reasons
+from tunebench.engines.versions import engine_reasons
 from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
@@ -57,7 +57,7 @@ def measure(
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    reasons = validity.reasons + (plugin_reasons(values) if engine == FMS and validity.is_valid else [])
+    reasons = validity.reasons + (engine_reasons(values) if engine == FMS and validity.is_valid else [])
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif values.get("number_nodes", 1) > 1:

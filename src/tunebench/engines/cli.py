@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.engines import envs
-from tunebench.engines.versions import NEWEST, VERSIONS, check_version
+from tunebench.engines.versions import NEWEST, VERSIONS, check_version, exclude_newer
 from tunebench.errors import InputError
 
 app = typer.Typer(help="fms-hf-tuning environments: one per version, built with uv on first use.", no_args_is_help=True)
@@ -20,8 +20,13 @@ Versions = Annotated[list[str] | None, typer.Argument(help=f"fms-hf-tuning versi
 Plugins = Annotated[bool, typer.Option("--plugins", help="With the fms-acceleration plugins (foak, moe, peft).")]
 
 
-def _versions(versions: list[str] | None) -> list[str]:
-    return [check_version(v) for v in (versions or [NEWEST])]
+def _versions(versions: list[str] | None, published: bool = False) -> list[str]:
+    """The versions asked for (InputError for an unknown one, or with published one never on the index)."""
+    out = [check_version(v) for v in (versions or [NEWEST])]
+    if published:
+        for version in out:
+            exclude_newer(version)
+    return out
 
 
 @app.command("list")
@@ -73,7 +78,7 @@ def install(
     """Build (or check) the environment of each version; a broken one is rebuilt."""
     if torch not in envs.TORCH_MODES:
         raise InputError("torch", f"unknown torch mode {torch!r}", allowed=", ".join(envs.TORCH_MODES))
-    for version in _versions(versions):
+    for version in _versions(versions, published=True):
         if rebuild:
             envs.remove(version, plugins)
         with console.status(f"fms-hf-tuning {version}") as status:

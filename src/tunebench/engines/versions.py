@@ -84,10 +84,14 @@ def plugins_used(values: dict) -> list[str]:
     return used
 
 
-def plugin_reasons(values: dict) -> list[str]:
-    """Why fms-hf-tuning cannot run these values' plugins: too old a version, or no GPU (empty: it can)."""
+def engine_reasons(values: dict) -> list[str]:
+    """Why fms-hf-tuning cannot run these effective values: a version never published, a plugin the
+    version does not drive, or a plugin's GPU kernels without a GPU (empty: it can)."""
     version = values.get("fms_hf_tuning_version") or "2.1.2"
     reasons = []
+    if version not in RELEASED:
+        reasons.append(f"fms-hf-tuning {version} was never published to the package index: no environment "
+                       f"can be built for it (published: {', '.join(RELEASED)})")  # fmt: skip
     for flag in plugins_used(values):
         plugin = PLUGINS[flag]
         if parse_version(version) < parse_version(plugin.min_version):

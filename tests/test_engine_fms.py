@@ -1,0 +1,153 @@
+"""The fms-hf-tuning engine for real: environments built with uv from the package index, tiny models trained
+on the CPU by fms-hf-tuning's own tuning.sft_trainer, every measured property through tunebench's callback.
+
+The environments are built once per test session (TUNEBENCH_ENGINES_DIR in a temporary folder): the
+newest release and the spec's default, 2.1.2. uv's cache makes a rebuild take seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tunebench.actuators.measure import measure
+from tunebench.cli import main
+from tunebench.engines import FMS, NATIVE, envs
+from tunebench.engines.versions import NEWEST
+from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.spec.measured import BENCHMARK_MEASURED
+
+DATASET = "news-chars-512-entries-4096"  # records of 390+ tiny-tokenizer tokens, response within the first 384
+LENGTH = 384
+BATCH, STEPS = 2, 2
+DEFAULT_VERSION = "2.1.2"  # the SFTTrainer spec's default fms_hf_tuning_version
+
+
+@pytest.fixture(scope="session")
+def engines_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engines")
+    old = os.environ.get("TUNEBENCH_ENGINES_DIR")
+    os.environ["TUNEBENCH_ENGINES_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TUNEBENCH_ENGINES_DIR", None)
+    else:
+        os.environ["TUNEBENCH_ENGINES_DIR"] = old
+
+
+def _measure(tmp_path, method="lora", version=NEWEST, engine=FMS, **params):
+    experiment_id = {"lora": "finetune_lora_benchmark-v1.0.0", "full": "finetune_full_benchmark-v1.0.0"}[method]
+    exp = get_experiment(experiment_id, {"max_steps": STEPS, "dataset_id": DATASET, "gradient_accumulation_steps": 1,
+                                         "fms_hf_tuning_version": version, **params})  # fmt: skip
+    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": LENGTH, "number_gpus": 0,
+                               "batch_size": BATCH})  # fmt: skip
+    return measure(exp, entity, {
+        "weights": "random", "output_dir": str(tmp_path / f"{engine}-{method}-{version}"),
+        "data_dir": str(tmp_path / "data"), "timeout_seconds": 600, "extra_worker_args": ("--tunebench_tiny", "True"),
+    }, engine=engine)  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_fms_hf_tuning_trains_and_returns_every_measured_property(engines_dir, tmp_path, method):
+    result = _measure(tmp_path, method)
+    assert result.status == "valid", (result.error, result.reasons, result.log_tail)
+    assert result.actuator == FMS
+    props = result.properties
+    assert set(BENCHMARK_MEASURED) <= set(props) and props["is_valid"] == 1
+    # every record is cut to LENGTH tokens (no padding): the counted tokens are exactly steps x batch x LENGTH
+    assert props["dataset_tokens_per_second"] * props["train_runtime"] == pytest.approx(STEPS * BATCH * LENGTH)
+    meta = result.metadata
+    assert meta["steps"] == STEPS and meta["trained_tokens"] > 0
+    # fms-hf-tuning's own code trained: its environment's versions ran, and its main() logged the run
+    assert meta["engine"]["version"] == NEWEST and meta["engine"]["packages"]["fms-hf-tuning"] == NEWEST
+    assert meta["versions"]["transformers"] == meta["engine"]["packages"]["transformers"] != _project("transformers")
+    log = (tmp_path / f"{FMS}-{method}-{NEWEST}" / "worker.log").read_text()
+    assert "fms-hf-tuning execution start" in log
+    peft = meta.get("peft")
+    assert (peft is not None) == (method == "lora"), peft
+
+
+def _project(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def test_a_version_switch_changes_the_library_that_ran(engines_dir, tmp_path):
+    newest = _measure(tmp_path, version=NEWEST)
+    default = _measure(tmp_path, version=DEFAULT_VERSION)
+    assert newest.status == default.status == "valid", (default.error, default.log_tail)
+    assert default.metadata["engine"]["packages"]["fms-hf-tuning"] == DEFAULT_VERSION
+    assert newest.metadata["engine"]["packages"]["fms-hf-tuning"] == NEWEST
+    # each release runs its own pinned stack: 2.1.2 pins transformers 4.45, 3.2.2 transformers 4.55
+    assert default.metadata["versions"]["transformers"].startswith("4.45.")
+    assert newest.metadata["versions"]["transformers"].startswith("4.55.")
+    assert default.experiment_id != newest.experiment_id  # the version parameterises the experiment id
+
+
+def test_the_same_entity_through_both_engines_counts_the_same_tokens(engines_dir, tmp_path):
+    native, fms = _measure(tmp_path, engine=NATIVE), _measure(tmp_path, engine=FMS)
+    assert native.status == fms.status == "valid", (fms.error, fms.log_tail)
+    assert native.actuator == "measure" and fms.actuator == FMS  # the store keeps them apart
+    tokens = [r.properties["dataset_tokens_per_second"] * r.properties["train_runtime"] for r in (native, fms)]
+    assert tokens[0] == pytest.approx(tokens[1])
+
+
+def test_a_plugin_the_version_does_not_drive_is_invalid(engines_dir, tmp_path):
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "2.1.2", "fast_moe": 1})
+    entity = make_entity(exp, {"model_name": "granite-3.0-1b-a400m-base", "model_max_length": 128,
+                               "number_gpus": 0, "batch_size": 2})  # fmt: skip
+    result = measure(exp, entity, {"output_dir": str(tmp_path / "moe")}, engine=FMS)
+    assert result.status == "invalid" and result.actuator == FMS
+    assert any("2.4.0" in r for r in result.reasons), result.reasons
+    # fast_kernels on 3.2.2 is driven (fms-acceleration-foak), but its Triton kernels need a GPU
+    result = _measure(tmp_path, fast_kernels="True,True,True")
+    assert result.status == "invalid", (result.error, result.reasons)
+    assert any("fast_kernels" in r and "needs a GPU" in r for r in result.reasons), result.reasons
+    assert not list(engines_dir.glob("*-plugins")), "an invalid entity built an environment"
+
+
+def test_a_version_never_published_is_invalid_not_attempted(engines_dir, tmp_path):
+    result = _measure(tmp_path, version="3.0.0.1")
+    assert result.status == "invalid"
+    assert any("3.0.0.1 was never published" in r for r in result.reasons), result.reasons
+
+
+def test_a_broken_environment_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNEBENCH_ENGINES_DIR", str(tmp_path / "engines"))
+    first = envs.ensure(DEFAULT_VERSION)
+    assert envs.status(DEFAULT_VERSION) == ("ready", None)
+    site = next(first.path.glob("lib/python3*/site-packages"))
+    shutil.rmtree(site / "transformers")  # a package gone: installed metadata, nothing to import
+    state, why = envs.status(DEFAULT_VERSION)
+    assert state == "broken" and "cannot import" in why, why
+    messages = []
+    again = envs.ensure(DEFAULT_VERSION, progress=messages.append)
+    assert any("broken" in m and "rebuilding" in m for m in messages), messages
+    assert envs.status(DEFAULT_VERSION) == ("ready", None)
+    assert (next(again.path.glob("lib/python3*/site-packages")) / "transformers").is_dir()
+    # a build that never finished (no manifest) is never used either
+    (again.path / envs.MANIFEST).unlink()
+    assert envs.status(DEFAULT_VERSION)[0] == "broken"
+    assert envs.ensure(DEFAULT_VERSION).manifest["version"] == DEFAULT_VERSION
+
+
+def invoke(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_engines_commands(engines_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TUNEBENCH_ENGINES_DIR", str(tmp_path / "cli-engines"))
+    code, out, _err = invoke(["engines", "install", DEFAULT_VERSION], capsys)
+    assert code == 0 and f"fms-hf-tuning {DEFAULT_VERSION}: ready" in out
+    code, out, _err = invoke(["engines", "list", "--json"], capsys)
+    listed = json.loads(out)["environments"]
+    assert [(e["version"], e["state"]) for e in listed] == [(DEFAULT_VERSION, "ready")]
+    assert listed[0]["packages"]["fms-hf-tuning"] == DEFAULT_VERSION and listed[0]["torch_mode"] == "host"
+    code, out, _err = invoke(["engines", "remove", DEFAULT_VERSION], capsys)
+    assert code == 0 and "removed" in out and not (tmp_path / "cli-engines" / f"fms-hf-tuning-{DEFAULT_VERSION}").exists()
