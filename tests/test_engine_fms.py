@@ -151,3 +151,21 @@ def test_engines_commands(engines_dir, tmp_path, monkeypatch, capsys):
     assert listed[0]["packages"]["fms-hf-tuning"] == DEFAULT_VERSION and listed[0]["torch_mode"] == "host"
     code, out, _err = invoke(["engines", "remove", DEFAULT_VERSION], capsys)
     assert code == 0 and "removed" in out and not (tmp_path / "cli-engines" / f"fms-hf-tuning-{DEFAULT_VERSION}").exists()
+
+
+def test_the_launch_plan_runs_fms_hf_tuning_where_the_spec_runs_tuning_sft_trainer():
+    from tunebench.actuators.launch import build_launch_plan
+
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0")
+    one = make_entity(exp, {"model_name": "llama3-8b", "model_max_length": 1024, "number_gpus": 1,
+                            "gpu_model": "NVIDIA-A100-SXM4-80GB", "batch_size": 4})  # fmt: skip
+    four = make_entity(exp, {"model_name": "llama3-8b", "model_max_length": 1024, "number_gpus": 4,
+                             "gpu_model": "NVIDIA-A100-SXM4-80GB", "batch_size": 4})  # fmt: skip
+    single = build_launch_plan(exp, one, engine=FMS).nodes[0].command
+    assert single[:3] == ["python", "-m", "tunebench.engines.fms_worker"]  # spec: python -m tuning.sft_trainer
+    fsdp = build_launch_plan(exp, four, engine=FMS).nodes[0].command
+    assert fsdp[:2] == ["accelerate", "launch"] and fsdp[fsdp.index("-m") + 1] == "tunebench.engines.fms_worker"
+    native = build_launch_plan(exp, four).nodes[0].command
+    assert native[native.index("-m") + 1] == "tunebench.worker"
+    # the flags are the same: only the module that reads them differs
+    assert fsdp[fsdp.index("-m") + 2 :] == native[native.index("-m") + 2 :]

@@ -21,6 +21,7 @@ actuator's ``plan_nodes`` (on the coordinator), ``run_node`` (on each node) and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import socket
 import tempfile
 import time
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tunebench.actuators.launch import WORKER_MODULE, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.launch import WORKER_MODULES, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
 from tunebench.actuators.memwatch import DEFAULT_LIMIT_FRACTION, MemoryWatch, default_host_memory_limit_bytes
 from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
@@ -177,26 +178,31 @@ def _measure_stability(
 
 
 def plan_nodes(
-    experiment: Experiment, entity: Entity, options: Mapping[str, Any], main_process_ip: str, main_process_port: int
-) -> LaunchPlan:
+    experiment: Experiment, entity: Entity, options: Mapping[str, Any], main_process_ip: str, main_process_port: int,
+    engine: str = NATIVE,
+) -> LaunchPlan:  # fmt: skip
     """The launch plan of a multi-node entity, rendezvous at main_process_ip:main_process_port."""
     return build_launch_plan(
         experiment, entity, data_directory=options.get("data_dir"), model_map=options.get("model_map"),
         weights=options.get("weights", "auto"), main_process_ip=main_process_ip, main_process_port=main_process_port,
-        nccl_env=options.get("nccl_env"),
+        nccl_env=options.get("nccl_env"), engine=engine,
     )  # fmt: skip
 
 
 def run_node(
     experiment: Experiment, entity: Entity, options: Mapping[str, Any], node_plan: NodePlan, output_dir: str,
-    main_process_ip: str,
+    main_process_ip: str, engine: str = NATIVE,
 ) -> NodeResult:  # fmt: skip
-    """One node's part, on that node: its own copy of the data set (generated or verified), then the run."""
+    """One node's part, on that node: its own copy of the data set (generated or verified), the engine's
+    environment (fms-hf-tuning: built on this node if it has none), then the run."""
     values = effective_values(experiment, entity)
     ensure_dataset(values["dataset_id"], options.get("data_dir"))
-    runs_worker = WORKER_MODULE in node_plan.command  # a plan of another actuator's may run anything
+    run_env = runtime(engine, values, Path(output_dir), None)
+    node_plan = dataclasses.replace(node_plan, env={**node_plan.env, **run_env.env})
+    runs_worker = any(m in node_plan.command for m in WORKER_MODULES.values())  # another actuator's may run anything
     return run_node_plan(
-        node_plan, output_dir, main_process_ip=main_process_ip, timeout_s=options.get("timeout_seconds"),
+        node_plan, output_dir, run_env.python, main_process_ip=main_process_ip,
+        timeout_s=options.get("timeout_seconds"),
         options=with_gpu_count(MeasureOptions(), values) if runs_worker else None,
     )  # fmt: skip
 
@@ -245,6 +251,9 @@ def collect_nodes(
 measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
 measure.run_node = run_node  # type: ignore[attr-defined]
 measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
+measure_fms.plan_nodes = functools.partial(plan_nodes, engine=FMS)  # type: ignore[attr-defined]
+measure_fms.run_node = functools.partial(run_node, engine=FMS)  # type: ignore[attr-defined]
+measure_fms.collect_nodes = lambda *a, **k: dataclasses.replace(collect_nodes(*a, **k), actuator=FMS)  # type: ignore[attr-defined]
 
 
 def _free_port() -> int:
