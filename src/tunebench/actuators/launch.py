@@ -316,9 +316,8 @@ def plan_of_values(
     nccl_env: dict[str, Any] | None = None,
     engine: str = NATIVE,
 ) -> LaunchPlan:
-    """The launch plan of an entity from its effective values, already checked valid. nccl_env: NCCL
-    variables every node of a GPU plan sets (tunebench.actuators.network; RoCE fabric settings).
-    engine: which worker module the processes run (WORKER_MODULES).
+    """The launch plan of an entity from its effective values, already checked valid. nccl_env: NCCL variables
+    every node of a GPU plan sets (actuators.network); engine: the worker module run (WORKER_MODULES).
 
     cpu_processes > 1 runs a CPU entity (number_gpus = 0) as DDP over gloo with that many processes on
     one machine (hf-stack.md §6: `accelerate launch --multi_gpu` runs MULTI_CPU/gloo without a GPU;
@@ -337,13 +336,8 @@ def plan_of_values(
                 "cpu_processes", f"batch_size {values['batch_size']} is not divisible by {cpu_processes} processes"
             )
         values = {**values, "batch_size": values["batch_size"] // cpu_processes}  # per process
-    args = worker_args(
-        experiment,
-        values,
-        training_data_path=data_path,
-        model_path=resolve_model_path(experiment, values["model_name"], model_map),
-        weights=weights,
-    )
+    model_path = resolve_model_path(experiment, values["model_name"], model_map)
+    args = worker_args(experiment, values, training_data_path=data_path, model_path=model_path, weights=weights)
     backend = values.get("distributed_backend")
     mode = backend if gpus >= 2 and backend in ("FSDP", "DDP") else "single"
     per_node = gpus // nodes if mode != "single" else 1

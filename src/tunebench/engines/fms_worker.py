@@ -215,6 +215,7 @@ def trained_model_facts(trainer: Any) -> dict[str, Any]:
         "peft": {k: str(v.peft_type) for k, v in peft_config.items()} if peft_config else None,
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
+        "gradient_checkpointing_on": getattr(model, "is_gradient_checkpointing", None),
     }
 
 

@@ -31,7 +31,9 @@ class Runtime:
 def runtime(engine: str, values: dict[str, Any], out_dir: Path, progress: Callable[[str], None] | None) -> Runtime:
     """The runtime of a measurement of these effective values (fms-hf-tuning: its environment, ready)."""
     if engine == NATIVE:
-        return Runtime(sys.executable, {}, {"name": NATIVE})
+        version = values.get("fms_hf_tuning_version")
+        note = f"fms-hf-tuning {version} did not run: the native engine trains with tunebench's worker"
+        return Runtime(sys.executable, {}, {"name": NATIVE, "fms_hf_tuning_version": note})
     if engine != FMS:
         raise ValueError(f"unknown engine {engine!r}")
     from tunebench.engines import envs

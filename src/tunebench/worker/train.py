@@ -334,6 +334,7 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
     return {
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
+        "gradient_checkpointing_on": getattr(trainer.model, "is_gradient_checkpointing", None),
     }
 
 
