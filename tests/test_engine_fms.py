@@ -169,3 +169,23 @@ def test_the_launch_plan_runs_fms_hf_tuning_where_the_spec_runs_tuning_sft_train
     assert native[native.index("-m") + 1] == "tunebench.worker"
     # the flags are the same: only the module that reads them differs
     assert fsdp[fsdp.index("-m") + 2 :] == native[native.index("-m") + 2 :]
+
+
+def test_the_store_keeps_each_engines_results_apart(tmp_path, capsys):
+    """`tunebench run` stores a result under its actuator's name: the same entity measured by both engines
+    is two rows, and the engine's actuator resolves by name (as a space file names it)."""
+    from tunebench.actuators.registry import resolve_actuator
+    from tunebench.actuators.measure import measure_fms
+    from tunebench.spec.results import Result
+    from tunebench.store.cli import open_store, record_run
+
+    assert resolve_actuator(FMS) is measure_fms
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "3.2.2"})
+    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 384, "number_gpus": 0, "batch_size": 2})
+    url = str(tmp_path / "s.db")
+    for actuator, rate in (("measure", 100.0), (FMS, 110.0)):
+        result = Result.valid(exp.id, entity.id, {"dataset_tokens_per_second": rate}, actuator=actuator)
+        record_run(url, exp, entity, result)
+    with open_store(url) as store:
+        rows = {r["actuator"]: r["properties"]["dataset_tokens_per_second"] for r in store.rows()}
+    assert rows == {"measure": 100.0, FMS: 110.0}
