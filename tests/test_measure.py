@@ -103,8 +103,8 @@ def test_host_memory_limit_is_out_of_memory(tmp_path, tiny):
 def _replace_command(monkeypatch, script: str) -> None:
     original = measure_module.node_command
 
-    def fake(node, out_dir, options):
-        command, env = original(node, out_dir, options)
+    def fake(node, out_dir, options, **kwargs):
+        command, env = original(node, out_dir, options, **kwargs)
         return [sys.executable, "-c", script], env
 
     monkeypatch.setattr(measure_module, "node_command", fake)

@@ -14,6 +14,7 @@ import pytest
 
 from tunebench.catalog import default_target_modules, get_model
 from tunebench.datasets import KNOWN_DATASET_IDS
+from tunebench.engines.versions import RELEASED
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.properties import PROPERTIES
 
@@ -75,7 +76,12 @@ def test_optim_and_versions_domains_match_spec():
     optim = re.search(r"• optim: .*Available options are (.*)$", section, re.M).group(1)
     assert tuple(o.strip() for o in optim.split(",")) == PROPERTIES["optim"].choices
     versions = re.search(r"• fms_hf_tuning_version: .*Available options are:? (.*)$", section, re.M).group(1)
-    assert tuple(v.strip() for v in versions.split(",")) == PROPERTIES["fms_hf_tuning_version"].choices
+    spec_versions = tuple(v.strip() for v in versions.split(","))
+    # every version the spec lists, in its order; before them only releases published since (3.2.x)
+    choices = PROPERTIES["fms_hf_tuning_version"].choices
+    assert choices[-len(spec_versions) :] == spec_versions
+    newer = choices[: -len(spec_versions)]
+    assert newer == ("3.2.2", "3.2.1", "3.2.0") and all(v in RELEASED for v in newer)
     strategies = re.findall(r"\[\d\] ([A-Z_0-9]+)", re.search(r"• fsdp_sharding_strategy: (.*)$", section, re.M)[1])
     assert tuple(strategies) == PROPERTIES["fsdp_sharding_strategy"].choices
 
