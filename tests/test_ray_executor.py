@@ -105,9 +105,11 @@ def test_two_node_measurement_rendezvous_over_gloo(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
+@pytest.mark.parametrize("actuator", ["measure", "fms-hf-tuning"])
+def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path, actuator):
     """Real training: the 2-node DDP launch plan (accelerate static rendezvous) on two simulated L40S
-    nodes, gloo on the CPU (the nodes' 'GPUs' are simulated, so torch sees no CUDA)."""
+    nodes, gloo on the CPU (the nodes' 'GPUs' are simulated, so torch sees no CUDA); with tunebench's
+    worker, and through fms-hf-tuning 3.2.2 (each node makes the version's environment ready itself)."""
     import json
 
     from tunebench.executors.ray import RayExecutor
@@ -119,10 +121,10 @@ def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
     spec = parse_space({
         "experiments": [{"id": "finetune_full_benchmark-v1.0.0",
                          "parameters": {"max_steps": 3, "dataset_id": "news-chars-256-entries-32",
-                                        "gradient_accumulation_steps": 1}}],
+                                        "gradient_accumulation_steps": 1, "fms_hf_tuning_version": "3.2.2"}}],
         "entity_space": {"model_name": str(config), "model_max_length": 192, "number_gpus": 2, "number_nodes": 2,
                          "batch_size": 4, "gpu_model": L40S, "distributed_backend": "DDP", "flash_attn": False},
-        "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300},
+        "actuator": {"name": actuator, "weights": "random", "timeout_seconds": 300},
         "operation": {"sampler": "grid"},
     })  # fmt: skip
     with Store(tmp_path / "s.db") as store:
@@ -137,6 +139,11 @@ def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path):
     # by token 152, every entry is longer than 192), summed over both nodes
     assert p["dataset_tokens_per_second"] == pytest.approx(3 * 4 * 192 / p["train_runtime"], rel=1e-6)
     assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2, rel=1e-6)
+    assert row["actuator"] == actuator
+    engine = result.metadata["engine"]
+    assert engine["name"] == ("native" if actuator == "measure" else "fms-hf-tuning")
+    if actuator == "fms-hf-tuning":
+        assert engine["packages"]["fms-hf-tuning"] == "3.2.2" and result.metadata["world_size"] == 2
 
 
 def test_multi_node_needing_more_nodes_than_exist_fails(cluster, tmp_path):

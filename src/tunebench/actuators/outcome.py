@@ -48,7 +48,9 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         )  # fmt: skip
     status, reason = outcome(run.ranks, world_size=run.world_size)
     if run.ranks:
+        engine = meta.get("engine") or {}  # the actuator's view (environment, notes) + the worker's (what ran)
         meta.update(_run_metadata(run.ranks))
+        meta["engine"] = {**engine, **(meta.get("engine") or {})}
     if status == "invalid":
         return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail)
     if status == "valid" and run.returncode != 0:

@@ -133,8 +133,9 @@ def build(version: str, plugins: bool, torch: str, say: Progress) -> None:
     if torch not in TORCH_MODES:
         raise InputError("torch", f"unknown torch mode {torch!r}", allowed=", ".join(TORCH_MODES))
     final = env_path(version, plugins)
+    for stale in final.parent.glob(f".build-{final.name}-*"):  # a killed build's leftovers (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".build-{final.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     started = time.monotonic()
     try:
         say(f"creating {final.name} (Python {sys.version.split()[0]})")

@@ -92,7 +92,7 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
     trainer = run_sft_trainer(argv, ForwardCountingCallback(state.meters.meter, state.meters.sampler), setup.output_dir)
     meta.update(trained_model_facts(trainer))
     record["data"] = {"path": str(config.training_data_path), "text_field": config.dataset_text_field,
-                      "prepared_by": "fms-hf-tuning"}  # fmt: skip
+                      "max_length": config.max_seq_length, "prepared_by": "fms-hf-tuning"}  # fmt: skip
     record["phase"] = "finish"
     record.update(steps.finish(state.meters))
 

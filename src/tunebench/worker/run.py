@@ -102,6 +102,7 @@ def train(config: WorkerConfig, record: dict[str, Any], env: dict[str, int], sta
     record["phase"] = "setup"
     on_gpu = cuda_available(config.use_cpu)
     meta["device"] = "cuda" if on_gpu else "cpu"
+    meta["engine"] = {"name": "native"}  # tunebench's worker (tunebench.engines)
     setup = steps.set_up(config, on_gpu)
     if setup.precision_note is not None:
         meta["precision_note"] = setup.precision_note
