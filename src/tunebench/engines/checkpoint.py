@@ -1,7 +1,7 @@
 """Write the random-weight checkpoint an fms-hf-tuning run loads: ``python -m tunebench.engines.checkpoint <worker flags>``.
 
 Run by tunebench.engines.fms_worker (local rank 0) with the project's own interpreter: the catalog
-architecture (shrunk with --tunebench_tiny) with random weights, in the precision the run trains in,
+architecture (shrunk with --tunebench_tiny) with random weights, in the dtype the run trains in,
 and its tokenizer (the architecture's, or one trained on the data set's texts for tiny models), saved
 with ``save_pretrained`` to ``<output_dir>/tunebench-model``; ``tunebench-facts.json`` (what the
 record's metadata says of the weights) is written last, so a present file means a whole checkpoint.
@@ -22,10 +22,11 @@ from tunebench.worker.args import parse_args
 
 def write_checkpoint(argv: list[str]) -> Path:
     """Build and save the checkpoint of this command line's model; returns its folder."""
-    config, _unknown = parse_args(argv)
-    setup = steps.set_up(config, on_gpu=False)  # float32 where the CPU has no native 16-bit support
-    config = setup.config
-    target = Path(setup.output_dir) / MODEL_DIR
+    from transformers import set_seed
+
+    config, _unknown = parse_args(argv)  # the worker passes its torch_dtype (as run) and --output_dir
+    set_seed(config.seed)  # seeded as the native worker is before it builds the model
+    target = Path(config.output_dir) / MODEL_DIR
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     texts = data.read_jsonl(config.training_data_path, config.dataset_text_field)

@@ -111,7 +111,7 @@ def weights_path(setup: Any, env: dict[str, int], worker_argv: list[str]) -> tup
         # Built by the project's interpreter (its transformers, which tunebench's model code is written
         # for) into the checkpoint format every release reads; this engine then loads it like any other.
         host = os.environ.get("TUNEBENCH_HOST_PYTHON", sys.executable)
-        argv = [*worker_argv, "--output_dir", setup.output_dir]
+        argv = [*worker_argv, "--output_dir", setup.output_dir, "--torch_dtype", config.torch_dtype]  # as run
         proc = subprocess.run([host, "-m", "tunebench.engines.checkpoint", *argv], check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"writing the random-weight checkpoint failed (exit {proc.returncode}; see the log)")
