@@ -189,3 +189,12 @@ def test_the_store_keeps_each_engines_results_apart(tmp_path, capsys):
     with open_store(url) as store:
         rows = {r["actuator"]: r["properties"]["dataset_tokens_per_second"] for r in store.rows()}
     assert rows == {"measure": 100.0, FMS: 110.0}
+
+
+def test_the_cli_offers_exactly_the_engines():
+    from typing import get_args
+
+    from tunebench.engines import ENGINES
+    from tunebench.inputs import Engine
+
+    assert get_args(Engine) == ENGINES

@@ -21,12 +21,12 @@ from rich.table import Table
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
 from tunebench.datasets.cli import app as datasets_app
-from tunebench.engines import ENGINES, NATIVE
+from tunebench.engines import NATIVE
 from tunebench.engines.cli import app as engines_app
 from tunebench.errors import InputError, one_line
 from tunebench.explore.cli import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
-from tunebench.inputs import Count, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
+from tunebench.inputs import Count, Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
 from tunebench.plan.cli import register as register_plan
 from tunebench.report.cli import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
@@ -53,12 +53,6 @@ Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KE
 EngineOpt = Annotated[
     str, typer.Option("--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
 ]
-
-
-def check_engine(engine: str) -> str:
-    if engine not in ENGINES:
-        raise InputError("engine", f"unknown engine {engine!r}", allowed=", ".join(ENGINES))
-    return engine
 
 
 def _print_json(obj: Any) -> None:
@@ -272,12 +266,12 @@ def launch_plan(
     from tunebench.actuators.launch import build_launch_plan
     from tunebench.actuators.network import check_nccl_env
 
-    opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port)
-    engine = check_engine(engine)
+    opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port,
+                 engine=engine)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
         exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
-        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=engine,
+        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=opts.engine,
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -306,6 +300,7 @@ class RunOptions(Options):
     timeout: Seconds
     cpu_processes: Count
     host_memory_limit_gib: Positive | None
+    engine: Engine
 
 
 class LaunchPlanOptions(Options):
@@ -315,6 +310,7 @@ class LaunchPlanOptions(Options):
     weights: Weights
     main_process_ip: Host | None
     port: Port
+    engine: Engine
 
 
 def _pairs(items: list[str], field: str) -> dict[str, str]:
@@ -383,14 +379,13 @@ def run(
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
     opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
-                 cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib)  # fmt: skip
-    engine = check_engine(engine)
+                 cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib, engine=engine)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
     options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
                "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
                "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
     target = run_store(store, no_store)
-    result = _measure_with_progress(exp, entity, options, engine)
+    result = _measure_with_progress(exp, entity, options, opts.engine)
     if target:
         record_run(target, exp, entity, result)
     if as_json:

@@ -98,6 +98,7 @@ Count = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Weights = Literal["auto", "pretrained", "random"]
+Engine = Literal["native", "fms-hf-tuning"]  # tunebench.engines.ENGINES
 
 
 # ------------------------------------------------------------------------------------------ strings

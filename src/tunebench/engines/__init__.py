@@ -13,4 +13,10 @@ their results never mix. docs/engines.md says which to use when.
 
 NATIVE = "native"
 FMS = "fms-hf-tuning"
-ENGINES = (NATIVE, FMS)
+ENGINES = (NATIVE, FMS)  # also tunebench.inputs.Engine, the CLI's --engine
+
+# An fms-hf-tuning environment's manifest (tunebench.engines.envs), and the packages whose exact
+# versions it and every measurement record (tunebench.engines.fms_worker).
+MANIFEST = "tunebench-engine.json"
+RECORDED = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers",
+            "fms-acceleration", "fms-acceleration-foak", "fms-acceleration-moe", "fms-acceleration-peft")  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -12,6 +12,7 @@ from rich.table import Table
 from tunebench.engines import envs
 from tunebench.engines.versions import NEWEST, VERSIONS, check_version, exclude_newer
 from tunebench.errors import InputError
+from tunebench.inputs import Options, parse
 
 app = typer.Typer(help="fms-hf-tuning environments: one per version, built with uv on first use.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -61,6 +62,12 @@ def list_cmd(
     Console().print(table if rows else f"no environments in {envs.root()} (tunebench engines install VERSION)")
 
 
+class InstallOptions(Options):
+    """Options of `engines install` (the versions are checked against the spec's list)."""
+
+    torch: Literal[envs.TORCH_MODES]  # type: ignore[valid-type]
+
+
 def _manifest(path) -> dict:
     try:
         return json.loads((path / envs.MANIFEST).read_text())
@@ -76,8 +83,7 @@ def install(
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Remove and build again even if ready.")] = False,
 ) -> None:
     """Build (or check) the environment of each version; a broken one is rebuilt."""
-    if torch not in envs.TORCH_MODES:
-        raise InputError("torch", f"unknown torch mode {torch!r}", allowed=", ".join(envs.TORCH_MODES))
+    torch = parse(InstallOptions, torch=torch).torch
     for version in _versions(versions, published=True):
         if rebuild:
             envs.remove(version, plugins)

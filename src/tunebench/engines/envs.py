@@ -33,17 +33,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunebench.engines import MANIFEST, RECORDED
 from tunebench.engines.versions import check_version, exclude_newer, pinned_torch, requirements
 from tunebench.errors import InputError
 from tunebench.paths import home
 
-MANIFEST = "tunebench-engine.json"
 SCHEMA = 1
 TORCH_MODES = ("host", "pinned")
 HOST_LINKS = "host-packages"  # folder of links to the host's torch (torch mode "host")
-# Packages whose versions a measurement records and the check compares with the manifest.
-RECORDED = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers",
-            "fms-acceleration", "fms-acceleration-foak", "fms-acceleration-moe", "fms-acceleration-peft")  # fmt: skip
 # uv overrides that drop a requirement (a marker that never holds): torch comes from the host.
 HOST_TORCH_OVERRIDES = ('torch ; sys_platform == "never"', 'torchvision ; sys_platform == "never"',
                         'triton ; sys_platform == "never"')  # fmt: skip

@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tunebench.engines import MANIFEST, RECORDED
 from tunebench.worker import run
 from tunebench.worker.args import WorkerConfig
 
 MODEL_DIR = "tunebench-model"
 FACTS = "tunebench-facts.json"  # written last into MODEL_DIR: the checkpoint is complete
 WAIT_SECONDS = 3600.0  # other ranks wait this long for local rank 0's checkpoint
-ENGINE_PACKAGES = ("fms-hf-tuning", "fms-acceleration", "fms-acceleration-foak", "fms-acceleration-moe",
-                   "fms-acceleration-peft", "torch", "transformers", "trl", "peft", "accelerate", "datasets")  # fmt: skip
 
 
 class EngineFailure(RuntimeError):
@@ -44,12 +43,12 @@ class EngineFailure(RuntimeError):
 def engine_facts() -> dict[str, Any]:
     """The engine that runs: name, the exact versions importable here, and the environment's manifest."""
     versions = {}
-    for name in ENGINE_PACKAGES:
+    for name in RECORDED:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-    manifest_path = Path(sys.prefix) / "tunebench-engine.json"
+    manifest_path = Path(sys.prefix) / MANIFEST
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     return {
         "name": "fms-hf-tuning",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunebench.errors import InputError
-from tunebench.spec.properties import FMS_HF_TUNING_VERSIONS
+from tunebench.spec.properties import FMS_HF_TUNING_VERSIONS, PROPERTIES
 
 VERSIONS = FMS_HF_TUNING_VERSIONS  # the spec's list and the releases since
 # When each release was built (the newest file date inside its wheel on the package index). An
@@ -87,7 +87,7 @@ def plugins_used(values: dict) -> list[str]:
 def engine_reasons(values: dict) -> list[str]:
     """Why fms-hf-tuning cannot run these effective values: a version never published, a plugin the
     version does not drive, or a plugin's GPU kernels without a GPU (empty: it can)."""
-    version = values.get("fms_hf_tuning_version") or "2.1.2"
+    version = values.get("fms_hf_tuning_version") or PROPERTIES["fms_hf_tuning_version"].default
     reasons = []
     if version not in RELEASED:
         reasons.append(f"fms-hf-tuning {version} was never published to the package index: no environment "
