@@ -52,6 +52,11 @@ _BENCHMARK_OPTIONAL = (
     "accelerate_config_fsdp_transformer_layer_cls_to_wrap", "dataset_text_field", "dataset_image_field",
     "remove_unused_columns", "dataset_kwargs_skip_prepare_dataset", "flash_attn",
 )  # fmt: skip
+# tunebench extensions: the stack settings the planner takes (docs/experiments.md "Stack settings").
+STACK_OPTIONAL = (
+    "attn_implementation", "loss_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile",
+    "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map",
+)  # fmt: skip
 _LORA_OPTIONAL = ("r", "lora_alpha", "target_modules")
 
 
@@ -146,7 +151,7 @@ def _benchmark(
     restrict: Mapping[str, tuple] | None = None,
     target_module_map: str | None = None,
 ) -> Experiment:
-    optional = {name: PROPERTIES[name].default for name in (*_BENCHMARK_OPTIONAL, *extra_optional)}
+    optional = {name: PROPERTIES[name].default for name in (*_BENCHMARK_OPTIONAL, *STACK_OPTIONAL, *extra_optional)}
     optional.update(defaults or {})
     fixed = {**COMMON_HARDCODED, **(hardcoded or {})}
     for name in fixed:

@@ -46,8 +46,29 @@ FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_S
 FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 TORCH_DTYPES = ("bfloat16", "float32", "float16")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
-DISTRIBUTED_BACKENDS = ("FSDP", "DDP", None)
+DISTRIBUTED_BACKENDS = ("FSDP", "DDP", "DeepSpeed", None)  # DeepSpeed: tunebench extension (planning only)
 AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
+
+# --- tunebench extensions: the stack settings the planner takes (docs/experiments.md "Stack settings") ---
+# Each defaults to None = what fms-hf-tuning runs (transformers + peft + accelerate), so entity ids
+# without them are unchanged. Names are the libraries' own where one exists.
+# transformers `attn_implementation` (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation).
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+# The loss path: transformers upcasts the logits to fp32 (ForCausalLMLoss); chunked / in-place kernels keep
+# 16-bit logits (fms-acceleration fast_loss, torchtune CEWithChunkedOutputLoss, Unsloth); Liger's fused
+# linear cross-entropy never materialises the logits (liger_kernel.transformers LigerFusedLinearCrossEntropyLoss).
+LOSS_IMPLEMENTATIONS = ("upcast", "chunked", "fused_linear")
+# Trainable adapter weights: peft keeps them in fp32 (get_peft_model(autocast_adapter_dtype=True));
+# False, or litgpt's bf16-true, keeps them in the base dtype.
+ADAPTER_DTYPES = ("float32", "bfloat16", "float16")
+# torchtitan activation_checkpoint.mode: full (every block's input kept, the block recomputed) or
+# selective (op-level: matmul outputs kept, cheap element-wise ops recomputed).
+CHECKPOINTING_MODES = ("full", "selective")
+# accelerate deepspeed_config offload_optimizer_device / offload_param_device (DeepSpeed zero_optimization
+# offload_optimizer.device / offload_param.device).
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# transformers from_pretrained(device_map="auto"): the layers split over the process's GPUs (naive pipeline).
+DEVICE_MAPS = (None, "auto")
 
 # Integers are stored in 64-bit INTEGER columns (and computed on as int64): the machine's bounds.
 INT_MAX = 2**63 - 1
@@ -324,7 +345,8 @@ PROPERTIES: dict[str, Property] = {
            "end); -1 = off.", default=-1.0, minimum=1e-9, special=(-1.0,)),
         _p("auto_stop_method", "choice", "Automatic stop: WARMUP_60S_STABLE_120S_OR_10_STEPS excludes a 60 s warm-up "
            "and then runs the longer of 120 s or 10 steps.", default=None, choices=AUTO_STOP_METHODS),
-        _p("distributed_backend", "choice", "Backend for multi-GPU runs (FSDP or DDP); single-GPU runs use none.",
+        _p("distributed_backend", "choice", "Backend for multi-GPU runs (FSDP or DDP; DeepSpeed for planning); "
+           "single-GPU runs use none.",
            default="FSDP", choices=DISTRIBUTED_BACKENDS),
         _p("number_nodes", "int", "Machines to spread number_gpus over; each uses number_gpus/number_nodes GPUs.",
            default=1),
@@ -357,6 +379,29 @@ PROPERTIES: dict[str, Property] = {
         _p("dataset_kwargs_skip_prepare_dataset", "bool", "Ask trl to skip preparing the data set.", default=False),
         _p("flash_attn", "bool", "Use flash-attention 2 (tunebench: None = on with GPUs, off on the CPU, where it "
            "cannot run).", default=None, nullable=True),
+        # --- tunebench extensions (docs/experiments.md "Stack settings"): planning inputs ----------
+        _p("attn_implementation", "choice", "Attention kernel (transformers attn_implementation); None follows "
+           "flash_attn.", default=None, choices=(None, *ATTN_IMPLEMENTATIONS)),
+        _p("loss_implementation", "choice", "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
+           "(16-bit logits, loss in chunks or in place), fused_linear (Liger, no logits); None = upcast, or "
+           "chunked with fast_kernels' fast_loss.", default=None, choices=(None, *LOSS_IMPLEMENTATIONS)),
+        _p("adapter_dtype", "choice", "dtype of trainable adapter weights; None = float32 (peft's "
+           "autocast_adapter_dtype).", default=None, choices=(None, *ADAPTER_DTYPES)),
+        _p("gradient_checkpointing_mode", "choice", "Activation checkpointing granularity when "
+           "gradient_checkpointing is on: full (whole blocks) or selective (op-level); None = full.",
+           default=None, choices=(None, *CHECKPOINTING_MODES)),
+        _p("torch_compile", "bool", "Compile the model with torch.compile (fewer intermediates, faster "
+           "element-wise work).", default=False),
+        _p("deepspeed_zero_stage", "int", "DeepSpeed ZeRO stage when distributed_backend is DeepSpeed "
+           "(accelerate's default 2).", default=2, minimum=0, maximum=3),
+        _p("offload_optimizer_device", "choice", "DeepSpeed: where optimizer states live (ZeRO-Offload).",
+           default="none", choices=OFFLOAD_DEVICES),
+        _p("offload_param_device", "choice", "DeepSpeed ZeRO-3: where parameters live (ZeRO-Infinity).",
+           default="none", choices=OFFLOAD_DEVICES),
+        _p("fsdp_offload_params", "bool", "FSDP CPU offload: parameters, gradients and the optimizer step on "
+           "the host.", default=False),
+        _p("device_map", "choice", "auto: one process splits the model's layers over its GPUs (naive "
+           "pipeline, transformers device_map); None = one replica per GPU.", default=None, choices=DEVICE_MAPS),
         _p("r", "int", "The LoRA rank.", default=4, minimum=1, maximum=1024),
         _p("lora_alpha", "int", "The LoRA scaling numerator.", default=16, minimum=1),
         _p("target_modules", "list", "LoRA target modules; None takes the experiment's per-model map.",

@@ -76,7 +76,37 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     # reference: a single-node experiment cannot use several nodes (ado-sfttrainer.md §5.1)
     if single_node_only and nodes > 1:
         reasons.append(f"this experiment runs on one node; number_nodes is {nodes}")
+    reasons += stack_reasons(values)
     return Validity(is_valid=not reasons, reasons=reasons)
+
+
+def stack_reasons(values: dict[str, Any]) -> list[str]:
+    """tunebench's rules for its stack settings (docs/experiments.md "Stack settings"), in order."""
+    reasons = []
+    backend = values.get("distributed_backend")
+    stage = values.get("deepspeed_zero_stage", 2)
+    opt_dev = values.get("offload_optimizer_device") or "none"
+    param_dev = values.get("offload_param_device") or "none"
+    # DeepSpeed docs, zero_optimization: offload_optimizer "valid only with stage 1, 2 and 3";
+    # offload_param "valid only with stage 3"; NVMe offload is ZeRO-Infinity, stage 3 only.
+    if opt_dev != "none" and backend != "DeepSpeed":
+        reasons.append(f"offload_optimizer_device {opt_dev} needs distributed_backend DeepSpeed (got {backend})")
+    elif opt_dev != "none" and stage < 1:
+        reasons.append(f"offload_optimizer_device {opt_dev} needs deepspeed_zero_stage >= 1 (got {stage})")
+    elif opt_dev == "nvme" and stage < 3:
+        reasons.append(f"offload_optimizer_device nvme needs deepspeed_zero_stage 3 (got {stage})")
+    if param_dev != "none" and (backend != "DeepSpeed" or stage != 3):
+        reasons.append(f"offload_param_device {param_dev} needs distributed_backend DeepSpeed with deepspeed_zero_stage 3")
+    # accelerate fsdp_config fsdp_offload_params: an FSDP setting
+    if values.get("fsdp_offload_params") and backend != "FSDP":
+        reasons.append(f"fsdp_offload_params needs distributed_backend FSDP (got {backend})")
+    # transformers device_map="auto" places one process's model over all its GPUs: no data-parallel backend
+    if values.get("device_map") and backend is not None and values.get("number_gpus", 0) > 1:
+        reasons.append(f"device_map {values['device_map']} runs one process over the GPUs: set distributed_backend None (got {backend})")
+    attn = values.get("attn_implementation")
+    if values.get("flash_attn") is True and attn in ("eager", "sdpa"):
+        reasons.append(f"flash_attn 1 contradicts attn_implementation {attn}")
+    return reasons
 
 
 def check(experiment: Experiment, entity: Entity) -> Validity:
