@@ -28,7 +28,7 @@ EXP = {
 def workload(method: str = "full", **props):
     """A Workload of one entity; keys starting with '_' are the planner's private settings (records)."""
     exp = get_experiment(EXP[method])
-    private = {k: v for k, v in props.items() if k.startswith("_") or k == "loss_implementation"}
+    private = {k: v for k, v in props.items() if k.startswith("_")}
     raw = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
            "gpu_model": "A100-80GB", "gradient_accumulation_steps": 1,
            **{k: v for k, v in props.items() if k not in private}}  # fmt: skip

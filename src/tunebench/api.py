@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"
 # what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit)
 PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
-                "peak_phase", "step_seconds", "steps", "mfu", "gpu_hours", "cost")  # fmt: skip
+                "peak_phase", "step_seconds", "steps", "mfu", "gpu_hours", "cost", "host_memory_gib")  # fmt: skip
 
 
 def plan(
@@ -39,6 +39,7 @@ def plan(
     calibration: str | Path | None = None,
     price_per_gpu_hour: float | None = None,
     network_gbps: float | None = None,
+    host_memory_gib: float | None = None,
 ) -> pd.DataFrame:
     """The planner's prediction of every entity (a row of KEY=VALUE properties), as a DataFrame.
 
@@ -56,7 +57,8 @@ def plan(
     from tunebench.spec.experiments import get_experiment, make_entity
 
     frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
-    options: dict[str, Any] = {"price_per_gpu_hour": price_per_gpu_hour, "network_gbps": network_gbps}
+    options: dict[str, Any] = {"price_per_gpu_hour": price_per_gpu_hour, "network_gbps": network_gbps,
+                               "host_memory_gib": host_memory_gib}  # fmt: skip
     if calibration is not None:
         options["calibration"] = load_calibration(calibration)
     experiments: dict[str, Any] = {experiment: get_experiment(experiment, dict(parameters or {}))}

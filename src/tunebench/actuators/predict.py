@@ -1,7 +1,7 @@
 """The predicting actuator: the planner (tunebench.plan) behind the actuator contract.
 
 ``predict_actuator(experiment, entity, options) -> Result`` predicts in microseconds and never uses
-a GPU. Its options: calibration (a JSON path), price_per_gpu_hour, network_gbps. The measuring
+a GPU. Its options: calibration (a JSON path), price_per_gpu_hour, network_gbps, host_memory_gib. The measuring
 actuator's options and what executors add are accepted and ignored, so a space file written for
 measuring can be screened with the planner as is.
 """
@@ -18,7 +18,7 @@ from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
 
-ACTUATOR_OPTIONS = ("calibration", "price_per_gpu_hour", "network_gbps")
+ACTUATOR_OPTIONS = ("calibration", "price_per_gpu_hour", "network_gbps", "host_memory_gib")
 _IGNORED_OPTIONS = tuple(f.name for f in fields(MeasureOptions))  # executor-assigned fields included
 
 
@@ -36,7 +36,7 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
         if not path.is_file():
             raise InputError("actuator.options.calibration", f"no file {str(path)!r}")
         out["calibration"] = load_calibration(path)
-    for key in ("price_per_gpu_hour", "network_gbps"):
+    for key in ("price_per_gpu_hour", "network_gbps", "host_memory_gib"):
         if options.get(key) is not None:
             try:
                 out[key] = float(options[key])

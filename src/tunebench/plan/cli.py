@@ -33,6 +33,9 @@ CalibrationPath = Annotated[
 Network = Annotated[
     float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
 ]
+HostMemory = Annotated[
+    float | None, typer.Option("--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
+]
 Compare = Annotated[
     bool,
     typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
@@ -117,6 +120,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
+    host_memory: HostMemory = None,
     compare: Compare = False,
     store: Annotated[
         str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
@@ -130,11 +134,12 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = planner_options(price, calibration, network, batch)
+    opts = planner_options(price, calibration, network, batch, host_memory)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
         "network_gbps": opts.network_gbps,
+        "host_memory_gib": opts.host_memory_gib,
     }
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))

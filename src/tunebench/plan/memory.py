@@ -10,6 +10,12 @@ Per GPU, in bytes:
     activations  traced on the reduced model (plan.trace): at each candidate moment of the step, the
                  activation bytes and the share of gradients alive; + the vision tower's, LoRA-free
                  dequantisation of one 4-bit weight, fused-loss kernels
+    DeepSpeed    ZeRO stage z over the data-parallel world N (Rajbhandari et al. 2020, Fig. 1): 16-bit
+                 params (/N at z3), 16-bit grads (/N from z2), fp32 master + states (/N from z1); z3
+                 gathers like FSDP; offload moves states (and z3 params) to the host or NVMe
+    offload      FSDP CPU offload and DeepSpeed offload: what leaves the GPU is host memory per node
+    device_map   one process, the layers split over its GPUs: states and activations / GPUs, the loss
+                 on the last GPU
     peaks        forward/backward = weights + gathered + optimizer states + max over the moments of
                  (activations + gradients alive); optimizer step = weights + gradients + optimizer +
                  step transient; allocated = the larger; reserved = allocated + caching slack;
@@ -164,7 +170,7 @@ def param_bytes(w: Workload) -> np.ndarray:
     bf16=True show as 16 B/param over 2 and 4 GPUs.
     """
     if w.method != "full":
-        return np.full(w.size, float(ADAPTER_BYTES))
+        return np.full(w.size, w.adapter_bytes)
     load = 4.0 if w.torch_dtype == "float32" else 2.0
     upcast = (w.mode() == "FSDP") & w.amp
     return _where(upcast, 4.0, load)
@@ -194,6 +200,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     tokens = batch * padded
     impl = w.loss_implementation
     keep = 0.0 if impl == "fused_linear" else c.fused_loss_bytes_per_vocab
+    pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
     if w.checkpointing:
@@ -203,16 +210,19 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
         extra = extra + vision_tower_bytes(w)
     if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
         extra = extra + m.largest_linear_params * 2.0
-    fused_layers = any(w.fast_kernels[1:])
+    # torch.compile fuses the same element-wise chains (norm upcasts, RoPE, activation products) that
+    # fms-acceleration's RMSNorm/RoPE kernels fuse: the same calibrated share of activations is left
+    fused_layers = any(w.fast_kernels[1:]) or w.compiled
     out = {}
     for name, moment in w.activations.moments.items():
         acts = moment.bytes(batch, padded)
         loss = tokens * m.vocab * moment.vocab_bytes
-        if impl != "hf" and moment.vocab_bytes > keep:
+        if impl != "upcast" and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep
         rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes, 0.0)
         if fused_layers:
             rest = rest * c.fast_kernels_activation_fraction
+        rest = np.where(pipeline, rest / np.maximum(w.gpus, 1), rest)
         out[name] = (rest + loss + extra, moment.grad_share, loss)
     return out
 
@@ -264,14 +274,19 @@ def _largest_moment(w: Workload, c: Coefficients, base, grads, grads_accumulated
     return forward_backward, acts_at_peak, loss_at_peak, grads_at_peak, moment_at_peak
 
 
-def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
-    """Bytes per GPU of every component and the phase peaks (arrays over the workload's entities)."""
+# DeepSpeed buffers under transformers' "auto" config (integrations/deepspeed.py trainer_config_finalize):
+# reduce_bucket_size = hidden^2 elements; ZeRO-2 also fills an equal gradient (ipg) bucket.
+DS_BUCKETS = 2
+# ZeRO-3 stage3_max_live_parameters default (DeepSpeed zero/config.py): gathered parameters kept at once.
+DS_MAX_LIVE_PARAMS = 1e9
+
+
+def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
+    """Model states per GPU (bytes) under torch: single, DataParallel, DDP, FSDP (optionally CPU offload),
+    device_map; plus what FSDP CPU offload keeps on the host per process."""
     mode = w.mode()
     fsdp = mode == "FSDP"
     degree, gathers_all = sharding_degree(w)
-    opt = OPTIMIZERS.get(w.optim, _ADAM)
-
-    # --- model states (estimation.md §3) ---------------------------------------------------------
     n_train = trainable_params(w)
     pbytes = param_bytes(w)
     train_bytes = n_train * pbytes
@@ -284,41 +299,113 @@ def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
 
     weights = shard(train_bytes + frozen)
     gathered = _where(fsdp, gathered_weights(w, degree, gathers_all), 0.0)
-
     grad_full = train_bytes if opt.keeps_gradients else train_bytes * 0
     grads = shard(grad_full)
-    accumulating = w.grad_accum > 1
     # FSDP.no_sync (HF Trainer + accelerate use it on non-final micro-batches unless sync_each_batch):
     # "FSDP will accumulate the full model gradients (instead of gradient shards)" (torch FSDP docs).
     # (expert-parallel experts are not FSDP-managed: they keep their ep-way split)
     unsharded = grad_full * (1 - expert_share) + grad_full * expert_share / ep
-    grads_accumulated = _where(accumulating, _where(fsdp, unsharded, grads), 0.0)
-    ddp_buckets = _where(mode == "DDP", grad_full, 0.0)  # DDP gradient_as_bucket_view=False copy
+    grads_accumulated = _where(w.grad_accum > 1, _where(fsdp, unsharded, grads), 0.0)
     states = shard(n_train * (opt.state_copies * pbytes + opt.state_bytes))
     step_tmp = shard(n_train * opt.step_copies * pbytes)
+    host = np.zeros(w.size)
+    if w.offload_params == "cpu" and w.backend == "FSDP":
+        # FSDP CPUOffload(offload_params=True): shards, their gradients and the optimizer step live on the
+        # host; each unit is copied in and gathered whole for compute (torch FSDP docs, CPUOffload)
+        host = weights + grads + states + step_tmp
+        gathered = _where(fsdp, gathered / (1 - 1 / np.maximum(degree, 2)), gathered)
+        weights, grads, states, step_tmp = (np.zeros(w.size),) * 4
+    if (mode == "PP").any():
+        # device_map="auto": accelerate places whole layers so every GPU holds ~1/g of the model
+        split = np.where(mode == "PP", np.maximum(w.gpus, 1), 1.0)
+        weights, grads, grads_accumulated = weights / split, grads / split, grads_accumulated / split
+        states, step_tmp = states / split, step_tmp / split
+    ddp_buckets = _where(mode == "DDP", grad_full, 0.0)  # DDP gradient_as_bucket_view=False copy
+    return {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads_accumulated,
+            "states": states, "step_tmp": step_tmp, "buffers": ddp_buckets, "host": host, "nvme": np.zeros(w.size)}  # fmt: skip
 
+
+def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
+    """Model states per GPU (bytes) under DeepSpeed ZeRO, and what offload keeps on the host or NVMe.
+
+    ZeRO paper (Rajbhandari et al. 2020, Fig. 1), mixed precision: 16-bit parameters and gradients and
+    K = 12 bytes of fp32 master weights and Adam states per parameter; stage 1 partitions the states,
+    stage 2 also the gradients, stage 3 also the parameters, over the N data-parallel ranks. With bf16
+    or fp16 enabled DeepSpeed converts the module to 16 bits (runtime/engine.py) and keeps the fp32
+    master copy in the optimizer; without, states are kept in the parameters' dtype. Frozen (PEFT)
+    weights are partitioned only at stage 3. ZeRO-Offload moves the fp32 states, master weights and
+    gradient partitions to the host (CPU Adam); ZeRO-Infinity (stage 3) moves the 16-bit parameters too.
+    """
+    n = w.devices
+    z = w.zero_stage
+    p16 = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+    master = 4.0 if (w.amp and p16 == 2.0) else 0.0
+    state_elem = 4.0 if w.amp else p16
+    n_train = trainable_params(w)
+    n_frozen = w.structure.total_params - n_train if w.peft else 0.0
+    if w.method in ("qlora", "gptq-lora"):
+        frozen = frozen_bytes(w) + np.zeros(w.size)
+    else:
+        frozen = n_frozen * p16 + np.zeros(w.size)
+    by = lambda stage: np.where(z >= stage, n, 1.0)  # noqa: E731 - the divisor of a stage's partitioning
+    weights = (n_train * p16 + frozen) / by(3)
+    grads = (n_train * p16 if opt.keeps_gradients else n_train * 0) / by(2)
+    states = n_train * (opt.state_copies * state_elem + opt.state_bytes + master) / by(1)
+    step_tmp = n_train * opt.step_copies * state_elem / by(1)
+    units = np.minimum(w.structure.root_params + 2 * w.structure.largest_layer_params, DS_MAX_LIVE_PARAMS)
+    gathered = np.where(z == 3, units * p16 * (1 - 1 / n), 0.0)
+    buffers = np.where((z >= 1) & (z <= 2) & (n > 1), DS_BUCKETS * w.structure.hidden**2 * p16, 0.0)
+    host = np.zeros(w.size)
+    nvme = np.zeros(w.size)
+    if w.offload_optimizer != "gpu":
+        # CPU Adam on the host: fp32 master, states and fp32 gradient partitions (ZeRO-Offload, Ren et al. 2021)
+        moved = states + n_train * 4.0 / by(1)  # CPU Adam updates in place: no step temporaries
+        if w.offload_optimizer == "cpu":
+            host = host + moved
+        else:
+            nvme = nvme + moved
+        states, step_tmp, grads = (np.zeros(w.size),) * 3
+    if w.offload_params != "gpu":
+        if w.offload_params == "cpu":
+            host = host + weights
+        else:
+            nvme = nvme + weights
+        gathered = np.where(z == 3, units * p16, gathered)  # the local shard is not resident either
+        weights = np.zeros(w.size)
+    return {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads,
+            "states": states, "step_tmp": step_tmp, "buffers": buffers, "host": host, "nvme": nvme}  # fmt: skip
+
+
+def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every component and the phase peaks (arrays over the workload's entities)."""
+    opt = OPTIMIZERS.get(w.optim, _ADAM)
+    # --- model states (estimation.md §3) ---------------------------------------------------------
+    ms = deepspeed_states(w, opt) if w.backend == "DeepSpeed" and w.on_gpu else torch_states(w, opt)
+    grads_accumulated = _where(w.grad_accum > 1, ms["grads_accumulated"], 0.0)
     # --- forward/backward: the largest traced moment ----------------------------------------------
-    base = weights + gathered + states + ddp_buckets
+    base = ms["weights"] + ms["gathered"] + ms["states"] + ms["buffers"]
     forward_backward, acts_at_peak, loss_at_peak, grads_at_peak, moment_at_peak = _largest_moment(
-        w, c, base, grads, grads_accumulated
+        w, c, base, ms["grads"], grads_accumulated
     )
-    optimizer_step = weights + grads + states + step_tmp + ddp_buckets
+    optimizer_step = ms["weights"] + ms["grads"] + ms["states"] + ms["step_tmp"] + ms["buffers"]
     allocated = np.maximum(forward_backward, optimizer_step)
     return {
-        "weights": weights,
-        "gathered_weights": gathered,
-        "gradients": np.maximum(grads_accumulated, grads),
-        "optimizer_states": states,
-        "optimizer_step_transient": step_tmp,
-        "ddp_buckets": ddp_buckets,
+        "weights": ms["weights"],
+        "gathered_weights": ms["gathered"],
+        "gradients": np.maximum(grads_accumulated, ms["grads"]),
+        "optimizer_states": ms["states"],
+        "optimizer_step_transient": ms["step_tmp"],
+        "ddp_buckets": ms["buffers"],
         "activations": acts_at_peak - loss_at_peak,
         "loss": loss_at_peak,
         "gradients_at_peak": grads_at_peak,
         "peak_forward_backward": forward_backward,
         "peak_optimizer_step": optimizer_step,
         "allocated": allocated,
-        "transient": acts_at_peak + gathered,
+        "transient": acts_at_peak + ms["gathered"],
         "moment": moment_at_peak,
+        "host_per_process": ms["host"],
+        "nvme_per_process": ms["nvme"],
     }
 
 
@@ -335,12 +422,20 @@ class MemoryPrediction:
     required_gib: np.ndarray  # allocated peak + the fragmentation the allocator cannot give back
     oom_probability: np.ndarray
     fits: np.ndarray  # oom_probability <= 0.5
+    host_gib: np.ndarray  # host memory per node that offload needs (FSDP CPU offload, DeepSpeed offload)
+    nvme_gib: np.ndarray  # NVMe per node that DeepSpeed's NVMe offload needs
     peak_phase: np.ndarray
     peak_moment: np.ndarray
     breakdown_gib: dict[str, np.ndarray]
 
 
 _ERF = np.vectorize(math.erf, otypes=[float])
+
+
+def processes_per_node(w: Workload) -> np.ndarray:
+    """Training processes on one node: one per GPU, one in all for DataParallel and device_map."""
+    one = (w.mode() == "DP") | (w.mode() == "PP")
+    return np.where(one, 1.0, w.gpus_per_node)
 
 
 def oom_probability(required: np.ndarray, usable: np.ndarray | float, sigma: float) -> np.ndarray:
@@ -360,7 +455,7 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
     multi = w.gpus >= 2
     allocated = b["allocated"]
     context = _where(on_gpu, c.cuda_context_gib * GIB, 0.0)
-    nccl = _where(multi & (w.mode() != "DP"), c.nccl_gib * GIB, 0.0)
+    nccl = _where(multi & (w.mode() != "DP") & (w.mode() != "PP"), c.nccl_gib * GIB, 0.0)
     # Caching-allocator slack: what torch keeps reserved beyond the live tensors at the peak.
     # Large vocab-sized loss tensors of changing size fragment the pool most (estimation.md §5).
     slack = (
@@ -401,6 +496,8 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
         required_gib=required / GIB,
         oom_probability=p_oom,
         fits=p_oom <= 0.5,
+        host_gib=b["host_per_process"] * processes_per_node(w) / GIB,
+        nvme_gib=b["nvme_per_process"] * processes_per_node(w) / GIB,
         peak_phase=phase,
         peak_moment=np.where(phase == "optimizer_step", "optimizer_step", b["moment"]),
         breakdown_gib=breakdown,

@@ -79,10 +79,11 @@ CalibrationFile = Annotated[TextFile, AfterValidator(_calibration_file)]
 class PlannerOptions(Options):
     """Options plan and recommend share (and plan's --batch file)."""
 
-    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps"}
+    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps", "host_memory": "--host-memory-gib"}
     price: NonNegative | None = None
     calibration: CalibrationFile | None = None
     network: Positive | None = None
+    host_memory: Positive | None = None
     batch: TextFile | None = None
 
 

@@ -66,6 +66,7 @@ class PlanOptions:
     calibration: Calibration | None = None
     price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost
     network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
+    host_memory_gib: float | None = None  # host RAM per node, checked against what offload keeps there
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
@@ -210,6 +211,8 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         "tokens_per_sample": real * np.ones(w.size),
         "padded_tokens_per_sample": padded * np.ones(w.size),
         "gpu_hours": t.train_runtime / 3600 * w.gpus,
+        "host_memory_gib": m.host_gib,
+        "nvme_gib": m.nvme_gib,
     }
     if m.capacity_gib is not None:
         cols["capacity_gib"] = np.full(w.size, m.capacity_gib)
@@ -232,10 +235,27 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     for j, i in enumerate(idx):  # rows of a group share their (read-only) notes list
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
         out["notes"][i] = no_sync_notes if (no_sync[j] and w.method == "full") else notes
+    _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
 
 
 _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",
-         "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours")  # fmt: skip
+         "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours", "host_memory_gib", "nvme_gib")  # fmt: skip
+
+
+def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
+    """Offloaded states against the node's RAM: over it the job does not fit; not given, a note says
+    what the node needs."""
+    for j, i in enumerate(idx):
+        need = float(need_gib[j])
+        if need <= 0:
+            continue
+        if node_gib is None:
+            out["notes"][i] = [*out["notes"][i], f"offload keeps {need:.1f} GiB in host memory per node "
+                               "(not checked: give host_memory_gib, the node's RAM)"]  # fmt: skip
+        elif need > node_gib:
+            out["reasons"][i].append(f"out of host memory: offload keeps {need:.1f} GiB per node against "
+                                     f"host_memory_gib {node_gib:g}")  # fmt: skip
+            out["fits"][i] = False
 
 
 def _group_notes(w) -> list[str]:
@@ -278,7 +298,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
         if extra:
             meta["price_per_gpu_hour"] = opts.price_per_gpu_hour
         reasons = list(rule_reasons) + cols["reasons"][i]
-        if not fits[i] and not cols["reasons"][i]:
+        if not fits[i] and (meta.get("oom_probability") or 0) > 0.5:
             reasons.append(oom_reason(meta))
         if reasons:
             out.append(Result.invalid(experiment_id, entity_id, reasons, metadata=meta, actuator="predict"))
@@ -317,7 +337,7 @@ def plan_json(result: Result) -> dict[str, Any]:
         out[key] = _round(pred.get(key))
     for key in ("fits", "oom_probability", "headroom_gib", "peak_phase", "capacity_gib", "usable_gib",
                 "required_gib", "step_seconds", "steps", "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours",
-                "cost", "price_per_gpu_hour", "calibration", "notes"):  # fmt: skip
+                "host_memory_gib", "nvme_gib", "cost", "price_per_gpu_hour", "calibration", "notes"):  # fmt: skip
         if key in meta:
             out[key] = _round(meta[key])
     return out

@@ -30,11 +30,13 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None):
+def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None,
+                    host_memory: float | None = None):  # fmt: skip
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
-    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch)
-    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network)
+    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory)
+    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
+                       host_memory_gib=host_memory)  # fmt: skip
 
 
 def fmt(v: Any, digits: int = 1) -> str:
@@ -87,6 +89,10 @@ def print_plan(console: Console, out: dict[str, Any]) -> None:
     table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
     table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
     table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))
+    if out.get("host_memory_gib"):
+        table.add_row("host memory per node (offload)", fmt(out["host_memory_gib"], 2))
+    if out.get("nvme_gib"):
+        table.add_row("NVMe per node (offload)", fmt(out["nvme_gib"], 2))
     console.print(table)
     speed = Table(title="Throughput and time")
     speed.add_column("property")

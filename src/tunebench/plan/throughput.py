@@ -34,7 +34,7 @@ def flops_per_token(w: Workload) -> np.ndarray:
     a = w.structure
     mm = a.matmul_params_per_token
     body = mm - a.lm_head_params  # lm_head sits outside the checkpointed layers: never recomputed
-    recompute = 1.0 if w.checkpointing else 0.0
+    recompute = recompute_fraction(w)
     if w.method == "full":
         dense = 6 * mm + 2 * recompute * body  # fwd 2N + input grads 2N + weight grads 2N
     else:
@@ -44,6 +44,15 @@ def flops_per_token(w: Workload) -> np.ndarray:
     # attention core: forward attn_ctx * s (causal half), backward 2x, recompute 1x (llm-foundry, PaLM)
     attention = a.attention_flops_per_token_per_context * padded * (3 + recompute)
     return dense + attention
+
+
+def recompute_fraction(w: Workload) -> float:
+    """Share of the forward matmuls the backward recomputes: all under full checkpointing, every second
+    one under torchtitan's op-level selective policy (plan.trace.selective_checkpoint_context), none
+    without checkpointing."""
+    if not w.checkpointing:
+        return 0.0
+    return 0.5 if w.selective_checkpointing else 1.0
 
 
 def peak_tflops(w: Workload) -> float:
@@ -65,7 +74,7 @@ def efficiency(w: Workload, c: Coefficients) -> float:
         eta *= c.qlora_speed
     elif w.method == "gptq-lora":
         eta *= c.gptq_speed
-    if any(w.fast_kernels):
+    if any(w.fast_kernels) or w.compiled:  # torch.compile fuses the same element-wise chains (an assumption)
         eta *= c.fast_kernels_speed
     return eta
 
@@ -111,15 +120,63 @@ def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None
     volume = np.where(mode == "FSDP", np.where(w.sharding == "NO_SHARD", allreduce, fsdp), 0.0)
     volume = np.where(mode == "DDP", allreduce, volume)
     volume = np.where(mode == "DP", dp, volume)
+    volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, grad_bytes, params, ring), volume)
     return volume / _link_gbps(w, c, network_gbps)
+
+
+def deepspeed_comm_bytes(w: Workload, grad_bytes, params, ring) -> np.ndarray:
+    """Bytes each GPU sends per optimizer step under ZeRO (Rajbhandari et al. 2020 §7: stages 1-2 move
+    what DDP's all-reduce moves, stage 3 1.5x): stage 0-1 all-reduce or reduce-scatter the gradients
+    once per step and stage 1 all-gathers the updated parameters; stage 2 reduce-scatters every
+    micro-batch (partitioned gradients cannot accumulate unreduced); stage 3 also all-gathers the
+    parameters in forward and in backward of every micro-batch."""
+    z, ga = w.zero_stage, w.grad_accum
+    if z <= 1:
+        return 2 * grad_bytes * ring
+    if z == 2:
+        return ga * grad_bytes * ring + params * ring
+    return ga * (2 * params * ring + grad_bytes * ring)
+
+
+# Host-side rates for offloaded optimizer steps (assumptions, stated in docs/planner.md): PCIe gen4 x16
+# carries ~25 GB/s per direction in practice; DeepSpeed's CPU Adam is bound by host memory bandwidth,
+# ~100 GB/s for the processes of one node; an NVMe RAID ~6 GB/s per node (ZeRO-Infinity, Rajbhandari et al. 2021).
+PCIE_GBPS = 25.0
+HOST_MEMORY_GBPS = 100.0
+NVME_GBPS = 6.0
+CPU_ADAM_BYTES = 28  # fp32 param, grad, m, v read (16 B) and param, m, v written (12 B) per parameter
+
+
+def offload_seconds(w: Workload) -> np.ndarray:
+    """Time per optimizer step that offload adds and nothing hides: gradients down and 16-bit parameters
+    up over PCIe, the CPU optimizer step (all processes of a node share the host's bandwidth), NVMe
+    reads and writes of the states, and ZeRO-3 parameter fetches per micro-batch."""
+    if not w.on_gpu or (w.offload_optimizer == "gpu" and w.offload_params == "gpu"):
+        return np.zeros(w.size)
+    degree = np.where(w.zero_stage >= 1, w.devices, 1.0) if w.backend == "DeepSpeed" else sharding_degree(w)[0]
+    n = trainable_params(w) / degree
+    per_node = w.gpus_per_node
+    t = np.zeros(w.size)
+    if w.offload_optimizer != "gpu":
+        t = t + n * (2 + 2) / (PCIE_GBPS * 1e9) + n * CPU_ADAM_BYTES * per_node / (HOST_MEMORY_GBPS * 1e9)
+        if w.offload_optimizer == "nvme":
+            t = t + n * 12 * 2 * per_node / (NVME_GBPS * 1e9)  # states read and written back
+    if w.offload_params != "gpu":
+        fetched = w.structure.total_params * 2 / degree  # the local 16-bit shard, forward and backward
+        t = t + w.grad_accum * 2 * fetched / (PCIE_GBPS * 1e9)
+        if w.offload_params == "nvme":
+            t = t + w.grad_accum * 2 * fetched * per_node / (NVME_GBPS * 1e9)
+    return t
 
 
 def optimizer_seconds(w: Workload) -> np.ndarray:
     """Optimizer step: read param, grad and states, write param and states, over HBM (memory-bound)."""
-    if w.gpu is None:
-        return np.zeros(w.size)
+    if w.gpu is None or w.offload_optimizer != "gpu":
+        return np.zeros(w.size)  # offloaded: offload_seconds
     opt = OPTIMIZERS.get(w.optim, _ADAM)
     degree, _ = sharding_degree(w)
+    if w.backend == "DeepSpeed":
+        degree = np.where(w.zero_stage >= 1, w.devices, 1.0)
     pb = param_bytes(w)
     per_param = 3 * pb + 2 * (opt.state_copies * pb + opt.state_bytes)
     return trainable_params(w) / degree * per_param / (w.gpu.memory_bandwidth_gbps * 1e9)
@@ -189,11 +246,13 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
         ep = w.fast_moe
         per_a2a = micro_tokens * a.top_k * a.hidden * 2 * (ep - 1) / ep / _link_gbps(w, c, network_gbps)
         exposed = exposed + w.grad_accum * 6 * a.layers * (c.alltoall_latency_s + per_a2a)
-    step = step_compute + exposed + optimizer_seconds(w)
+    step = step_compute + exposed + optimizer_seconds(w) + offload_seconds(w)
 
     samples_per_step = w.batch * w.grad_accum  # ado batch_size is already per-device x devices
     devices = w.devices
-    tokens_gpu = w.grad_accum * micro_tokens / step
+    # device_map: one process; its GPUs take turns on each micro-batch (naive pipeline), so each GPU
+    # trains 1/g of the process's tokens
+    tokens_gpu = w.grad_accum * micro_tokens / step / np.where(w.mode() == "PP", devices, 1.0)
     steps = total_steps(w)
     runtime = steps * step
     stop = w.stop_after_seconds

@@ -69,11 +69,20 @@ class TraceRequest:
     target_modules: tuple[str, ...] | str | None
     lora_dropout: bool
     virtual_tokens: int
+    selective: bool = False  # op-level selective activation checkpointing (torchtitan's policy)
+    adapter_dtype: str = "float32"  # trainable adapters' dtype (peft upcasts to fp32 by default)
 
     @property
     def key(self) -> str:
-        text = json.dumps({**asdict(self), "version": TRACE_VERSION}, sort_keys=True, default=str)
+        fields = asdict(self)
+        for name, default in LATER_FIELDS.items():  # fields added later count only when set: old keys hold
+            if fields[name] == default:
+                del fields[name]
+        text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+LATER_FIELDS = {"selective": False, "adapter_dtype": "float32"}
 
 
 @dataclass(frozen=True)
@@ -311,11 +320,40 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
     else:
         model = _peft(model, request)
     if request.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": request.reentrant})
+        kwargs: dict[str, Any] = {"use_reentrant": request.reentrant}
+        if request.selective:
+            kwargs = {"use_reentrant": False, "context_fn": selective_checkpoint_context}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if request.reentrant and request.method != "full":
             model.enable_input_require_grads()  # what transformers Trainer / peft do for reentrant checkpoints
     model.train()
     return model
+
+
+def selective_checkpoint_context():
+    """torchtitan's op-level selective activation checkpointing policy (torchtitan
+    models/llama3/infra/parallelize.py, _apply_ac_to_transformer_block, mode "selective", option "op"):
+    keep the outputs of matmuls (every second one recomputed), attention kernels and max; recompute the
+    element-wise rest. A fresh counter per checkpointed block, as torchtitan's context_fn makes."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten._scaled_dot_product_cudnn_attention.default, aten.max.default}  # fmt: skip
+    meta: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        key = "recompute_mm" if ctx.is_recompute else "forward_mm"
+        if func == aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _upcast_like_kbit(model) -> None:
@@ -370,7 +408,8 @@ def _peft(model, request: TraceRequest):
         cfg = peft.LoraConfig(r=TRACE_RANK, lora_alpha=16, lora_dropout=0.05 if request.lora_dropout else 0.0,
                               bias="none", task_type="CAUSAL_LM",
                               target_modules=list(targets) if isinstance(targets, tuple) else targets)  # fmt: skip
-    return peft.get_peft_model(model, cfg)
+    # peft upcasts 16-bit adapter weights to fp32 unless asked not to (get_peft_model autocast_adapter_dtype)
+    return peft.get_peft_model(model, cfg, autocast_adapter_dtype=request.adapter_dtype == "float32")
 
 
 def _attention_name(attention: str) -> str:

@@ -35,6 +35,8 @@ CATEGORICAL = (
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
     "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast",
+    "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
+    "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map",
 )  # fmt: skip
 
 # Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
@@ -104,16 +106,40 @@ class Workload:
 
     @property
     def attention(self) -> str:
-        """The attention implementation the run uses: 'flash' (flash-attention 2), 'sdpa' or 'eager'.
+        """The attention implementation the run uses: 'flash' (flash-attention 2 or 3), 'sdpa' or 'eager'.
 
-        flash_attn None means on with GPUs, off on the CPU (tunebench.spec.properties); a model class
-        without flash-attention 2 support runs transformers' default for it.
+        attn_implementation when given; else flash_attn (None means on with GPUs, off on the CPU,
+        tunebench.spec.properties). A model class without flash-attention 2 (or sdpa) support runs
+        transformers' default for it. FA3 keeps the same tensors as FA2 (output and log-sum-exp).
         """
-        wanted = self.settings.get("flash_attn")
-        wanted = self.on_gpu if wanted is None else bool(wanted)
+        explicit = self.settings.get("attn_implementation")
+        if explicit == "eager":
+            return "eager"
+        if explicit is None:
+            wanted = self.settings.get("flash_attn")
+            wanted = self.on_gpu if wanted is None else bool(wanted)
+        else:
+            wanted = explicit.startswith("flash_attention")
         if wanted and "flash_attention_2" in self.structure.attention:
             return "flash"
+        if explicit == "sdpa" and "sdpa" in self.structure.attention:
+            return "sdpa"
         return "sdpa" if self.structure.default_attention == "sdpa" else "eager"
+
+    @property
+    def selective_checkpointing(self) -> bool:
+        """Op-level selective activation checkpointing (torchtitan's 'selective' mode, op policy)."""
+        return self.checkpointing and self.settings.get("gradient_checkpointing_mode") == "selective"
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.settings.get("torch_compile"))
+
+    @property
+    def adapter_bytes(self) -> float:
+        """Bytes per trainable adapter weight: fp32 unless adapter_dtype says otherwise (peft's
+        get_peft_model(autocast_adapter_dtype=True) upcasts 16-bit adapters to fp32)."""
+        return 4.0 if (self.settings.get("adapter_dtype") or "float32") == "float32" else 2.0
 
     def trace_request(self) -> TraceRequest:
         """What the activation profile of this group depends on (plan.trace)."""
@@ -132,6 +158,8 @@ class Workload:
             target_modules=(tuple(targets) if isinstance(targets, (list, tuple)) else targets) if lora else None,
             lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
+            selective=self.selective_checkpointing,
+            adapter_dtype=(self.settings.get("adapter_dtype") or "float32") if self.method != "full" else "float32",
         )
 
     @property
@@ -163,15 +191,37 @@ class Workload:
 
     @property
     def loss_implementation(self) -> str:
-        """'hf' (transformers cross-entropy), 'fused' (fast_loss kernel) or 'fused_linear' (Liger FLCE)."""
+        """'upcast' (transformers: fp32 logits), 'chunked' (16-bit logits: fast_loss kernel, chunked CE)
+        or 'fused_linear' (Liger FLCE, no logits); the property when given, else by fast_kernels."""
         explicit = self.settings.get("loss_implementation")
         if explicit:
             return explicit
-        return "fused" if self.fast_kernels[0] else "hf"
+        return "chunked" if self.fast_kernels[0] else "upcast"
 
     @property
     def backend(self) -> str | None:
         return self.settings.get("distributed_backend")
+
+    @property
+    def zero_stage(self) -> int:
+        """DeepSpeed ZeRO stage (0 when the backend is not DeepSpeed)."""
+        return int(self.settings.get("deepspeed_zero_stage") or 0) if self.backend == "DeepSpeed" else 0
+
+    @property
+    def offload_optimizer(self) -> str:
+        """Where optimizer states live: 'gpu', 'cpu' or 'nvme' (DeepSpeed offload_optimizer, FSDP CPU offload)."""
+        if self.backend == "FSDP" and self.settings.get("fsdp_offload_params"):
+            return "cpu"
+        device = self.settings.get("offload_optimizer_device") or "none"
+        return "gpu" if device == "none" or self.backend != "DeepSpeed" else device
+
+    @property
+    def offload_params(self) -> str:
+        """Where parameters live at rest: 'gpu', 'cpu' or 'nvme' (ZeRO-3 offload_param, FSDP CPU offload)."""
+        if self.backend == "FSDP" and self.settings.get("fsdp_offload_params"):
+            return "cpu"
+        device = self.settings.get("offload_param_device") or "none"
+        return "gpu" if device == "none" or self.zero_stage != 3 else device
 
     @property
     def sharding(self) -> str:
@@ -197,20 +247,28 @@ class Workload:
 
     @cached_property
     def per_device_batch(self) -> np.ndarray:
-        return self.batch / self.devices
+        """Samples per micro-batch of one process: the batch over the devices; the whole batch when one
+        process spreads the model over its GPUs (device_map)."""
+        return np.where(self.mode() == "PP", self.batch, self.batch / self.devices)
 
     @cached_property
     def multi_gpu(self) -> np.ndarray:
         return self.gpus >= 2
 
     def mode(self) -> np.ndarray:
-        """Per entity: 'FSDP', 'DDP', 'DP' (one process, torch DataParallel) or 'single'."""
+        """Per entity: 'FSDP', 'DDP', 'DeepSpeed', 'DP' (one process, torch DataParallel), 'PP' (one
+        process, layers split over its GPUs by device_map) or 'single'. DeepSpeed applies on one GPU
+        too (offload, ZeRO's fp32 master weights)."""
         return self._mode
 
     @cached_property
     def _mode(self) -> np.ndarray:
+        if self.backend == "DeepSpeed":
+            return np.where(self.gpus >= 1, "DeepSpeed", "single")
         if self.backend in ("FSDP", "DDP"):
             return np.where(self.multi_gpu, self.backend, "single")
+        if self.settings.get("device_map"):
+            return np.where(self.multi_gpu, "PP", "single")
         return np.where(self.multi_gpu, "DP", "single")
 
     @cached_property

@@ -1,0 +1,154 @@
+"""The planner's stack settings: DeepSpeed ZeRO and offload, FSDP CPU offload, device_map, the loss
+path, attention, adapter dtype, selective checkpointing and torch.compile, against hand-computed bytes
+(ZeRO paper, Fig. 1) and against each other."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunebench.plan.memory import memory_breakdown, predict_memory
+from tunebench.plan.predictor import predict
+from tunebench.plan.throughput import predict_throughput
+from tunebench.spec.experiments import get_experiment
+from tunebench.spec.validity import check_values
+from test_plan_memory import UNIT, states, workload
+
+GIB = 2**30
+N8 = {"number_gpus": 8, "batch_size": 8}
+DS = {**N8, "distributed_backend": "DeepSpeed"}
+
+
+@pytest.mark.parametrize(("stage", "bytes_per_param"), [(0, 2 + 2 + 12), (1, 2 + 2 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)])
+def test_zero_stages_partition_as_the_zero_paper_says(stage, bytes_per_param):
+    # mixed precision AdamW: 16-bit params and grads, K = 12 B of fp32 master + m + v (Rajbhandari et al. 2020)
+    w = workload("full", **DS, deepspeed_zero_stage=stage, bf16=True, optim="adamw_torch_fused")
+    b = memory_breakdown(w, UNIT)
+    n = w.structure.total_params
+    assert states(b) == pytest.approx(bytes_per_param * n)
+    assert (b["gathered_weights"][0] > 0) == (stage == 3)
+
+
+def test_zero_offload_moves_states_to_the_host_per_node():
+    on_gpu = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused")
+    off = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused", offload_optimizer_device="cpu")
+    n = off.structure.total_params
+    b = memory_breakdown(off, UNIT)
+    assert b["optimizer_states"][0] == 0 and b["gradients"][0] == 0 and b["weights"][0] == 2 * n
+    assert states(b) < states(memory_breakdown(on_gpu, UNIT))
+    m = predict_memory(off, UNIT)
+    # per process: fp32 master + m + v + fp32 gradients (16 B) over 8 ranks; 8 processes on the node
+    assert m.host_gib[0] == pytest.approx(16 * n / GIB)
+    infinity = workload("full", **DS, deepspeed_zero_stage=3, bf16=True, optim="adamw_torch_fused",
+                        offload_optimizer_device="cpu", offload_param_device="cpu")  # fmt: skip
+    mi = predict_memory(infinity, UNIT)
+    assert memory_breakdown(infinity, UNIT)["weights"][0] == 0
+    assert mi.host_gib[0] == pytest.approx((16 + 2) * n / GIB)
+    nvme = predict_memory(workload("full", **DS, deepspeed_zero_stage=3, offload_optimizer_device="nvme", bf16=True,
+                                   optim="adamw_torch_fused"), UNIT)  # fmt: skip
+    assert nvme.host_gib[0] == 0 and nvme.nvme_gib[0] == pytest.approx(16 * n / GIB)
+
+
+def test_offload_is_slower_than_keeping_states_on_the_gpu():
+    fast = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True), UNIT)
+    slow = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True, offload_optimizer_device="cpu"), UNIT)
+    assert slow.step_seconds[0] > fast.step_seconds[0]
+    z3 = predict_throughput(workload("full", **DS, deepspeed_zero_stage=3, bf16=True, gradient_accumulation_steps=4), UNIT)
+    z1 = predict_throughput(workload("full", **DS, deepspeed_zero_stage=1, bf16=True, gradient_accumulation_steps=4), UNIT)
+    assert z3.comm_seconds[0] > z1.comm_seconds[0]  # ZeRO-3 gathers parameters every micro-batch
+
+
+def test_fsdp_cpu_offload_leaves_only_gathered_units_on_the_gpu():
+    w = workload("full", **N8, fsdp_offload_params=True)
+    b = memory_breakdown(w, UNIT)
+    assert b["weights"][0] == 0 and b["optimizer_states"][0] == 0
+    units = w.structure.root_params + 2 * w.structure.largest_layer_params
+    assert b["gathered_weights"][0] == pytest.approx(units * 2)
+    assert predict_memory(w, UNIT).host_gib[0] > 0
+
+
+def test_device_map_splits_states_over_the_gpus_of_one_process():
+    one = workload("full")
+    split = workload("full", number_gpus=4, batch_size=4, distributed_backend=None, device_map="auto")
+    assert split.mode()[0] == "PP" and split.per_device_batch[0] == 4
+    assert states(memory_breakdown(split, UNIT)) == pytest.approx(states(memory_breakdown(one, UNIT)) / 4)
+    assert predict_memory(split, UNIT).host_gib[0] == 0
+
+
+def test_loss_paths_order_by_what_they_keep():
+    peaks = {
+        impl: memory_breakdown(workload("lora", batch_size=4, model_max_length=2048, loss_implementation=impl),
+                               UNIT.replace(fused_loss_bytes_per_vocab=4.0))["loss"][0]  # fmt: skip
+        for impl in ("upcast", "chunked", "fused_linear")
+    }
+    assert peaks["upcast"] > peaks["chunked"] > peaks["fused_linear"] == 0
+    default = workload("lora", fast_kernels=[True, True, True])
+    assert default.loss_implementation == "chunked"  # fms-acceleration's fast_loss keeps 16-bit logits
+
+
+def test_attention_implementation_is_traced_quadratic_for_eager():
+    eager = workload("lora", attn_implementation="eager", model_max_length=4096, gradient_checkpointing=False)
+    flash = workload("lora", attn_implementation="flash_attention_2", model_max_length=4096, gradient_checkpointing=False)
+    assert eager.attention == "eager" and flash.attention == "flash"
+    assert eager.activations.moments["forward"].a2 > 0 and flash.activations.moments["forward"].a2 == 0
+    a_eager = memory_breakdown(eager, UNIT)["activations"][0]
+    assert a_eager > memory_breakdown(flash, UNIT)["activations"][0]
+    assert workload("lora", attn_implementation="flash_attention_3").attention == "flash"
+
+
+def test_adapter_dtype_halves_adapter_states():
+    f32 = memory_breakdown(workload("lora", r=64), UNIT)
+    b16 = memory_breakdown(workload("lora", r=64, adapter_dtype="bfloat16"), UNIT)
+    assert b16["optimizer_states"][0] == pytest.approx(f32["optimizer_states"][0] / 2)
+
+
+def test_selective_checkpointing_keeps_more_than_full_and_less_than_none():
+    def acts(**kw):
+        return memory_breakdown(workload("full", model_max_length=2048, **kw), UNIT)["activations"][0]
+
+    full, selective, none = acts(), acts(gradient_checkpointing_mode="selective"), acts(gradient_checkpointing=False)
+    assert full < selective < none
+    fast = predict_throughput(workload("full", gradient_checkpointing_mode="selective"), UNIT).flops_per_token[0]
+    assert fast < predict_throughput(workload("full"), UNIT).flops_per_token[0]  # half the matmuls recomputed
+
+
+def test_compile_keeps_fewer_activations_and_runs_faster():
+    c = UNIT.replace(fast_kernels_activation_fraction=0.8, fast_kernels_speed=1.1)
+    eager = workload("full", model_max_length=2048, gradient_checkpointing=False)
+    compiled = workload("full", model_max_length=2048, gradient_checkpointing=False, torch_compile=True)
+    assert memory_breakdown(compiled, c)["activations"][0] < memory_breakdown(eager, c)["activations"][0]
+    assert predict_throughput(compiled, c).step_seconds[0] < predict_throughput(eager, c).step_seconds[0]
+
+
+def test_host_memory_is_checked_against_the_nodes_ram():
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    entity = {"model_name": "llama3-8b", "number_gpus": 8, "batch_size": 8, "model_max_length": 1024,
+              "gpu_model": "A100", "distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "bf16": True,
+              "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}  # fmt: skip
+    unchecked = predict(exp, entity)
+    assert unchecked.status == "valid" and unchecked.metadata["host_memory_gib"] > 100
+    assert any("not checked" in n for n in unchecked.metadata["notes"])
+    small = predict(exp, entity, host_memory_gib=64)
+    assert small.status == "invalid" and "out of host memory" in small.reasons[0]
+    assert predict(exp, entity, host_memory_gib=1024).status == "valid"
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({"offload_optimizer_device": "cpu"}, "needs distributed_backend DeepSpeed"),
+        ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 0, "offload_optimizer_device": "cpu"}, ">= 1"),
+        ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2, "offload_optimizer_device": "nvme"}, "stage 3"),
+        ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2, "offload_param_device": "cpu"}, "stage 3"),
+        ({"distributed_backend": "DDP", "fsdp_offload_params": True}, "needs distributed_backend FSDP"),
+        ({"distributed_backend": "FSDP", "device_map": "auto"}, "set distributed_backend None"),
+        ({"flash_attn": True, "attn_implementation": "eager"}, "contradicts"),
+    ],
+)
+def test_stack_settings_that_cannot_run_together_are_invalid(values, reason):
+    base = {"model_name": "smollm2-135m", "number_gpus": 4, "batch_size": 4, "gpu_model": "A100",
+            "distributed_backend": "FSDP", "deepspeed_zero_stage": 2}  # fmt: skip
+    v = check_values({**base, **values})
+    assert not v.is_valid and any(reason in r for r in v.reasons), v.reasons
+    ok = check_values({**base, "distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3,
+                       "offload_optimizer_device": "nvme", "offload_param_device": "nvme"})  # fmt: skip
+    assert ok.is_valid
