@@ -152,3 +152,35 @@ def test_stack_settings_that_cannot_run_together_are_invalid(values, reason):
     ok = check_values({**base, "distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3,
                        "offload_optimizer_device": "nvme", "offload_param_device": "nvme"})  # fmt: skip
     assert ok.is_valid
+
+
+def test_sequence_parallelism_splits_each_samples_tokens():
+    dense = workload("full", number_gpus=4, batch_size=4, model_max_length=4096)
+    ulysses = workload("full", number_gpus=4, batch_size=1, model_max_length=4096 * 4, sequence_parallel_degree=4)
+    assert ulysses.per_device_batch[0] == 1 and ulysses.data_parallel[0] == 1
+    # the same tokens per GPU (4,096): the same activations, the same sharded model states
+    a, b = memory_breakdown(dense, UNIT), memory_breakdown(ulysses, UNIT)
+    assert b["activations"][0] == pytest.approx(a["activations"][0], rel=0.02)
+    assert states(b) == pytest.approx(states(a))
+    ta, tb = predict_throughput(dense, UNIT), predict_throughput(ulysses, UNIT)
+    assert tb.train_tokens_per_gpu_per_second[0] < ta.train_tokens_per_gpu_per_second[0]  # all-to-alls, longer attention
+
+
+def test_tensor_parallelism_splits_states_and_activations():
+    dp = workload("full", number_gpus=4, batch_size=4, distributed_backend="DDP", model_max_length=1024)
+    tp = workload("full", number_gpus=4, batch_size=2, distributed_backend="DDP", model_max_length=1024,
+                  tensor_parallel_degree=2)  # fmt: skip
+    a, b = memory_breakdown(dp, UNIT), memory_breakdown(tp, UNIT)
+    assert b["weights"][0] == pytest.approx(a["weights"][0] / 2)
+    assert b["activations"][0] == pytest.approx(a["activations"][0] / 2, rel=0.02)
+
+
+def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_parallel_ranks():
+    base = {"model_name": "smollm2-135m", "number_gpus": 8, "gpu_model": "A100", "distributed_backend": "FSDP"}
+    assert check_values({**base, "batch_size": 1, "sequence_parallel_degree": 8}).is_valid
+    assert check_values({**base, "batch_size": 2, "tensor_parallel_degree": 4}).is_valid
+    bad = check_values({**base, "batch_size": 8, "tensor_parallel_degree": 3})
+    assert not bad.is_valid and "not divisible by tensor_parallel_degree" in bad.reasons[0]
+    odd = check_values({**base, "batch_size": 3, "tensor_parallel_degree": 4})
+    assert "the 2 data-parallel ranks" in odd.reasons[0]
+    assert not check_values({**base, "batch_size": 1}).is_valid  # the spec's rule 1 without parallelism

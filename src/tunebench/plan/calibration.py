@@ -24,7 +24,7 @@ import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.plan.coefficients import Calibration, Coefficients
-from tunebench.plan.measurements import Record, resolve_model
+from tunebench.plan.measurements import METHOD_EXPERIMENT, Record, resolve_model
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import Workload, build_workload, group_key
@@ -228,6 +228,9 @@ def mdape(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.median(np.abs(pred[ok] / meas[ok] - 1)) * 100) if ok.any() else float("nan")
 
 
+METHOD_OF = {exp: method for method, exp in METHOD_EXPERIMENT.items()}
+
+
 def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, float]:
     """MdAPE of each memory kind and of all memory measurements, OOM accuracy (all, near the limit), throughput."""
     out: dict[str, float] = {}
@@ -248,6 +251,17 @@ def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, floa
     out["oom_n"] = int(known.sum())
     out["oom_near_limit_accuracy_pct"] = float(np.mean(right[near]) * 100) if near.any() else float("nan")
     out["oom_near_limit_n"] = int(near.sum())
+    # the "does not fit" verdict as a detector of real out-of-memory runs: accuracy alone rewards "fits"
+    said_oom, was_oom = (pred["fits"] <= 0) & known, ~labels & known
+    hits = int((said_oom & was_oom).sum())
+    out["oom_precision_pct"] = 100.0 * hits / said_oom.sum() if said_oom.any() else float("nan")
+    out["oom_recall_pct"] = 100.0 * hits / was_oom.sum() if was_oom.any() else float("nan")
+    out["oom_true_n"] = int(was_oom.sum())
+    methods = np.array([METHOD_OF.get(r.experiment_id, "?") for r in records])
+    for method in ("full", "lora", "qlora"):
+        rows = methods == method
+        out[f"peak_{method}_mdape_pct"] = mdape(np.concatenate([p[rows] for p in pairs_pred]),
+                                                np.concatenate([m[rows] for m in pairs_meas]))  # fmt: skip
     speed, is_train = measured_throughput(records)
     out["throughput_mdape_pct"] = mdape(np.where(is_train > 0, pred["tps"], pred["dtps"]), speed)
     out["throughput_n"] = int(np.isfinite(speed).sum())

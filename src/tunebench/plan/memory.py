@@ -150,10 +150,10 @@ def sharding_degree(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     mode = w.mode()
     fsdp = mode == "FSDP"
     s = w.sharding
-    if s in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        deg = w.devices
+    if s in ("FULL_SHARD", "SHARD_GRAD_OP"):  # over data- and sequence-parallel ranks (torchtitan dp_shard x cp)
+        deg = w.devices / w.tp
     elif s in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
-        deg = w.gpus_per_node
+        deg = np.maximum(w.gpus_per_node / w.tp, 1)
     else:
         deg = np.ones(w.size)
     degree = _where(fsdp, deg, 1)
@@ -205,7 +205,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
     if w.checkpointing:
         # layer-input checkpoints (2 h bytes per token per layer), copied again under FSDP + PEFT
-        extra = extra + _where(fsdp_peft, c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes, 0.0)
+        extra = extra + _where(fsdp_peft, c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes / (w.tp * w.sp), 0.0)
     if m.vision and w.dataset.kind == "vision":
         extra = extra + vision_tower_bytes(w)
     if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
@@ -214,12 +214,16 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     # fms-acceleration's RMSNorm/RoPE kernels fuse: the same calibrated share of activations is left
     fused_layers = any(w.fast_kernels[1:]) or w.compiled
     out = {}
+    # sequence parallelism: each GPU holds 1/sp of the tokens, and of the attention scores (Ulysses: all
+    # tokens for 1/sp of the heads; ring attention: 1/sp of the queries); tensor parallelism with
+    # sequence-parallel norms and a vocabulary-parallel loss: 1/tp of everything (Korthikanti et al. 2022)
+    split = w.tp * w.sp
     for name, moment in w.activations.moments.items():
-        acts = moment.bytes(batch, padded)
-        loss = tokens * m.vocab * moment.vocab_bytes
+        acts = moment.a0 + batch * (moment.a1 * padded + moment.a2 * padded**2) / split
+        loss = tokens * m.vocab * moment.vocab_bytes / split
         if impl != "upcast" and moment.vocab_bytes > keep:
-            loss = tokens * m.vocab * keep
-        rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes, 0.0)
+            loss = tokens * m.vocab * keep / split
+        rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes / split, 0.0)
         if fused_layers:
             rest = rest * c.fast_kernels_activation_fraction
         rest = np.where(pipeline, rest / np.maximum(w.gpus, 1), rest)
@@ -321,8 +325,9 @@ def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
         weights, grads, grads_accumulated = weights / split, grads / split, grads_accumulated / split
         states, step_tmp = states / split, step_tmp / split
     ddp_buckets = _where(mode == "DDP", grad_full, 0.0)  # DDP gradient_as_bucket_view=False copy
-    return {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads_accumulated,
-            "states": states, "step_tmp": step_tmp, "buffers": ddp_buckets, "host": host, "nvme": np.zeros(w.size)}  # fmt: skip
+    states_per_gpu = {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads_accumulated,
+                      "states": states, "step_tmp": step_tmp, "buffers": ddp_buckets, "host": host}  # fmt: skip
+    return {**{k: v / w.tp for k, v in states_per_gpu.items()}, "nvme": np.zeros(w.size)}
 
 
 def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
@@ -336,7 +341,7 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     weights are partitioned only at stage 3. ZeRO-Offload moves the fp32 states, master weights and
     gradient partitions to the host (CPU Adam); ZeRO-Infinity (stage 3) moves the 16-bit parameters too.
     """
-    n = w.devices
+    n = w.devices / w.tp  # ZeRO partitions over every rank of a tensor-parallel slice (Ulysses ranks included)
     z = w.zero_stage
     p16 = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
     master = 4.0 if (w.amp and p16 == 2.0) else 0.0
@@ -372,8 +377,9 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
             nvme = nvme + weights
         gathered = np.where(z == 3, units * p16, gathered)  # the local shard is not resident either
         weights = np.zeros(w.size)
-    return {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads,
-            "states": states, "step_tmp": step_tmp, "buffers": buffers, "host": host, "nvme": nvme}  # fmt: skip
+    states_per_gpu = {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads,
+                      "states": states, "step_tmp": step_tmp, "buffers": buffers, "host": host, "nvme": nvme}  # fmt: skip
+    return {k: v / w.tp for k, v in states_per_gpu.items()}
 
 
 def memory_breakdown(w: Workload, c: Coefficients) -> dict[str, np.ndarray]:

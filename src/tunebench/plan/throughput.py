@@ -69,7 +69,8 @@ def peak_tflops(w: Workload) -> float:
 
 def efficiency(w: Workload, c: Coefficients) -> float:
     """Achieved fraction of peak: width-limited kernel efficiency x method and kernel factors."""
-    eta = c.hfu_max * w.structure.hidden / (w.structure.hidden + c.hidden_half)
+    width = w.structure.hidden / w.tp  # tensor parallelism splits every matrix tp ways
+    eta = c.hfu_max * width / (width + c.hidden_half)
     if w.method == "qlora":
         eta *= c.qlora_speed
     elif w.method == "gptq-lora":
@@ -136,6 +137,23 @@ def deepspeed_comm_bytes(w: Workload, grad_bytes, params, ring) -> np.ndarray:
     if z == 2:
         return ga * grad_bytes * ring + params * ring
     return ga * (2 * params * ring + grad_bytes * ring)
+
+
+def parallel_seconds(w: Workload, c: Coefficients, micro_tokens: np.ndarray) -> np.ndarray:
+    """Tensor- and sequence-parallel communication of one micro-batch, on the critical path (within a node).
+
+    Tensor parallel with sequence-parallel norms: per layer an all-gather and a reduce-scatter before and
+    after attention and the MLP in forward, the same in backward: 8 collectives of (tp-1)/tp of the
+    micro-batch's hidden states (Korthikanti et al. 2022 §4.2.2). Ulysses sequence parallel: 4
+    all-to-alls per layer in forward (q, k, v, output), 4 in backward, each moving (sp-1)/sp of the
+    GPU's share (Jacobs et al. 2023)."""
+    a = w.structure
+    hidden_bytes = micro_tokens * a.hidden * 2.0
+    intra = (w.gpu.intra_node_bandwidth_gbps / 2 if w.gpu is not None else 1.0) * c.link_efficiency * 1e9
+    tp, sp = w.tp, w.sp
+    tensor = 8 * a.layers * hidden_bytes / sp * (tp - 1) / tp
+    sequence = 8 * a.layers * hidden_bytes / (sp * tp) * (sp - 1) / sp
+    return np.where(w.gpus >= 1, (tensor + sequence) / intra, 0.0)
 
 
 # Host-side rates for offloaded optimizer steps (assumptions, stated in docs/planner.md): PCIe gen4 x16
@@ -214,12 +232,13 @@ def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, pa
     else:
         rate = c.cpu_tflops * 1e12
     rate = np.where(on_gpu, rate, c.cpu_tflops * 1e12)
-    compute = micro_flops / rate
+    split = w.tp * w.sp  # a micro-batch's work is shared by its tensor- and sequence-parallel group
+    compute = micro_flops / rate / split
     if w.gpu is not None:
         # memory-bound elementwise work (norms, activations, RoPE, residual adds, casts): every tensor the
         # traced step creates is written and read back (``elementwise_passes`` times its bytes); scales
         # with HBM bandwidth, not tensor FLOPs: why small models and fast GPUs reach less of their peak
-        traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes
+        traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes / split
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
     # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them
     overhead = c.layer_overhead_s * a.layers
@@ -246,13 +265,13 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
         ep = w.fast_moe
         per_a2a = micro_tokens * a.top_k * a.hidden * 2 * (ep - 1) / ep / _link_gbps(w, c, network_gbps)
         exposed = exposed + w.grad_accum * 6 * a.layers * (c.alltoall_latency_s + per_a2a)
-    step = step_compute + exposed + optimizer_seconds(w) + offload_seconds(w)
+    step = step_compute + exposed + optimizer_seconds(w) + offload_seconds(w) + w.grad_accum * parallel_seconds(w, c, micro_tokens)
 
     samples_per_step = w.batch * w.grad_accum  # ado batch_size is already per-device x devices
     devices = w.devices
     # device_map: one process; its GPUs take turns on each micro-batch (naive pipeline), so each GPU
     # trains 1/g of the process's tokens
-    tokens_gpu = w.grad_accum * micro_tokens / step / np.where(w.mode() == "PP", devices, 1.0)
+    tokens_gpu = w.grad_accum * micro_tokens / step / np.where(w.mode() == "PP", devices, 1.0) / (w.tp * w.sp)
     steps = total_steps(w)
     runtime = steps * step
     stop = w.stop_after_seconds

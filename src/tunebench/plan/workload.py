@@ -36,7 +36,8 @@ CATEGORICAL = (
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
     "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast",
     "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
-    "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map",
+    "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map", "tensor_parallel_degree",
+    "sequence_parallel_degree",
 )  # fmt: skip
 
 # Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
@@ -203,6 +204,16 @@ class Workload:
         return self.settings.get("distributed_backend")
 
     @property
+    def tp(self) -> int:
+        """Tensor-parallel degree: each layer's matrices (and activations, with sequence-parallel norms) / tp."""
+        return int(self.settings.get("tensor_parallel_degree") or 1)
+
+    @property
+    def sp(self) -> int:
+        """Sequence-parallel degree: each sample's tokens split over sp GPUs (Ulysses, ring attention)."""
+        return int(self.settings.get("sequence_parallel_degree") or 1)
+
+    @property
     def zero_stage(self) -> int:
         """DeepSpeed ZeRO stage (0 when the backend is not DeepSpeed)."""
         return int(self.settings.get("deepspeed_zero_stage") or 0) if self.backend == "DeepSpeed" else 0
@@ -249,7 +260,12 @@ class Workload:
     def per_device_batch(self) -> np.ndarray:
         """Samples per micro-batch of one process: the batch over the devices; the whole batch when one
         process spreads the model over its GPUs (device_map)."""
-        return np.where(self.mode() == "PP", self.batch, self.batch / self.devices)
+        return np.where(self.mode() == "PP", self.batch, self.batch / self.data_parallel)
+
+    @cached_property
+    def data_parallel(self) -> np.ndarray:
+        """Data-parallel ranks: the devices over the tensor- and sequence-parallel group size."""
+        return np.maximum(self.devices / (self.tp * self.sp), 1)
 
     @cached_property
     def multi_gpu(self) -> np.ndarray:

@@ -402,6 +402,10 @@ PROPERTIES: dict[str, Property] = {
            "the host.", default=False),
         _p("device_map", "choice", "auto: one process splits the model's layers over its GPUs (naive "
            "pipeline, transformers device_map); None = one replica per GPU.", default=None, choices=DEVICE_MAPS),
+        _p("tensor_parallel_degree", "int", "GPUs each layer's matrices are split over (Megatron-style tensor "
+           "parallelism with sequence-parallel norms, torchtitan's tp); 1 = off.", default=1, minimum=1),
+        _p("sequence_parallel_degree", "int", "GPUs each sample's tokens are split over (DeepSpeed Ulysses, ring "
+           "attention, torchtitan's context parallel); 1 = off.", default=1, minimum=1),
         _p("r", "int", "The LoRA rank.", default=4, minimum=1, maximum=1024),
         _p("lora_alpha", "int", "The LoRA scaling numerator.", default=16, minimum=1),
         _p("target_modules", "list", "LoRA target modules; None takes the experiment's per-model map.",

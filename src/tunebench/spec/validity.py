@@ -44,9 +44,13 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     nodes = values.get("number_nodes", 1)
     fast_moe = values.get("fast_moe", 0) or 0
 
-    # 1. batch_size % number_gpus != 0 (a CPU run counts as one device: max(1, number_gpus))
-    if batch % max(1, gpus) != 0:
-        reasons.append(f"rule 1: batch_size {batch} is not divisible by number_gpus {gpus}")
+    # 1. batch_size % number_gpus != 0 (a CPU run counts as one device: max(1, number_gpus)); with tunebench's
+    # tensor/sequence parallelism the batch is spread over the data-parallel ranks, number_gpus / (tp x sp)
+    group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
+    ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
+    if batch % ranks != 0:
+        over = f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
+        reasons.append(f"rule 1: batch_size {batch} is not divisible by {over}")
     # 2. number_gpus % number_nodes != 0
     if nodes > 0 and max(1, gpus) % nodes != 0:
         reasons.append(f"rule 2: number_gpus {gpus} is not divisible by number_nodes {nodes}")
@@ -103,6 +107,12 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     # transformers device_map="auto" places one process's model over all its GPUs: no data-parallel backend
     if values.get("device_map") and backend is not None and values.get("number_gpus", 0) > 1:
         reasons.append(f"device_map {values['device_map']} runs one process over the GPUs: set distributed_backend None (got {backend})")
+    tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
+    if tp * sp > 1 and max(1, values.get("number_gpus", 0)) % (tp * sp) != 0:
+        reasons.append(f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "
+                       f"sequence_parallel_degree {tp} x {sp}")  # fmt: skip
+    if tp * sp > 1 and values.get("device_map"):
+        reasons.append("device_map runs one process: it cannot be combined with tensor or sequence parallelism")
     attn = values.get("attn_implementation")
     if values.get("flash_attn") is True and attn in ("eager", "sdpa"):
         reasons.append(f"flash_attn 1 contradicts attn_implementation {attn}")
