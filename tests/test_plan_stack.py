@@ -82,7 +82,7 @@ def test_loss_paths_order_by_what_they_keep():
     }
     assert peaks["upcast"] > peaks["chunked"] > peaks["fused_linear"] == 0
     default = workload("lora", fast_kernels=[True, True, True])
-    assert default.loss_implementation == "chunked"  # fms-acceleration's fast_loss keeps 16-bit logits
+    assert default.loss_implementation == "fast_loss"  # fms-acceleration fused kernel, a fitted budget
 
 
 def test_attention_implementation_is_traced_quadratic_for_eager():

@@ -198,8 +198,8 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     _, padded = w.sample_tokens()
     batch = w.per_device_batch
     tokens = batch * padded
-    impl = w.loss_implementation
-    keep = 0.0 if impl == "fused_linear" else c.fused_loss_bytes_per_vocab
+    impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:
+    keep = {"fused_linear": 0.0, "fast_loss": c.fused_loss_bytes_per_vocab}.get(impl)
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
@@ -221,7 +221,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     for name, moment in w.activations.moments.items():
         acts = moment.a0 + batch * (moment.a1 * padded + moment.a2 * padded**2) / split
         loss = tokens * m.vocab * moment.vocab_bytes / split
-        if impl != "upcast" and moment.vocab_bytes > keep:
+        if keep is not None and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep / split
         rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes / split, 0.0)
         if fused_layers:

@@ -71,6 +71,7 @@ class TraceRequest:
     virtual_tokens: int
     selective: bool = False  # op-level selective activation checkpointing (torchtitan's policy)
     adapter_dtype: str = "float32"  # trainable adapters' dtype (peft upcasts to fp32 by default)
+    loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" (tunebench.training.loss)
 
     @property
     def key(self) -> str:
@@ -82,7 +83,7 @@ class TraceRequest:
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-LATER_FIELDS = {"selective": False, "adapter_dtype": "float32"}
+LATER_FIELDS = {"selective": False, "adapter_dtype": "float32", "loss": "upcast"}
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,10 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
     dtype = torch.bfloat16 if request.dtype == "float16" else getattr(torch, request.dtype)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=hf._attn_implementation)
+    if request.loss == "chunked":  # the measuring worker's chunked cross-entropy, traced as it runs
+        from tunebench.training.loss import apply
+
+        apply(model, "chunked", on_gpu=False)
     if request.kbit_upcast:
         _upcast_like_kbit(model)
     if request.method == "full":

@@ -160,6 +160,7 @@ class Workload:
             lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
             selective=self.selective_checkpointing,
+            loss="chunked" if self.loss_implementation == "chunked" else "upcast",
             adapter_dtype=(self.settings.get("adapter_dtype") or "float32") if self.method != "full" else "float32",
         )
 
@@ -192,12 +193,13 @@ class Workload:
 
     @property
     def loss_implementation(self) -> str:
-        """'upcast' (transformers: fp32 logits), 'chunked' (16-bit logits: fast_loss kernel, chunked CE)
-        or 'fused_linear' (Liger FLCE, no logits); the property when given, else by fast_kernels."""
+        """'upcast' (transformers: fp32 logits), 'chunked' (16-bit logits, fp32 a chunk at a time: traced
+        with tunebench.training.loss), 'fused_linear' (Liger FLCE, no logits) or 'fast_loss'
+        (fms-acceleration's fused cross-entropy kernel, fast_kernels[0], when no loss_implementation is given)."""
         explicit = self.settings.get("loss_implementation")
         if explicit:
             return explicit
-        return "chunked" if self.fast_kernels[0] else "upcast"
+        return "fast_loss" if self.fast_kernels[0] else "upcast"
 
     @property
     def backend(self) -> str | None:

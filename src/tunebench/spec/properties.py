@@ -383,8 +383,9 @@ PROPERTIES: dict[str, Property] = {
         _p("attn_implementation", "choice", "Attention kernel (transformers attn_implementation); None follows "
            "flash_attn.", default=None, choices=(None, *ATTN_IMPLEMENTATIONS)),
         _p("loss_implementation", "choice", "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
-           "(16-bit logits, loss in chunks or in place), fused_linear (Liger, no logits); None = upcast, or "
-           "chunked with fast_kernels' fast_loss.", default=None, choices=(None, *LOSS_IMPLEMENTATIONS)),
+           "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits); None = upcast, or "
+           "fms-acceleration's fused kernel with fast_kernels' fast_loss.", default=None,
+           choices=(None, *LOSS_IMPLEMENTATIONS)),
         _p("adapter_dtype", "choice", "dtype of trainable adapter weights; None = float32 (peft's "
            "autocast_adapter_dtype).", default=None, choices=(None, *ADAPTER_DTYPES)),
         _p("gradient_checkpointing_mode", "choice", "Activation checkpointing granularity when "
