@@ -292,7 +292,8 @@ def read_cases(path: str | Path | None = None) -> list[Record]:
         if not Path(model).is_absolute() and (path.parent / model).exists():
             entity["model_name"] = str((path.parent / model).resolve())
         exp = get_experiment(request["experiment"])
-        values.update({k: exp.parse(k, v) for k, v in entity.items()})
+        # "_"-keys are stack facts no property describes (e.g. _kbit_upcast); they pass as they are
+        values.update({k: v if k.startswith("_") else exp.parse(k, v) for k, v in entity.items()})
         if exp.uses_lora and not values.get("target_modules"):
             from tunebench.spec.experiments import target_modules_for
 
