@@ -24,7 +24,7 @@ def plan_json(*args: str, env: dict | None = None) -> dict:
 
 
 def test_the_published_configs_are_shipped():
-    assert len(CONFIGS) == 17
+    assert len(CONFIGS) == 23
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
