@@ -7,7 +7,8 @@ validity (once), makes sure the data set exists, builds the launch plan from tho
 (tunebench.actuators.outcome):
 
 - valid: every rank succeeded -> is_valid = 1 and every property;
-- invalid: a validity rule is broken (nothing runs), any rank ran out of memory (GPU, or the host
+- invalid: a validity rule is broken, or the engine cannot run a setting as asked
+  (tunebench.engines.support; nothing runs in either case), any rank ran out of memory (GPU, or the host
   memory limit on the CPU), or the run trained on no label token -> is_valid = 0 with the reason;
 - failed: anything else (an exception, a crash, a signal, a timeout, missing rank files) -> no
   properties; the error and the log tail are kept; failed measurements can be retried.
@@ -37,7 +38,7 @@ from tunebench.actuators.process import NodeResult, node_command, run_logged, ru
 from tunebench.datasets import ensure_dataset
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.runtime import runtime
-from tunebench.engines.versions import engine_reasons
+from tunebench.engines.support import unsupported
 from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
@@ -58,7 +59,8 @@ def measure(
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    reasons = validity.reasons + (engine_reasons(values) if engine == FMS and validity.is_valid else [])
+    # a valid entity the engine cannot run as it is is judged too (tunebench.engines.support): nothing runs
+    reasons = validity.reasons + (unsupported(values, engine) if validity.is_valid else [])
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif values.get("number_nodes", 1) > 1:
