@@ -260,8 +260,13 @@ def stack_settings(config: WorkerConfig, model: torch.nn.Module, on_gpu: bool) -
             if param.requires_grad:  # the adapter's weights (peft freezes the base model's)
                 param.data = param.data.to(dtype)
     if config.peft_method != "none":
-        facts["adapter_dtype"] = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
+        facts["adapter_dtype"] = trainable_dtypes(model)
     return facts
+
+
+def trainable_dtypes(model: torch.nn.Module) -> list[str]:
+    """The dtypes of the model's trainable parameters (the adapter's, with PEFT)."""
+    return sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
 
 
 def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
@@ -367,6 +372,8 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing_on": getattr(trainer.model, "is_gradient_checkpointing", None),
         "torch_compile": compiled(trainer.model_wrapped),
+        "train_losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],  # Trainer's logged losses
+        "trainable_dtypes": trainable_dtypes(trainer.model),  # as trained (adapter_dtype)
     }
 
 
