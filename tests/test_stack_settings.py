@@ -243,3 +243,23 @@ def test_rules_name_their_setting_and_default_entities_pass():
     base = {"number_gpus": 0, "distributed_backend": "FSDP", "deepspeed_zero_stage": 2, "fast_kernels": None}
     assert unsupported(base, NATIVE) == [] and unsupported(base, FMS) == []
     assert all(rule.setting and rule.engines for rule in RULES)
+
+
+@pytest.mark.parametrize("actuator, engine", [("measure", NATIVE), ("fms-hf-tuning", FMS)])
+def test_ray_judges_a_multi_node_entity_before_placing_nodes(tiny, actuator, engine):
+    """The Ray executor's multi-node path asks the actuator's judge_nodes first: invalid, no placement group."""
+    from tunebench.executors.ray import RayExecutor
+    from tunebench.executors.task import Task
+
+    exp = get_experiment(FULL, PARAMS)
+    values = {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "number_nodes": 2, "batch_size": 4,
+              "gpu_model": A100, "gradient_checkpointing_mode": "selective"}  # fmt: skip
+    entity = make_entity(exp, values)
+    task = Task(request_id=1, attempt=1, actuator=actuator, base_id=FULL, parameters=PARAMS, experiment_id=exp.id,
+                entity_id=entity.id, entity_values=values, number_gpus=2, number_nodes=2, gpu_model=A100)  # fmt: skip
+    executor = object.__new__(RayExecutor)  # no Ray: the judge comes before any call to it
+    executor.ray = None
+    result = executor._run_multinode(task)
+    assert result.status == "invalid" and result.actuator == actuator
+    assert "gradient_checkpointing_mode selective" in result.reasons[0]
+    assert measure_module.judge(exp, entity, engine, here=False) == result.reasons

@@ -58,9 +58,7 @@ def measure(
     (that is a failed Result). The Result's actuator is the engine's actuator name."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
-    validity = check_values(values, single_node_only=experiment.single_node_only)
-    # a valid entity the engine cannot run as it is is judged too (tunebench.engines.support): nothing runs
-    reasons = validity.reasons + (unsupported(values, engine) if validity.is_valid else [])
+    reasons = judge(experiment, entity, engine)
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif values.get("number_nodes", 1) > 1:
@@ -73,6 +71,15 @@ def measure(
     else:
         result = _measure_once(experiment, entity, values, opts, progress, engine)
     return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
+
+
+def judge(experiment: Experiment, entity: Entity, engine: str = NATIVE, *, here: bool = True) -> list[str]:
+    """Why the entity is not measured (its Result is invalid, nothing runs): the spec's validity rules, then,
+    for a valid entity, what the engine cannot run as asked (tunebench.engines.support; here=False: not the
+    rules that ask this machine, for a run that starts on other machines)."""
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    return validity.reasons + (unsupported(values, engine, here=here) if validity.is_valid else [])
 
 
 def measure_fms(
@@ -250,9 +257,11 @@ def collect_nodes(
     return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 
 
+measure.judge_nodes = functools.partial(judge, here=False)  # type: ignore[attr-defined]
 measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
 measure.run_node = run_node  # type: ignore[attr-defined]
 measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
+measure_fms.judge_nodes = functools.partial(judge, engine=FMS, here=False)  # type: ignore[attr-defined]
 measure_fms.plan_nodes = functools.partial(plan_nodes, engine=FMS)  # type: ignore[attr-defined]
 measure_fms.run_node = functools.partial(run_node, engine=FMS)  # type: ignore[attr-defined]
 measure_fms.collect_nodes = lambda *a, **k: dataclasses.replace(collect_nodes(*a, **k), actuator=FMS)  # type: ignore[attr-defined]
