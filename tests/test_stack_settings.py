@@ -175,7 +175,7 @@ JUDGED = [
                     "offload_optimizer_device": "nvme"}, "distributed_backend DeepSpeed is planning only"),
     (NATIVE, FULL, {"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 applies to distributed_backend DeepSpeed"),
     (NATIVE, FULL, {"device_map": "auto", "distributed_backend": None}, "device_map auto"),
-    (NATIVE, FULL, {"fsdp_offload_params": True}, "fsdp_offload_params needs an FSDP run over 2 or more GPUs"),
+    (NATIVE, FULL, {"fsdp_offload_params": True}, "fsdp_offload_params is planning only"),
     (NATIVE, FULL, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
     (NATIVE, FULL, {"attn_implementation": "flash_attention_2"}, "flash-attention needs an NVIDIA GPU"),
     (NATIVE, FULL, {"flash_attn": True}, "flash_attn 1: flash-attention needs an NVIDIA GPU"),
@@ -222,13 +222,12 @@ def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, 
     assert args[args.index("--use_flash_attn") + 1] == "True" and "--attn_implementation" not in args
 
 
-def test_launch_plan_runs_fsdp_offload_and_refuses_judged_entities(tiny):
+def test_launch_plan_passes_stack_flags_and_refuses_judged_entities(tiny):
     exp = get_experiment(FULL, PARAMS)
     entity = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
-                               "gpu_model": A100, "fsdp_offload_params": True, "attn_implementation": "sdpa",
-                               "torch_compile": True})  # fmt: skip
+                               "gpu_model": A100, "attn_implementation": "sdpa", "torch_compile": True})  # fmt: skip
     plan = build_launch_plan(exp, entity)
-    assert plan.mode == "FSDP" and plan.nodes[0].accelerate_config["fsdp_config"]["fsdp_offload_params"] is True
+    assert plan.mode == "FSDP"
     args = plan.worker_args
     assert args[args.index("--use_flash_attn") + 1] == "False"  # attn_implementation decides
     assert args[args.index("--attn_implementation") + 1] == "sdpa"
@@ -237,6 +236,10 @@ def test_launch_plan_runs_fsdp_offload_and_refuses_judged_entities(tiny):
                                "gpu_model": A100, "gradient_checkpointing_mode": "selective"})  # fmt: skip
     with pytest.raises(InputError, match="gradient_checkpointing_mode selective"):
         build_launch_plan(exp, judged)
+    offload = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
+                                "gpu_model": A100, "fsdp_offload_params": True})  # fmt: skip
+    with pytest.raises(InputError, match="fsdp_offload_params is planning only"):
+        build_launch_plan(exp, offload)
 
 
 def test_rules_name_their_setting_and_default_entities_pass():

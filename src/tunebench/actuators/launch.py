@@ -270,7 +270,7 @@ def accelerate_config(
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_backward_prefetch": "BACKWARD_PRE",
             "fsdp_forward_prefetch": False,
-            "fsdp_offload_params": bool(values.get("fsdp_offload_params")),
+            "fsdp_offload_params": False,
             "fsdp_sharding_strategy": values["fsdp_sharding_strategy"],
             "fsdp_state_dict_type": values["fsdp_state_dict_type"],
             "fsdp_cpu_ram_efficient_loading": True,
