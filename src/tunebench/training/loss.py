@@ -91,9 +91,13 @@ def apply_fused_linear(model: torch.nn.Module, on_gpu: bool) -> dict[str, Any]:
     other Liger kernel off): HardwareError-like RuntimeError without a GPU or liger-kernel."""
     if not (on_gpu and liger_available()):
         raise RuntimeError("loss_implementation fused_linear needs liger-kernel and a GPU")
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
 
-    _apply_liger_kernel_to_instance(
-        model=model, fused_linear_cross_entropy=True, cross_entropy=False, rope=False, rms_norm=False, swiglu=False
-    )
-    return {"implementation": "fused_linear", "function": "liger_kernel LigerFusedLinearCrossEntropyLoss"}
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:  # liger would log and return: the loss would stay upcast
+        raise RuntimeError(f"loss_implementation fused_linear: liger-kernel has no patch for model type {model_type}")
+    # only the loss changes: every other Liger kernel off (liger passes each flag its patch function takes)
+    off = dict(cross_entropy=False, rope=False, rms_norm=False, swiglu=False, geglu=False, layer_norm=False)
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, **off)
+    return {"implementation": "fused_linear", "function": "liger_kernel LigerFusedLinearCrossEntropyLoss",
+            "model_type": model_type}  # fmt: skip
