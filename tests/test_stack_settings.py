@@ -266,3 +266,33 @@ def test_ray_judges_a_multi_node_entity_before_placing_nodes(tiny, actuator, eng
     assert result.status == "invalid" and result.actuator == actuator
     assert "gradient_checkpointing_mode selective" in result.reasons[0]
     assert measure_module.judge(exp, entity, engine, here=False) == result.reasons
+
+
+def test_fused_linear_patches_only_the_loss_and_refuses_unpatched_model_types(monkeypatch):
+    """liger-kernel stands in (no GPU here): the per-instance patch gets fused_linear_cross_entropy and every other
+    kernel off; a model type it has no patch for is refused (liger itself would log and keep the upcast loss)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from tunebench.training import loss as loss_mod
+
+    calls = []
+    modules = {name: types.ModuleType(name) for name in
+               ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.monkey_patch")}  # fmt: skip
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    patch = modules["liger_kernel.transformers.monkey_patch"]
+    patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None}
+    patch._apply_liger_kernel_to_instance = lambda **kw: calls.append(kw)
+    llama = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    facts = loss_mod.apply(llama, "fused_linear", on_gpu=True)
+    assert facts["implementation"] == "fused_linear" and len(calls) == 1
+    flags = {k: v for k, v in calls[0].items() if k != "model"}
+    assert flags.pop("fused_linear_cross_entropy") is True and not any(flags.values())
+    bloom = types.SimpleNamespace(config=types.SimpleNamespace(model_type="bloom"))
+    with pytest.raises(RuntimeError, match="no patch for model type bloom"):
+        loss_mod.apply(bloom, "fused_linear", on_gpu=True)
+    with pytest.raises(RuntimeError, match="needs liger-kernel and a GPU"):
+        loss_mod.apply(llama, "fused_linear", on_gpu=False)
