@@ -25,7 +25,7 @@ from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
 from tunebench.actuators.network import nccl_environment
 from tunebench.engines import FMS, NATIVE
-from tunebench.engines.versions import engine_reasons
+from tunebench.engines.support import flash_attn_on, unsupported
 from tunebench.errors import InputError, has_control_characters
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
@@ -157,9 +157,10 @@ def worker_args(
     values = with_defaults(values)
     gpus = values["number_gpus"]
     per_device = values["batch_size"] // max(1, gpus)
-    flash = values.get("flash_attn")
-    if flash is None:
-        flash = gpus > 0  # flash-attention needs a GPU; the reference's own CPU runs switched it off
+    # flash_attn None: on with GPUs (the reference's own CPU runs switched it off); an attn_implementation
+    # decides (flash_attention_2 is fms-hf-tuning's --use_flash_attn True, the flag it knows)
+    attn = values.get("attn_implementation")
+    flash = flash_attn_on(values) if attn is None else attn == "flash_attention_2"
     dataset = parse_dataset_id(values["dataset_id"])
     text_field = _value(values.get("dataset_text_field") or "output", "dataset_text_field")
     max_steps = values.get("max_steps", -1)
@@ -191,6 +192,7 @@ def worker_args(
     ]  # fmt: skip
     args += _method_args(experiment, values)
     args += _optional_args(values, dataset.is_vision)
+    args += _stack_args(values)
     # tunebench's own: the architecture for random weights, early stops, where results go.
     args += ["--tunebench_model", _value(values["model_name"], "model_name"), "--weights", weights]
     args += ["--stop_after_seconds", _flag(values.get("stop_after_seconds", -1.0))]
@@ -237,6 +239,20 @@ def _optional_args(values: dict[str, Any], is_vision: bool) -> list[str]:
         args += ["--remove_unused_columns", "False"]
     if values["dataset_kwargs_skip_prepare_dataset"]:
         args += ["--dataset_kwargs_skip_prepare_dataset", "True"]
+    return args
+
+
+def _stack_args(values: dict[str, Any]) -> list[str]:
+    """tunebench's stack settings (docs/experiments.md "Stack settings"), each only when set: a default
+    entity's command line is the SFTTrainer spec's. Settings no engine runs are judged before this
+    (tunebench.engines.support); fms-hf-tuning's parser takes --torch_compile (a TrainingArguments field)
+    and drops the others, which it runs only as their defaults."""
+    args: list[str] = []
+    for name in ("attn_implementation", "loss_implementation", "adapter_dtype"):
+        if values.get(name) is not None:
+            args += [f"--{name}", str(values[name])]
+    if values.get("torch_compile"):
+        args += ["--torch_compile", "True"]
     return args
 
 
@@ -295,7 +311,8 @@ def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) ->
     """
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    reasons = validity.reasons + (engine_reasons(values) if options.get("engine") == FMS else [])
+    engine = options.get("engine") or NATIVE
+    reasons = validity.reasons + (unsupported(values, engine, here=False) if validity.is_valid else [])
     if reasons:
         raise InputError("entity", "is not valid, nothing would run: " + "; ".join(reasons))
     return plan_of_values(experiment, entity.id, values, **options)

@@ -7,7 +7,8 @@ validity (once), makes sure the data set exists, builds the launch plan from tho
 (tunebench.actuators.outcome):
 
 - valid: every rank succeeded -> is_valid = 1 and every property;
-- invalid: a validity rule is broken (nothing runs), any rank ran out of memory (GPU, or the host
+- invalid: a validity rule is broken, or the engine cannot run a setting as asked
+  (tunebench.engines.support; nothing runs in either case), any rank ran out of memory (GPU, or the host
   memory limit on the CPU), or the run trained on no label token -> is_valid = 0 with the reason;
 - failed: anything else (an exception, a crash, a signal, a timeout, missing rank files) -> no
   properties; the error and the log tail are kept; failed measurements can be retried.
@@ -37,7 +38,7 @@ from tunebench.actuators.process import NodeResult, node_command, run_logged, ru
 from tunebench.datasets import ensure_dataset
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.runtime import runtime
-from tunebench.engines.versions import engine_reasons
+from tunebench.engines.support import unsupported
 from tunebench.paths import home
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
@@ -57,8 +58,7 @@ def measure(
     (that is a failed Result). The Result's actuator is the engine's actuator name."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
-    validity = check_values(values, single_node_only=experiment.single_node_only)
-    reasons = validity.reasons + (engine_reasons(values) if engine == FMS and validity.is_valid else [])
+    reasons = judge(experiment, entity, engine)
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif values.get("number_nodes", 1) > 1:
@@ -71,6 +71,15 @@ def measure(
     else:
         result = _measure_once(experiment, entity, values, opts, progress, engine)
     return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
+
+
+def judge(experiment: Experiment, entity: Entity, engine: str = NATIVE, *, here: bool = True) -> list[str]:
+    """Why the entity is not measured (its Result is invalid, nothing runs): the spec's validity rules, then,
+    for a valid entity, what the engine cannot run as asked (tunebench.engines.support; here=False: not the
+    rules that ask this machine, for a run that starts on other machines)."""
+    values = effective_values(experiment, entity)
+    validity = check_values(values, single_node_only=experiment.single_node_only)
+    return validity.reasons + (unsupported(values, engine, here=here) if validity.is_valid else [])
 
 
 def measure_fms(
@@ -248,9 +257,11 @@ def collect_nodes(
     return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 
 
+measure.judge_nodes = functools.partial(judge, here=False)  # type: ignore[attr-defined]
 measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
 measure.run_node = run_node  # type: ignore[attr-defined]
 measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
+measure_fms.judge_nodes = functools.partial(judge, engine=FMS, here=False)  # type: ignore[attr-defined]
 measure_fms.plan_nodes = functools.partial(plan_nodes, engine=FMS)  # type: ignore[attr-defined]
 measure_fms.run_node = functools.partial(run_node, engine=FMS)  # type: ignore[attr-defined]
 measure_fms.collect_nodes = lambda *a, **k: dataclasses.replace(collect_nodes(*a, **k), actuator=FMS)  # type: ignore[attr-defined]

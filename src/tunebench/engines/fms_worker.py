@@ -90,6 +90,9 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
     meta["engine"]["argv"] = argv
     trainer = run_sft_trainer(argv, ForwardCountingCallback(state.meters.meter, state.meters.sampler), setup.output_dir)
     meta.update(trained_model_facts(trainer))
+    meta["loss"] = {"implementation": steps.loss_implementation(setup.config),
+                    "function": "fms-acceleration-foak fast cross-entropy" if steps.loss_implementation(setup.config)
+                    == "chunked" else "transformers ForCausalLMLoss"}  # fmt: skip
     record["data"] = {"path": str(config.training_data_path), "text_field": config.dataset_text_field,
                       "max_length": config.max_seq_length, "prepared_by": "fms-hf-tuning"}  # fmt: skip
     record["phase"] = "finish"
@@ -206,6 +209,7 @@ def trained_model_facts(trainer: Any) -> dict[str, Any]:
 
     model = trainer.model
     peft_config = getattr(model, "peft_config", None)
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     return {
         "model_class": type(model).__name__,
         "model_type": getattr(getattr(model, "config", None), "model_type", None),
@@ -215,7 +219,10 @@ def trained_model_facts(trainer: Any) -> dict[str, Any]:
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing_on": getattr(model, "is_gradient_checkpointing", None),
-    }
+        "attn_implementation": getattr(getattr(base, "config", None), "_attn_implementation", None),
+        "torch_compile": any(type(m).__name__ == "OptimizedModule"
+                             for m in (trainer.model_wrapped, getattr(trainer.model_wrapped, "module", None))),
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,6 +72,7 @@ class MultiNodeHooks:
     plan: Callable[..., LaunchPlan]
     run: Callable[..., NodeResult]
     collect: Callable[..., Result]
+    judge: Callable[..., list[str]] | None = None  # (experiment, entity) -> why it is not measured
 
 
 def multinode_hooks(actuator: str, allow_import: bool = False) -> MultiNodeHooks:
@@ -83,6 +84,7 @@ def multinode_hooks(actuator: str, allow_import: bool = False) -> MultiNodeHooks
         plan=getattr(fn, "plan_nodes", measure.plan_nodes),
         run=getattr(fn, "run_node", measure.run_node),
         collect=getattr(fn, "collect_nodes", measure.collect_nodes),
+        judge=getattr(fn, "judge_nodes", None),
     )
 
 
@@ -244,6 +246,11 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray, nodes = self.ray, task.number_nodes
+        hooks = multinode_hooks(task.actuator, task.allow_import)
+        if hooks.judge is not None:  # judged before any node is placed (the measuring actuator's rules)
+            reasons = hooks.judge(*task.rebuild())
+            if reasons:
+                return Result.invalid(task.experiment_id, task.entity_id, reasons, actuator=task.actuator)
         if task.number_gpus % nodes:
             return _failed(task, f"number_gpus {task.number_gpus} is not divisible by number_nodes {nodes}")
         bundle = node_bundle(task)
@@ -263,7 +270,6 @@ class RayExecutor:
                 return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i)
 
             ip, port = ray.get(self._rendezvous.options(num_cpus=0, scheduling_strategy=on(0)).remote())
-            hooks = multinode_hooks(task.actuator, task.allow_import)
             experiment, entity = task.rebuild()
             plan = hooks.plan(experiment, entity, dict(task.options), ip, port)
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")

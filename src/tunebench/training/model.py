@@ -73,12 +73,20 @@ def cuda_available(use_cpu: bool = False) -> bool:
     return not use_cpu and torch.cuda.is_available()
 
 
+# The package transformers imports for each flash-attention (transformers.utils.import_utils).
+FLASH_ATTENTION_MODULES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
 def check_hardware(
-    *, on_gpu: bool, use_flash_attn: bool, peft_method: str, auto_gptq: list[str] | None, weights: str
-) -> None:
+    *, on_gpu: bool, use_flash_attn: bool, peft_method: str, auto_gptq: list[str] | None, weights: str,
+    attn: str | None = None,
+) -> None:  # fmt: skip
     """Fail before loading anything when the requested method/options cannot run here."""
-    if use_flash_attn and not (on_gpu and importlib.util.find_spec("flash_attn")):
-        raise HardwareError("flash-attention needs an NVIDIA GPU and the flash-attn package (use_flash_attn=True)")
+    chosen = attn_implementation(use_flash_attn, attn)
+    if chosen in FLASH_ATTENTION_MODULES and not (on_gpu and importlib.util.find_spec(FLASH_ATTENTION_MODULES[chosen])):
+        package = FLASH_ATTENTION_MODULES[chosen].replace("_interface", " 3").replace("_", "-")
+        via = f"attn_implementation={chosen}" if attn else "use_flash_attn=True"
+        raise HardwareError(f"flash-attention needs an NVIDIA GPU and the {package} package ({via})")
     if peft_method == "qlora":
         if not on_gpu:
             raise HardwareError("QLoRA (bitsandbytes NF4, double quantisation) needs an NVIDIA GPU; none is in use")
@@ -115,9 +123,10 @@ def cpu_precision(torch_dtype: str, bf16: bool, fp16: bool, on_gpu: bool) -> str
     return f"{' and '.join(wanted)} requested; this CPU ({capability}) has no native support for it: trained in float32"
 
 
-def attn_implementation(use_flash_attn: bool) -> str | None:
-    """flash_attention_2 when asked (checked by check_hardware), else transformers' default (sdpa or eager)."""
-    return "flash_attention_2" if use_flash_attn else None
+def attn_implementation(use_flash_attn: bool, requested: str | None = None) -> str | None:
+    """The requested attn_implementation; else flash_attention_2 when use_flash_attn (both checked by
+    check_hardware), else None: transformers' default for the model (sdpa where it has it, else eager)."""
+    return requested or ("flash_attention_2" if use_flash_attn else None)
 
 
 # ---------------------------------------------------------------------------------------------- weights
@@ -274,6 +283,7 @@ def load_model(
     pretrained_path: str | None,
     architecture: ModelSpec | None,
     tiny: bool = False,
+    attn: str | None = None,
 ) -> LoadedModel:
     """Build or load the model in the target dtype and device (see module docstring).
 
@@ -282,7 +292,7 @@ def load_model(
     """
     dtype = DTYPES[torch_dtype]
     device = target_device(on_gpu)
-    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation(use_flash_attn)}
+    kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": attn_implementation(use_flash_attn, attn)}
     if pretrained_path:
         if quantization == "bnb-nf4-double":
             kwargs["quantization_config"] = bnb_config(dtype)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.spec.experiments import COMMON_HARDCODED
+from tunebench.spec.properties import ATTN_IMPLEMENTATIONS, LOSS_IMPLEMENTATIONS
 from tunebench.training.adapters import PeftSettings
 
 AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTrainer spec "auto_stop_method"
@@ -91,6 +92,11 @@ class WorkerConfig(PeftSettings):
     dataset_kwargs_skip_prepare_dataset: bool
     use_cpu: bool
     tokenizer_name_or_path: str | None
+    # tunebench's stack settings (docs/experiments.md "Stack settings")
+    attn_implementation: str | None  # None: flash_attention_2 with use_flash_attn, else transformers' default
+    loss_implementation: str | None  # None: chunked with fast_kernels' fast_loss, else upcast
+    adapter_dtype: str | None  # None: peft's float32
+    torch_compile: bool
     # tunebench's own
     tunebench_model: str | None
     tunebench_tiny: bool
@@ -157,8 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset_kwargs_skip_prepare_dataset", type=to_bool, default=False)
     a("--use_cpu", type=to_bool, default=False, help="train on the CPU even when CUDA is available")
     a("--tokenizer_name_or_path", default=None, help="local tokenizer (default: the model's, else an in-process BPE)")
+    _add_stack_flags(p)
     _add_tunebench_flags(p)
     return p
+
+
+def _add_stack_flags(p: argparse.ArgumentParser) -> None:
+    """tunebench's stack settings (docs/experiments.md "Stack settings"); absent = the spec's behaviour."""
+    a = p.add_argument
+    a("--attn_implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
+      help="transformers attn_implementation (default: flash_attention_2 with --use_flash_attn, else the model's)")  # fmt: skip
+    a("--loss_implementation", default=None, choices=LOSS_IMPLEMENTATIONS,
+      help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU); default: chunked with "
+      "fast_kernels' fast_loss, else upcast")  # fmt: skip
+    a("--adapter_dtype", default=None, choices=DTYPES, help="dtype of the trainable adapter weights (default float32)")
+    a("--torch_compile", type=to_bool, default=False, help="TrainingArguments torch_compile")
 
 
 def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:

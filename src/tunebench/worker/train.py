@@ -25,7 +25,7 @@ import torch
 
 from tunebench.catalog import ModelSpec
 from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
-from tunebench.training import adapters, data, model as model_mod, tokenizer as tok_mod, vision
+from tunebench.training import adapters, data, loss as loss_mod, model as model_mod, tokenizer as tok_mod, vision
 from tunebench.worker.args import WorkerConfig
 from tunebench.worker.meter import MeasureCallback, MeasuredTrainer, StepMeter
 from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
@@ -71,8 +71,10 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
         raise NotImplementedError(reason)
     model_mod.check_hardware(
         on_gpu=on_gpu, use_flash_attn=config.use_flash_attn, peft_method=config.peft_method,
-        auto_gptq=config.auto_gptq, weights=config.weights,
+        auto_gptq=config.auto_gptq, weights=config.weights, attn=config.attn_implementation,
     )  # fmt: skip
+    if loss_implementation(config) == "fused_linear" and not (on_gpu and loss_mod.liger_available()):
+        raise model_mod.HardwareError("loss_implementation fused_linear needs liger-kernel and a GPU")
     precision = model_mod.cpu_precision(config.torch_dtype, config.bf16, config.fp16, on_gpu)
     if precision is not None:  # recorded: the measurement says which precision really ran
         config = dataclasses.replace(config, torch_dtype="float32", bf16=False, fp16=False)
@@ -108,6 +110,7 @@ def load(setup: Setup, rank: int) -> Loaded:
     dataset, data_info = data.build_dataset(tokenizer, texts, config.response_template, max_len)
     model, meta = build_model(config, setup.on_gpu, tokenizer, pretrained, spec)
     model, meta["peft"] = adapters.apply_peft(config, model, resolved.path)
+    meta.update(stack_settings(config, model, setup.on_gpu))
     meta["tokenizer"] = resolved.describe()
     meta["parameters"] = model_mod.parameter_counts(model)
     meta["not_applied"] = not_applied(config, moe)
@@ -123,7 +126,7 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
     rows = vision.read_parquet(config.training_data_path, config.dataset_text_field, config.dataset_image_field)
     pretrained = pretrained_weights(config)
     dtype, device = model_mod.DTYPES[config.torch_dtype], model_mod.target_device(setup.on_gpu)
-    attn = model_mod.attn_implementation(config.use_flash_attn)
+    attn = model_mod.attn_implementation(config.use_flash_attn, config.attn_implementation)
     if pretrained:
         processor, model = vision.load_pretrained(pretrained, dtype=dtype, device=device, attn_implementation=attn)
         tokenizer, tok_facts, tok_path = processor.tokenizer, {"kind": "model", "path": pretrained}, pretrained
@@ -162,6 +165,7 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         if targets != ["all-linear"]:
             settings = dataclasses.replace(settings, target_modules=[vision.language_model_targets(targets)])
     model, meta["peft"] = adapters.apply_peft(settings, model, tok_path)
+    meta.update(stack_settings(config, model, setup.on_gpu))
     meta["tokenizer"] = tok_facts
     meta["parameters"] = model_mod.parameter_counts(model)
     meta["not_applied"] = not_applied(config, False)
@@ -218,7 +222,7 @@ def build_model(
         torch_dtype=config.torch_dtype, use_flash_attn=config.use_flash_attn,
         quantization=model_mod.quantization_of(config.peft_method, config.auto_gptq), on_gpu=on_gpu,
         tokenizer_vocab=len(tokenizer), special_ids=special, pretrained_path=pretrained, architecture=spec,
-        tiny=config.tunebench_tiny,
+        tiny=config.tunebench_tiny, attn=config.attn_implementation,
     )  # fmt: skip
     model = loaded.model
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # tokenizer with added tokens
@@ -237,6 +241,34 @@ def build_model(
     return model, meta
 
 
+def loss_implementation(config: WorkerConfig) -> str:
+    """The loss path of the run: --loss_implementation, else chunked with fast_kernels' fast_loss (the
+    property's None), else transformers' upcast."""
+    if config.loss_implementation:
+        return config.loss_implementation
+    fast_loss = bool(config.fast_kernels) and str(config.fast_kernels[0]).lower() in ("true", "1")
+    return "chunked" if fast_loss else "upcast"
+
+
+def stack_settings(config: WorkerConfig, model: torch.nn.Module, on_gpu: bool) -> dict[str, Any]:
+    """Apply the loss path and the adapter dtype to the (PEFT-wrapped) model; the facts the record keeps:
+    metadata["loss"] (the implementation that runs) and metadata["adapter_dtype"] (the trainable weights' dtypes)."""
+    facts: dict[str, Any] = {"loss": loss_mod.apply(model, loss_implementation(config), on_gpu)}
+    if config.adapter_dtype and config.peft_method != "none":
+        dtype = model_mod.DTYPES[config.adapter_dtype]
+        for param in model.parameters():
+            if param.requires_grad:  # the adapter's weights (peft freezes the base model's)
+                param.data = param.data.to(dtype)
+    if config.peft_method != "none":
+        facts["adapter_dtype"] = trainable_dtypes(model)
+    return facts
+
+
+def trainable_dtypes(model: torch.nn.Module) -> list[str]:
+    """The dtypes of the model's trainable parameters (the adapter's, with PEFT)."""
+    return sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
+
+
 def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
     """Flags accepted for compatibility with the SFTTrainer spec's command line that have no effect here."""
     out = {}
@@ -245,7 +277,10 @@ def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
     if config.fast_moe and not is_moe:
         out["fast_moe"] = "not a mixture-of-experts model"
     if config.fast_kernels:
-        out["fast_kernels"] = "fms-acceleration-foak kernels are not used by tunebench's worker"
+        out["fast_kernels"] = ("fms-acceleration-foak kernels are not used by tunebench's worker (fast_loss, with "
+                               "loss_implementation None, runs as its chunked loss: metadata loss)")  # fmt: skip
+    if config.adapter_dtype and config.peft_method == "none":
+        out["adapter_dtype"] = "full fine-tuning: no adapter weights"
     if config.fused_lora:
         out["fused_lora"] = "fms-acceleration-foak kernels are not used by tunebench's worker"
     if config.eval_strategy != "no":
@@ -298,6 +333,7 @@ def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> 
     gc = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     kw[gc] = config.gradient_checkpointing
     kw[f"{gc}_kwargs"] = config.gradient_checkpointing_kwargs
+    kw["torch_compile"] = config.torch_compile  # the entity's torch_compile (Trainer compiles the model)
     return TrainingArguments(**kw)
 
 
@@ -335,7 +371,15 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing_on": getattr(trainer.model, "is_gradient_checkpointing", None),
+        "torch_compile": compiled(trainer.model_wrapped),
+        "train_losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],  # Trainer's logged losses
+        "trainable_dtypes": trainable_dtypes(trainer.model),  # as trained (adapter_dtype)
     }
+
+
+def compiled(model: Any) -> bool:
+    """Whether torch.compile's wrapper (OptimizedModule) is the model or what a DDP/FSDP wrapper holds."""
+    return any(type(m).__name__ == "OptimizedModule" for m in (model, getattr(model, "module", None)))
 
 
 def _collator(loaded: Loaded) -> Any:

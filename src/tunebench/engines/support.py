@@ -1,0 +1,201 @@
+"""What each measuring engine really runs: the one ordered list of rules that judges an entity before anything runs.
+
+A measurement is of the entity it names. Every setting of an entity (the SFTTrainer spec's and tunebench's
+stack settings, docs/experiments.md "Stack settings") either runs as asked, or the entity is judged here:
+``unsupported(values, engine)`` returns the reasons (each naming the setting and what to do instead), and
+the measuring actuator records is_valid = 0 with them without starting a process (the planner, the
+predict actuator, plans every setting). The rules are checked in the order of ``RULES``; each applies to
+the engines it names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tunebench.engines import FMS, NATIVE
+from tunebench.engines.versions import engine_reasons
+
+NATIVE_HINT = "measure with --engine native"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: the setting it is about, the engines it applies to, and its check (values, engine) -> reasons.
+    here: the rule asks this machine (an installed package), so it holds only where the run starts."""
+
+    setting: str
+    engines: tuple[str, ...]
+    check: Callable[[dict[str, Any], str], list[str]]
+    here: bool = False
+
+
+def flash_attn_on(values: dict[str, Any]) -> bool:
+    """The flash_attn property as run: None = on with GPUs, off on the CPU (tunebench.actuators.launch)."""
+    flash = values.get("flash_attn")
+    return bool(values.get("number_gpus", 0) > 0) if flash is None else bool(flash)
+
+
+def attention(values: dict[str, Any]) -> str | None:
+    """The attention implementation asked for: attn_implementation, else flash_attention_2 when flash_attn is on,
+    else None (transformers' default for the model: sdpa where it has it, else eager)."""
+    attn = values.get("attn_implementation")
+    if attn is not None:
+        return attn
+    return "flash_attention_2" if flash_attn_on(values) else None
+
+
+def fast_loss_on(values: dict[str, Any]) -> bool:
+    """fast_kernels' first flag (fms-acceleration-foak's fast cross-entropy)."""
+    kernels = values.get("fast_kernels") or []
+    return bool(kernels) and kernels[0] not in (None, False, "False", "false", "")
+
+
+def loss(values: dict[str, Any]) -> str:
+    """The loss implementation asked for: loss_implementation, else chunked with fast_loss, else upcast."""
+    return values.get("loss_implementation") or ("chunked" if fast_loss_on(values) else "upcast")
+
+
+def _gpus(values: dict[str, Any]) -> int:
+    return int(values.get("number_gpus") or 0)
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+
+def _fms_version_and_plugins(values: dict[str, Any], engine: str) -> list[str]:
+    return engine_reasons(values)  # tunebench.engines.versions: published releases and their plugins
+
+
+def _deepspeed(values: dict[str, Any], engine: str) -> list[str]:
+    backend, stage = values.get("distributed_backend"), values.get("deepspeed_zero_stage", 2)
+    if backend == "DeepSpeed":
+        return ["distributed_backend DeepSpeed is planning only: tunebench measures FSDP and DDP runs "
+                "(use the predict actuator, or distributed_backend FSDP)"]  # fmt: skip
+    if stage not in (None, 2):  # the property's default: a stage without DeepSpeed would not run
+        return [f"deepspeed_zero_stage {stage} applies to distributed_backend DeepSpeed only (got {backend}): "
+                "leave it at its default 2"]  # fmt: skip
+    return []
+
+
+def _device_map(values: dict[str, Any], engine: str) -> list[str]:
+    if values.get("device_map"):
+        return [f"device_map {values['device_map']} (one process splitting the layers over its GPUs) is planning "
+                "only: measure with device_map None (one replica per GPU)"]  # fmt: skip
+    return []
+
+
+def _fsdp_offload(values: dict[str, Any], engine: str) -> list[str]:
+    # accelerate's FSDP plugin refuses a machine without an accelerator ("There are currently no available
+    # devices found"), so tunebench's multi-process CPU runs (DDP over gloo) cannot check an offloading FSDP
+    # run; it stays planning only until a GPU session verifies it (fsdp_offload_params: true in the plan's
+    # accelerate config is all it takes).
+    if values.get("fsdp_offload_params"):
+        return ["fsdp_offload_params is planning only: accelerate's FSDP needs a GPU and tunebench has not "
+                "verified an offloading run; measure with fsdp_offload_params False"]  # fmt: skip
+    return []
+
+
+def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
+    if values.get("gradient_checkpointing_mode") == "selective":
+        return ["gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
+                "checkpoints whole blocks; use gradient_checkpointing_mode full"]  # fmt: skip
+    return []
+
+
+def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
+    attn = values.get("attn_implementation")
+    if attn in ("eager", "sdpa", "flash_attention_3"):
+        return [f"attn_implementation {attn}: fms-hf-tuning chooses only between flash_attention_2 and "
+                f"transformers' default (its use_flash_attn flag): {NATIVE_HINT}"]  # fmt: skip
+    return []
+
+
+def _attention_gpu(values: dict[str, Any], engine: str) -> list[str]:
+    attn = attention(values)
+    if attn in ("flash_attention_2", "flash_attention_3") and _gpus(values) == 0:
+        via = "flash_attn 1" if values.get("attn_implementation") is None else f"attn_implementation {attn}"
+        return [f"{via}: flash-attention needs an NVIDIA GPU (number_gpus is 0): use attn_implementation sdpa "
+                "or eager on the CPU"]  # fmt: skip
+    return []
+
+
+# The packages transformers imports for each flash-attention (transformers.utils.import_utils).
+FLASH_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                  "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}  # fmt: skip
+
+
+def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
+    attn = attention(values)
+    if attn in FLASH_PACKAGES and _gpus(values) > 0:
+        module, package = FLASH_PACKAGES[attn]
+        if importlib.util.find_spec(module) is None:
+            return [f"attn_implementation {attn} needs the {package} package, which is not installed here: install "
+                    "it, or use attn_implementation sdpa"]  # fmt: skip
+    return []
+
+
+def _loss_native(values: dict[str, Any], engine: str) -> list[str]:
+    if loss(values) == "fused_linear" and _gpus(values) == 0:
+        return ["loss_implementation fused_linear needs liger-kernel and a GPU (number_gpus is 0): use "
+                "loss_implementation chunked on the CPU"]  # fmt: skip
+    return []
+
+
+def _loss_package(values: dict[str, Any], engine: str) -> list[str]:
+    if loss(values) == "fused_linear" and _gpus(values) > 0:
+        from tunebench.training.loss import liger_available
+
+        if not liger_available():
+            return ["loss_implementation fused_linear needs liger-kernel and a GPU (liger-kernel is not installed "
+                    "here): install liger-kernel, or use loss_implementation chunked"]  # fmt: skip
+    return []
+
+
+def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
+    asked, fast = values.get("loss_implementation"), fast_loss_on(values)
+    if asked == "fused_linear":
+        return [f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
+                "(needs liger-kernel and a GPU)"]  # fmt: skip
+    if asked == "chunked" and not fast:
+        return ["loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
+                f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"]  # fmt: skip
+    if asked == "upcast" and fast:
+        return ["loss_implementation upcast: fms-hf-tuning with fast_kernels' fast_loss runs fms-acceleration-foak's "
+                "cross-entropy: turn fast_loss off, or leave loss_implementation None"]  # fmt: skip
+    return []
+
+
+def _adapter_dtype_fms(values: dict[str, Any], engine: str) -> list[str]:
+    dtype = values.get("adapter_dtype")
+    if dtype not in (None, "float32"):
+        return [f"adapter_dtype {dtype}: fms-hf-tuning keeps adapter weights in float32 (peft's "
+                f"autocast_adapter_dtype): {NATIVE_HINT}"]  # fmt: skip
+    return []
+
+
+BOTH = (NATIVE, FMS)
+RULES: tuple[Rule, ...] = (
+    Rule("fms_hf_tuning_version, fast_moe, fast_kernels, fused_lora, auto_gptq", (FMS,), _fms_version_and_plugins),
+    Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
+    Rule("device_map", BOTH, _device_map),
+    Rule("fsdp_offload_params", BOTH, _fsdp_offload),
+    Rule("gradient_checkpointing_mode", BOTH, _checkpointing_mode),
+    Rule("attn_implementation", (FMS,), _attention_fms),
+    Rule("attn_implementation, flash_attn", BOTH, _attention_gpu),
+    Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
+    Rule("loss_implementation", (NATIVE,), _loss_native),
+    Rule("loss_implementation", (NATIVE,), _loss_package, here=True),
+    Rule("loss_implementation", (FMS,), _loss_fms),
+    Rule("adapter_dtype", (FMS,), _adapter_dtype_fms),
+    # torch_compile runs on both (TrainingArguments torch_compile, which fms-hf-tuning's parser takes too).
+)
+
+
+def unsupported(values: dict[str, Any], engine: str = NATIVE, *, here: bool = True) -> list[str]:
+    """Why this engine cannot measure these effective values as they are (empty: it can), in RULES' order.
+    here=False leaves out the rules that ask this machine (a launch plan built for another one)."""
+    return [reason for rule in RULES if engine in rule.engines and (here or not rule.here)
+            for reason in rule.check(values, engine)]  # fmt: skip

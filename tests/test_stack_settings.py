@@ -1,0 +1,298 @@
+"""The stack settings (docs/experiments.md "Stack settings") on the measuring side: each one really runs, or
+the entity is judged before anything runs (tunebench.engines.support), never ignored.
+
+Real tiny training runs (the worker in this process, or the measuring actuator's subprocess) on the CPU;
+judged entities are checked to start no process and make no run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from test_measure import PARAMS, TINY_LLAMA, entity_of, opts
+from test_worker_training import run
+
+import tunebench.actuators.measure as measure_module
+from tunebench.actuators.launch import build_launch_plan
+from tunebench.actuators.measure import measure
+from tunebench.engines import FMS, NATIVE
+from tunebench.engines.support import RULES, unsupported
+from tunebench.errors import InputError
+from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.training.loss import chunked_causal_lm_loss
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+FULL = "finetune_full_benchmark-v1.0.0"
+A100 = "NVIDIA-A100-SXM4-80GB"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ chunked loss
+
+
+@pytest.mark.parametrize("num_items", [None, 57])
+def test_chunked_loss_equals_transformers_upcast_loss_and_gradient(num_items):
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    vocab = 300
+    labels = torch.randint(0, vocab, (3, 40))
+    labels[:, :12] = -100  # the prompt: masked
+    labels[1, 30:] = -100  # padding
+    for dtype in (torch.bfloat16, torch.float32):
+        logits = torch.randn(3, 40, vocab).to(dtype).requires_grad_()
+        n = torch.tensor(num_items) if num_items else None
+        upcast = ForCausalLMLoss(logits, labels, vocab, num_items_in_batch=n)
+        (grad_upcast,) = torch.autograd.grad(upcast, logits)
+        chunked = chunked_causal_lm_loss(logits, labels, vocab, num_items_in_batch=n, chunk_tokens=16)  # 8 chunks
+        (grad_chunked,) = torch.autograd.grad(chunked, logits)
+        assert chunked.dtype == torch.float32 and grad_chunked.dtype == dtype
+        assert chunked.item() == pytest.approx(upcast.item(), rel=1e-6)
+        torch.testing.assert_close(grad_chunked, grad_upcast)
+    every_label_masked = torch.full((3, 40), -100)
+    assert math.isnan(chunked_causal_lm_loss(logits, every_label_masked, vocab).item())  # as F.cross_entropy
+    assert math.isnan(ForCausalLMLoss(logits, every_label_masked, vocab).item())
+
+
+def test_chunked_loss_keeps_no_fp32_logits_for_backward():
+    """What autograd saves: the 16-bit logits (views) only, never a chunk's fp32 upcast (recomputed)."""
+    saved = []
+
+    def pack(t):
+        saved.append((t.dtype, t.numel()))
+        return t
+
+    logits = torch.randn(2, 64, 100).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, 100, (2, 64))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = chunked_causal_lm_loss(logits, labels, 100, chunk_tokens=32)
+    loss.backward()
+    assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] > 100]  # at most scalars in fp32
+
+
+# ------------------------------------------------------------------------------- real runs of the worker
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_attention_implementation_is_set_on_the_model(tmp_path, attn):
+    rc, r, agg = run(tmp_path, attn_implementation=attn, steps=2)
+    assert rc == 0, r.get("reason")
+    assert r["metadata"]["attn_implementation"] == attn  # model.config._attn_implementation as built
+    assert agg["properties"]["train_runtime"] > 0
+
+
+def test_chunked_loss_run_trains_like_the_upcast_run(tmp_path):
+    """Same seed, data and float32 model: the chunked run's losses are the upcast run's."""
+    runs = {}
+    for loss in ("upcast", "chunked"):
+        (tmp_path / loss).mkdir()
+        rc, r, _ = run(tmp_path / loss, loss_implementation=loss, peft_method="lora", steps=3)
+        assert rc == 0, r.get("reason")
+        runs[loss] = r["metadata"]
+    assert runs["chunked"]["loss"] == {"implementation": "chunked", "function": "tunebench chunked_causal_lm_loss",
+                                       "chunk_tokens": 1024}  # fmt: skip
+    assert runs["upcast"]["loss"]["implementation"] == "upcast"
+    up, ch = runs["upcast"]["train_losses"], runs["chunked"]["train_losses"]
+    assert len(up) == len(ch) == 3 and all(math.isfinite(x) for x in ch)
+    assert ch == pytest.approx(up, rel=1e-4)
+
+
+def test_fast_loss_runs_the_chunked_loss_when_loss_implementation_is_none(tmp_path):
+    rc, r, _ = run(tmp_path, "--fast_kernels", "True", "False", "False", steps=1)
+    assert rc == 0, r.get("reason")
+    assert r["metadata"]["loss"]["implementation"] == "chunked"
+
+
+def test_adapter_dtype_gives_trainable_weights_in_that_dtype(tmp_path):
+    rc, r, _ = run(tmp_path, adapter_dtype="bfloat16", peft_method="lora", steps=2)
+    assert rc == 0, r.get("reason")
+    meta = r["metadata"]
+    assert meta["trainable_dtypes"] == ["bfloat16"]  # the trainable parameters after training
+    assert meta["adapter_dtype"] == ["bfloat16"] and meta["dtype"] == "float32"  # the base model stays float32
+    (tmp_path / "default").mkdir()
+    rc, r, _ = run(tmp_path / "default", peft_method="lora", steps=1)
+    assert r["metadata"]["trainable_dtypes"] == ["float32"]  # peft's default
+
+
+def test_torch_compile_compiles_the_model(tmp_path):
+    """TrainingArguments(torch_compile=True) on the CPU (inductor + the C compiler): ~20 s for one step (each new
+    batch shape compiles again: 2 steps of varied length took 100 s on a 2-core CPU)."""
+    rc, r, _ = run(tmp_path, torch_compile="True", gradient_checkpointing="False", steps=1)
+    assert rc == 0, r.get("reason")
+    assert r["metadata"]["torch_compile"] is True
+
+
+def test_worker_refuses_flash_attention_and_fused_linear_on_the_cpu(tmp_path):
+    rc, r, _ = run(tmp_path, attn_implementation="flash_attention_3")
+    assert rc == 1 and "flash-attention needs an NVIDIA GPU and the flash-attn 3 package" in r["reason"]
+    rc, r, _ = run(tmp_path, loss_implementation="fused_linear")
+    assert rc == 1 and "fused_linear needs liger-kernel and a GPU" in r["reason"] and r["phase"] == "setup"
+
+
+# ------------------------------------------------------------------ through the measuring actuator
+
+
+def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny):
+    exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
+    entity = entity_of(exp, tiny, attn_implementation="eager", loss_implementation="chunked",
+                       adapter_dtype="bfloat16")  # fmt: skip
+    result = measure(exp, entity, opts(tmp_path))
+    assert result.status == "valid", (result.error, result.reasons, result.log_tail)
+    meta = result.metadata
+    assert meta["attn_implementation"] == "eager" and meta["loss"]["implementation"] == "chunked"
+    assert meta["trainable_dtypes"] == ["bfloat16"]
+    command = meta["command"]
+    for flag, value in (("--attn_implementation", "eager"), ("--loss_implementation", "chunked"),
+                        ("--adapter_dtype", "bfloat16")):  # fmt: skip
+        assert command[command.index(flag) + 1] == value
+
+
+def test_default_measurement_records_sdpa_and_upcast(tmp_path, tiny):
+    exp = get_experiment(FULL, {**PARAMS, "max_steps": 1})
+    result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
+    assert result.status == "valid", (result.error, result.log_tail)
+    assert result.metadata["attn_implementation"] == "sdpa" and result.metadata["loss"]["implementation"] == "upcast"
+    assert not {"--attn_implementation", "--loss_implementation", "--adapter_dtype", "--torch_compile"} & set(
+        result.metadata["command"]
+    )  # a default entity's command line is the SFTTrainer spec's
+
+
+# -------------------------------------------------------------------------------- judged, nothing runs
+
+JUDGED = [
+    (NATIVE, FULL, {"distributed_backend": "DeepSpeed"}, "distributed_backend DeepSpeed is planning only"),
+    (NATIVE, FULL, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "offload_param_device": "cpu",
+                    "offload_optimizer_device": "nvme"}, "distributed_backend DeepSpeed is planning only"),
+    (NATIVE, FULL, {"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 applies to distributed_backend DeepSpeed"),
+    (NATIVE, FULL, {"device_map": "auto", "distributed_backend": None}, "device_map auto"),
+    (NATIVE, FULL, {"fsdp_offload_params": True}, "fsdp_offload_params is planning only"),
+    (NATIVE, FULL, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
+    (NATIVE, FULL, {"attn_implementation": "flash_attention_2"}, "flash-attention needs an NVIDIA GPU"),
+    (NATIVE, FULL, {"flash_attn": True}, "flash_attn 1: flash-attention needs an NVIDIA GPU"),
+    (NATIVE, LORA, {"loss_implementation": "fused_linear"}, "loss_implementation fused_linear needs liger-kernel"),
+    (FMS, LORA, {"attn_implementation": "sdpa"}, "attn_implementation sdpa: fms-hf-tuning"),
+    (FMS, LORA, {"attn_implementation": "eager"}, "measure with --engine native"),
+    (FMS, LORA, {"loss_implementation": "chunked"}, "fast_kernels' fast_loss"),
+    (FMS, LORA, {"loss_implementation": "fused_linear"}, "fms-hf-tuning has no fused linear cross-entropy"),
+    (FMS, LORA, {"adapter_dtype": "bfloat16"}, "adapter_dtype bfloat16: fms-hf-tuning keeps adapter weights"),
+    (FMS, LORA, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
+]
+
+
+@pytest.mark.parametrize("engine, experiment_id, settings, reason", JUDGED)
+def test_judged_settings_are_invalid_and_nothing_runs(tmp_path, tiny, monkeypatch, engine, experiment_id, settings,
+                                                      reason):  # fmt: skip
+    def no_process(*args, **kwargs):
+        raise AssertionError("a judged entity started a process")
+
+    monkeypatch.setattr(measure_module, "run_logged", no_process)
+    monkeypatch.setattr(measure_module, "runtime", no_process)  # no engine environment either
+    exp = get_experiment(experiment_id, PARAMS)
+    result = measure(exp, entity_of(exp, tiny, **settings), opts(tmp_path), engine=engine)
+    assert result.status == "invalid" and result.properties == {"is_valid": 0}, (result.error, result.reasons)
+    assert any(reason in r for r in result.reasons), result.reasons
+    assert not (tmp_path / "run").exists()
+
+
+def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, monkeypatch):
+    """A GPU entity asking for flash-attention: judged where the run would start when flash-attn is missing;
+    a launch plan (built for any machine) leaves the package to the machine that runs it."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn"):
+        pytest.skip("flash-attn is installed here")
+    exp = get_experiment(FULL, PARAMS)
+    entity = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 1, "batch_size": 4,
+                               "gpu_model": A100})
+    result = measure(exp, entity, opts(tmp_path))  # flash_attn None: on with a GPU
+    assert result.status == "invalid" and "needs the flash-attn package" in result.reasons[0]
+    assert not (tmp_path / "run").exists()
+    plan = build_launch_plan(exp, entity)
+    args = plan.worker_args
+    assert args[args.index("--use_flash_attn") + 1] == "True" and "--attn_implementation" not in args
+
+
+def test_launch_plan_passes_stack_flags_and_refuses_judged_entities(tiny):
+    exp = get_experiment(FULL, PARAMS)
+    entity = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
+                               "gpu_model": A100, "attn_implementation": "sdpa", "torch_compile": True})  # fmt: skip
+    plan = build_launch_plan(exp, entity)
+    assert plan.mode == "FSDP"
+    args = plan.worker_args
+    assert args[args.index("--use_flash_attn") + 1] == "False"  # attn_implementation decides
+    assert args[args.index("--attn_implementation") + 1] == "sdpa"
+    assert args[args.index("--torch_compile") + 1] == "True"
+    judged = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
+                               "gpu_model": A100, "gradient_checkpointing_mode": "selective"})  # fmt: skip
+    with pytest.raises(InputError, match="gradient_checkpointing_mode selective"):
+        build_launch_plan(exp, judged)
+    offload = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
+                                "gpu_model": A100, "fsdp_offload_params": True})  # fmt: skip
+    with pytest.raises(InputError, match="fsdp_offload_params is planning only"):
+        build_launch_plan(exp, offload)
+
+
+def test_rules_name_their_setting_and_default_entities_pass():
+    base = {"number_gpus": 0, "distributed_backend": "FSDP", "deepspeed_zero_stage": 2, "fast_kernels": None}
+    assert unsupported(base, NATIVE) == [] and unsupported(base, FMS) == []
+    assert all(rule.setting and rule.engines for rule in RULES)
+
+
+@pytest.mark.parametrize("actuator, engine", [("measure", NATIVE), ("fms-hf-tuning", FMS)])
+def test_ray_judges_a_multi_node_entity_before_placing_nodes(tiny, actuator, engine):
+    """The Ray executor's multi-node path asks the actuator's judge_nodes first: invalid, no placement group."""
+    from tunebench.executors.ray import RayExecutor
+    from tunebench.executors.task import Task
+
+    exp = get_experiment(FULL, PARAMS)
+    values = {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "number_nodes": 2, "batch_size": 4,
+              "gpu_model": A100, "gradient_checkpointing_mode": "selective"}  # fmt: skip
+    entity = make_entity(exp, values)
+    task = Task(request_id=1, attempt=1, actuator=actuator, base_id=FULL, parameters=PARAMS, experiment_id=exp.id,
+                entity_id=entity.id, entity_values=values, number_gpus=2, number_nodes=2, gpu_model=A100)  # fmt: skip
+    executor = object.__new__(RayExecutor)  # no Ray: the judge comes before any call to it
+    executor.ray = None
+    result = executor._run_multinode(task)
+    assert result.status == "invalid" and result.actuator == actuator
+    assert "gradient_checkpointing_mode selective" in result.reasons[0]
+    assert measure_module.judge(exp, entity, engine, here=False) == result.reasons
+
+
+def test_fused_linear_patches_only_the_loss_and_refuses_unpatched_model_types(monkeypatch):
+    """liger-kernel stands in (no GPU here): the per-instance patch gets fused_linear_cross_entropy and every other
+    kernel off; a model type it has no patch for is refused (liger itself would log and keep the upcast loss)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from tunebench.training import loss as loss_mod
+
+    calls = []
+    modules = {name: types.ModuleType(name) for name in
+               ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.monkey_patch")}  # fmt: skip
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    patch = modules["liger_kernel.transformers.monkey_patch"]
+    patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {"llama": None}
+    patch._apply_liger_kernel_to_instance = lambda **kw: calls.append(kw)
+    llama = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama"))
+    facts = loss_mod.apply(llama, "fused_linear", on_gpu=True)
+    assert facts["implementation"] == "fused_linear" and len(calls) == 1
+    flags = {k: v for k, v in calls[0].items() if k != "model"}
+    assert flags.pop("fused_linear_cross_entropy") is True and not any(flags.values())
+    bloom = types.SimpleNamespace(config=types.SimpleNamespace(model_type="bloom"))
+    with pytest.raises(RuntimeError, match="no patch for model type bloom"):
+        loss_mod.apply(bloom, "fused_linear", on_gpu=True)
+    with pytest.raises(RuntimeError, match="needs liger-kernel and a GPU"):
+        loss_mod.apply(llama, "fused_linear", on_gpu=False)
