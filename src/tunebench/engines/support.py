@@ -98,6 +98,14 @@ def _fsdp_offload(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _model_parallel(values: dict[str, Any], engine: str) -> list[str]:
+    tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
+    if tp > 1 or sp > 1:
+        return [f"tensor_parallel_degree {tp} / sequence_parallel_degree {sp} are planning only: tunebench measures "
+                "data-parallel runs (FSDP, DDP); set both to 1"]  # fmt: skip
+    return []
+
+
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
     if values.get("gradient_checkpointing_mode") == "selective":
         return ["gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
@@ -182,6 +190,7 @@ RULES: tuple[Rule, ...] = (
     Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
     Rule("device_map", BOTH, _device_map),
     Rule("fsdp_offload_params", BOTH, _fsdp_offload),
+    Rule("tensor_parallel_degree, sequence_parallel_degree", BOTH, _model_parallel),
     Rule("gradient_checkpointing_mode", BOTH, _checkpointing_mode),
     Rule("attn_implementation", (FMS,), _attention_fms),
     Rule("attn_implementation, flash_attn", BOTH, _attention_gpu),
