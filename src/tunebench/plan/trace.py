@@ -15,8 +15,8 @@ Traced at a few sequence lengths (batch 1) and for 1 and 2 layers of each layer 
 quantity is extrapolated per layer and per token:
 ``act(b, s) = a0 + b (a1 s + a2 s^2)`` for the whole model, where ``a0`` holds the token-independent
 temporaries (e.g. the embedding's gradient) and ``a2`` the quadratic attention terms (eager
-attention scores, materialised masks). One more trace with half the vocabulary measures the loss's
-bytes per vocabulary entry per token, so fused loss kernels can be accounted. Profiles are cached on
+attention scores, materialised masks). Two more traces with half the vocabulary measure the loss's
+bytes per vocabulary entry per token (the slope over length), so fused loss kernels can be accounted. Profiles are cached on
 disk per (config, method, checkpointing, dtype, autocast, attention, adapters).
 
 What tracing cannot see stays outside: CUDA context, allocator caching, NCCL buffers, FSDP gathers,
@@ -41,7 +41,7 @@ from tunebench.plan.structure import Structure, cache_dir, write_json
 
 log = logging.getLogger(__name__)
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: the loss's vocabulary bytes from slopes over two lengths
 # Traced at batch 1 (fake tensors: the cost does not depend on the size). Long enough that in every
 # phase the token-proportional tensors, not a fixed-size one (an output-layer gradient), set the peak.
 SEQUENCE_LENGTHS = (1024, 2048, 4096)
@@ -220,9 +220,12 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     lengths = _lengths(structure)
     measured = [[trace_step(structure, request, plan, s) for s in lengths] for plan in plans]
     quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
-    mid = lengths[1]
     half = structure.vocab // 2
-    half_vocab = trace_step(structure, request, plans[0], mid, vocab=structure.vocab - half)
+    # the loss's bytes per vocabulary entry per token: the slope over two lengths with half the vocabulary
+    # against the full one (a token-independent vocabulary-sized buffer, such as one chunk of a chunked
+    # loss, changes the level, not the slope)
+    half_vocab = [trace_step(structure, request, plans[0], s, vocab=structure.vocab - half) for s in lengths[:2]]
+    span = lengths[1] - lengths[0]
 
     def full(quantity, i: int) -> float:  # a quantity of the full model at lengths[i]
         return extrapolate(plans, counts, [quantity(measured[p][i]) for p in range(len(plans))])
@@ -231,7 +234,9 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     for m in MOMENTS:
         acts = [full(lambda r, m=m: r[m][0], i) for i in range(len(lengths))]
         alive, total = full(lambda r, m=m: r[m][1], 1), full(lambda r: r["grads"], 1)
-        vocab = (measured[0][1][m][0] - half_vocab[m][0]) / (mid * half) if half else 0.0
+        slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
+        slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
+        vocab = (slope_full - slope_half) / half if half else 0.0
         moments[m] = Moment(*fit_tokens(lengths, acts, quadratic), grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
                             vocab_bytes=max(0.0, vocab))  # fmt: skip
     written = Moment(*fit_tokens(lengths, [full(lambda r: r["written"], i) for i in range(len(lengths))], quadratic))
