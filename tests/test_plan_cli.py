@@ -147,3 +147,52 @@ def test_compare_over_an_empty_store_says_so(tmp_path):
     res = invoke("plan", "--compare", "--store", str(tmp_path / "empty.db"))
     assert res.exit_code == 0, res.output
     assert "no measurements to compare" in res.output
+
+
+# A long-context Phi-3 config.json (microsoft/Phi-3-mini-128k-instruct's shape) whose rope_scaling lost its
+# short_factor / long_factor lists: transformers' Phi3Config rejects it (KeyError in its rope validation).
+PHI3_LONGROPE = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072,
+                 "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+                 "num_key_value_heads": 32, "vocab_size": 32064, "max_position_embeddings": 131072,
+                 "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope"}, "pad_token_id": 32000}  # fmt: skip
+
+
+def _phi3_without_factors(tmp_path) -> Path:
+    path = tmp_path / "phi3-128k" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(PHI3_LONGROPE))
+    return path
+
+
+def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path):
+    bad = _phi3_without_factors(tmp_path)
+    entity = {"model_max_length": 512, "number_gpus": 1, "batch_size": 1, "gpu_model": "A100"}
+    lines = [{"experiment": LORA, "entity": {"model_name": "llama3.2-1b", **entity}},
+             {"experiment": LORA, "entity": {"model_name": str(bad), "target_modules": ["qkv_proj"], **entity}},
+             {"experiment": LORA, "entity": {"model_name": "smollm2-135m", **entity}}]  # fmt: skip
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    res = invoke("plan", "--batch", str(batch), "--json")
+    assert res.exit_code == 1, (res.output, res.exception)  # documented: 1 when any line failed
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert len(rows) == 3
+    assert rows[0]["is_valid"] is True and rows[0]["gpu_memory_peak_gib"] > 0
+    assert rows[2]["is_valid"] is True and rows[2]["gpu_memory_peak_gib"] > 0
+    error = rows[1]["error"]
+    assert error.startswith(f"model_name: {bad}: ") and "long_factor" in error and "short_factor" in error
+    assert "internal error" not in error
+    table = invoke("plan", "--batch", str(batch))
+    assert table.exit_code == 1 and "error" in table.output and "3 plans" in table.output
+
+
+def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    from tunebench.cli import main
+
+    bad = _phi3_without_factors(tmp_path)
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    code = main(["plan", LORA, f"model_name={bad}", "model_max_length=512", "number_gpus=1", "batch_size=1",
+                 "gpu_model=A100", "target_modules=qkv_proj"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
+    assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "Traceback" not in err
+    assert "long_factor" in err

@@ -76,8 +76,21 @@ def hf_config(config: ModelConfig, **overrides: Any):
     mt = data.pop("model_type")
     try:
         return CONFIG_MAPPING[mt](**data)
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise InputError("model_name", f"transformers cannot build the {mt} config of {config.name}: {exc}") from None
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the config class's validation of a user's file (e.g. KeyError: rope)
+        raise cannot_build(config, f"transformers' {CONFIG_MAPPING[mt].__name__} rejects it", exc) from None
+
+
+def cannot_build(config: ModelConfig, what: str, exc: BaseException) -> InputError:
+    """The InputError (field model_name) of a config the library's config or model code cannot build."""
+    detail = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError's str() adds quotes
+    text = " ".join(str(detail).split())[:300]
+    return InputError(
+        "model_name",
+        f"{config.name}: the {config.model_type} model cannot be built from its config ({what}: {type(exc).__name__}: {text})",
+        allowed=f"a config.json that transformers' {config.model_type} code accepts",
+    )
 
 
 def _accepted_fields(config_class: type, data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

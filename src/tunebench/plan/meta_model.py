@@ -33,6 +33,12 @@ def build_model(config, hf, vision: bool):
             f"for model_type {config.model_type!r} ({str(exc).splitlines()[0][:120]})",
             allowed="a decoder (causal LM) or vision-language model",
         ) from None
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the modelling code fails on values of a user's config.json
+        from tunebench.plan.config import cannot_build
+
+        raise cannot_build(config, "the model class fails on it", exc) from None
 
 
 def build_structure(config) -> Structure:
