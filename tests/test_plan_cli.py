@@ -47,9 +47,14 @@ def test_remote_code_config_is_planned_with_its_assumptions(tmp_path):
     assert out["is_valid"] is True
     assert any("not built into transformers" in n for n in out["notes"])
     assert any("intermediate_size / 2" in n for n in out["notes"])
+    # Qwen's modelling code fuses q, k, v into c_attn: llama's names match nothing there (peft would fail)
+    assert any("target_modules q_proj, v_proj match no layer" in n for n in out["notes"])
     table = invoke("plan", LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
-                   "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+                   "gpu_model=A100-80GB", "target_modules=c_attn")  # fmt: skip
     assert table.exit_code == 0 and "remote code" in table.output
+    llama_names = plan_json(LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
+                            "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+    assert llama_names["is_valid"] is False and "c_attn" in llama_names["reasons"][0]
 
 
 def test_lora_targets_that_match_nothing_make_the_entity_invalid():
