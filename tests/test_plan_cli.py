@@ -201,3 +201,27 @@ def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, 
     assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
     assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "Traceback" not in err
     assert "long_factor" in err
+
+
+@pytest.mark.parametrize("gpu", ["GB200", "H20", "H800", "A800", "RTX-PRO-6000", "RTX-PRO-6000-Max-Q", "MI300X", "MI325X"])
+def test_a_plan_on_each_added_gpu_gives_a_verdict(gpu):
+    from tunebench.catalog.gpus import get_gpu
+
+    spec = get_gpu(gpu)
+    out = plan_json(LORA, "model_name=llama3-8b", "number_gpus=1", "batch_size=1", "model_max_length=2048", f"gpu_model={gpu}")
+    assert out["entity_id"].endswith(f"gpu_model.{spec.name}")
+    assert out["capacity_gib"] == pytest.approx(spec.memory_gib, abs=0.01)
+    assert out["is_valid"] is True and out["fits"] is True and out["oom_probability"] < 0.01
+    assert out["train_tokens_per_second"] > 0 and 0 < out["mfu"] < 1
+
+
+def test_the_added_gpus_memory_decides_the_verdict():
+    # full fine-tuning of an 8 B model at 8 x 4096 tokens: ~116 GiB per GPU, over a 96 GB RTX PRO 6000 or H20,
+    # within the 256 GB of an MI325X
+    args = ("model_name=llama3-8b", "number_gpus=1", "batch_size=8", "model_max_length=4096")
+    small = [plan_json(FULL, *args, f"gpu_model={gpu}") for gpu in ("RTX-PRO-6000", "H20")]
+    big = plan_json(FULL, *args, "gpu_model=MI325X")
+    for out in small:
+        assert out["is_valid"] is False and out["oom_probability"] > 0.5 and "out of GPU memory" in out["reasons"][0]
+    assert big["is_valid"] is True and big["oom_probability"] < 0.01
+    assert small[0]["gpu_memory_allocated_peak_gib"] == big["gpu_memory_allocated_peak_gib"]  # same need, other verdict
