@@ -100,11 +100,11 @@ def test_an_unknown_gpu_without_numbers_says_what_to_give():
 
 def test_a_user_gpu_catalog_file(tmp_path):
     catalog = tmp_path / "gpus.yaml"
-    catalog.write_text("gpus:\n  - name: NVIDIA-RTX-PRO-6000\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
-                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [PRO6000]\n")  # fmt: skip
-    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=PRO6000", "--gpu-catalog", str(catalog))
+    catalog.write_text("gpus:\n  - name: Acme-Accel-96\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
+                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [ACME96]\n")  # fmt: skip
+    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(catalog))
     assert out["capacity_gib"] == pytest.approx(95.6, abs=0.01) and out["is_valid"] is True
-    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=NVIDIA-RTX-PRO-6000",
+    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=Acme-Accel-96",
                         env={"TUNEBENCH_GPU_CATALOG": str(catalog)})  # fmt: skip
     assert env_out["gpu_memory_allocated_peak_gib"] == out["gpu_memory_allocated_peak_gib"]
     broken = tmp_path / "broken.json"
