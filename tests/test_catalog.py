@@ -110,9 +110,13 @@ def test_every_case_has_its_expected_reading():
         # first-generation Qwen (remote code): kv_channels is the head dimension, seq_length the context
         ({"model_type": "qwen", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 344, "vocab_size": 512, "kv_channels": 16, "seq_length": 8192}, (64, 2, 4, 4, 344, 8192)),
-        # ChatGLM (remote code): num_layers, multi_query_group_num, padded_vocab_size, ffn_hidden_size
+        # ChatGLM (remote code): num_layers, multi_query_group_num (with multi_query_attention, whose default in
+        # THUDM configuration_chatglm.py is False), padded_vocab_size, ffn_hidden_size
         ({"model_type": "chatglm", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
-          "multi_query_group_num": 2, "ffn_hidden_size": 128, "padded_vocab_size": 512}, (64, 2, 4, 2, 128, None)),
+          "multi_query_attention": True, "multi_query_group_num": 2, "ffn_hidden_size": 128,
+          "padded_vocab_size": 512}, (64, 2, 4, 2, 128, None)),
+        ({"model_type": "chatglm", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
+          "multi_query_group_num": 2, "ffn_hidden_size": 128, "padded_vocab_size": 512}, (64, 2, 4, 4, 128, None)),
     ],
 )  # fmt: skip
 def test_any_model_type_is_read_by_its_usual_field_names(tmp_path, cfg, expected):

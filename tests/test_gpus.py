@@ -34,6 +34,15 @@ LABELS = [
     "Tesla-V100-PCIE-16GB",
     "Tesla-V100-PCIE-32GB",
     "Tesla-T4",
+    "NVIDIA-A800-SXM4-80GB",
+    "NVIDIA-H800",
+    "NVIDIA-H20",
+    "NVIDIA-GB200",
+    "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+    "NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition",
+    "NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition",
+    "AMD_Instinct_MI300X_OAM",
+    "AMD_Instinct_MI325_OAM",
 ]
 
 
@@ -126,7 +135,7 @@ def test_list_order_is_by_architecture_then_memory():
     assert len(ordered) == len(LABELS)
     keys = [(ARCHITECTURES.index(g.architecture), g.memory_mib) for g in ordered]
     assert keys == sorted(keys)
-    assert ordered[0].architecture == "Volta" and ordered[-1].name == "NVIDIA-B200"
+    assert ordered[0].architecture == "Volta" and ordered[-1].name == "NVIDIA-GB200"
 
 
 def test_json_meta_and_field_types():
@@ -134,7 +143,7 @@ def test_json_meta_and_field_types():
     assert set(raw["_meta"]) >= {"description", "units", "sources_note"}
     for spec in load_gpus().values():
         assert spec.architecture in ARCHITECTURES
-        assert spec.form_factor in ("SXM", "PCIe")
+        assert spec.form_factor in ("SXM", "PCIe", "OAM", "Superchip")
         assert spec.confidence in ("datasheet", "unverified")
         assert spec.source, spec.name
         assert spec.pcie_gen in (3, 4, 5, 6)
@@ -154,8 +163,9 @@ def test_per_gpu_sanity(spec):
     assert abs(spec.memory_gib / (spec.memory_gb_nominal * 0.931) - 1) <= 0.08
     assert spec.memory_gib <= spec.memory_gb_nominal * 1.0001
     assert spec.intra_node_bandwidth_gbps >= {3: 32, 4: 64, 5: 128, 6: 256}[spec.pcie_gen] or spec.form_factor == "SXM"
-    assert spec.compute_capability.split(".")[0] == {
-        "Volta": "7", "Turing": "7", "Ampere": "8", "Ada": "8", "Hopper": "9", "Blackwell": "10",
+    assert spec.compute_capability.split(".")[0] in {  # Blackwell: 10 (B200, GB200), 12 (RTX PRO, GeForce)
+        "Volta": ("7",), "Turing": ("7",), "Ampere": ("8",), "Ada": ("8",), "Hopper": ("9",), "Blackwell": ("10", "12"),
+        "CDNA3": ("gfx942",),
     }[spec.architecture]
 
 
@@ -185,3 +195,56 @@ def test_datasheet_relations():
     assert g("H100").intra_node_bandwidth_gbps == 900 and g("A100-80GB").intra_node_bandwidth_gbps == 600
     assert g("L40S").intra_node_bandwidth_gbps == 64 and g("T4").intra_node_bandwidth_gbps == 32
     assert g("T4").fp16_tflops == 65.0 and g("V100").fp16_tflops == 125.0
+
+
+# Each GPU added for current data-centre and workstation parts: label, aliases, memory (MiB as nvidia-smi or
+# rocm-smi reports it, where a public log shows it) and dense BF16 TFLOP/s (gpus.json holds each source).
+NEW_GPUS = [
+    ("NVIDIA-GB200", ("GB200", "GB200-NVL72", "NVIDIA GB200"), 189471, 2500.0),
+    ("NVIDIA-H20", ("H20", "NVIDIA H20"), 97871, 148.0),
+    ("NVIDIA-H800", ("H800", "NVIDIA H800"), 81559, 989.4),
+    ("NVIDIA-A800-SXM4-80GB", ("A800", "A800-80GB", "NVIDIA A800-SXM4-80GB"), 81920, 312.0),
+    ("NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition",
+     ("RTX-PRO-6000", "RTX PRO 6000 Server", "NVIDIA RTX PRO 6000 Blackwell Server Edition"), 97887, 503.8),
+    ("NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition",
+     ("RTX-PRO-6000-Workstation", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"), 97887, 503.8),
+    ("NVIDIA-RTX-PRO-6000-Blackwell-Max-Q-Workstation-Edition",
+     ("RTX-PRO-6000-Max-Q", "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"), 97887, 440.4),
+    ("AMD_Instinct_MI300X_OAM", ("MI300X", "mi300x", "AMD Instinct MI300X", "AMD Instinct MI300X OAM"), 196592, 1307.4),
+    ("AMD_Instinct_MI325_OAM", ("MI325X", "AMD Instinct MI325X", "AMD_Instinct_MI325X_OAM"), 262128, 1307.4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("label", "aliases", "memory_mib", "bf16"), NEW_GPUS, ids=[g[0] for g in NEW_GPUS])
+def test_new_gpus_resolve_with_their_memory_and_dense_bf16(label, aliases, memory_mib, bf16):
+    for value in (label, *aliases):
+        spec = get_gpu(value)
+        assert spec.name == label, value
+        assert spec.memory_mib == memory_mib and spec.bf16_tflops == bf16 and spec.tensor_tflops == bf16
+
+
+def test_new_gpus_against_their_siblings():
+    g = get_gpu
+    # export variants: the sibling's compute and memory, NVLink cut to 400 GB/s
+    assert g("H800").bf16_tflops == g("H100").bf16_tflops and g("H800").memory_mib == g("H100").memory_mib
+    assert g("A800").bf16_tflops == g("A100").bf16_tflops and g("A800").memory_mib == g("A100").memory_mib
+    assert g("H800").intra_node_bandwidth_gbps == g("A800").intra_node_bandwidth_gbps == 400
+    # H20: compute-limited Hopper with more and faster memory than the H100
+    assert g("H20").bf16_tflops < g("L40S").bf16_tflops and g("H20").memory_bandwidth_gbps > g("H100").memory_bandwidth_gbps
+    # GB200 runs the B200 die faster, with more memory; one NVLink domain per rack
+    assert g("GB200").bf16_tflops > g("B200").bf16_tflops and g("GB200").memory_mib > g("B200").memory_mib
+    # the three RTX PRO 6000: one GB202 with 96 GB GDDR7; Max-Q is the 300 W part
+    pros = [g("RTX-PRO-6000"), g("RTX-PRO-6000-Workstation"), g("RTX-PRO-6000-Max-Q")]
+    assert {p.memory_mib for p in pros} == {97887} and pros[2].bf16_tflops < pros[1].bf16_tflops
+    assert pros[2].tdp_watts == 300 and all(p.compute_capability == "12.0" for p in pros)
+    # AMD: CDNA3, gfx942, OAM modules; the MI325X is the MI300X with more, faster memory
+    amd = [g("MI300X"), g("MI325X")]
+    assert {a.architecture for a in amd} == {"CDNA3"} and {a.form_factor for a in amd} == {"OAM"}
+    assert amd[0].bf16_tflops == amd[1].bf16_tflops and amd[1].memory_bandwidth_gbps > amd[0].memory_bandwidth_gbps
+    assert g("MI300X").memory_gib == pytest.approx(191.98, abs=0.01)
+
+
+def test_unverified_entries_say_why():
+    for spec in load_gpus().values():
+        if spec.confidence == "unverified":
+            assert spec.notes, spec.name

@@ -47,9 +47,14 @@ def test_remote_code_config_is_planned_with_its_assumptions(tmp_path):
     assert out["is_valid"] is True
     assert any("not built into transformers" in n for n in out["notes"])
     assert any("intermediate_size / 2" in n for n in out["notes"])
+    # Qwen's modelling code fuses q, k, v into c_attn: llama's names match nothing there (peft would fail)
+    assert any("target_modules q_proj, v_proj match no layer" in n for n in out["notes"])
     table = invoke("plan", LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
-                   "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+                   "gpu_model=A100-80GB", "target_modules=c_attn")  # fmt: skip
     assert table.exit_code == 0 and "remote code" in table.output
+    llama_names = plan_json(LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
+                            "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+    assert llama_names["is_valid"] is False and "c_attn" in llama_names["reasons"][0]
 
 
 def test_lora_targets_that_match_nothing_make_the_entity_invalid():
@@ -95,11 +100,11 @@ def test_an_unknown_gpu_without_numbers_says_what_to_give():
 
 def test_a_user_gpu_catalog_file(tmp_path):
     catalog = tmp_path / "gpus.yaml"
-    catalog.write_text("gpus:\n  - name: NVIDIA-RTX-PRO-6000\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
-                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [PRO6000]\n")  # fmt: skip
-    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=PRO6000", "--gpu-catalog", str(catalog))
+    catalog.write_text("gpus:\n  - name: Acme-Accel-96\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
+                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [ACME96]\n")  # fmt: skip
+    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(catalog))
     assert out["capacity_gib"] == pytest.approx(95.6, abs=0.01) and out["is_valid"] is True
-    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=NVIDIA-RTX-PRO-6000",
+    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=Acme-Accel-96",
                         env={"TUNEBENCH_GPU_CATALOG": str(catalog)})  # fmt: skip
     assert env_out["gpu_memory_allocated_peak_gib"] == out["gpu_memory_allocated_peak_gib"]
     broken = tmp_path / "broken.json"
@@ -147,3 +152,76 @@ def test_compare_over_an_empty_store_says_so(tmp_path):
     res = invoke("plan", "--compare", "--store", str(tmp_path / "empty.db"))
     assert res.exit_code == 0, res.output
     assert "no measurements to compare" in res.output
+
+
+# A long-context Phi-3 config.json (microsoft/Phi-3-mini-128k-instruct's shape) whose rope_scaling lost its
+# short_factor / long_factor lists: transformers' Phi3Config rejects it (KeyError in its rope validation).
+PHI3_LONGROPE = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072,
+                 "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+                 "num_key_value_heads": 32, "vocab_size": 32064, "max_position_embeddings": 131072,
+                 "original_max_position_embeddings": 4096, "rope_scaling": {"type": "longrope"}, "pad_token_id": 32000}  # fmt: skip
+
+
+def _phi3_without_factors(tmp_path) -> Path:
+    path = tmp_path / "phi3-128k" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(PHI3_LONGROPE))
+    return path
+
+
+def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path):
+    bad = _phi3_without_factors(tmp_path)
+    entity = {"model_max_length": 512, "number_gpus": 1, "batch_size": 1, "gpu_model": "A100"}
+    lines = [{"experiment": LORA, "entity": {"model_name": "llama3.2-1b", **entity}},
+             {"experiment": LORA, "entity": {"model_name": str(bad), "target_modules": ["qkv_proj"], **entity}},
+             {"experiment": LORA, "entity": {"model_name": "smollm2-135m", **entity}}]  # fmt: skip
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    res = invoke("plan", "--batch", str(batch), "--json")
+    assert res.exit_code == 1, (res.output, res.exception)  # documented: 1 when any line failed
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert len(rows) == 3
+    assert rows[0]["is_valid"] is True and rows[0]["gpu_memory_peak_gib"] > 0
+    assert rows[2]["is_valid"] is True and rows[2]["gpu_memory_peak_gib"] > 0
+    error = rows[1]["error"]
+    assert error.startswith(f"model_name: {bad}: ") and "long_factor" in error and "short_factor" in error
+    assert "internal error" not in error
+    table = invoke("plan", "--batch", str(batch))
+    assert table.exit_code == 1 and "error" in table.output and "3 plans" in table.output
+
+
+def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    from tunebench.cli import main
+
+    bad = _phi3_without_factors(tmp_path)
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    code = main(["plan", LORA, f"model_name={bad}", "model_max_length=512", "number_gpus=1", "batch_size=1",
+                 "gpu_model=A100", "target_modules=qkv_proj"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
+    assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "Traceback" not in err
+    assert "long_factor" in err
+
+
+@pytest.mark.parametrize("gpu", ["GB200", "H20", "H800", "A800", "RTX-PRO-6000", "RTX-PRO-6000-Max-Q", "MI300X", "MI325X"])
+def test_a_plan_on_each_added_gpu_gives_a_verdict(gpu):
+    from tunebench.catalog.gpus import get_gpu
+
+    spec = get_gpu(gpu)
+    out = plan_json(LORA, "model_name=llama3-8b", "number_gpus=1", "batch_size=1", "model_max_length=2048", f"gpu_model={gpu}")
+    assert out["entity_id"].endswith(f"gpu_model.{spec.name}")
+    assert out["capacity_gib"] == pytest.approx(spec.memory_gib, abs=0.01)
+    assert out["is_valid"] is True and out["fits"] is True and out["oom_probability"] < 0.01
+    assert out["train_tokens_per_second"] > 0 and 0 < out["mfu"] < 1
+
+
+def test_the_added_gpus_memory_decides_the_verdict():
+    # full fine-tuning of an 8 B model at 8 x 4096 tokens: ~116 GiB per GPU, over a 96 GB RTX PRO 6000 or H20,
+    # within the 256 GB of an MI325X
+    args = ("model_name=llama3-8b", "number_gpus=1", "batch_size=8", "model_max_length=4096")
+    small = [plan_json(FULL, *args, f"gpu_model={gpu}") for gpu in ("RTX-PRO-6000", "H20")]
+    big = plan_json(FULL, *args, "gpu_model=MI325X")
+    for out in small:
+        assert out["is_valid"] is False and out["oom_probability"] > 0.5 and "out of GPU memory" in out["reasons"][0]
+    assert big["is_valid"] is True and big["oom_probability"] < 0.01
+    assert small[0]["gpu_memory_allocated_peak_gib"] == big["gpu_memory_allocated_peak_gib"]  # same need, other verdict

@@ -142,8 +142,9 @@ def test_remote_code_config_is_read_generically_with_its_assumptions(tmp_path):
     assert any("remote code" in a for a in s.assumptions)
     assert any("intermediate_size / 2" in a for a in s.assumptions)
     h, i, L, V = 4096, 22016 // 2, 32, 151936
-    by_hand = L * (4 * h * h + 3 * h * i + 2 * h) + 2 * V * h + h  # attention, gated MLP, 2 norms; embed, head, norm
-    assert s.total_params == by_hand  # 7.72 B; the published Qwen-7B has 7.72 B (its q/k/v biases aside)
+    # attention with c_attn's bias (3h), gated MLP, 2 norms per layer; embedding, output layer, final norm
+    by_hand = L * (4 * h * h + 3 * h + 3 * h * i + 2 * h) + 2 * V * h + h
+    assert s.total_params == by_hand  # 7.72 B, as published for Qwen-7B
 
 
 def test_config_without_the_usual_fields_is_an_input_error(tmp_path):
@@ -173,3 +174,91 @@ def test_structure_is_cached_on_disk_and_reread_without_building(tmp_path, monke
     monkeypatch.setattr(meta_model, "build_structure", lambda config: pytest.fail("rebuilt instead of read"))
     again = structure_of(spec)
     assert again.to_dict() == first.to_dict()
+
+
+# Remote-code families: public config.json values (Hugging Face model repositories) and the parameter count
+# each model card publishes. The planner builds a llama-like stand-in under the family's own module names
+# (plan.config.REMOTE_LAYOUTS, from each repository's modelling code).
+REMOTE = {
+    # Qwen/Qwen-7B config.json; model card: 7.72 B (modeling_qwen.py: c_attn with bias, MLP of intermediate_size / 2)
+    "qwen-7b": ({"model_type": "qwen", "architectures": ["QWenLMHeadModel"], "hidden_size": 4096,
+                 "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 22016, "vocab_size": 151936,
+                 "kv_channels": 128, "seq_length": 8192, "max_position_embeddings": 32768, "no_bias": True,
+                 "layer_norm_epsilon": 1e-6, "tie_word_embeddings": False}, 7.72e9, "c_attn", 4096 + 3 * 4096),
+    # THUDM/chatglm3-6b config.json; 6.24 B (modeling_chatglm.py: 28 layers, query_key_value 4096 -> 4608,
+    # dense_h_to_4h 4096 -> 2 x 13696, embedding and output layer of padded_vocab_size)
+    "chatglm3-6b": ({"model_type": "chatglm", "architectures": ["ChatGLMModel"], "add_bias_linear": False,
+                     "add_qkv_bias": True, "ffn_hidden_size": 13696, "hidden_size": 4096, "kv_channels": 128,
+                     "layernorm_epsilon": 1e-05, "multi_query_attention": True, "multi_query_group_num": 2,
+                     "num_attention_heads": 32, "num_layers": 28, "padded_vocab_size": 65024, "post_layer_norm": True,
+                     "rmsnorm": True, "seq_length": 8192, "tie_word_embeddings": False},
+                    6.24e9, "query_key_value", 4096 + 4608),
+    # baichuan-inc/Baichuan2-7B-Base config.json; 7.51 B (modeling_baichuan.py: W_pack 4096 -> 3 x 4096, rotary)
+    "baichuan2-7b": ({"model_type": "baichuan", "architectures": ["BaichuanForCausalLM"], "hidden_size": 4096,
+                      "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+                      "vocab_size": 125696, "max_position_embeddings": 4096, "model_max_length": 4096,
+                      "rms_norm_eps": 1e-6, "tie_word_embeddings": False}, 7.51e9, "W_pack", 4096 + 3 * 4096),
+    # baichuan-inc/Baichuan2-13B-Base config.json (no max_position_embeddings: ALiBi); 13.9 B
+    "baichuan2-13b": ({"model_type": "baichuan", "architectures": ["BaichuanForCausalLM"], "hidden_size": 5120,
+                       "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 40,
+                       "vocab_size": 125696, "model_max_length": 4096, "rms_norm_eps": 1e-6,
+                       "tie_word_embeddings": False}, 13.9e9, "W_pack", 5120 + 3 * 5120),
+    # internlm/internlm2-7b config.json; 7.74 B (modeling_internlm2.py: wqkv 4096 -> (32 + 2 x 8) x 128)
+    "internlm2-7b": ({"model_type": "internlm2", "architectures": ["InternLM2ForCausalLM"], "hidden_size": 4096,
+                      "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                      "num_key_value_heads": 8, "vocab_size": 92544, "max_position_embeddings": 32768, "bias": False,
+                      "rope_theta": 1000000, "rms_norm_eps": 1e-5, "tie_word_embeddings": False},
+                     7.74e9, "wqkv", 4096 + 6144),
+    # 01-ai/Yi-6B config.json (first release: model_type "Yi", llama module names); 6.06 B
+    "yi-6b": ({"model_type": "Yi", "architectures": ["YiForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+               "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 64000,
+               "max_position_embeddings": 4096, "rope_theta": 5000000.0, "rms_norm_eps": 1e-5,
+               "tie_word_embeddings": False}, 6.06e9, "q_proj", 4096 + 4096),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(REMOTE))
+def test_remote_code_family_is_read_as_its_modelling_code_reads_it(tmp_path, name):
+    cfg, published, target, per_rank = REMOTE[name]
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    s = structure_of(get_model(str(path)))
+    assert s.builder == "generic"
+    assert s.total_params == pytest.approx(published, rel=0.01)
+    layers = s.layers
+    total, unmatched = s.lora_params_per_rank((target,))
+    assert unmatched == () and total == per_rank * layers  # one module per layer, fused as the family fuses it
+    assert s.lora_params_per_rank(("q_proj_missing",))[1] == ("q_proj_missing",)
+
+
+def test_remote_code_module_names_and_the_trace_stand_in(tmp_path):
+    path = tmp_path / "chatglm3" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(REMOTE["chatglm3-6b"][0]))
+    s = structure_of(get_model(str(path)))
+    leaves = {lin.leaf for lin in s.linears}
+    assert leaves == {"word_embeddings", "output_layer", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}
+    assert "q_proj" not in leaves  # llama names of the stand-in match nothing, as on the real model
+    assert s.lora_params_per_rank(("q_proj", "v_proj"))[1] == ("q_proj", "v_proj")
+    # the fused MLP: dense_h_to_4h is 4096 -> 2 x ffn_hidden_size
+    mlp = next(lin for lin in s.linears if lin.leaf == "dense_h_to_4h")
+    assert (mlp.d_in, mlp.d_out, mlp.count) == (4096, 2 * 13696, 28)
+    # peft in the trace adapts the stand-in's modules that the family's target names hold
+    assert s.stand_in_targets(("query_key_value",)) == ("q_proj", "k_proj", "v_proj")
+    assert s.stand_in_targets(r".*\.dense_h_to_4h") == ("gate_proj", "up_proj")
+    assert s.stand_in_targets("all-linear") == "all-linear"
+
+
+def test_chatglm_without_multi_query_attention_has_a_key_value_head_per_head(tmp_path):
+    # modeling_chatglm.py SelfAttention: qkv_hidden_size = 3 x projection_size unless multi_query_attention;
+    # a config may carry vocab_size beside padded_vocab_size: the embedding has padded_vocab_size rows
+    cfg = {**REMOTE["chatglm3-6b"][0], "multi_query_attention": False, "vocab_size": 64794}
+    path = tmp_path / "glm" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    spec = get_model(str(path))
+    assert spec.num_key_value_heads == 32 and spec.vocab_size == 65024
+    s = structure_of(spec)
+    qkv = next(lin for lin in s.linears if lin.leaf == "query_key_value")
+    assert qkv.d_out == 3 * 4096 and s.vocab == 65024 and s.kv_heads == 32

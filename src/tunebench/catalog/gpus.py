@@ -1,8 +1,9 @@
 """GPU catalog: vendor-datasheet peak numbers per GPU model.
 
 Facts come from ``data/gpus.json``; each entry is keyed by the Kubernetes node-label value of
-``nvidia.com/gpu.product`` (e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``) and keeps its ``source``
-and ``confidence``. ``get_gpu`` also accepts friendly aliases (``A100-80GB``, ``H100``, ``L40S``) and
+``nvidia.com/gpu.product`` (e.g. ``NVIDIA-A100-SXM4-80GB``, ``Tesla-T4``), or for AMD Instinct parts of
+the ROCm node labeller's ``amd.com/gpu.product-name`` (``AMD_Instinct_MI300X_OAM``), and keeps its
+``source`` and ``confidence``. ``get_gpu`` also accepts friendly aliases (``A100-80GB``, ``H100``, ``L40S``) and
 the nvidia-smi product name (``NVIDIA A100-SXM4-80GB``), ignoring case and ' ' / '-' / '_'.
 Units are in the field names: TFLOP/s are dense (no 2:4 sparsity) peaks, bandwidths are GB/s.
 """
@@ -19,18 +20,19 @@ from tunebench.errors import InputError, one_of, suggest
 
 DATA = Path(__file__).parent / "data"
 
-ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell", "Custom")  # oldest first; Custom: user-defined
+# oldest first (AMD CDNA3, 2023, between Hopper and Blackwell); Custom: user-defined
+ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "CDNA3", "Blackwell", "Custom")
 
 
 @dataclass(frozen=True)
 class GPUSpec:
     """One GPU model. Compute in dense TFLOP/s, memory in MiB/GiB, bandwidth in GB/s, power in W."""
 
-    name: str  # nvidia.com/gpu.product label value
+    name: str  # nvidia.com/gpu.product (AMD: amd.com/gpu.product-name) label value
     aliases: tuple[str, ...]
     architecture: str
-    compute_capability: str
-    memory_mib: int  # as nvidia-smi reports it
+    compute_capability: str  # CUDA "major.minor"; AMD: the gfx target (gfx942)
+    memory_mib: int  # as nvidia-smi (AMD: rocm-smi) reports it
     memory_gib: float
     memory_gb_nominal: float  # marketing "GB"
     bf16_tflops: float | None  # None: no bf16 (Volta, Turing)
@@ -39,7 +41,7 @@ class GPUSpec:
     fp32_tflops: float  # CUDA cores, non-tensor
     memory_bandwidth_gbps: float
     tdp_watts: float
-    form_factor: str  # "SXM" or "PCIe"
+    form_factor: str  # "SXM", "PCIe", "OAM" (AMD Instinct module) or "Superchip" (GB200)
     interconnect: str
     intra_node_bandwidth_gbps: float  # per-GPU bidirectional GPU-to-GPU
     pcie_gen: int

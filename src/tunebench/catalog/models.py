@@ -141,6 +141,17 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_se
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
+def chatglm_fields(text: dict[str, Any]) -> dict[str, Any]:
+    """vocab_size and num_key_value_heads of a ChatGLM2/3 config (model_type chatglm, remote code) as its
+    modelling code reads them (THUDM/chatglm3-6b modeling_chatglm.py): the embedding and the output layer have
+    padded_vocab_size rows; multi_query_group_num key/value groups only with multi_query_attention."""
+    heads = _first(text, *HEAD_KEYS)
+    return {
+        "vocab_size": _first(text, "padded_vocab_size", "vocab_size"),
+        "num_key_value_heads": (text.get("multi_query_group_num") or 1) if text.get("multi_query_attention") else heads,
+    }
+
+
 def text_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """The language model's part of a config (``text_config`` of multimodal models), else the config."""
     text = cfg.get("text_config") or cfg.get("llm_config")
@@ -166,6 +177,9 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
         kv = 1
     else:
         kv = _first(text, *KV_KEYS) or attn_config.get("kv_n_heads") or heads
+    vocab = _first(text, *VOCAB_KEYS)
+    if text_type == "chatglm":
+        vocab, kv = chatglm_fields(text)["vocab_size"], chatglm_fields(text)["num_key_value_heads"]
     intermediate = _first(text, *FFN_KEYS)
     if intermediate is None and hidden and text.get("expansion_ratio"):
         intermediate = int(text["expansion_ratio"] * hidden)  # MPT
@@ -191,7 +205,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
         num_attention_heads=heads,
         num_key_value_heads=kv,
         head_dim=head_dim,
-        vocab_size=_first(text, *VOCAB_KEYS),
+        vocab_size=vocab,
         max_position_embeddings=_first(text, *POSITION_KEYS),
         tie_word_embeddings=bool(tie),
         num_local_experts=_first(text, *EXPERT_KEYS),

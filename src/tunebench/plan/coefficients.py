@@ -36,8 +36,11 @@ class Coefficients:
     fsdp_peft_checkpoint_copies: float = 1.0
     # --- memory: allocator and driver -----------------------------------------------------------
     # CUDA context, cuBLAS/cuDNN workspaces: invisible to torch, visible to nvidia-smi (estimation.md §5).
+    # On AMD GPUs (ROCm) the HIP context and rocBLAS/hipBLASLt workspaces take its place and the same
+    # coefficient applies; it is fitted on NVIDIA runs only.
     cuda_context_gib: float = 0.6
-    # NCCL communicator buffers per process in multi-GPU runs (estimation.md §5: hundreds of MB to >1 GiB).
+    # NCCL communicator buffers per process in multi-GPU runs (estimation.md §5: hundreds of MB to >1 GiB);
+    # RCCL's on ROCm, the same coefficient.
     nccl_gib: float = 0.6
     # Caching-allocator slack: reserved - allocated = fixed + fraction of the transient bytes
     # (activations and loss tensors are freed and re-allocated every step, fragmenting the pool).

@@ -33,6 +33,12 @@ def build_model(config, hf, vision: bool):
             f"for model_type {config.model_type!r} ({str(exc).splitlines()[0][:120]})",
             allowed="a decoder (causal LM) or vision-language model",
         ) from None
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the modelling code fails on values of a user's config.json
+        from tunebench.plan.config import cannot_build
+
+        raise cannot_build(config, "the model class fails on it", exc) from None
 
 
 def build_structure(config) -> Structure:
@@ -81,6 +87,9 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
     lm_head_name = next((n for n, m in model.named_modules() if m is out_emb), "lm_head") if out_emb is not None else ""
     vision_prefixes = _vision_prefixes(model) if "vision_config" in config.data else ()
     linears = _linears(model, layers_name, lm_head_name, vision_prefixes)
+    stand_in: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    if getattr(config, "family", ""):
+        linears, stand_in = remote_names(linears, config.family, layers_name, lm_head_name)
     embedding = sum(
         m.weight.numel() for n, m in model.named_modules()
         if isinstance(m, torch.nn.Embedding) and not n.startswith(layers_name + ".") and not _under(n, vision_prefixes)
@@ -127,7 +136,41 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
         attention=_attention_support(model),
         default_attention=str(getattr(hf, "_attn_implementation", None) or "eager"),
         no_split_modules=tuple(getattr(model, "_no_split_modules", None) or ()),
+        stand_in=stand_in,
     )
+
+
+def remote_names(linears: list[Linear], family: str, layers_name: str, lm_head_name: str,
+                 ) -> tuple[list[Linear], tuple[tuple[str, tuple[str, ...]], ...]]:  # fmt: skip
+    """The stand-in's linears under the module names of a remote-code family's modelling code, fused as it
+    fuses them (plan.config.REMOTE_LAYOUTS), and which stand-in leaves each renamed linear holds."""
+    from tunebench.plan.config import REMOTE_LAYOUTS
+
+    layout = REMOTE_LAYOUTS[family]
+    family_of = {leaf: module for module, leaves in layout["modules"].items() for leaf in leaves}
+    prefix = layers_name + ".*."
+    out: list[Linear] = []
+    fused: dict[str, list[Linear]] = {}
+    for lin in linears:
+        sub = lin.name[len(prefix):] if lin.name.startswith(prefix) else None
+        module = family_of.get(lin.leaf) if sub is not None and lin.part == "layers" else None
+        if module is not None:
+            fused.setdefault(module, []).append(lin)
+        elif lin.name == lm_head_name:
+            out.append(Linear(layout["head"], lin.d_in, lin.d_out, lin.count, lin.part, lin.kind))
+        elif lin.kind == "embedding" and lin.part == "other":
+            out.append(Linear(layout["embed"], lin.d_in, lin.d_out, lin.count, lin.part, lin.kind))
+        else:
+            out.append(lin)
+    held = []
+    for module, parts in fused.items():
+        name = f"{layout['layers']}.*.{module}"
+        d_in, count = parts[0].d_in, parts[0].count
+        if any(p.d_in != d_in or p.count != count for p in parts):  # never for the llama stand-in
+            raise ValueError(f"cannot fuse {[p.name for p in parts]} into {name}")
+        out.append(Linear(name, d_in, sum(p.d_out for p in parts), count, "layers", "linear"))
+        held.append((name, tuple(p.leaf for p in parts)))
+    return out, tuple(held)
 
 
 def _router_params(model, layers_name: str, torch) -> int:

@@ -22,7 +22,7 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 
-STRUCTURE_VERSION = 2  # bump when the extraction changes: old cache files are then ignored
+STRUCTURE_VERSION = 3  # bump when the extraction changes: old cache files are then ignored
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,9 @@ class Structure:
     attention: tuple[str, ...] = ("eager",)  # implementations the model class supports
     default_attention: str = "eager"  # what transformers picks when none is asked for
     no_split_modules: tuple[str, ...] = ()
+    # Remote-code families (plan.config.REMOTE_LAYOUTS): per linear of the family's own names, the leaf names
+    # of the modules of the llama-like stand-in that was built (what the trace's peft adapts).
+    stand_in: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     # --- parameter counts ------------------------------------------------------------------
     @functools.cached_property
@@ -153,6 +156,18 @@ class Structure:
                     break
         return total, tuple(sorted(names - seen))
 
+    def stand_in_targets(self, target_modules: tuple[str, ...] | str | None) -> tuple[str, ...] | str | None:
+        """target_modules as names of the built stand-in's modules (a remote-code family's fused c_attn ->
+        q_proj, k_proj, v_proj); unchanged for a model built under its own names."""
+        if not self.stand_in or not target_modules or target_modules == "all-linear":
+            return target_modules
+        held = dict(self.stand_in)
+        out: list[str] = []
+        for lin in self.linears:
+            if lin.name in held and _targets_match(lin, target_modules):
+                out.extend(leaf for leaf in held[lin.name] if leaf not in out)
+        return tuple(out) or target_modules
+
     # --- (de)serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -164,7 +179,16 @@ class Structure:
         data["layer_kinds"] = tuple(tuple(k) for k in data.get("layer_kinds", ()))
         for key in ("assumptions", "attention", "no_split_modules"):
             data[key] = tuple(data.get(key, ()))
+        data["stand_in"] = tuple((name, tuple(leaves)) for name, leaves in data.get("stand_in", ()))
         return cls(**data)
+
+
+def _targets_match(lin: Linear, target_modules: tuple[str, ...] | str) -> bool:
+    """Whether target_modules (as lora_params_per_rank reads them) adapt a module of the group lin."""
+    if isinstance(target_modules, str):
+        pattern = re.compile(target_modules)
+        return any(pattern.fullmatch(p) for p in _paths(lin))
+    return any(lin.name == name or lin.name.endswith("." + name) for name in target_modules)
 
 
 def _paths(lin: Linear) -> list[str]:

@@ -156,7 +156,8 @@ class Workload:
             dtype=dtype,
             autocast=self.autocast if self.autocast and self.autocast != dtype else None,
             attention=self.attention,
-            target_modules=(tuple(targets) if isinstance(targets, (list, tuple)) else targets) if lora else None,
+            target_modules=self.structure.stand_in_targets(
+                tuple(targets) if isinstance(targets, (list, tuple)) else targets) if lora else None,
             lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
             selective=self.selective_checkpointing,
