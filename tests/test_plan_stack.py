@@ -113,7 +113,7 @@ def test_selective_checkpointing_keeps_more_than_full_and_less_than_none():
 
 
 def test_compile_keeps_fewer_activations_and_runs_faster():
-    c = UNIT.replace(fast_kernels_activation_fraction=0.8, fast_kernels_speed=1.1)
+    c = UNIT.replace(compile_activation_fraction=0.8, compile_speed=1.1)
     eager = workload("full", model_max_length=2048, gradient_checkpointing=False)
     compiled = workload("full", model_max_length=2048, gradient_checkpointing=False, torch_compile=True)
     assert memory_breakdown(compiled, c)["activations"][0] < memory_breakdown(eager, c)["activations"][0]

@@ -100,10 +100,11 @@ def near_limit(records: list[Record], pred: dict[str, np.ndarray]) -> np.ndarray
 
 
 # --- fitting --------------------------------------------------------------------------------------
-MEMORY_FIT = ("fused_loss_bytes_per_vocab", "fast_kernels_activation_fraction", "fsdp_peft_checkpoint_copies")
+MEMORY_FIT = ("fused_loss_bytes_per_vocab", "fast_kernels_activation_fraction", "fsdp_peft_checkpoint_copies",
+              "compile_activation_fraction")  # fmt: skip
 SLACK_FIT = ("cuda_context_gib", "reserve_fixed_gib", "reserve_transient_fraction", "reserve_loss_fraction")
 SPEED_FIT = (
-    "hfu_max", "hidden_half", "elementwise_passes", "qlora_speed", "gptq_speed", "fast_kernels_speed",
+    "hfu_max", "hidden_half", "elementwise_passes", "qlora_speed", "gptq_speed", "fast_kernels_speed", "compile_speed",
     "layer_overhead_s", "expert_overhead_s", "alltoall_latency_s", "comm_exposed_fraction", "cpu_tflops",
 )  # fmt: skip
 # The fit is a maximum a posteriori estimate: each measurement's log error ~ N(0, DATA_SIGMA) and each
@@ -114,6 +115,7 @@ PRIOR_SIGMA = 0.5
 BOUNDS = {
     "fused_loss_bytes_per_vocab": (0.0, 12.0),
     "fast_kernels_activation_fraction": (0.3, 1.0),
+    "compile_activation_fraction": (0.3, 1.0),
     "fsdp_peft_checkpoint_copies": (0.0, 3.0),
     "cuda_context_gib": (0.2, 3.0),
     "reserve_fixed_gib": (0.0, 6.0),
@@ -125,6 +127,7 @@ BOUNDS = {
     "qlora_speed": (0.4, 1.5),
     "gptq_speed": (0.4, 1.5),
     "fast_kernels_speed": (0.8, 1.6),
+    "compile_speed": (0.8, 1.6),
     "layer_overhead_s": (0.0, 0.02),
     "expert_overhead_s": (0.0, 0.02),
     "alltoall_latency_s": (0.0, 0.02),

@@ -31,6 +31,9 @@ class Coefficients:
     # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
     # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them.
     fast_kernels_activation_fraction: float = 0.85
+    # The same for torch.compile (inductor fuses those element-wise chains too): its own coefficient, so
+    # compiled runs of other stacks never move fms-acceleration's kernel share (starts at the same value).
+    compile_activation_fraction: float = 0.85
     # Extra copies of the checkpointed layer inputs (2 h L bytes per token) that PEFT methods keep
     # under multi-GPU FSDP (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x from 1 to 2 GPUs).
     fsdp_peft_checkpoint_copies: float = 1.0
@@ -63,6 +66,7 @@ class Coefficients:
     qlora_speed: float = 0.87  # HF PEFT + bitsandbytes NF4 dequantisation (estimation.md §6)
     gptq_speed: float = 0.95  # fms-acceleration GPTQ triton kernels
     fast_kernels_speed: float = 1.12  # fused loss, RMSNorm and RoPE (fms-acceleration "foak")
+    compile_speed: float = 1.12  # torch.compile's fused element-wise kernels (starts at the foak value)
     # HBM passes over every byte the traced step creates (written once, read back at least once):
     # memory-bound time = bytes created x passes / HBM bandwidth.
     elementwise_passes: float = 2.0

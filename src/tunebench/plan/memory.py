@@ -210,9 +210,10 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
         extra = extra + vision_tower_bytes(w)
     if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
         extra = extra + m.largest_linear_params * 2.0
-    # torch.compile fuses the same element-wise chains (norm upcasts, RoPE, activation products) that
-    # fms-acceleration's RMSNorm/RoPE kernels fuse: the same calibrated share of activations is left
-    fused_layers = any(w.fast_kernels[1:]) or w.compiled
+    # fused RMSNorm/RoPE kernels (fms-acceleration) and torch.compile fuse element-wise chains (norm upcasts,
+    # RoPE, activation products): a calibrated share of the traced activations is left
+    fused_layers = any(w.fast_kernels[1:])
+    share = c.fast_kernels_activation_fraction if fused_layers else c.compile_activation_fraction
     out = {}
     # sequence parallelism: each GPU holds 1/sp of the tokens, and of the attention scores (Ulysses: all
     # tokens for 1/sp of the heads; ring attention: 1/sp of the queries); tensor parallelism with
@@ -224,8 +225,8 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
         if keep is not None and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep / split
         rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes / split, 0.0)
-        if fused_layers:
-            rest = rest * c.fast_kernels_activation_fraction
+        if fused_layers or w.compiled:
+            rest = rest * share
         rest = np.where(pipeline, rest / np.maximum(w.gpus, 1), rest)
         out[name] = (rest + loss + extra, moment.grad_share, loss)
     return out

@@ -261,7 +261,9 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
 def _group_notes(w) -> list[str]:
     """What the prediction of a group assumed: the model's reading, the attention, the activation source."""
     notes = [f"model: {a}" for a in w.structure.assumptions]
-    wanted = w.settings.get("flash_attn")
+    explicit, wanted = w.settings.get("attn_implementation"), w.settings.get("flash_attn")
+    if explicit is not None:
+        wanted = explicit.startswith("flash_attention")
     if (wanted or (wanted is None and w.on_gpu)) and w.attention != "flash":
         notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
     notes.extend(w.activations.notes)

@@ -75,8 +75,10 @@ def efficiency(w: Workload, c: Coefficients) -> float:
         eta *= c.qlora_speed
     elif w.method == "gptq-lora":
         eta *= c.gptq_speed
-    if any(w.fast_kernels) or w.compiled:  # torch.compile fuses the same element-wise chains (an assumption)
+    if any(w.fast_kernels):
         eta *= c.fast_kernels_speed
+    elif w.compiled:  # torch.compile's fused element-wise kernels
+        eta *= c.compile_speed
     return eta
 
 
