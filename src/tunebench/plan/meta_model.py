@@ -152,8 +152,7 @@ def remote_names(linears: list[Linear], family: str, layers_name: str, lm_head_n
     out: list[Linear] = []
     fused: dict[str, list[Linear]] = {}
     for lin in linears:
-        sub = lin.name[len(prefix):] if lin.name.startswith(prefix) else None
-        module = family_of.get(lin.leaf) if sub is not None and lin.part == "layers" else None
+        module = family_of.get(lin.leaf) if lin.part == "layers" and lin.name.startswith(prefix) else None
         if module is not None:
             fused.setdefault(module, []).append(lin)
         elif lin.name == lm_head_name:

@@ -158,7 +158,8 @@ class Structure:
 
     def stand_in_targets(self, target_modules: tuple[str, ...] | str | None) -> tuple[str, ...] | str | None:
         """target_modules as names of the built stand-in's modules (a remote-code family's fused c_attn ->
-        q_proj, k_proj, v_proj); unchanged for a model built under its own names."""
+        q_proj, k_proj, v_proj); unchanged for a model built under its own names. The trace then adapts
+        those modules in every layer (a regular expression naming some layers only is traced as all)."""
         if not self.stand_in or not target_modules or target_modules == "all-linear":
             return target_modules
         held = dict(self.stand_in)
