@@ -58,7 +58,8 @@ def measure(
     (that is a failed Result). The Result's actuator is the engine's actuator name."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
-    reasons = judge(experiment, entity, engine)
+    # the rules that ask this machine hold for a run that starts here (several nodes run elsewhere: Ray)
+    reasons = judge(experiment, entity, engine, here=values.get("number_nodes", 1) <= 1)
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif values.get("number_nodes", 1) > 1:
