@@ -58,7 +58,8 @@ def calibrate(
         typer.echo(f"saved to {target}")
 
 
-DEFAULT_SOURCE = "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan) + ado CPU example"
+DEFAULT_SOURCE = ("fms-acceleration runs + published runs (litgpt, PEFT, torchtitan, PEFT docs, torchtune, Unsloth, "
+                  "Liger-Kernel, Qwen) + ado CPU example")
 
 
 def gather_records(store: str | None, sources: list[Path] | None, replace: bool) -> tuple[list[Any], str]:
