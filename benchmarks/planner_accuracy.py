@@ -22,7 +22,7 @@ import numpy as np
 
 import baselines
 from tunebench.plan.calibration import (
-    MEMORY_KEYS, Batch, fit, leave_one_model_out, leave_one_source_out, mdape, measured, near_limit, scores,
+    MEMORY_KEYS, Batch, fit, leave_one_model_out, leave_one_source_out, mdape, measured, scores,
 )  # fmt: skip
 from tunebench.plan.measurements import default_records
 
