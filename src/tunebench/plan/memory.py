@@ -284,6 +284,7 @@ def _largest_moment(w: Workload, c: Coefficients, base, grads, grads_accumulated
 DS_BUCKETS = 2
 # ZeRO-3 stage3_max_live_parameters default (DeepSpeed zero/config.py): gathered parameters kept at once.
 DS_MAX_LIVE_PARAMS = 1e9
+DS_SUB_GROUP_PARAMS = 1e9  # zero_optimization sub_group_size default (DeepSpeed zero/config.py)
 
 
 def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
@@ -358,8 +359,10 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     grads = (n_train * p16 if opt.keeps_gradients else n_train * 0) / by(2)
     states = n_train * (opt.state_copies * state_elem + opt.state_bytes + master) / by(1)
     # the step converts each 16-bit gradient partition to an fp32 copy for the fp32 master weights
-    # (zero/stage_1_and_2.py step: single_grad_partition .to(fp32); stage3.py _prepare_fp32_grad_for_sub_group)
-    step_tmp = n_train * (opt.step_copies * state_elem + master) / by(1)
+    # (zero/stage_1_and_2.py step: single_grad_partition .to(fp32)); stage 3 steps one sub-group of
+    # sub_group_size parameters at a time (stage3.py _prepare_fp32_grad_for_sub_group; default 1e9)
+    stepped = np.where(z == 3, np.minimum(n_train / by(1), DS_SUB_GROUP_PARAMS), n_train / by(1))
+    step_tmp = stepped * (opt.step_copies * state_elem + master)
     units = np.minimum(w.structure.root_params + 2 * w.structure.largest_layer_params, DS_MAX_LIVE_PARAMS)
     gathered = np.where(z == 3, units * p16 * (1 - 1 / n), 0.0)
     buffers = np.where((z >= 1) & (z <= 2) & (n > 1), DS_BUCKETS * w.structure.hidden**2 * p16, 0.0)
