@@ -17,6 +17,7 @@ from typing import Any
 
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.versions import engine_reasons
+from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES
 
 NATIVE_HINT = "measure with --engine native"
 
@@ -130,15 +131,12 @@ def _attention_gpu(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
-# The packages transformers imports for each flash-attention (transformers.utils.import_utils).
-FLASH_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
-                  "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}  # fmt: skip
 
 
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention(values)
-    if attn in FLASH_PACKAGES and _gpus(values) > 0:
-        module, package = FLASH_PACKAGES[attn]
+    if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
+        module, package = FLASH_ATTENTION_PACKAGES[attn]
         if importlib.util.find_spec(module) is None:
             return [f"attn_implementation {attn} needs the {package} package, which is not installed here: install "
                     "it, or use attn_implementation sdpa"]  # fmt: skip

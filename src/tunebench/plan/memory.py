@@ -103,7 +103,6 @@ OPTIMIZERS: dict[str, OptimizerMemory] = {
 # packed zero per group of 128 (+ g_idx), ~4.16 bits.
 NF4_DQ_BYTES = (4 + 8 / 64 + 32 / (64 * 256)) / 8
 GPTQ_BYTES = 0.52
-ADAPTER_BYTES = 4  # PEFT keeps LoRA / prompt weights in fp32 (autocast_adapter_dtype=True)
 
 
 def _where(cond, a, b) -> np.ndarray:
@@ -245,10 +244,12 @@ def vision_tower_bytes(w: Workload) -> np.ndarray:
     return w.per_device_batch * w.image_encoder_tokens() * stored * w.compute_bytes
 
 
-def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray) -> np.ndarray:
+def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray, offloaded: bool = False) -> np.ndarray:
     """Bytes per GPU of the compute copies FSDP all-gathers (estimation.md §3; torchtitan FSDPMemTracker):
     the whole model where it gathers everything, else the root unit plus the current and prefetched
-    block (BACKWARD_PRE); 16-bit (mixed precision or pure) unless float32 without autocast."""
+    block (BACKWARD_PRE); 16-bit (mixed precision or pure) unless float32 without autocast. The GPU's own
+    shard is resident, so (1 - 1/degree) of a unit is gathered; with CPU offload (a sharded degree) the
+    whole unit is copied in."""
     m = w.structure
     compute_param = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
     if w.method == "qlora":
@@ -256,7 +257,8 @@ def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray) -
     elif w.method == "gptq-lora":
         compute_param = GPTQ_BYTES
     units = m.root_params + 2 * m.largest_layer_params
-    return np.where(gathers_all, m.total_params, units) * compute_param * (1 - 1 / degree)
+    gathered_share = np.where(offloaded & (degree > 1), 1.0, 1 - 1 / degree)
+    return np.where(gathers_all, m.total_params, units) * compute_param * gathered_share
 
 
 def _largest_moment(w: Workload, c: Coefficients, base, grads, grads_accumulated) -> tuple[np.ndarray, ...]:
@@ -304,7 +306,8 @@ def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
         return total * (1 - expert_share) / degree + total * expert_share / ep
 
     weights = shard(train_bytes + frozen)
-    gathered = _where(fsdp, gathered_weights(w, degree, gathers_all), 0.0)
+    offloaded = w.offload_params == "cpu" and w.backend == "FSDP"
+    gathered = _where(fsdp, gathered_weights(w, degree, gathers_all, offloaded), 0.0)
     grad_full = train_bytes if opt.keeps_gradients else train_bytes * 0
     grads = shard(grad_full)
     # FSDP.no_sync (HF Trainer + accelerate use it on non-final micro-batches unless sync_each_batch):
@@ -315,21 +318,24 @@ def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
     states = shard(n_train * (opt.state_copies * pbytes + opt.state_bytes))
     step_tmp = shard(n_train * opt.step_copies * pbytes)
     host = np.zeros(w.size)
-    if w.offload_params == "cpu" and w.backend == "FSDP":
+    if offloaded:
         # FSDP CPUOffload(offload_params=True): shards, their gradients and the optimizer step live on the
         # host; each unit is copied in and gathered whole for compute (torch FSDP docs, CPUOffload)
         host = weights + grads + states + step_tmp
-        gathered = _where(fsdp, gathered / (1 - 1 / np.maximum(degree, 2)), gathered)
         weights, grads, states, step_tmp = (np.zeros(w.size),) * 4
-    if (mode == "PP").any():
-        # device_map="auto": accelerate places whole layers so every GPU holds ~1/g of the model
-        split = np.where(mode == "PP", np.maximum(w.gpus, 1), 1.0)
-        weights, grads, grads_accumulated = weights / split, grads / split, grads_accumulated / split
-        states, step_tmp = states / split, step_tmp / split
+    # device_map="auto": accelerate places whole layers so every GPU holds ~1/g of the model
+    split = np.where(mode == "PP", np.maximum(w.gpus, 1), 1.0)
+    weights, grads, grads_accumulated = weights / split, grads / split, grads_accumulated / split
+    states, step_tmp = states / split, step_tmp / split
     ddp_buckets = _where(mode == "DDP", grad_full, 0.0)  # DDP gradient_as_bucket_view=False copy
     states_per_gpu = {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads_accumulated,
                       "states": states, "step_tmp": step_tmp, "buffers": ddp_buckets, "host": host}  # fmt: skip
     return {**{k: v / w.tp for k, v in states_per_gpu.items()}, "nvme": np.zeros(w.size)}
+
+
+def zero_partitions(w: Workload) -> np.ndarray:
+    """GPUs one parameter's optimizer state is split over under DeepSpeed: every rank from ZeRO stage 1."""
+    return np.where(w.zero_stage >= 1, w.devices, 1.0)
 
 
 def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:

@@ -245,6 +245,8 @@ _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_prob
 def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
     """Offloaded states against the node's RAM: over it the job does not fit; not given, a note says
     what the node needs."""
+    if not (need_gib > 0).any():
+        return
     for j, i in enumerate(idx):
         need = float(need_gib[j])
         if need <= 0:

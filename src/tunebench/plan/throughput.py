@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tunebench.plan.coefficients import Coefficients
-from tunebench.plan.memory import OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, trainable_params
+from tunebench.plan.memory import (
+    OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, trainable_params, zero_partitions,
+)  # fmt: skip
 from tunebench.plan.workload import Workload, total_steps
 
 # Network bandwidth per node for multi-node runs, GB/s per direction (assumptions, override with
@@ -173,7 +175,7 @@ def offload_seconds(w: Workload) -> np.ndarray:
     reads and writes of the states, and ZeRO-3 parameter fetches per micro-batch."""
     if not w.on_gpu or (w.offload_optimizer == "gpu" and w.offload_params == "gpu"):
         return np.zeros(w.size)
-    degree = np.where(w.zero_stage >= 1, w.devices, 1.0) if w.backend == "DeepSpeed" else sharding_degree(w)[0]
+    degree = zero_partitions(w) if w.backend == "DeepSpeed" else sharding_degree(w)[0]
     n = trainable_params(w) / degree
     per_node = w.gpus_per_node
     t = np.zeros(w.size)
@@ -196,7 +198,7 @@ def optimizer_seconds(w: Workload) -> np.ndarray:
     opt = OPTIMIZERS.get(w.optim, _ADAM)
     degree, _ = sharding_degree(w)
     if w.backend == "DeepSpeed":
-        degree = np.where(w.zero_stage >= 1, w.devices, 1.0)
+        degree = zero_partitions(w)
     pb = param_bytes(w)
     per_param = 3 * pb + 2 * (opt.state_copies * pb + opt.state_bytes)
     return trainable_params(w) / degree * per_param / (w.gpu.memory_bandwidth_gbps * 1e9)

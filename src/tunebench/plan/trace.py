@@ -16,8 +16,9 @@ quantity is extrapolated per layer and per token:
 ``act(b, s) = a0 + b (a1 s + a2 s^2)`` for the whole model, where ``a0`` holds the token-independent
 temporaries (e.g. the embedding's gradient) and ``a2`` the quadratic attention terms (eager
 attention scores, materialised masks). Two more traces with half the vocabulary measure the loss's
-bytes per vocabulary entry per token (the slope over length), so fused loss kernels can be accounted. Profiles are cached on
-disk per (config, method, checkpointing, dtype, autocast, attention, adapters).
+bytes per vocabulary entry per token (the slope over length), so fused loss kernels can be accounted.
+Profiles are cached on disk per (config, method, checkpointing and its mode, dtype, autocast, attention,
+adapters and their dtype, loss path).
 
 What tracing cannot see stays outside: CUDA context, allocator caching, NCCL buffers, FSDP gathers,
 4-bit weight bytes and dequantisation transients, kernels outside PyTorch (flash-attention 2 is
@@ -75,15 +76,8 @@ class TraceRequest:
 
     @property
     def key(self) -> str:
-        fields = asdict(self)
-        for name, default in LATER_FIELDS.items():  # fields added later count only when set: old keys hold
-            if fields[name] == default:
-                del fields[name]
-        text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
+        text = json.dumps({**asdict(self), "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-LATER_FIELDS = {"selective": False, "adapter_dtype": "float32", "loss": "upcast"}
 
 
 @dataclass(frozen=True)

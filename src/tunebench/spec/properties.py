@@ -54,6 +54,9 @@ AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
 # without them are unchanged. Names are the libraries' own where one exists.
 # transformers `attn_implementation` (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation).
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+# The module transformers imports for each flash-attention (transformers.utils.import_utils) and its package.
+FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                            "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}  # fmt: skip
 # The loss path: transformers upcasts the logits to fp32 (ForCausalLMLoss); chunked / in-place kernels keep
 # 16-bit logits (fms-acceleration fast_loss, torchtune CEWithChunkedOutputLoss, Unsloth); Liger's fused
 # linear cross-entropy never materialises the logits (liger_kernel.transformers LigerFusedLinearCrossEntropyLoss).

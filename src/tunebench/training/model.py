@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from tunebench.catalog import ModelSpec, get_model
 from tunebench.catalog.hf_config import config_dict
+from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -73,18 +74,14 @@ def cuda_available(use_cpu: bool = False) -> bool:
     return not use_cpu and torch.cuda.is_available()
 
 
-# The package transformers imports for each flash-attention (transformers.utils.import_utils).
-FLASH_ATTENTION_MODULES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
-
-
 def check_hardware(
     *, on_gpu: bool, use_flash_attn: bool, peft_method: str, auto_gptq: list[str] | None, weights: str,
     attn: str | None = None,
 ) -> None:  # fmt: skip
     """Fail before loading anything when the requested method/options cannot run here."""
     chosen = attn_implementation(use_flash_attn, attn)
-    if chosen in FLASH_ATTENTION_MODULES and not (on_gpu and importlib.util.find_spec(FLASH_ATTENTION_MODULES[chosen])):
-        package = FLASH_ATTENTION_MODULES[chosen].replace("_interface", " 3").replace("_", "-")
+    module, package = FLASH_ATTENTION_PACKAGES.get(chosen or "", (None, None))
+    if module and not (on_gpu and importlib.util.find_spec(module)):
         via = f"attn_implementation={chosen}" if attn else "use_flash_attn=True"
         raise HardwareError(f"flash-attention needs an NVIDIA GPU and the {package} package ({via})")
     if peft_method == "qlora":
