@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import random
 import shutil
@@ -206,6 +207,13 @@ CASES: list[tuple[str, list[str]]] = [
     c("target_modules", "run", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
     c("target_modules", "launch-plan", LORA, *ENTITY, "target_modules=q_proj,--weights,pretrained"),
     c("target_modules", "plan", LORA, *ENTITY, "target_modules=[\"--result_path\"]"),
+    # --- contents of files and values: a config.json's dimensions, broken or deeply nested JSON
+    *[c("model_name", cmd, LORA, "model_name=./" + name, "model_max_length=256", "number_gpus=1", "batch_size=1",
+        "gpu_model=A100") for cmd in ("plan", "validate", "launch-plan")
+      for name in ("heads0.json", "hidden_huge.json", "hidden_text.json", "no_hidden.json", "layers_neg.json",
+                   "deep_config.json")],  # fmt: skip
+    c("target_modules", "validate", LORA, *ENTITY, 'target_modules=["q_proj"'),
+    c("target_modules", "plan", LORA, *ENTITY, "target_modules=" + "[" * 50_000),
     c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
     c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
     c("dataset_image_field", "launch-plan", LORA, *ENTITY, "dataset_image_field=-x"),
@@ -332,6 +340,13 @@ def files(tmp_path_factory) -> Path:
     (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
                                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
     (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
+    tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
+    for name, changed in (("heads0", {"num_attention_heads": 0}), ("hidden_huge", {"hidden_size": 10**15}),
+                          ("hidden_text", {"hidden_size": "abc"}), ("no_hidden", {"hidden_size": None}),
+                          ("layers_neg", {"num_hidden_layers": -1})):  # fmt: skip
+        (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
+    (root / "deep_config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (root / "notyaml.yaml").write_text("experiments: [\n  - id: x\n")
     return root
 

@@ -8,7 +8,7 @@ import pytest
 
 from tunebench.plan.memory import memory_breakdown, predict_memory
 from tunebench.plan.predictor import predict
-from tunebench.plan.throughput import predict_throughput
+from tunebench.plan.throughput import offload_seconds, optimizer_seconds, predict_throughput
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.validity import check_values
 from test_plan_memory import UNIT, states, workload
@@ -174,6 +174,23 @@ def test_tensor_parallelism_splits_states_and_activations():
     a, b = memory_breakdown(dp, UNIT), memory_breakdown(tp, UNIT)
     assert b["weights"][0] == pytest.approx(a["weights"][0] / 2)
     assert b["activations"][0] == pytest.approx(a["activations"][0] / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("backend", ["DDP", "FSDP", "DeepSpeed"])
+def test_optimizer_and_offload_time_follow_the_states_each_rank_holds_under_tensor_parallelism(backend):
+    # each rank steps the states it holds: tensor parallelism halves them under DDP; sharded over all 8
+    # GPUs (FSDP, ZeRO-2) they are 1/8 with or without it, and so is the step's time
+    base = {"number_gpus": 8, "distributed_backend": backend, "model_max_length": 1024, "bf16": True}
+    one = workload("full", **base, batch_size=8)
+    two = workload("full", **base, batch_size=4, tensor_parallel_degree=2)
+    ratio = memory_breakdown(two, UNIT)["optimizer_states"][0] / memory_breakdown(one, UNIT)["optimizer_states"][0]
+    assert ratio == pytest.approx(0.5 if backend == "DDP" else 1.0, rel=0.05)
+    assert optimizer_seconds(two)[0] / optimizer_seconds(one)[0] == pytest.approx(ratio, rel=0.05)
+    if backend != "DDP":
+        off = {"fsdp_offload_params": True} if backend == "FSDP" else {"offload_optimizer_device": "cpu"}
+        one_off = offload_seconds(workload("full", **base, **off, batch_size=8))[0]
+        two_off = offload_seconds(workload("full", **base, **off, batch_size=4, tensor_parallel_degree=2))[0]
+        assert two_off == pytest.approx(one_off, rel=0.05)
 
 
 def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_parallel_ranks():

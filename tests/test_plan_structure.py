@@ -150,7 +150,7 @@ def test_remote_code_config_is_read_generically_with_its_assumptions(tmp_path):
 def test_config_without_the_usual_fields_is_an_input_error(tmp_path):
     path = tmp_path / "odd.json"
     path.write_text(json.dumps({"model_type": "somethingnew", "width": 10}))
-    with pytest.raises(InputError, match="lacks hidden_size"):
+    with pytest.raises(InputError, match="hidden_size missing"):
         structure_of(get_model(str(path)))
 
 

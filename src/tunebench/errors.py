@@ -8,6 +8,7 @@ domain, is. The CLI prints ``str(error)`` on one line and exits with code 2.
 from __future__ import annotations
 
 import difflib
+import json
 import unicodedata
 from collections.abc import Iterable
 
@@ -42,6 +43,16 @@ def one_of(values: Iterable[object], limit: int = 12) -> str:
     return ", ".join(items)
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """repr(value) for an error message, its middle cut when longer than limit characters (a 50,000-
+    character value echoed back would bury the message)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return f"{text[:half]}…{text[-half:]} ({len(text):,} characters)"
+
+
 def one_line(text: str) -> str:
     """text as one printable line: line breaks and tabs become spaces, other control characters are
     escaped (a value echoed back can neither break the line nor send terminal escape sequences)."""
@@ -59,3 +70,12 @@ def one_line(text: str) -> str:
 def has_control_characters(text: str) -> bool:
     """Whether text holds a control character (line breaks, tabs and escapes included)."""
     return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+def parse_json(text: str) -> object:
+    """JSON text as Python values. ValueError for text that is not JSON, including nesting deeper than the
+    interpreter's recursion limit (the json module recurses per level and raises RecursionError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunebench.errors import InputError, suggest
+from tunebench.errors import InputError, parse_json, suggest
 
 DATA = Path(__file__).parent / "data"
 
@@ -158,6 +158,29 @@ def text_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**text, "model_type": text.get("model_type")} if isinstance(text, dict) else cfg
 
 
+# Bounds of a config's dimensions: an order of magnitude beyond the largest published model (hidden 18,432
+# for PaLM-540B, 126 layers for Llama-3.1-405B, 256 k vocabulary for Gemma), so a typo or an overflow is
+# refused before it reaches the planner's arithmetic or a tensor allocation. None: the field may be absent.
+DIMENSION_BOUNDS = {
+    "hidden_size": (1, 2**20, True), "num_hidden_layers": (1, 10_000, True), "vocab_size": (1, 2**24, True),
+    "num_attention_heads": (1, 2**16, False), "num_key_value_heads": (1, 2**16, False),
+    "head_dim": (1, 2**16, False), "intermediate_size": (1, 2**24, False), "num_local_experts": (0, 2**16, False),
+    "num_experts_per_tok": (0, 2**16, False),
+}  # fmt: skip
+
+
+def check_dimensions(fields: dict[str, Any], name: str) -> None:
+    """Refuse a config whose model dimensions are missing, not integers, or out of DIMENSION_BOUNDS: one
+    line naming the file and the field (a missing hidden_size would otherwise take transformers' default)."""
+    for key, (low, high, required) in DIMENSION_BOUNDS.items():
+        value = fields.get(key)
+        if value is None and not required:
+            continue
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            got = "missing" if value is None else repr(value)[:40]
+            raise InputError("model_name", f"config {name!r}: {key} {got}", allowed=f"an integer {low}..{high:,}")
+
+
 def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = None) -> ModelSpec:
     """A ModelSpec from a Hugging Face config dict of any model type (key names differ per family).
 
@@ -180,12 +203,17 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
     vocab = _first(text, *VOCAB_KEYS)
     if text_type == "chatglm":
         vocab, kv = chatglm_fields(text)["vocab_size"], chatglm_fields(text)["num_key_value_heads"]
-    intermediate = _first(text, *FFN_KEYS)
-    if intermediate is None and hidden and text.get("expansion_ratio"):
-        intermediate = int(text["expansion_ratio"] * hidden)  # MPT
-    if intermediate is None and hidden and text_type in ("gpt_bigcode", "bloom", "gpt2", "falcon", "gpt_neox"):
+    layers, intermediate = _first(text, *LAYER_KEYS), _first(text, *FFN_KEYS)
+    check_dimensions({"hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": vocab, "num_attention_heads": heads,
+                      "num_key_value_heads": kv, "head_dim": _first(text, "head_dim", "kv_channels"),
+                      "intermediate_size": intermediate, "num_local_experts": _first(text, *EXPERT_KEYS),
+                      "num_experts_per_tok": _first(text, "num_experts_per_tok", "moe_top_k", "top_k")}, name)  # fmt: skip
+    ratio = text.get("expansion_ratio")
+    if intermediate is None and isinstance(ratio, (int, float)) and 0 < ratio <= 64:
+        intermediate = int(ratio * hidden)  # MPT
+    if intermediate is None and text_type in ("gpt_bigcode", "bloom", "gpt2", "falcon", "gpt_neox"):
         intermediate = 4 * hidden  # these families default to a 4 x hidden MLP
-    head_dim = _first(text, "head_dim", "kv_channels") or (hidden // heads if hidden and heads else None)
+    head_dim = _first(text, "head_dim", "kv_channels") or (hidden // heads if heads else None)
     tie = _first(cfg, "tie_word_embeddings")
     if tie is None:
         tie = _first(text, "tie_word_embeddings")
@@ -201,7 +229,7 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
         architectures=tuple(cfg.get("architectures") or ()),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=_first(text, *LAYER_KEYS),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv,
         head_dim=head_dim,
@@ -231,8 +259,8 @@ def load_config_model(value: str) -> ModelSpec:
     if not path.is_file():
         raise InputError("model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path")
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        cfg = parse_json(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError("model_name", f"cannot read {str(path)!r} as JSON: {exc}") from None
     if not isinstance(cfg, dict):
         raise InputError("model_name", f"{str(path)!r} is not a JSON object", allowed="a Hugging Face config.json")

@@ -10,7 +10,6 @@ and optionally ``memory_bandwidth_gbps``, ``fp16_tflops``, ``fp32_tflops`` and `
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tunebench.catalog.gpus import FLOP_PER_BYTE, LABEL, GPUSpec
-from tunebench.errors import InputError
+from tunebench.errors import InputError, parse_json
 
 REQUIRED = "name, memory_gib (or memory_mib), bf16_tflops, interconnect_gbps"
 
@@ -97,7 +96,7 @@ def read_catalog(path: str) -> tuple[GPUSpec, ...]:
     file = Path(path).expanduser()
     try:
         text = file.read_text()
-        data = json.loads(text) if file.suffix == ".json" else _yaml(text)
+        data = parse_json(text) if file.suffix == ".json" else _yaml(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError("--gpu-catalog", f"cannot read {str(file)!r}: {exc}", allowed="a JSON or YAML file") from None
     entries = data.get("gpus") if isinstance(data, dict) else data

@@ -17,7 +17,7 @@ from typing import Any
 
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.versions import engine_reasons
-from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES
+from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, fast_loss_on, loss_path
 
 NATIVE_HINT = "measure with --engine native"
 
@@ -48,15 +48,9 @@ def attention(values: dict[str, Any]) -> str | None:
     return "flash_attention_2" if flash_attn_on(values) else None
 
 
-def fast_loss_on(values: dict[str, Any]) -> bool:
-    """fast_kernels' first flag (fms-acceleration-foak's fast cross-entropy)."""
-    kernels = values.get("fast_kernels") or []
-    return bool(kernels) and kernels[0] not in (None, False, "False", "false", "")
-
-
 def loss(values: dict[str, Any]) -> str:
-    """The loss implementation asked for: loss_implementation, else chunked with fast_loss, else upcast."""
-    return values.get("loss_implementation") or ("chunked" if fast_loss_on(values) else "upcast")
+    """The loss implementation asked for (spec.properties.loss_path)."""
+    return loss_path(values.get("loss_implementation"), values.get("fast_kernels"))
 
 
 def _gpus(values: dict[str, Any]) -> int:
@@ -161,7 +155,7 @@ def _loss_package(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
-    asked, fast = values.get("loss_implementation"), fast_loss_on(values)
+    asked, fast = values.get("loss_implementation"), fast_loss_on(values.get("fast_kernels"))
     if asked == "fused_linear":
         return [f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
                 "(needs liger-kernel and a GPU)"]  # fmt: skip

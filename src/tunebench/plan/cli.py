@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunebench.errors import InputError
+from tunebench.errors import InputError, parse_json
 from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
 from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
@@ -58,9 +58,9 @@ def _batch_lines(path: Path) -> list[tuple[int, tuple[Any, Any] | InputError]]:
 
 def _batch_item(line: str) -> tuple[Any, Any] | InputError:
     try:
-        req = json.loads(line)
-    except json.JSONDecodeError as exc:
-        return InputError("--batch", f"not JSON: {exc.msg}")
+        req = parse_json(line)
+    except ValueError as exc:
+        return InputError("--batch", f"not JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity", {}), dict):
         return InputError("--batch", 'expected {"experiment": ID, "entity": {...}}')
     try:

@@ -333,9 +333,15 @@ def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
     return {**{k: v / w.tp for k, v in states_per_gpu.items()}, "nvme": np.zeros(w.size)}
 
 
-def zero_partitions(w: Workload) -> np.ndarray:
-    """GPUs one parameter's optimizer state is split over under DeepSpeed: every rank from ZeRO stage 1."""
-    return np.where(w.zero_stage >= 1, w.devices, 1.0)
+def state_partitions(w: Workload) -> np.ndarray:
+    """Ways one trainable parameter's optimizer state is split over GPUs, as torch_states and
+    deepspeed_states divide it: the tensor-parallel degree times ZeRO's data-parallel ranks (from stage
+    1) or FSDP's sharding degree; a device_map split spreads whole layers over every GPU."""
+    if w.backend == "DeepSpeed":
+        data = np.where(w.zero_stage >= 1, w.devices / w.tp, 1.0)
+    else:
+        data = sharding_degree(w)[0]
+    return data * w.tp * np.where(w.mode() == "PP", np.maximum(w.gpus, 1), 1.0)
 
 
 def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:

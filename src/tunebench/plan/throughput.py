@@ -20,7 +20,7 @@ import numpy as np
 
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import (
-    OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, trainable_params, zero_partitions,
+    OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, state_partitions, trainable_params,
 )  # fmt: skip
 from tunebench.plan.workload import Workload, total_steps
 
@@ -175,8 +175,8 @@ def offload_seconds(w: Workload) -> np.ndarray:
     reads and writes of the states, and ZeRO-3 parameter fetches per micro-batch."""
     if not w.on_gpu or (w.offload_optimizer == "gpu" and w.offload_params == "gpu"):
         return np.zeros(w.size)
-    degree = zero_partitions(w) if w.backend == "DeepSpeed" else sharding_degree(w)[0]
-    n = trainable_params(w) / degree
+    split = state_partitions(w)
+    n = trainable_params(w) / split
     per_node = w.gpus_per_node
     t = np.zeros(w.size)
     if w.offload_optimizer != "gpu":
@@ -184,7 +184,7 @@ def offload_seconds(w: Workload) -> np.ndarray:
         if w.offload_optimizer == "nvme":
             t = t + n * 12 * 2 * per_node / (NVME_GBPS * 1e9)  # states read and written back
     if w.offload_params != "gpu":
-        fetched = w.structure.total_params * 2 / degree  # the local 16-bit shard, forward and backward
+        fetched = w.structure.total_params * 2 / split  # the local 16-bit shard, forward and backward
         t = t + w.grad_accum * 2 * fetched / (PCIE_GBPS * 1e9)
         if w.offload_params == "nvme":
             t = t + w.grad_accum * 2 * fetched * per_node / (NVME_GBPS * 1e9)
@@ -196,12 +196,9 @@ def optimizer_seconds(w: Workload) -> np.ndarray:
     if w.gpu is None or w.offload_optimizer != "gpu":
         return np.zeros(w.size)  # offloaded: offload_seconds
     opt = OPTIMIZERS.get(w.optim, _ADAM)
-    degree, _ = sharding_degree(w)
-    if w.backend == "DeepSpeed":
-        degree = zero_partitions(w)
     pb = param_bytes(w)
     per_param = 3 * pb + 2 * (opt.state_copies * pb + opt.state_bytes)
-    return trainable_params(w) / degree * per_param / (w.gpu.memory_bandwidth_gbps * 1e9)
+    return trainable_params(w) / state_partitions(w) * per_param / (w.gpu.memory_bandwidth_gbps * 1e9)
 
 
 @dataclass

@@ -11,14 +11,13 @@ breaks a validity rule (e.g. batch_size 0, rule 4) is a valid request with is_va
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tunebench.errors import InputError, has_control_characters, one_of, suggest
+from tunebench.errors import InputError, has_control_characters, one_of, parse_json, shown, suggest
 
 REQUIRED = object()  # sentinel default of a required property
 
@@ -67,11 +66,25 @@ ADAPTER_DTYPES = ("float32", "bfloat16", "float16")
 # torchtitan activation_checkpoint.mode: full (every block's input kept, the block recomputed) or
 # selective (op-level: matmul outputs kept, cheap element-wise ops recomputed).
 CHECKPOINTING_MODES = ("full", "selective")
+
 # accelerate deepspeed_config offload_optimizer_device / offload_param_device (DeepSpeed zero_optimization
 # offload_optimizer.device / offload_param.device).
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # transformers from_pretrained(device_map="auto"): the layers split over the process's GPUs (naive pipeline).
 DEVICE_MAPS = (None, "auto")
+
+
+def fast_loss_on(fast_kernels: Any) -> bool:
+    """fast_kernels' first flag, fms-acceleration-foak's fast cross-entropy (entity values are bools,
+    the worker's command line passes "True"/"False")."""
+    return bool(fast_kernels) and str(fast_kernels[0]).lower() in ("true", "1")
+
+
+def loss_path(loss_implementation: str | None, fast_kernels: Any) -> str:
+    """The loss implementation a run uses: loss_implementation, else chunked with fast_kernels' fast_loss
+    (the property's None), else transformers' upcast."""
+    return loss_implementation or ("chunked" if fast_loss_on(fast_kernels) else "upcast")
+
 
 # Integers are stored in 64-bit INTEGER columns (and computed on as int64): the machine's bounds.
 INT_MAX = 2**63 - 1
@@ -149,7 +162,7 @@ class Property:
         return parser(self, raw)
 
     def error(self, raw: Any, why: str = "") -> InputError:
-        return InputError(self.name, why or f"invalid value {raw!r}", allowed=self.domain())
+        return InputError(self.name, why or f"invalid value {shown(raw)}", allowed=self.domain())
 
 
 def _fmt(value: Any) -> str:
@@ -247,11 +260,13 @@ def _split_list(raw: Any) -> list[Any]:
     text = str(raw).strip()
     if text.startswith("["):
         try:
-            loaded = json.loads(text)
-        except json.JSONDecodeError:
+            loaded = parse_json(text)
+        except ValueError:
             loaded = None
         if isinstance(loaded, list):
             return loaded
+        if not text.endswith("]") or '"' in text:  # broken JSON; ['a', 'b'] (a Python list) still reads
+            return []
         text = text.strip("[]")
     return [part.strip().strip("'\"") for part in text.replace(",", " ").split() if part.strip()]
 
@@ -259,10 +274,10 @@ def _split_list(raw: Any) -> list[Any]:
 def _parse_list(prop: Property, raw: Any) -> tuple[str, ...]:
     items = _split_list(raw)
     if not items or not all(isinstance(i, str) and i for i in items):
-        raise prop.error(raw, f"{raw!r} is not a list of names")
+        raise prop.error(raw, f"{shown(raw)} is not a list of names")
     for item in items:
         if has_control_characters(item) or (prop.pattern and not re.fullmatch(prop.pattern[0], item)):
-            raise prop.error(raw, f"{item!r} is not a name")
+            raise prop.error(raw, f"{shown(item)} is not a name")
     return tuple(items)
 
 

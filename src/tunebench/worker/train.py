@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from tunebench.catalog import ModelSpec
+from tunebench.spec.properties import loss_path
 from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
 from tunebench.training import adapters, data, loss as loss_mod, model as model_mod, tokenizer as tok_mod, vision
 from tunebench.worker.args import WorkerConfig
@@ -242,12 +243,8 @@ def build_model(
 
 
 def loss_implementation(config: WorkerConfig) -> str:
-    """The loss path of the run: --loss_implementation, else chunked with fast_kernels' fast_loss (the
-    property's None), else transformers' upcast."""
-    if config.loss_implementation:
-        return config.loss_implementation
-    fast_loss = bool(config.fast_kernels) and str(config.fast_kernels[0]).lower() in ("true", "1")
-    return "chunked" if fast_loss else "upcast"
+    """The loss path of the run (spec.properties.loss_path of its flags)."""
+    return loss_path(config.loss_implementation, config.fast_kernels)
 
 
 def stack_settings(config: WorkerConfig, model: torch.nn.Module, on_gpu: bool) -> dict[str, Any]:
