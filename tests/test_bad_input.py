@@ -214,6 +214,20 @@ CASES: list[tuple[str, list[str]]] = [
                    "deep_config.json")],  # fmt: skip
     c("target_modules", "validate", LORA, *ENTITY, 'target_modules=["q_proj"'),
     c("target_modules", "plan", LORA, *ENTITY, "target_modules=" + "[" * 50_000),
+    c("space", "explore", "dupkey.yaml"),
+    c("--gpu-catalog", "plan", LORA, *GPU_ENTITY[:-1], "gpu_model=BIGGPU", "--gpu-catalog", "gpus_huge.yaml"),
+    c("--gpu-catalog", "plan", LORA, *GPU_ENTITY[:-1], "gpu_model=X", "--gpu-catalog", "gpus_dupkey.yaml"),
+    # --- counts that would enumerate or launch without end: capped where they enter
+    c("number_gpus", "launch-plan", LORA, "model_name=smollm2-135m", "model_max_length=64", "number_gpus=100000",
+      "batch_size=100000", "gpu_model=A100", "number_nodes=100000"),
+    c("number_nodes", "validate", LORA, *GPU_ENTITY, "number_nodes=100000"),
+    c("--max-gpus", "recommend", LORA, *GPU_ENTITY, "--max-gpus", "1000000"),
+    c("--gpus-per-node", "recommend", LORA, *GPU_ENTITY, "--gpus-per-node", "1000000"),
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "100000"),
+    c("--params-b", "deploy-spec", "--params-b", "1e30"),
+    c("--gpu-memory-gb", "deploy-spec", "--params-b", "7", "--gpu-memory-gb", "1e300"),
+    c("entity_space.model_max_length", "explore", "range_huge.yaml"),
+    c("actuator.nccl_env", "launch-plan", LORA, *GPU_ENTITY, "number_nodes=2", "--nccl-env", "NCCL_IB_HCA=mlx5\nrm -rf /"),
     c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
     c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
     c("dataset_image_field", "launch-plan", LORA, *ENTITY, "dataset_image_field=-x"),
@@ -346,6 +360,11 @@ def files(tmp_path_factory) -> Path:
                           ("hidden_text", {"hidden_size": "abc"}), ("no_hidden", {"hidden_size": None}),
                           ("layers_neg", {"num_hidden_layers": -1})):  # fmt: skip
         (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
+    (root / "dupkey.yaml").write_text((root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}"))
+    (root / "gpus_huge.yaml").write_text("gpus:\n  - {name: BIGGPU, memory_gib: 1e300, bf16_tflops: 1, interconnect_gbps: 1}\n")
+    (root / "gpus_dupkey.yaml").write_text("gpus:\n  - {name: X, name: Y, memory_gib: 8, bf16_tflops: 1, interconnect_gbps: 1}\n")
+    (root / "range_huge.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
+        **space["entity_space"], "model_max_length": {"min": 1, "max": 1e308}}}))  # fmt: skip
     (root / "deep_config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (root / "notyaml.yaml").write_text("experiments: [\n  - id: x\n")
     return root

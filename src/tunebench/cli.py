@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import click
 import typer
+from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
@@ -24,9 +25,10 @@ from tunebench.datasets.cli import app as datasets_app
 from tunebench.engines import NATIVE
 from tunebench.engines.cli import app as engines_app
 from tunebench.errors import InputError, one_line
+from tunebench.limits import MAX_CPU_PROCESSES
 from tunebench.explore.cli import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
-from tunebench.inputs import Count, Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
+from tunebench.inputs import Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
 from tunebench.plan.cli import register as register_plan
 from tunebench.report.cli import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
@@ -298,7 +300,7 @@ class RunOptions(Options):
     data_dir: OutputDir | None
     output_dir: OutputDir | None
     timeout: Seconds
-    cpu_processes: Count
+    cpu_processes: Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)]
     host_memory_limit_gib: Positive | None
     engine: Engine
 

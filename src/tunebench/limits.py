@@ -50,3 +50,8 @@ def check_disk(field: str, need: float, where: str | Path, what: str) -> None:
         raise InputError(
             field, f"{what} needs about {human_bytes(need)} of disk; {human_bytes(have)} is free in {str(where)!r}"
         )
+
+
+# gloo DDP on one host: every process holds a copy of the model and a connection to every other, so n
+# processes open n*(n-1) connections; 256 processes (65,280 connections) is far past any CPU worth it.
+MAX_CPU_PROCESSES = 256

@@ -10,10 +10,12 @@ docs/multinode.md. Source of the NCCL defaults: NCCL's environment-variable docu
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from typing import Any
 
-from tunebench.errors import InputError
+from tunebench.errors import InputError, has_control_characters, shown
 
 # name -> (NCCL's default when unset, what a RoCE v2 fabric usually sets, what it does)
 ROCE_SETTINGS: dict[str, tuple[str, str, str]] = {
@@ -30,6 +32,9 @@ ROCE_SETTINGS: dict[str, tuple[str, str, str]] = {
 DECIDED = "NCCL_IB_DISABLE"  # set from enable_roce, never by the user
 
 
+NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]+")  # NCCL's variables (NCCL docs, Environment Variables)
+
+
 def check_nccl_env(nccl_env: Mapping[str, Any] | None) -> dict[str, str]:
     """The user's NCCL variables as strings; InputError for a name outside NCCL_* or NCCL_IB_DISABLE."""
     out: dict[str, str] = {}
@@ -40,7 +45,10 @@ def check_nccl_env(nccl_env: Mapping[str, Any] | None) -> dict[str, str]:
                 allowed=f"NCCL_* variables except {DECIDED} (set by enable_roce), e.g. " + ", ".join(ROCE_SETTINGS),
             )  # fmt: skip
         if not isinstance(value, str | int) or isinstance(value, bool):
-            raise InputError("actuator.nccl_env", f"{name} must be a string or integer, got {value!r}")
+            raise InputError("actuator.nccl_env", f"{name} must be a string or integer, got {shown(value)}")
+        if not NCCL_NAME.fullmatch(str(name)) or has_control_characters(str(value)) or len(str(value)) > 4096:
+            raise InputError("actuator.nccl_env", f"{shown(name)}={shown(value)} is not one line of NAME=VALUE",
+                             allowed="NCCL_[A-Z0-9_]+ and a value of at most 4,096 printable characters")  # fmt: skip
         out[str(name)] = str(value)
     return out
 

@@ -28,13 +28,15 @@ class GPUNumbers(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
-    memory_gib: float | None = Field(default=None, gt=0)
-    memory_mib: float | None = Field(default=None, gt=0)
-    bf16_tflops: float = Field(gt=0)
-    interconnect_gbps: float = Field(gt=0)
-    memory_bandwidth_gbps: float | None = Field(default=None, gt=0)
-    fp16_tflops: float | None = Field(default=None, gt=0)
-    fp32_tflops: float | None = Field(default=None, gt=0)
+    # upper bounds ~100x beyond today's largest (B200/GB200: 180-186 GiB, 2.25-2.5 PFLOPS dense bf16,
+    # 8 TB/s HBM, 900 GB/s NVLink 5 per direction): a typo or 1e300 is refused before any arithmetic
+    memory_gib: float | None = Field(default=None, gt=0, le=100_000)
+    memory_mib: float | None = Field(default=None, gt=0, le=100_000 * 1024)
+    bf16_tflops: float = Field(gt=0, le=1_000_000)
+    interconnect_gbps: float = Field(gt=0, le=100_000)
+    memory_bandwidth_gbps: float | None = Field(default=None, gt=0, le=1_000_000)
+    fp16_tflops: float | None = Field(default=None, gt=0, le=1_000_000)
+    fp32_tflops: float | None = Field(default=None, gt=0, le=1_000_000)
     aliases: tuple[str, ...] = ()
 
     @field_validator("name")
@@ -93,10 +95,12 @@ def _first_error(exc: ValidationError) -> str:
 @functools.lru_cache(maxsize=8)
 def read_catalog(path: str) -> tuple[GPUSpec, ...]:
     """The GPUs of a user catalog file (see module docstring); InputError naming the file and entry."""
+    from tunebench import yamlfile  # imports yaml: only when a catalog is read
+
     file = Path(path).expanduser()
     try:
         text = file.read_text()
-        data = parse_json(text) if file.suffix == ".json" else _yaml(text)
+        data = parse_json(text) if file.suffix == ".json" else yamlfile.load_yaml(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise InputError("--gpu-catalog", f"cannot read {str(file)!r}: {exc}", allowed="a JSON or YAML file") from None
     entries = data.get("gpus") if isinstance(data, dict) else data
@@ -108,12 +112,3 @@ def read_catalog(path: str) -> tuple[GPUSpec, ...]:
             raise InputError("--gpu-catalog", f"{file.name}: gpus[{i}] is not a mapping", allowed=REQUIRED)
         out.append(GPUNumbers.checked(f"--gpu-catalog {file.name} gpus[{i}]", **entry).spec())
     return tuple(out)
-
-
-def _yaml(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None

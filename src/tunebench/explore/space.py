@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tunebench import yamlfile
 from tunebench.errors import InputError
 from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
 from tunebench.inputs import FiniteFloat, Seconds, input_error, read_text
@@ -192,25 +192,14 @@ def load_space(path: str | Path) -> Space:
     return parse_space(load_yaml(read_text(path, "space"), str(path)))
 
 
-class _SpaceLoader(yaml.SafeLoader):
-    """Safe YAML without aliases: ``*name`` lets a few lines stand for billions of values (a "YAML
-    bomb"), which validation and the stored copy of the space would expand."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.events.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in space files", mark)
-        return super().compose_node(parent, index)
-
-
 def load_yaml(text: str, where: str = "space") -> Any:
-    """The content of a space file's YAML text; InputError (field space) if it is not YAML we read."""
+    """The content of a space file's YAML text; InputError (field space) if it is not YAML we read
+    (tunebench.yamlfile: no aliases, no duplicated keys)."""
     try:
-        return yaml.load(text, Loader=_SpaceLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as exc:
-        raise InputError("space", f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise InputError("space", f"{where} is nested too deeply") from None
+        return yamlfile.load_yaml(text)
+    except ValueError as exc:
+        what = "is nested too deeply" if str(exc) == "nested too deeply" else f"is not valid YAML: {exc}"
+        raise InputError("space", f"{where} {what}") from None
 
 
 def parse_space(raw: Any) -> Space:
@@ -263,9 +252,10 @@ def _dimension(name: str, value: Any) -> Dimension:
         except ValidationError as exc:
             raise input_error(exc, prefix=where) from None
         integral = all(float(x).is_integer() for x in (r.min, r.max, r.step))
-        count = int(math.floor((r.max - r.min) / r.step + 1e-9)) + 1
+        count = math.floor((r.max - r.min) / r.step + 1e-9) + 1
         if count > MAX_GRID_POINTS:
-            raise InputError(where, f"range has {count:,} values")
+            shown = f"{count:,}" if count < 1e15 else f"{float(count):.3g}"
+            raise InputError(where, f"range has {shown} values", allowed=f"at most {MAX_GRID_POINTS:,}")
         if integral:
             values = tuple(int(r.min) + i * int(r.step) for i in range(count))
         else:

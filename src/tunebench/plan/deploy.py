@@ -23,10 +23,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from tunebench.errors import InputError, has_control_characters
-from tunebench.inputs import NonNegative, NonNegativeInt, Options, Positive, Printable, Text, parse
+from tunebench.inputs import Options, Printable, Text, parse
 
 BYTES_PER_PARAM = {"none": 2.0, "8bit": 1.0, "4bit": 0.5}
 OVERHEAD = 1.5  # "+ 50 % additional memory" (watsonx.ai 'Creating customized hardware specifications')
@@ -83,11 +85,12 @@ class DeploySpec:
 class Sizing(Options):
     """The inputs of the formula (named as deploy-spec's options)."""
 
-    params_b: Positive
+    # upper bounds ~100x past today's largest (1-2 T parameter models, 180 GB GPUs): a typo, not a plan
+    params_b: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]
     quantization: Literal["none", "8bit", "4bit"]  # BYTES_PER_PARAM's keys
-    adapters: NonNegativeInt
-    adapter_size_gb: NonNegative
-    gpu_memory_gb: Positive
+    adapters: Annotated[int, Field(ge=0, le=1_000_000)]
+    adapter_size_gb: Annotated[float, Field(ge=0, le=100_000, allow_inf_nan=False)]
+    gpu_memory_gb: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]
     name: Text | None = None
     description: Printable | None = None
 

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tunebench.inputs import (
-    Count,
     EnvName,
     FiniteFloat,
     NonNegative,
@@ -29,6 +28,7 @@ from tunebench.inputs import (
     parse,
 )
 from tunebench.limits import check_memory
+from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
 
 # Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
@@ -88,8 +88,8 @@ class PlannerOptions(Options):
 
 
 class RecommendOptions(Options):
-    gpus_per_node: Count
-    max_gpus: Count
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    max_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
 
 
 def check_recommend(gpus_per_node: int, max_gpus: int) -> None:

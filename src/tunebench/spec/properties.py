@@ -86,6 +86,10 @@ def loss_path(loss_implementation: str | None, fast_kernels: Any) -> str:
     return loss_implementation or ("chunked" if fast_loss_on(fast_kernels) else "upcast")
 
 
+# The most GPUs (and nodes) an entity may name: the largest published training job, Llama 3 405B on 16,384
+# H100s (Llama Team, "The Llama 3 Herd of Models", 2024, §3.3). More is surely a typo, and a launch plan
+# or a recommendation would enumerate every one of them.
+MAX_GPUS = 16_384
 # Integers are stored in 64-bit INTEGER columns (and computed on as int64): the machine's bounds.
 INT_MAX = 2**63 - 1
 INT_MIN = -(2**63)
@@ -133,6 +137,8 @@ class Property:
                 text = noun
             elif self.maximum is None:
                 text = f"{noun} >= {_fmt(self.minimum)}"
+            elif self.minimum is None:
+                text = f"{noun} <= {_fmt(self.maximum)}"
             else:
                 text = f"{noun} in [{_fmt(self.minimum)}, {_fmt(self.maximum)}]"
             if self.special:
@@ -344,7 +350,7 @@ PROPERTIES: dict[str, Property] = {
         _p("model_max_length", "int", "Maximum sequence length in tokens; sequences are right padded and truncated.",
            minimum=1),
         _p("number_gpus", "int", "The effective number of GPUs, evenly distributed to number_nodes machines; 0 = CPU.",
-           minimum=0),
+           minimum=0, maximum=MAX_GPUS),
         _p("batch_size", "int", "The effective batch size, evenly distributed to max(1, number_gpus) devices "
            "(excludes gradient accumulation)."),
         _p("gpu_model", "gpu", "Kubernetes node label nvidia.com/gpu.product of the GPUs, e.g. NVIDIA-A100-80GB-PCIe; "
@@ -367,7 +373,7 @@ PROPERTIES: dict[str, Property] = {
            "single-GPU runs use none.",
            default="FSDP", choices=DISTRIBUTED_BACKENDS),
         _p("number_nodes", "int", "Machines to spread number_gpus over; each uses number_gpus/number_nodes GPUs.",
-           default=1),
+           default=1, maximum=MAX_GPUS),
         _p("fms_hf_tuning_version", "choice", "Version of the reference trainer stack the measurement corresponds "
            "to (recorded; gates --fast_moe, which needs 2.4.0+).", default="2.1.2", choices=FMS_HF_TUNING_VERSIONS),
         _p("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs.", default=False),
