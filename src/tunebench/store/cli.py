@@ -84,7 +84,8 @@ def show(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...).")
+        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...); all: "
+                                 "every actuator's (the default).")
     ] = None,
     where: Annotated[
         list[str] | None,
@@ -101,20 +102,28 @@ def show(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")] = False,
+    every: Annotated[
+        bool, typer.Option("--repeats", "-r", help="Every result as its own row (repeats, re-runs, imports), "
+                           "oldest first, instead of one row per entity x experiment with their mean and -std.")
+    ] = False,
 ) -> None:
-    """Stored results, one row per entity x experiment: constitutive columns, actuator, measured columns."""
+    """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
+    standard deviation): constitutive columns, actuator, measured columns."""
     from tunebench.store.query import select_rows
     from tunebench.store.tables import build, render
 
     parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
+    wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
-        outcomes, columns, title = _select(sample_store, space, operation, actuator)
+        outcomes, columns, title = _select(sample_store, space, operation, wanted, every_result=every)
+        repeats = None if every else sample_store.repeats(None if space is None and operation is None
+                                                          else list(outcomes.columns["request_id"]))  # fmt: skip
     finally:
         sample_store.close()
-    table = select_rows(build(outcomes, constitutive=columns), where or (), sort, top)
+    table = select_rows(build(outcomes, constitutive=columns, repeats=repeats), where or (), sort, top)
     render(table, fmt, output, limit=None if show_all else limit, title=title,
            empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
 
@@ -150,9 +159,10 @@ def import_csv(
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1))
         return
+    repeats = f" holding {summary.results} results (ado's repeats, one each)" if summary.results != summary.rows else ""
     typer.echo(
-        f"{file.name}: {summary.rows} rows, {summary.added} added ({summary.valid} valid, {summary.invalid} invalid "
-        f"in the file), {summary.already_present} already in the store"
+        f"{file.name}: {summary.rows} rows{repeats}, {summary.added} added ({summary.valid} valid, {summary.invalid} "
+        f"invalid in the file), {summary.already_present} already in the store"
     )
     for reason, n in summary.skipped.most_common():
         typer.echo(f"  skipped {n}: {reason}")
@@ -199,9 +209,11 @@ def export(
 
 
 def _select(
-    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None
+    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None,
+    every_result: bool = False,
 ) -> tuple[Outcomes, list[str], str | None]:
-    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store."""
+    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store
+    (every_result: each stored result, not only each request's latest)."""
     from tunebench.store.rows import Selection
 
     if space and operation:
@@ -214,7 +226,8 @@ def _select(
                 "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
             )
         dims = list((op["space"] or {}).get("entity_space", {}))
-        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses))
+        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses,
+                                         every_result=every_result))
         return outcomes, dims, f"{operation} ({op['sampler']})"
     if space:
         from tunebench.explore.space import load_space
@@ -222,9 +235,10 @@ def _select(
         spec = load_space(space)
         points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
-        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses))
+        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses,
+                                         every_result=every_result))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
-    return store.table(Selection(actuator=actuator, statuses=statuses)), [], None
+    return store.table(Selection(actuator=actuator, statuses=statuses, every_result=every_result)), [], None
 
 
 MAX_SHOW_POINTS = 200_000

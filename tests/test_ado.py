@@ -1,0 +1,120 @@
+"""tunebench and the real IBM ado (ado-core 2.3.0, ado-sfttrainer 1.8.12) on the same data.
+
+ado runs in its own environment (tests/ado_env.py); its discovery spaces, sample store and CSV export
+are its own. Its SFTTrainer actuator's training is left out (it installs fms-hf-tuning in a Ray
+runtime environment and downloads weights): tests/ado_scripts/record.py hands ado the results the
+actuator would, through the same ado calls.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from ado_env import Ado, ado_bin
+from tunebench.cli import main
+
+SPACE = """\
+experiments:
+- actuatorIdentifier: SFTTrainer
+  experimentIdentifier: finetune_lora_benchmark-v1.0.0
+  parameterization:
+  - {property: {identifier: max_steps}, value: 2}
+  - {property: {identifier: torch_dtype}, value: float32}
+- actuatorIdentifier: SFTTrainer
+  experimentIdentifier: finetune_lora_benchmark-v1.0.0
+  parameterization:
+  - {property: {identifier: max_steps}, value: 3}
+  - {property: {identifier: torch_dtype}, value: float32}
+entitySpace:
+- {identifier: model_name, propertyDomain: {values: [smollm2-135m]}}
+- {identifier: model_max_length, propertyDomain: {values: [256]}}
+- {identifier: batch_size, propertyDomain: {values: [2, 4]}}
+- {identifier: number_gpus, propertyDomain: {values: [0]}}
+"""
+EXP2 = "finetune_lora_benchmark-v1.0.0-max_steps.2-torch_dtype.float32"
+EXP3 = "finetune_lora_benchmark-v1.0.0-max_steps.3-torch_dtype.float32"
+B2 = {"model_name": "smollm2-135m", "model_max_length": 256, "batch_size": 2, "number_gpus": 0}
+B4 = dict(B2, batch_size=4)
+# batch 2 measured twice by the first experiment, once by the second; batch 4 invalid (ado records is_valid alone)
+PLAN = [
+    {"experiment": 0, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 19.81,
+                                                    "train_runtime": 51.7, "cpu_memory_utilization": 12.5}},
+    {"experiment": 0, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 17.46,
+                                                    "train_runtime": 58.6, "cpu_memory_utilization": 12.7}},
+    {"experiment": 1, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 21.0,
+                                                    "train_runtime": 70.0, "cpu_memory_utilization": 13.0}},
+    {"experiment": 0, "entity": B4, "properties": {"is_valid": False}},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ado(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ado")
+    return Ado(ado_bin(root), root / "home")
+
+
+@pytest.fixture(scope="module")
+def measured(ado, tmp_path_factory):
+    """An ado space of two experiments, measured as PLAN says; (space id, folder of ado's exports)."""
+    work = tmp_path_factory.mktemp("ado-space")
+    (work / "space.yaml").write_text(SPACE)
+    space = ado.create("space", work / "space.yaml")
+    (work / "plan.json").write_text(json.dumps(PLAN))
+    ado.python("record.py", space, str(work / "plan.json"))
+    for name, extra in (("lists", ()), ("mean", ("--aggregate", "mean")), ("std", ("--aggregate", "std"))):
+        ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
+                "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
+    return space, work
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ados_export_with_repeats_imports_every_repeat_as_its_own_result(measured, tmp_path, capsys):
+    _, work = measured
+    rows = list(csv.DictReader((work / "lists.csv").open()))
+    assert {r["dataset_tokens_per_second"] for r in rows} >= {"[19.81, 17.46]"}  # ado's own list cell
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0
+    assert "3 rows holding 4 results" in capsys.readouterr().out
+    every = _json(capsys, ["show", "--repeats", "--format", "json", "--store", db])
+    b2 = sorted((r["experiment_id"], r["dataset_tokens_per_second"]) for r in every if r["batch_size"] == 2)
+    assert b2 == [(EXP2, 17.46), (EXP2, 19.81), (EXP3, 21.0)]  # experiments and parameters kept apart
+    b4 = [r for r in every if r["batch_size"] == 4]
+    assert [(r["experiment_id"], r["status"], r["is_valid"]) for r in b4] == [(EXP2, "invalid", 0)]
+    # the same entity under tunebench's id (the spec's order); ado's own id is kept for the export
+    assert {r["identifier"] for r in every} == {
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.4",
+    }
+    one = _json(capsys, ["show", "--format", "json", "--store", db])  # one row per entity x experiment
+    mean = next(r for r in one if r["experiment_id"] == EXP2 and r["batch_size"] == 2)
+    assert mean["repeats"] == 2 and mean["dataset_tokens_per_second"] == pytest.approx((19.81 + 17.46) / 2)
+    assert mean["dataset_tokens_per_second-std"] == pytest.approx(abs(19.81 - 17.46) / 2**0.5)
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0  # twice: nothing added
+    assert "0 added" in capsys.readouterr().out
+
+
+def test_ados_aggregated_export_imports_as_valid_means(measured, tmp_path, capsys):
+    _, work = measured
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "mean.csv"), "--store", db]) == 0
+    capsys.readouterr()
+    rows = _json(capsys, ["show", "--format", "json", "--store", db])
+    mean = next(r for r in rows if r["experiment_id"] == EXP2 and r["batch_size"] == 2)
+    assert mean["status"] == "valid" and mean["dataset_tokens_per_second"] == pytest.approx((19.81 + 17.46) / 2)
+    assert mean["train_runtime"] == pytest.approx((51.7 + 58.6) / 2)
+
+
+def test_a_spread_ado_aggregated_is_refused_naming_the_column(measured, tmp_path, capsys):
+    _, work = measured
+    db = tmp_path / "s.db"
+    assert main(["import", str(work / "std.csv"), "--store", str(db)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "-std" in err and "no measurement" in err
+    assert not db.exists()
