@@ -22,7 +22,6 @@ from pathlib import Path
 
 ADO_PACKAGES = ("ado-core==2.3.0", "ado-sfttrainer==1.8.12")
 EXCLUDE_NEWER = "2026-10-23T00:00:00Z"  # ado-sfttrainer 1.8.12 was published on 2026-10-22
-SCRIPTS = Path(__file__).parent / "ado_scripts"
 TIMEOUT = 600
 
 
@@ -65,9 +64,9 @@ class Ado:
                                  f"{proc.stderr[-3000:]}")  # fmt: skip
         return proc
 
-    def python(self, script: str, *args: str, cwd: Path | None = None) -> str:
-        """Run one of tests/ado_scripts with ado's Python; its stdout."""
-        proc = subprocess.run([str(self.bin / "python"), str(SCRIPTS / script), *args], capture_output=True,
+    def python(self, script: Path, *args: str, cwd: Path | None = None) -> str:
+        """Run a script with ado's Python; its stdout."""
+        proc = subprocess.run([str(self.bin / "python"), str(script), *args], capture_output=True,
                               text=True, cwd=cwd, env=clean_env(self.home), timeout=TIMEOUT)  # fmt: skip
         if proc.returncode != 0:
             raise AssertionError(f"{script} failed ({proc.returncode}): {proc.stderr[-3000:]}")

@@ -2,8 +2,8 @@
 
 ado runs in its own environment (tests/ado_env.py); its discovery spaces, sample store and CSV export
 are its own. Its SFTTrainer actuator's training is left out (it installs fms-hf-tuning in a Ray
-runtime environment and downloads weights): tests/ado_scripts/record.py hands ado the results the
-actuator would, through the same ado calls.
+runtime environment and downloads weights): tunebench's loader (tunebench/store/ado_load.py, run with
+ado's Python) hands ado the results the actuator would, through the same ado calls.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 
 from ado_env import Ado, ado_bin
 from tunebench.cli import main
+from tunebench.store.ado_export import LOADER
 
 SPACE = """\
 experiments:
@@ -62,8 +63,8 @@ def measured(ado, tmp_path_factory):
     work = tmp_path_factory.mktemp("ado-space")
     (work / "space.yaml").write_text(SPACE)
     space = ado.create("space", work / "space.yaml")
-    (work / "plan.json").write_text(json.dumps(PLAN))
-    ado.python("record.py", space, str(work / "plan.json"))
+    (work / "results.jsonl").write_text("".join(json.dumps(item) + "\n" for item in PLAN))
+    ado.python(LOADER, str(work), space)
     for name, extra in (("lists", ()), ("mean", ("--aggregate", "mean")), ("std", ("--aggregate", "std"))):
         ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
                 "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
@@ -118,3 +119,41 @@ def test_a_spread_ado_aggregated_is_refused_naming_the_column(measured, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "-std" in err and "no measurement" in err
     assert not db.exists()
+
+
+def test_a_tunebench_export_loads_into_ado_with_its_experiments_and_repeats(measured, ado, tmp_path, capsys):
+    """ado's measurements -> tunebench -> `export --format ado` -> a new ado space: the same table in ado."""
+    _, work = measured
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0
+    out = tmp_path / "for-ado"
+    assert main(["export", "--format", "ado", "--output", str(out), "--store", db]) == 0
+    assert "ado create space" in capsys.readouterr().err
+    home = Ado(ado.bin, tmp_path / "home")  # a new ado project: nothing but tunebench's export in it
+    space = home.create("space", out / "space.yaml")
+    assert json.loads(home.python(LOADER, str(out), space))["added"] == 4
+    home.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
+             "--output-file", str(tmp_path / "back.csv"))  # fmt: skip
+    back = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((tmp_path / "back.csv").open())}
+    mine = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((work / "lists.csv").open())}
+    assert back.keys() == mine.keys()  # ado's own ids, both experiments with their parameters
+    for key, row in mine.items():
+        for name in ("is_valid", "dataset_tokens_per_second", "train_runtime", "cpu_memory_utilization"):
+            assert back[key][name] == row[name], (key, name)  # repeats as ado's lists, in their order
+
+
+def test_the_ado_csv_export_names_entities_as_ado_does(tmp_path, capsys):
+    from tunebench.spec.experiments import get_experiment, make_entity
+    from tunebench.spec.results import Result
+    from tunebench.store import Store
+    from tunebench.store.store import Record
+
+    experiment = get_experiment(EXP2.split("-max_steps")[0], {"max_steps": 2, "torch_dtype": "float32"})
+    entity = make_entity(experiment, B2)
+    result = Result.valid(experiment.id, entity.id, {"train_runtime": 50.0, "is_valid": 1}, actuator="measure")
+    with Store(tmp_path / "s.db") as store:
+        store.record_many([Record(experiment, entity, result)])
+    assert main(["export", "--store", str(tmp_path / "s.db")]) == 0
+    (row,) = csv.DictReader(capsys.readouterr().out.splitlines())
+    assert row["identifier"] == "batch_size.2-model_max_length.256-model_name.smollm2-135m-number_gpus.0"
+    assert row["experiment_id"] == "SFTTrainer." + EXP2

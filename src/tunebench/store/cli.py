@@ -69,7 +69,7 @@ class ShowOptions(Options):
 
 
 class ExportOptions(ShowOptions):
-    fmt: Literal["ado-csv"]
+    fmt: Literal["ado-csv", "ado"]
 
 
 class ImportOptions(Options):
@@ -172,9 +172,11 @@ def import_csv(
 
 def export(
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`).")
+        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
+                          "folder ado loads: a discovery space and every result; docs/ado.md).")
     ] = "ado-csv",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout); "
+                                                "--format ado: this folder.")] = None,
     space: SpaceOpt = None,
     operation: OperationOpt = None,
     store: StoreOpt = None,
@@ -189,6 +191,10 @@ def export(
     from tunebench.store import INVALID, VALID
     from tunebench.store.tables import build, write_csv
 
+    if fmt == "ado":
+        parse(ExportOptions, fmt=fmt, output=None, space=space, operation=operation, actuator=actuator)
+        _export_ado(output, space, operation, None if actuator == ALL else actuator, store)
+        return
     parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
@@ -206,6 +212,27 @@ def export(
     if not len(table) and actuator == MEASURE:
         typer.echo("no measurements to export; --actuator all (or predict, ...) exports the other actuators' "
                    "results, each labelled with its actuator", err=True)  # fmt: skip
+
+
+def _export_ado(folder: Path | None, space: Path | None, operation: str | None, actuator: str | None,
+                store: str | None) -> None:  # fmt: skip
+    """`export --format ado`: the folder ado loads, and the commands that load it."""
+    from tunebench.store.ado_export import LOADER, export_ado
+
+    if folder is None:
+        raise InputError("--output", "--format ado writes a folder: --output DIR")
+    if folder.exists() and not folder.is_dir():
+        raise InputError("--output", f"{folder} is a file; --format ado writes a folder")
+    sample_store = open_store(store, create=False)
+    try:
+        outcomes, _, _ = _select(sample_store, space, operation, actuator, every_result=True)
+        ids = sorted(set(outcomes.columns["request_id"]))
+        n_exp, n_results = export_ado(sample_store, folder, request_ids=ids, actuator=actuator)
+    finally:
+        sample_store.close()
+    typer.echo(f"{n_results} results of {n_exp} experiments -> {folder}/space.yaml, {folder}/results.jsonl\n"
+               f"load them in ado:\n  ado create space -f {folder}/space.yaml\n"
+               f"  <ado's python> {LOADER} {folder} <the space's identifier>", err=True)  # fmt: skip
 
 
 def _select(

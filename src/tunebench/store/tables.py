@@ -13,7 +13,7 @@ with ``repeats`` (its valid and invalid results), each measured column the mean 
 results and ``<name>-std`` beside it (the sample standard deviation; ado's name for that aggregate);
 status, reason and is_valid are the latest result's. ``show --repeats`` lists every result instead.
 ``export --format ado-csv`` writes exactly the reference layout (valid and invalid rows, an
-imported row's own identifiers kept), where ado names the actuator as the prefix of the experiment
+imported row's own identifiers kept, tunebench's own in ado's order: properties sorted by name), where ado names the actuator as the prefix of the experiment
 id: measurements get ado's ``SFTTrainer.``, any other actuator its own name (``predict.``), so ado
 never reads a prediction or a test row as a measurement.
 """
@@ -126,7 +126,7 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     # head and tail columns
     if ado:
         prefix = {a: ADO_PREFIX if a == MEASURE else f"{a}." for a in set(cols["actuator"])}
-        identifier = [s or e for s, e in zip(cols["source_identifier"], cols["entity_id"])]
+        identifier = [s or ado_entity_id(e) for s, e in zip(cols["source_identifier"], cols["entity_id"])]
         experiment = [s if s and a == MEASURE else prefix[a] + e
                       for s, e, a in zip(cols["source_experiment_id"], experiment_ids, cols["actuator"])]  # fmt: skip
         head, head_data = ["experiment_id"], [experiment]
@@ -163,6 +163,15 @@ def _aggregate(
             names.append(f"{name}-std")
             out.append([s[1] if s else None for s in stats])
     return names, out
+
+
+def ado_entity_id(entity_id: str) -> str:
+    """tunebench's entity id in ado's order: ado-core 2.3 names an entity by its properties sorted by name
+    (ado/schema/entity.py entity_identifier_from_properties_and_values), tunebench in the spec's order."""
+    from tunebench.store.csvio import parse_entity_id
+
+    values = parse_entity_id(entity_id)
+    return "-".join(f"{k}.{values[k]}" for k in sorted(values)) if values else entity_id
 
 
 def _present(column: Sequence[Any], n: int) -> bool:
