@@ -76,7 +76,7 @@ class Ado:
         """`ado create KIND -f PATH`; the new resource's identifier."""
         proc = self.run("create", kind, "-f", str(path))
         out = proc.stdout + proc.stderr
-        found = re.search(r"identifier:\s*(\S+)", out)
+        found = re.search(r"identifier:?\s+(\S+)", out)
         assert found, f"no identifier in ado's answer: {out}"
         return found.group(1)
 

@@ -157,3 +157,53 @@ def test_the_ado_csv_export_names_entities_as_ado_does(tmp_path, capsys):
     (row,) = csv.DictReader(capsys.readouterr().out.splitlines())
     assert row["identifier"] == "batch_size.2-model_max_length.256-model_name.smollm2-135m-number_gpus.0"
     assert row["experiment_id"] == "SFTTrainer." + EXP2
+
+
+OPERATION = """\
+operation:
+  module: {operatorName: random_walk, operationType: explore}
+  parameters:
+    numberEntities: 2
+    batchSize: 1
+    maxRetries: 1
+    singleMeasurement: true
+    samplerConfig: {mode: sequential, samplerType: generator}
+"""
+ACTUATOR_CONFIG = """\
+actuatorIdentifier: SFTTrainer
+parameters:
+  data_directory: /data/sft
+  model_map: {smollm2-135m: {Vanilla: /models/smollm2}}
+"""
+
+
+def test_ados_resource_files_are_a_tunebench_space(measured, ado, tmp_path, capsys):
+    """The space (created by ado in `measured`), an operation and an actuator configuration that ado accepts."""
+    space, _ = measured
+    (tmp_path / "space.yaml").write_text(SPACE)
+    (tmp_path / "op.yaml").write_text(f"spaces: [{space}]\n" + OPERATION)
+    (tmp_path / "ac.yaml").write_text(ACTUATOR_CONFIG)
+    ado.create("actuatorconfiguration", tmp_path / "ac.yaml")
+    assert "valid" in ado.run("create", "operation", "-f", str(tmp_path / "op.yaml"), "--dry-run").stderr
+    out = tmp_path / "tunebench.yaml"
+    assert main(["space", "from-ado", str(tmp_path / "space.yaml"), "--operation", str(tmp_path / "op.yaml"),
+                 "--actuator-config", str(tmp_path / "ac.yaml"), "--output", str(out)]) == 0  # fmt: skip
+    import yaml
+
+    converted = yaml.safe_load(out.read_text())
+    assert converted["experiments"][1] == {"id": "finetune_lora_benchmark-v1.0.0",
+                                           "parameters": {"max_steps": 3, "torch_dtype": "float32"}}  # fmt: skip
+    assert converted["actuator"] == {"name": "measure", "data_dir": "/data/sft",
+                                     "model_map": {"smollm2-135m": "/models/smollm2"}}  # fmt: skip
+    assert converted["operation"] == {"sampler": "grid", "n": 2}
+    assert converted["execution"] == {"max_parallel": 1, "max_retries": 1}
+    # explore reads ado's space file as it is: the planner screens its 2 entities x 2 experiments
+    db = str(tmp_path / "s.db")
+    capsys.readouterr()
+    assert main(["explore", str(tmp_path / "space.yaml"), "--actuator", "predict", "--store", db, "-q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["operation_id"]
+    rows = _json(capsys, ["show", "--format", "json", "--store", db])
+    assert sorted((r["experiment_id"], r["batch_size"]) for r in rows) == [(EXP2, 2), (EXP2, 4), (EXP3, 2), (EXP3, 4)]
+    (tmp_path / "op.yaml").write_text((tmp_path / "op.yaml").read_text().replace("random_walk", "ray_tune"))
+    assert main(["space", "from-ado", str(tmp_path / "space.yaml"), "--operation", str(tmp_path / "op.yaml")]) == 2
+    assert "operation.module.operatorName" in capsys.readouterr().err
