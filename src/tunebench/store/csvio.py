@@ -256,7 +256,7 @@ def repeats_of(row: dict[str, str], columns: dict[str, tuple[str, str | None]] |
     columns = measured_columns(list(row)) if columns is None else columns
     cells = {}
     aggregate = None
-    for column, (name, method) in columns.items():
+    for column, (_, method) in columns.items():
         value = _cell(column, row.get(column))
         if value is not None and value != []:
             cells[column] = value
