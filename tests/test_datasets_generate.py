@@ -138,7 +138,7 @@ def test_bad_id_writes_nothing(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "no-manifest", "old-version", "bad-manifest"])
+@pytest.mark.parametrize("damage", ["truncate", "flip", "old-version", "bad-manifest"])
 def test_corruption_detected_and_repaired(tmp_path, damage):
     path = ensure_dataset(SMALL, tmp_path)
     good = path.read_bytes()
@@ -147,8 +147,6 @@ def test_corruption_detected_and_repaired(tmp_path, damage):
         path.write_bytes(good[: len(good) // 2])
     elif damage == "flip":
         path.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size
-    elif damage == "no-manifest":
-        mpath.unlink()
     elif damage == "old-version":
         m = json.loads(mpath.read_text())
         mpath.write_text(json.dumps({**m, "generator_version": "0"}))
@@ -157,6 +155,22 @@ def test_corruption_detected_and_repaired(tmp_path, damage):
     assert verify(SMALL, tmp_path) is None  # never used as is
     assert ensure_dataset(SMALL, tmp_path) == path
     assert path.read_bytes() == good and verify(SMALL, tmp_path) is not None
+
+
+def test_a_file_tunebench_did_not_write_is_never_overwritten(tmp_path, capsys):
+    """Another tool's file of the same name (no manifest beside it: ado's generator writes none) stays as it is."""
+    path = dataset_path(SMALL, tmp_path)
+    path.write_text('{"output": "written by ado"}\n')
+    for generate in (ensure_dataset, generate_dataset):
+        with pytest.raises(InputError, match="tunebench did not write it") as e:
+            generate(SMALL, tmp_path)
+        assert e.value.field == "dataset_id"
+    assert path.read_text() == '{"output": "written by ado"}\n'
+    from tunebench.cli import main
+
+    assert main(["datasets", "generate", SMALL, "--dir", str(tmp_path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert path.read_text() == '{"output": "written by ado"}\n'
 
 
 def test_failed_generation_leaves_no_partial_file(tmp_path, monkeypatch):

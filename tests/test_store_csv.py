@@ -114,3 +114,58 @@ def test_cli_import_export_show(tmp_path, capsys):
     assert "allowed: ado-csv" in capsys.readouterr().err
     assert main(["import", str(BENCH_CSV), "--store", db]) == 2
     assert "--skip-bad-rows" in capsys.readouterr().err
+
+
+HEADER = ",identifier,generatorid,experiment_id,model_name,model_max_length,batch_size,number_gpus,is_valid,train_runtime"
+EXPERIMENT = "SFTTrainer.finetune_lora_benchmark-v1.0.0-max_steps.2"
+
+
+def _ado_csv(tmp_path, *cells: str) -> Path:
+    rows = [f'{i},x,g,{EXPERIMENT},smollm2-135m,256,{i + 1},0,{c}' for i, c in enumerate(cells)]
+    path = tmp_path / "ado.csv"
+    path.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_ado_lists_of_repeats_become_one_result_each(tmp_path):
+    # is_valid [1, 0]: one valid repeat then an invalid one, which records is_valid alone
+    path = _ado_csv(tmp_path, '"[1, 0]",51.7', '"[True, True]","[51.7, 58.6]"')
+    with Store(tmp_path / "s.db") as store:
+        summary = import_csv(store, path)
+        assert (summary.rows, summary.results, summary.valid, summary.invalid) == (2, 4, 3, 1)
+        results = [store.results_of(r["request_id"]) for r in store.rows()]
+    assert [[(x.status, x.properties.get("train_runtime")) for x in r] for r in results] == [
+        [("valid", 51.7), ("invalid", None)], [("valid", 51.7), ("valid", 58.6)]]
+    assert results[1][1].metadata["repeat"] == {"index": 2, "of": 2}
+
+
+@pytest.mark.parametrize("cells, column", [
+    (('"[1, 1]","[51.7, 58.6, 60.0]"',), "train_runtime"),  # three values for two repeats
+    (('"[1, 1]","[51.7, fast]"',), "train_runtime"),
+    (('"[1, 2]",51.7',), "is_valid"),
+    (('1,"[[51.7]]"',), "train_runtime"),
+])  # fmt: skip
+def test_an_unreadable_ado_cell_names_its_column_and_writes_nothing(tmp_path, capsys, cells, column):
+    db = tmp_path / "s.db"
+    assert main(["import", str(_ado_csv(tmp_path, *cells)), "--store", str(db)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"line 2: {column}:" in err[0]
+    assert not db.exists()
+
+
+def test_ado_aggregated_columns(tmp_path, capsys):
+    path = tmp_path / "mean.csv"
+    path.write_text(HEADER.replace("is_valid,train_runtime", "is_valid-mean,train_runtime-mean") + "\n"
+                    f"0,x,g,{EXPERIMENT},smollm2-135m,256,2,0,1.0,55.15\n")  # fmt: skip
+    with Store(tmp_path / "s.db") as store:
+        assert import_csv(store, path).valid == 1
+        (row,) = store.rows()
+    assert row["status"] == "valid" and row["properties"]["train_runtime"] == 55.15
+    assert store.results_of(row["request_id"])[0].metadata["aggregate"] == "mean"
+    path.write_text(path.read_text().replace(",1.0,55.15", ",0.5,55.15"))  # repeats that disagree on validity
+    assert main(["import", str(path), "--store", str(tmp_path / "b.db")]) == 2
+    assert "is_valid-mean" in capsys.readouterr().err
+    path.write_text(path.read_text().replace("train_runtime-mean", "train_runtime-max"))
+    assert main(["import", str(path), "--store", str(tmp_path / "b.db")]) == 2
+    assert "mean.csv: train_runtime-max: holds the max" in capsys.readouterr().err
+    assert not (tmp_path / "b.db").exists()

@@ -76,6 +76,25 @@ def test_show_names_the_actuator_of_every_row(tmp_path, capsys):
     assert header[3:5] == ["experiment_id", "actuator"]
     assert main(["show", "--store", url]) == 0  # the terminal table too
     assert "actuator" in capsys.readouterr().out
+    assert len(show_json(url, capsys, "--actuator", "all")) == 6  # all: every actuator's, as without the option
+    assert len(show_json(url, capsys, "--actuator", "predict")) == 3
+
+
+def test_repeats_are_one_row_with_their_mean_and_spread_or_each_its_own_row(tmp_path, capsys):
+    url = str(tmp_path / "s.db")
+    first = records("measure", 2)
+    again = records("measure", 1)  # batch size 1 measured a second time, slower
+    again[0].result.properties["dataset_tokens_per_second"] = 1030.0
+    fill(url, first, again)
+    rows = show_json(url, capsys)
+    assert [(r["batch_size"], r["repeats"]) for r in rows] == [(1, 2), (2, 1)]
+    assert rows[0]["dataset_tokens_per_second"] == 1020.0 and rows[0]["dataset_tokens_per_second-std"] == pytest.approx(
+        (2 * 10.0**2) ** 0.5)  # sample standard deviation of 1010 and 1030  # fmt: skip
+    assert rows[1]["dataset_tokens_per_second"] == 1020.0 and rows[1]["dataset_tokens_per_second-std"] is None
+    every = show_json(url, capsys, "--repeats")
+    assert [(r["batch_size"], r["dataset_tokens_per_second"]) for r in every] == [(1, 1010.0), (1, 1030.0), (2, 1020.0)]
+    assert main(["show", "--store", url]) == 0
+    assert "dataset_tokens_per_second-std" in capsys.readouterr().out
 
 
 def test_export_writes_measurements_only_unless_asked(tmp_path, capsys):

@@ -5,7 +5,10 @@
     <data_dir>/.<id>.lock                    cross-process lock (filelock)
 
 A file is used only when its manifest matches it (generator version, size and sha256); otherwise
-it is regenerated. Writes go to a temporary file in the same directory, are fsynced, then renamed
+it is regenerated, but only where tunebench wrote it: a data set file beside which no manifest lies
+(another tool's, e.g. ado's sfttrainer_generate_dataset_text output in a shared data folder) is never
+overwritten nor used: an InputError names it (its bytes may differ from tunebench's recipe, so the
+measured tokens would not be tunebench's). Writes go to a temporary file in the same directory, are fsynced, then renamed
 over the target (os.replace), so readers never see a partial file. Two processes asking for the
 same id serialise on the lock: the second waits, then finds a valid file and reuses it.
 """
@@ -120,7 +123,20 @@ def generate_dataset(
     directory.mkdir(parents=True, exist_ok=True)
     with lock(spec, data_dir):
         valid = verify(spec, data_dir) if keep_valid else None
+        if valid is None:
+            _check_ours(spec, data_dir)
         return valid or _generate(spec, data_dir, progress)
+
+
+def _check_ours(spec: DatasetId, data_dir: str | os.PathLike | None) -> None:
+    """InputError if the data set file exists without a manifest: tunebench did not write it."""
+    path = dataset_path(spec, data_dir)
+    if path.exists() and not manifest_path(spec, data_dir).exists():
+        from tunebench.errors import InputError
+
+        raise InputError("dataset_id", f"{path} exists but tunebench did not write it (no {path.stem}.manifest.json "
+                         "beside it): tunebench never overwrites it; move it away, or use another data directory "
+                         "(TUNEBENCH_DATA_DIR, --data-dir)")  # fmt: skip
 
 
 def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:

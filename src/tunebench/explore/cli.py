@@ -156,6 +156,42 @@ def print_summary(summary: Summary) -> None:
     typer.echo(f"show them: tunebench show --operation {summary.operation_id}")
 
 
+space_app = typer.Typer(help="Space files: ado's resources as a tunebench space.", no_args_is_help=True)
+
+
+@space_app.command("from-ado")
+def space_from_ado(
+    space: Annotated[Path, typer.Argument(help="ado discovery space (YAML): experiments, entitySpace.")],
+    operation: Annotated[Path | None, typer.Option("--operation", help="ado operation (YAML): random_walk and "
+                                                   "its parameters.")] = None,
+    actuator_config: Annotated[Path | None, typer.Option("--actuator-config", help="ado actuator configuration "
+                                                         "(YAML): data_directory, model_map.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the space file here (default stdout).")] = None,
+) -> None:
+    """Convert ado's discovery space (with its operation and actuator configuration) to a tunebench space file."""
+    import yaml
+
+    from tunebench.explore.ado_space import from_ado
+    from tunebench.explore.space import load_yaml, parse_space
+    from tunebench.inputs import read_text
+
+    docs = {}
+    for name, path in (("SPACE", space), ("--operation", operation), ("--actuator-config", actuator_config)):
+        if path is not None:
+            docs[name] = load_yaml(read_text(path, name), str(path))
+            if not isinstance(docs[name], dict):
+                raise InputError(name, f"{path} is not a YAML mapping (an ado resource)")
+    converted = from_ado(docs["SPACE"], docs.get("--operation"), docs.get("--actuator-config"))
+    parse_space(converted)  # what explore will check: values in their domains, known experiments
+    text = yaml.safe_dump(converted, sort_keys=False)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        typer.echo(f"{output}: tunebench explore {output}", err=True)
+
+
 def register(app: typer.Typer) -> None:
-    """Add explore to a Typer app."""
+    """Add explore and space to a Typer app."""
     app.command("explore")(explore)
+    app.add_typer(space_app, name="space")

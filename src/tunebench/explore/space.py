@@ -203,7 +203,12 @@ def load_yaml(text: str, where: str = "space") -> Any:
 
 
 def parse_space(raw: Any) -> Space:
-    """Validate a space given as a dict (the YAML's content)."""
+    """Validate a space given as a dict (the YAML's content); an ado discovery space is read as its
+    tunebench space file (explore.ado_space: the measure actuator, the whole grid)."""
+    from tunebench.explore.ado_space import from_ado, is_ado_space
+
+    if is_ado_space(raw):
+        raw = from_ado(raw)
     if not isinstance(raw, dict):
         raise InputError("space", "must be a mapping with experiments, entity_space, actuator and operation")
     try:

@@ -69,7 +69,7 @@ class ShowOptions(Options):
 
 
 class ExportOptions(ShowOptions):
-    fmt: Literal["ado-csv"]
+    fmt: Literal["ado-csv", "ado"]
 
 
 class ImportOptions(Options):
@@ -84,7 +84,8 @@ def show(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...).")
+        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...); all: "
+                                 "every actuator's (the default).")
     ] = None,
     where: Annotated[
         list[str] | None,
@@ -101,20 +102,28 @@ def show(
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")] = False,
+    every: Annotated[
+        bool, typer.Option("--repeats", "-r", help="Every result as its own row (repeats, re-runs, imports), "
+                           "oldest first, instead of one row per entity x experiment with their mean and -std.")
+    ] = False,
 ) -> None:
-    """Stored results, one row per entity x experiment: constitutive columns, actuator, measured columns."""
+    """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
+    standard deviation): constitutive columns, actuator, measured columns."""
     from tunebench.store.query import select_rows
     from tunebench.store.tables import build, render
 
     parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
+    wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
-        outcomes, columns, title = _select(sample_store, space, operation, actuator)
+        outcomes, columns, title = _select(sample_store, space, operation, wanted, every_result=every)
+        repeats = None if every else sample_store.repeats(None if space is None and operation is None
+                                                          else list(outcomes.columns["request_id"]))  # fmt: skip
     finally:
         sample_store.close()
-    table = select_rows(build(outcomes, constitutive=columns), where or (), sort, top)
+    table = select_rows(build(outcomes, constitutive=columns, repeats=repeats), where or (), sort, top)
     render(table, fmt, output, limit=None if show_all else limit, title=title,
            empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
 
@@ -150,9 +159,10 @@ def import_csv(
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1))
         return
+    repeats = f" holding {summary.results} results (ado's repeats, one each)" if summary.results != summary.rows else ""
     typer.echo(
-        f"{file.name}: {summary.rows} rows, {summary.added} added ({summary.valid} valid, {summary.invalid} invalid "
-        f"in the file), {summary.already_present} already in the store"
+        f"{file.name}: {summary.rows} rows{repeats}, {summary.added} added ({summary.valid} valid, {summary.invalid} "
+        f"invalid in the file), {summary.already_present} already in the store"
     )
     for reason, n in summary.skipped.most_common():
         typer.echo(f"  skipped {n}: {reason}")
@@ -162,9 +172,11 @@ def import_csv(
 
 def export(
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`).")
+        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
+                          "folder ado loads: a discovery space and every result; docs/ado.md).")
     ] = "ado-csv",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout); "
+                                                "--format ado: this folder.")] = None,
     space: SpaceOpt = None,
     operation: OperationOpt = None,
     store: StoreOpt = None,
@@ -179,6 +191,10 @@ def export(
     from tunebench.store import INVALID, VALID
     from tunebench.store.tables import build, write_csv
 
+    if fmt == "ado":
+        parse(ExportOptions, fmt=fmt, output=None, space=space, operation=operation, actuator=actuator)
+        _export_ado(output, space, operation, None if actuator == ALL else actuator, store)
+        return
     parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
@@ -198,10 +214,33 @@ def export(
                    "results, each labelled with its actuator", err=True)  # fmt: skip
 
 
+def _export_ado(folder: Path | None, space: Path | None, operation: str | None, actuator: str | None,
+                store: str | None) -> None:  # fmt: skip
+    """`export --format ado`: the folder ado loads, and the commands that load it."""
+    from tunebench.store.ado_export import LOADER, export_ado
+
+    if folder is None:
+        raise InputError("--output", "--format ado writes a folder: --output DIR")
+    if folder.exists() and not folder.is_dir():
+        raise InputError("--output", f"{folder} is a file; --format ado writes a folder")
+    sample_store = open_store(store, create=False)
+    try:
+        outcomes, _, _ = _select(sample_store, space, operation, actuator, every_result=True)
+        ids = sorted(set(outcomes.columns["request_id"]))
+        n_exp, n_results = export_ado(sample_store, folder, request_ids=ids, actuator=actuator)
+    finally:
+        sample_store.close()
+    typer.echo(f"{n_results} results of {n_exp} experiments -> {folder}/space.yaml, {folder}/results.jsonl\n"
+               f"load them in ado:\n  ado create space -f {folder}/space.yaml\n"
+               f"  <ado's python> {LOADER} {folder} <the space's identifier>", err=True)  # fmt: skip
+
+
 def _select(
-    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None
+    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None,
+    every_result: bool = False,
 ) -> tuple[Outcomes, list[str], str | None]:
-    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store."""
+    """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store
+    (every_result: each stored result, not only each request's latest)."""
     from tunebench.store.rows import Selection
 
     if space and operation:
@@ -214,7 +253,8 @@ def _select(
                 "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
             )
         dims = list((op["space"] or {}).get("entity_space", {}))
-        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses))
+        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses,
+                                         every_result=every_result))
         return outcomes, dims, f"{operation} ({op['sampler']})"
     if space:
         from tunebench.explore.space import load_space
@@ -222,9 +262,10 @@ def _select(
         spec = load_space(space)
         points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
-        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses))
+        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses,
+                                         every_result=every_result))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
-    return store.table(Selection(actuator=actuator, statuses=statuses)), [], None
+    return store.table(Selection(actuator=actuator, statuses=statuses, every_result=every_result)), [], None
 
 
 MAX_SHOW_POINTS = 200_000

@@ -18,6 +18,16 @@ qlora, gptq-lora, pt -> the benchmark experiments). ``is_valid`` comes from its 
 column; invalid rows are ``{is_valid: 0}`` (tunebench's Result contract). Columns that are neither
 properties nor known bookkeeping are ignored and listed in the summary.
 
+Repeats (ado keeps every measurement of an entity; docs/ado.md): where ado measured an entity more
+than once its export holds one list per cell (``[19.81, 17.46]``, ``is_valid`` ``[1, 0]``); each
+repeat becomes its own result, in the list's order. A measured column lists the values of the valid
+repeats (an invalid one records only ``is_valid``); a list whose length fits neither the valid
+repeats nor all of them is an error naming the column. With ``--aggregate mean`` (or ``median``)
+ado suffixes the measured columns (``train_runtime-mean``): one result per row, its metadata saying
+which aggregate it holds; a spread or an extreme (``-std``, ``-variance``, ``-min``, ``-max``) is no
+measurement and is refused, naming the column, as is an ``is_valid-mean`` strictly between 0 and 1
+(repeats that disagree on validity).
+
 Import is all or nothing by default: a row tunebench cannot understand (unknown experiment such as
 the old ``finetune-full-fsdp-v1.3.0``, unknown model, value outside its domain) is an InputError
 naming the row and the field; ``skip_bad_rows`` imports the others and reports the skipped ones by
@@ -69,6 +79,11 @@ MEASURED = set(BENCHMARK_MEASURED) | set(STABILITY_MEASURED)
 # Columns that are neither properties nor measurements, but expected (not reported as ignored).
 BOOKKEEPING = {"", "identifier", "generatorid", "experiment_id", "method", "tokens_per_sample", "lh_created_at",
                "model_load_time", "index", "Unnamed: 0"}  # fmt: skip
+# ado's PropertyAggregationMethodEnum (ado-core ado/schema/virtual_property.py): `show measurements --aggregate`
+# suffixes each measured column with the method. Only a central value can stand for a measurement.
+AGGREGATES = ("mean", "median", "variance", "std", "min", "max")
+CENTRAL = ("mean", "median")
+_AGGREGATED = re.compile(r"^(?P<name>[a-z_]+)-(?P<method>%s)$" % "|".join(AGGREGATES))
 _KEY = re.compile(r"-(?=(%s)\.)" % "|".join(sorted(map(re.escape, PROPERTIES), key=len, reverse=True)))
 _SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
 
@@ -77,8 +92,10 @@ _SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
 class ImportSummary:
     """What an import found in the file (rows) and what it added to the store."""
 
-    # the file: its rows, the valid and invalid ones, those skipped by reason, columns not understood
+    # the file: its rows, the results they hold (one per repeat), the valid and invalid ones, those
+    # skipped by reason, columns not understood
     rows: int = 0
+    results: int = 0
     valid: int = 0
     invalid: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> rows
@@ -89,7 +106,7 @@ class ImportSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rows": self.rows, "added": self.added, "already_present": self.already_present,
+            "rows": self.rows, "results": self.results, "added": self.added, "already_present": self.already_present,
             "valid": self.valid, "invalid": self.invalid, "skipped": dict(self.skipped),
             "ignored_columns": self.ignored_columns,
         }  # fmt: skip
@@ -151,9 +168,12 @@ def _coerce(name: str, raw: str) -> Any:
 
 
 def _number(name: str, text: str) -> float | int | None:
+    """A measured cell as a number (None: empty or nan); True/False as 1/0 (ado writes is_valid so)."""
     text = text.strip()
     if not text or text.lower() in ("nan", "none", "null"):
         return None
+    if text in ("True", "False"):
+        return int(text == "True")
     try:
         return int(text)
     except ValueError:
@@ -162,6 +182,47 @@ def _number(name: str, text: str) -> float | int | None:
         return float(text)
     except ValueError:
         raise InputError(name, f"{text!r} is not a number") from None
+
+
+def _cell(name: str, text: str | None) -> list[float | int | None] | float | int | None:
+    """A measured cell: a number, or ado's list of one value per repeat ('[19.81, 17.46]')."""
+    text = (text or "").strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return _number(name, text)
+    inner = text[1:-1].strip()
+    if "[" in inner or "]" in inner:
+        raise InputError(name, f"{text!r} is a nested list: one number per repeat expected")
+    return [_number(name, item) for item in inner.split(",")] if inner else []
+
+
+def measured_columns(columns: list[str]) -> dict[str, tuple[str, str | None]]:
+    """CSV column -> (measured property, ado aggregate or None) for the columns that hold measurements.
+
+    InputError naming the column for an aggregate that is no measurement (std, variance, min, max) and
+    for two columns of one property (``train_runtime`` beside ``train_runtime-mean``).
+    """
+    out: dict[str, tuple[str, str | None]] = {}
+    for column in columns:
+        if column in MEASURED:
+            out[column] = (column, None)
+            continue
+        match = _AGGREGATED.match(column)
+        if match is None or match["name"] not in MEASURED:
+            continue
+        if match["method"] not in CENTRAL:
+            raise InputError(
+                column,
+                f"holds the {match['method']} of an entity's repeats, which is no measurement; export from ado "
+                "without --aggregate (every repeat is imported) or with --aggregate mean",
+                allowed=", ".join(f"{match['name']}-{m}" for m in CENTRAL),
+            )
+        out[column] = (match["name"], match["method"])
+    seen: dict[str, str] = {}
+    for column, (name, _) in out.items():
+        if name in seen:
+            raise InputError(column, f"and {seen[name]!r} both hold {name}: keep one of them")
+        seen[name] = column
+    return out
 
 
 def _measurement_fields() -> dict[str, Any]:
@@ -176,24 +237,82 @@ Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Measurements = create_model("Measurements", __config__=ConfigDict(extra="forbid"), **_measurement_fields())
 
 
+@dataclass
+class Repeat:
+    """One measurement of a row's entity: its properties (is_valid included), and which of how many it is."""
+
+    properties: dict[str, Any]
+    index: int  # 0-based, in ado's order
+    count: int  # the repeats the row holds
+    aggregate: str | None = None  # the row holds ado's aggregate (mean, median) of an unknown number of repeats
+
+
+def repeats_of(row: dict[str, str], columns: dict[str, tuple[str, str | None]] | None = None) -> list[Repeat]:
+    """The measurements a CSV row holds: one per repeat where ado wrote lists, else one.
+
+    InputError naming the column whose cell is not a number (or list of numbers), whose list does not
+    fit the repeats, or whose value is out of its range.
+    """
+    columns = measured_columns(list(row)) if columns is None else columns
+    cells = {}
+    aggregate = None
+    for column, (_, method) in columns.items():
+        value = _cell(column, row.get(column))
+        if value is not None and value != []:
+            cells[column] = value
+            aggregate = aggregate or method
+    valid_column = next((c for c, (name, _) in columns.items() if name == "is_valid" and c in cells), None)
+    lengths = {len(v) for v in cells.values() if isinstance(v, list)}
+    if valid_column is not None:
+        flags = cells.pop(valid_column)
+        flags = flags if isinstance(flags, list) else [flags]
+        for flag in flags:
+            if flag not in (0, 1):
+                raise InputError(valid_column, f"{flag!r} is neither 0 nor 1" + (
+                    ": the repeats disagree on validity; export from ado without --aggregate" if aggregate else ""))
+        valid = [int(f) for f in flags]
+    else:  # ado-sfttrainer.md §13.2: no is_valid column -> a train_runtime means the run completed
+        runtime = next((cells[c] for c, (name, _) in columns.items() if name == "train_runtime" and c in cells), None)
+        count = max(lengths, default=1)
+        runtimes = runtime if isinstance(runtime, list) else [runtime] * count
+        valid = [int(r is not None) for r in runtimes] if len(runtimes) == count else [1] * count
+    count, n_valid = len(valid), sum(valid)
+    props: list[dict[str, Any]] = [{"is_valid": v} for v in valid]
+    valid_at = [i for i, v in enumerate(valid) if v]
+    for column, value in cells.items():
+        name = columns[column][0]
+        values = value if isinstance(value, list) else [value]
+        if len(values) == n_valid:
+            targets = valid_at
+        elif len(values) == count:
+            targets = list(range(count))
+        else:
+            raise InputError(column, f"holds {len(values)} values for {count} repeats ({n_valid} valid): "
+                             "cannot tell which repeat each belongs to")  # fmt: skip
+        for i, v in zip(targets, values):
+            if v is not None:
+                props[i][name] = v
+    for p in props:
+        try:
+            Measurements.model_validate(p)
+        except ValidationError as exc:
+            error = input_error(exc)
+            field = next((c for c, (name, _) in columns.items() if name == error.field), error.field)
+            raise InputError(field, error.message, error.allowed) from None
+    return [Repeat(p, i, count, aggregate) for i, p in enumerate(props)]
+
+
 def measurements_of(row: dict[str, str]) -> dict[str, Any]:
-    """The measured properties of a CSV row, as numbers; InputError naming the first one that is not a
-    number, not finite, negative, or out of its range."""
-    props: dict[str, Any] = {}
-    for key in MEASURED:
-        if key in row and row[key] is not None:
-            value = _number(key, row[key])
-            if value is not None:
-                props[key] = value
-    try:
-        Measurements.model_validate(props)
-    except ValidationError as exc:
-        raise input_error(exc) from None
-    return props
+    """The measured properties of a CSV row's first repeat, as numbers; InputError naming the first
+    column that is not a number (or ado's list of numbers), not finite, negative, or out of its range."""
+    return repeats_of(row)[0].properties
 
 
-def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str = "") -> Record:
-    """One CSV row as a Record; InputError if it cannot be understood."""
+def row_to_records(
+    row: dict[str, str], *, actuator: str = "measure", source: str = "",
+    columns: dict[str, tuple[str, str | None]] | None = None,
+) -> list[Record]:  # fmt: skip
+    """One CSV row as Records, one per repeat; InputError if it cannot be understood."""
     if row.get("experiment_id", "").strip():
         experiment = parse_experiment_id(row["experiment_id"])
     elif row.get("method", "").strip():
@@ -220,30 +339,36 @@ def row_to_record(row: dict[str, str], *, actuator: str = "measure", source: str
         values["model_max_length"] = _coerce("model_max_length", row["tokens_per_sample"])
     entity = make_entity(experiment, values)
 
-    props = measurements_of(row)
-    is_valid = props.pop("is_valid", None)
-    if is_valid is None:  # ado-sfttrainer.md §13.2: no is_valid column -> train_runtime present means valid
-        is_valid = 1 if props.get("train_runtime") is not None else 0
-    metadata = {"source": source} if source else {}
+    base = {"source": source} if source else {}
     extra = {k: v for k, v in row.items() if k in ("model_load_time", "lh_created_at") and v}
     if extra:
-        metadata["columns"] = extra
-    if int(is_valid) == 1:
-        result = Result.valid(experiment.id, entity.id, props, actuator="import", metadata=metadata)
-    else:
-        why = "imported with is_valid=0 (out of memory or a rejected configuration)"
-        result = Result.invalid(experiment.id, entity.id, [why], actuator="import", metadata=metadata)
+        base["columns"] = extra
     content = json.dumps({k: v for k, v in sorted(row.items()) if k not in ("", "index", "Unnamed: 0")})
-    return Record(
-        experiment=experiment,
-        entity=entity,
-        result=result,
-        actuator=actuator,
-        generator=(row.get("generatorid") or "").strip() or "import",
-        source_key=hashlib.sha256(content.encode()).hexdigest(),
-        source_identifier=(row.get("identifier") or "").strip() or None,
-        source_experiment_id=(row.get("experiment_id") or "").strip() or None,
-    )
+    records = []
+    for repeat in repeats_of(row, columns):
+        metadata = dict(base)
+        if repeat.count > 1:
+            metadata["repeat"] = {"index": repeat.index + 1, "of": repeat.count}
+        if repeat.aggregate:
+            metadata["aggregate"] = repeat.aggregate  # ado's aggregate of the entity's repeats (how many: unknown)
+        props = dict(repeat.properties)
+        if props.pop("is_valid") == 1:
+            result = Result.valid(experiment.id, entity.id, props, actuator="import", metadata=metadata)
+        else:
+            why = "imported with is_valid=0 (out of memory or a rejected configuration)"
+            result = Result.invalid(experiment.id, entity.id, [why], actuator="import", metadata=metadata)
+        key = content if repeat.count == 1 else f"{content}#{repeat.index}"  # a lone row keeps its old key
+        records.append(Record(
+            experiment=experiment,
+            entity=entity,
+            result=result,
+            actuator=actuator,
+            generator=(row.get("generatorid") or "").strip() or "import",
+            source_key=hashlib.sha256(key.encode()).hexdigest(),
+            source_identifier=(row.get("identifier") or "").strip() or None,
+            source_experiment_id=(row.get("experiment_id") or "").strip() or None,
+        ))  # fmt: skip
+    return records
 
 
 def import_csv(
@@ -263,13 +388,17 @@ def read_import(
     summary = ImportSummary()
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
-    summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in MEASURED and c not in BOOKKEEPING]
+    try:
+        measured = measured_columns(columns)  # a column that is no measurement: an error before any row
+    except InputError as exc:
+        raise InputError(f"{path.name}: {exc.field}", exc.message, exc.allowed) from None
+    summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in measured and c not in BOOKKEEPING]
     if "experiment_id" not in columns and "method" not in columns:
         raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
     for number, row in enumerate(rows, start=2):  # line 1 is the header
         summary.rows += 1
         try:
-            records.append(row_to_record(row, actuator=actuator, source=f"{path.name}:{number}"))
+            records += row_to_records(row, actuator=actuator, source=f"{path.name}:{number}", columns=measured)
         except InputError as exc:
             errors.append((number, exc))
     if errors and not skip_bad_rows:
@@ -298,6 +427,7 @@ def read_csv_rows(path: Path, field: str) -> tuple[list[str], list[dict[str, str
 def write_import(store: Store, records: list[Record], summary: ImportSummary) -> ImportSummary:
     """Store the records read_import parsed; one transaction per batch."""
     summary.added, summary.already_present = store.record_many(records)
+    summary.results = len(records)
     for r in records:
         summary.valid += r.result.status == VALID
         summary.invalid += r.result.status == INVALID

@@ -7,6 +7,7 @@ each, not once per row; the cyclic garbage collector is paused while the rows ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from tunebench.store.rows import (
     CHUNK,
     PROPERTY_COLUMNS,
     Outcomes,
+    Repeats,
     Selection,
     as_text,
     decode_rows,
@@ -27,7 +29,9 @@ from tunebench.store.rows import (
     no_gc,
     properties_of,
 )
-from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS, entities, experiments, operation_points, requests, results
+from tunebench.store.schema import (
+    DONE, ENTITY_COLUMNS, MEASURED_COLUMNS, VALID, entities, experiments, operation_points, requests, results,
+)  # fmt: skip
 
 
 class Reads(StoreBase):
@@ -141,6 +145,45 @@ class Reads(StoreBase):
             }  # fmt: skip
         return keys, raw, exps
 
+    def repeats(self, request_ids: Sequence[int] | None = None) -> dict[int, Repeats]:
+        """Requests with more than one valid or invalid result (of these ids; None: all) -> their Repeats.
+
+        Computed in the database (count, mean and mean square per column), so 100,000s of results
+        cost one pass; the sample standard deviation is sqrt(n/(n-1) * (E[x^2] - E[x]^2)).
+        """
+        counted = (
+            select(results.c.request_id, func.count().label("n"),
+                   func.sum(case((results.c.status == VALID, 1), else_=0)).label("valid"))
+            .where(results.c.status.in_(DONE))
+            .group_by(results.c.request_id)
+            .having(func.count() > 1)
+        )  # fmt: skip
+        with db.read(self.engine) as conn:
+            many = {r.request_id: (r.n, int(r.valid)) for r in conn.execute(counted)}
+            if request_ids is not None:
+                wanted = set(request_ids)
+                many = {k: v for k, v in many.items() if k in wanted}
+            moments = [c for name in MEASURED_COLUMNS
+                       for c in (func.count(results.c[name]), func.avg(results.c[name]),
+                                 func.avg(results.c[name] * results.c[name]))]  # fmt: skip
+            out: dict[int, Repeats] = {}
+            ids = [k for k, (_, valid) in many.items() if valid > 0]
+            for i in range(0, len(ids), CHUNK):
+                query = (select(results.c.request_id, *moments)
+                         .where(results.c.request_id.in_(ids[i : i + CHUNK]), results.c.status == VALID)
+                         .group_by(results.c.request_id))  # fmt: skip
+                for row in conn.execute(query):
+                    stats = {}
+                    for j, name in enumerate(MEASURED_COLUMNS):
+                        n, mean, square = row[1 + 3 * j : 4 + 3 * j]
+                        if n:
+                            var = max(0.0, float(square) - float(mean) ** 2) * n / (n - 1) if n > 1 else None
+                            stats[name] = (float(mean), math.sqrt(var) if var is not None else None)
+                    out[row[0]] = Repeats(*many[row[0]], stats)
+            for rid, (n, valid) in many.items():
+                out.setdefault(rid, Repeats(n, valid, {}))
+        return out
+
     def results_of(self, request_id: int) -> list[Result]:
         """Every result stored for a request, oldest first (retries, remeasurements, imports)."""
         with db.read(self.engine) as conn:
@@ -176,9 +219,10 @@ def outcomes_query(selection: Selection) -> Select:
     source_identifier, source_experiment_id, every ENTITY_COLUMNS, PROPERTY_COLUMNS (+ origin with
     an operation).
     """
+    status = results.c.status if selection.every_result else requests.c.status
     query = (
         select(
-            requests.c.id.label("request_id"), requests.c.status, requests.c.actuator, requests.c.experiment_pk,
+            requests.c.id.label("request_id"), status.label("status"), requests.c.actuator, requests.c.experiment_pk,
             entities.c.id.label("entity_id"), entities.c.only_columns,
             case((entities.c.only_columns == 1, None), else_=as_text(entities.c.properties)).label("entity"),
             as_text(results.c.reasons).label("reasons"), results.c.error, results.c.generator,
@@ -186,7 +230,8 @@ def outcomes_query(selection: Selection) -> Select:
             *(entities.c[name] for name in ENTITY_COLUMNS), *PROPERTY_COLUMNS,
         )
         .join(entities, entities.c.pk == requests.c.entity_pk)
-        .join(results, results.c.id == requests.c.result_id)
+        .join(results, (results.c.request_id if selection.every_result else results.c.id)
+              == (requests.c.id if selection.every_result else requests.c.result_id))
     )  # fmt: skip
     if selection.operation_id is not None:
         here = and_(operation_points.c.request_id == requests.c.id,
@@ -194,8 +239,10 @@ def outcomes_query(selection: Selection) -> Select:
         query = query.add_columns(operation_points.c.origin).join(operation_points, here).order_by(operation_points.c.seq)
     else:
         query = query.order_by(requests.c.id)
+    if selection.every_result:
+        query = query.order_by(results.c.id)  # within a request: oldest first
     if selection.actuator is not None:
         query = query.where(requests.c.actuator == selection.actuator)
     if selection.statuses is not None:
-        query = query.where(requests.c.status.in_(list(selection.statuses)))
+        query = query.where(status.in_(list(selection.statuses)))
     return query

@@ -69,12 +69,25 @@ class Claim:
 @dataclass(frozen=True)
 class Selection:
     """Which stored outcomes to read (None: no condition): an operation's (in sampling order), these
-    request ids (in their order), one actuator's, of these statuses."""
+    request ids (in their order), one actuator's, of these statuses. every_result: each stored result
+    of a request (repeats, retries, imports) as its own outcome, oldest first, not only the latest."""
 
     operation_id: str | None = None
     request_ids: Sequence[int] | None = None
     actuator: str | None = None
     statuses: Sequence[str] | None = None
+    every_result: bool = False
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """The valid and invalid results of one request (an entity measured again: ado's repeats, re-runs):
+    how many, how many valid, and each measured property's mean and sample standard deviation over
+    the valid ones (std None with fewer than two values)."""
+
+    count: int
+    valid: int
+    stats: dict[str, tuple[float, float | None]]
 
 
 @dataclass

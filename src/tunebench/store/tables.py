@@ -8,8 +8,12 @@ alphabetically), then the measured columns that any row has, in the reference's 
 ``is_valid`` last. ``show`` adds ``actuator`` after ``experiment_id`` (measure, predict, noop...: a
 prediction never passes for a measurement) and appends ``status`` (valid, invalid, failed, or
 pending/running for a point being retried) and ``reason`` (why it is invalid or failed).
+An entity measured more than once (ado's repeats, a re-run, an import beside a measurement) is one row
+with ``repeats`` (its valid and invalid results), each measured column the mean over its valid
+results and ``<name>-std`` beside it (the sample standard deviation; ado's name for that aggregate);
+status, reason and is_valid are the latest result's. ``show --repeats`` lists every result instead.
 ``export --format ado-csv`` writes exactly the reference layout (valid and invalid rows, an
-imported row's own identifiers kept), where ado names the actuator as the prefix of the experiment
+imported row's own identifiers kept, tunebench's own in ado's order: properties sorted by name), where ado names the actuator as the prefix of the experiment
 id: measurements get ado's ``SFTTrainer.``, any other actuator its own name (``predict.``), so ado
 never reads a prediction or a test row as a measurement.
 """
@@ -30,7 +34,7 @@ from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
 from tunebench.spec.measured import REPORT_ORDER
 from tunebench.spec.properties import render_value
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
-from tunebench.store.rows import Outcomes, no_gc
+from tunebench.store.rows import Outcomes, Repeats, no_gc
 
 ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids (ado names measurements so)
 MEASURE = "measure"  # the actuator that measures; every other one predicts or tests
@@ -62,8 +66,11 @@ class Table:
         return [dict(zip(names, values)) for values in zip(*(column for _, column in keep))]
 
 
-def build(outcomes: Outcomes, *, ado: bool = False, constitutive: Sequence[str] = ()) -> Table:
-    """The report of ``Store.table()``; ado=True gives the reference's export layout.
+def build(
+    outcomes: Outcomes, *, ado: bool = False, constitutive: Sequence[str] = (), repeats: dict[int, Repeats] | None = None
+) -> Table:
+    """The report of ``Store.table()``; ado=True gives the reference's export layout; repeats
+    (``Store.repeats()``) makes each row the aggregate of its request's results (see the module).
 
     Column by column (list comprehensions and C-level zips, no per-row dicts): 100,000 rows take
     a fraction of a second. Constitutive columns: the entity values any row has (plus the space's
@@ -72,10 +79,10 @@ def build(outcomes: Outcomes, *, ado: bool = False, constitutive: Sequence[str] 
     then is_valid.
     """
     with no_gc():  # many small acyclic objects: the cyclic GC would only slow this down
-        return _build(outcomes, ado, constitutive)
+        return _build(outcomes, ado, constitutive, repeats)
 
 
-def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
+def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: dict[int, Repeats] | None) -> Table:
     cols, n = outcomes.columns, outcomes.count
     pks = cols["experiment_pk"]
     experiment_ids = [outcomes.experiments[pk]["experiment_id"] for pk in pks]
@@ -111,13 +118,15 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
         if name in extra_names:
             column = [v if v is not None else extras[t].get(name) for v, t in zip(column, cols["extra_properties"])]
         measured_data.append(column)
+    if repeats is not None:
+        measured, measured_data = _aggregate(cols["request_id"], measured, measured_data, repeats)
     if _present(cols["is_valid"], n):
         measured.append("is_valid")
         measured_data.append(cols["is_valid"])
     # head and tail columns
     if ado:
         prefix = {a: ADO_PREFIX if a == MEASURE else f"{a}." for a in set(cols["actuator"])}
-        identifier = [s or e for s, e in zip(cols["source_identifier"], cols["entity_id"])]
+        identifier = [s or ado_entity_id(e) for s, e in zip(cols["source_identifier"], cols["entity_id"])]
         experiment = [s if s and a == MEASURE else prefix[a] + e
                       for s, e, a in zip(cols["source_experiment_id"], experiment_ids, cols["actuator"])]  # fmt: skip
         head, head_data = ["experiment_id"], [experiment]
@@ -133,7 +142,36 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str]) -> Table:
         columns += ["status", "reason"]
         data += [cols["status"], reasons]
     first = 3 + len(head)
+    if repeats is not None:
+        at = first + len(const)
+        columns.insert(at, "repeats")
+        data.insert(at, [repeats[r].count if r in repeats else 1 for r in cols["request_id"]])
     return Table(columns, data, tuple(range(first, first + len(const))))
+
+
+def _aggregate(
+    request_ids: Sequence[int], measured: list[str], data: list[Sequence[Any]], repeats: dict[int, Repeats]
+) -> tuple[list[str], list[Sequence[Any]]]:
+    """Measured columns as means over each request's valid results, each followed by its -std column
+    where any request has two or more values of it."""
+    names, out = [], []
+    for name, column in zip(measured, data):
+        stats = [repeats[r].stats.get(name) if r in repeats else None for r in request_ids]
+        names.append(name)
+        out.append([s[0] if s else v for v, s in zip(column, stats)])
+        if any(s and s[1] is not None for s in stats):
+            names.append(f"{name}-std")
+            out.append([s[1] if s else None for s in stats])
+    return names, out
+
+
+def ado_entity_id(entity_id: str) -> str:
+    """tunebench's entity id in ado's order: ado-core 2.3 names an entity by its properties sorted by name
+    (ado/schema/entity.py entity_identifier_from_properties_and_values), tunebench in the spec's order."""
+    from tunebench.store.csvio import parse_entity_id
+
+    values = parse_entity_id(entity_id)
+    return "-".join(f"{k}.{values[k]}" for k in sorted(values)) if values else entity_id
 
 
 def _present(column: Sequence[Any], n: int) -> bool:
@@ -238,7 +276,8 @@ def print_table(
         wanted = [*cols[start + 1 : end], "status"]
     else:
         wanted = ["experiment_id", *cols[start + 1 : end], "status"]
-    wanted += [n for n in ("is_valid", *TABLE_MEASURED) if n in cols] + ["reason"]
+    shown = (TABLE_MEASURED[0], f"{TABLE_MEASURED[0]}-std", *TABLE_MEASURED[1:])  # the throughput's spread too
+    wanted += [n for n in ("is_valid", *shown) if n in cols] + ["reason"]
     index = [cols.index(n) for n in wanted if n in cols]
     rich_table = RichTable(title=title, show_lines=False)
     for i in index:

@@ -1,0 +1,209 @@
+"""tunebench and the real IBM ado (ado-core 2.3.0, ado-sfttrainer 1.8.12) on the same data.
+
+ado runs in its own environment (tests/ado_env.py); its discovery spaces, sample store and CSV export
+are its own. Its SFTTrainer actuator's training is left out (it installs fms-hf-tuning in a Ray
+runtime environment and downloads weights): tunebench's loader (tunebench/store/ado_load.py, run with
+ado's Python) hands ado the results the actuator would, through the same ado calls.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from ado_env import Ado, ado_bin
+from tunebench.cli import main
+from tunebench.store.ado_export import LOADER
+
+SPACE = """\
+experiments:
+- actuatorIdentifier: SFTTrainer
+  experimentIdentifier: finetune_lora_benchmark-v1.0.0
+  parameterization:
+  - {property: {identifier: max_steps}, value: 2}
+  - {property: {identifier: torch_dtype}, value: float32}
+- actuatorIdentifier: SFTTrainer
+  experimentIdentifier: finetune_lora_benchmark-v1.0.0
+  parameterization:
+  - {property: {identifier: max_steps}, value: 3}
+  - {property: {identifier: torch_dtype}, value: float32}
+entitySpace:
+- {identifier: model_name, propertyDomain: {values: [smollm2-135m]}}
+- {identifier: model_max_length, propertyDomain: {values: [256]}}
+- {identifier: batch_size, propertyDomain: {values: [2, 4]}}
+- {identifier: number_gpus, propertyDomain: {values: [0]}}
+"""
+EXP2 = "finetune_lora_benchmark-v1.0.0-max_steps.2-torch_dtype.float32"
+EXP3 = "finetune_lora_benchmark-v1.0.0-max_steps.3-torch_dtype.float32"
+B2 = {"model_name": "smollm2-135m", "model_max_length": 256, "batch_size": 2, "number_gpus": 0}
+B4 = dict(B2, batch_size=4)
+# batch 2 measured twice by the first experiment, once by the second; batch 4 invalid (ado records is_valid alone)
+PLAN = [
+    {"experiment": 0, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 19.81,
+                                                    "train_runtime": 51.7, "cpu_memory_utilization": 12.5}},
+    {"experiment": 0, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 17.46,
+                                                    "train_runtime": 58.6, "cpu_memory_utilization": 12.7}},
+    {"experiment": 1, "entity": B2, "properties": {"is_valid": True, "dataset_tokens_per_second": 21.0,
+                                                    "train_runtime": 70.0, "cpu_memory_utilization": 13.0}},
+    {"experiment": 0, "entity": B4, "properties": {"is_valid": False}},
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ado(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ado")
+    return Ado(ado_bin(root), root / "home")
+
+
+@pytest.fixture(scope="module")
+def measured(ado, tmp_path_factory):
+    """An ado space of two experiments, measured as PLAN says; (space id, folder of ado's exports)."""
+    work = tmp_path_factory.mktemp("ado-space")
+    (work / "space.yaml").write_text(SPACE)
+    space = ado.create("space", work / "space.yaml")
+    (work / "results.jsonl").write_text("".join(json.dumps(item) + "\n" for item in PLAN))
+    ado.python(LOADER, str(work), space)
+    for name, extra in (("lists", ()), ("mean", ("--aggregate", "mean")), ("std", ("--aggregate", "std"))):
+        ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
+                "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
+    return space, work
+
+
+def _json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ados_export_with_repeats_imports_every_repeat_as_its_own_result(measured, tmp_path, capsys):
+    _, work = measured
+    rows = list(csv.DictReader((work / "lists.csv").open()))
+    assert {r["dataset_tokens_per_second"] for r in rows} >= {"[19.81, 17.46]"}  # ado's own list cell
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0
+    assert "3 rows holding 4 results" in capsys.readouterr().out
+    every = _json(capsys, ["show", "--repeats", "--format", "json", "--store", db])
+    b2 = sorted((r["experiment_id"], r["dataset_tokens_per_second"]) for r in every if r["batch_size"] == 2)
+    assert b2 == [(EXP2, 17.46), (EXP2, 19.81), (EXP3, 21.0)]  # experiments and parameters kept apart
+    b4 = [r for r in every if r["batch_size"] == 4]
+    assert [(r["experiment_id"], r["status"], r["is_valid"]) for r in b4] == [(EXP2, "invalid", 0)]
+    # the same entity under tunebench's id (the spec's order); ado's own id is kept for the export
+    assert {r["identifier"] for r in every} == {
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.2",
+        "model_name.smollm2-135m-number_gpus.0-model_max_length.256-batch_size.4",
+    }
+    one = _json(capsys, ["show", "--format", "json", "--store", db])  # one row per entity x experiment
+    mean = next(r for r in one if r["experiment_id"] == EXP2 and r["batch_size"] == 2)
+    assert mean["repeats"] == 2 and mean["dataset_tokens_per_second"] == pytest.approx((19.81 + 17.46) / 2)
+    assert mean["dataset_tokens_per_second-std"] == pytest.approx(abs(19.81 - 17.46) / 2**0.5)
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0  # twice: nothing added
+    assert "0 added" in capsys.readouterr().out
+
+
+def test_ados_aggregated_export_imports_as_valid_means(measured, tmp_path, capsys):
+    _, work = measured
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "mean.csv"), "--store", db]) == 0
+    capsys.readouterr()
+    rows = _json(capsys, ["show", "--format", "json", "--store", db])
+    mean = next(r for r in rows if r["experiment_id"] == EXP2 and r["batch_size"] == 2)
+    assert mean["status"] == "valid" and mean["dataset_tokens_per_second"] == pytest.approx((19.81 + 17.46) / 2)
+    assert mean["train_runtime"] == pytest.approx((51.7 + 58.6) / 2)
+
+
+def test_a_spread_ado_aggregated_is_refused_naming_the_column(measured, tmp_path, capsys):
+    _, work = measured
+    db = tmp_path / "s.db"
+    assert main(["import", str(work / "std.csv"), "--store", str(db)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "-std" in err and "no measurement" in err
+    assert not db.exists()
+
+
+def test_a_tunebench_export_loads_into_ado_with_its_experiments_and_repeats(measured, ado, tmp_path, capsys):
+    """ado's measurements -> tunebench -> `export --format ado` -> a new ado space: the same table in ado."""
+    _, work = measured
+    db = str(tmp_path / "s.db")
+    assert main(["import", str(work / "lists.csv"), "--store", db]) == 0
+    out = tmp_path / "for-ado"
+    assert main(["export", "--format", "ado", "--output", str(out), "--store", db]) == 0
+    assert "ado create space" in capsys.readouterr().err
+    home = Ado(ado.bin, tmp_path / "home")  # a new ado project: nothing but tunebench's export in it
+    space = home.create("space", out / "space.yaml")
+    assert json.loads(home.python(LOADER, str(out), space))["added"] == 4
+    home.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
+             "--output-file", str(tmp_path / "back.csv"))  # fmt: skip
+    back = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((tmp_path / "back.csv").open())}
+    mine = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((work / "lists.csv").open())}
+    assert back.keys() == mine.keys()  # ado's own ids, both experiments with their parameters
+    for key, row in mine.items():
+        for name in ("is_valid", "dataset_tokens_per_second", "train_runtime", "cpu_memory_utilization"):
+            assert back[key][name] == row[name], (key, name)  # repeats as ado's lists, in their order
+
+
+def test_the_ado_csv_export_names_entities_as_ado_does(tmp_path, capsys):
+    from tunebench.spec.experiments import get_experiment, make_entity
+    from tunebench.spec.results import Result
+    from tunebench.store import Store
+    from tunebench.store.store import Record
+
+    experiment = get_experiment(EXP2.split("-max_steps")[0], {"max_steps": 2, "torch_dtype": "float32"})
+    entity = make_entity(experiment, B2)
+    result = Result.valid(experiment.id, entity.id, {"train_runtime": 50.0, "is_valid": 1}, actuator="measure")
+    with Store(tmp_path / "s.db") as store:
+        store.record_many([Record(experiment, entity, result)])
+    assert main(["export", "--store", str(tmp_path / "s.db")]) == 0
+    (row,) = csv.DictReader(capsys.readouterr().out.splitlines())
+    assert row["identifier"] == "batch_size.2-model_max_length.256-model_name.smollm2-135m-number_gpus.0"
+    assert row["experiment_id"] == "SFTTrainer." + EXP2
+
+
+OPERATION = """\
+operation:
+  module: {operatorName: random_walk, operationType: explore}
+  parameters:
+    numberEntities: 2
+    batchSize: 1
+    maxRetries: 1
+    singleMeasurement: true
+    samplerConfig: {mode: sequential, samplerType: generator}
+"""
+ACTUATOR_CONFIG = """\
+actuatorIdentifier: SFTTrainer
+parameters:
+  data_directory: /data/sft
+  model_map: {smollm2-135m: {Vanilla: /models/smollm2}}
+"""
+
+
+def test_ados_resource_files_are_a_tunebench_space(measured, ado, tmp_path, capsys):
+    """The space (created by ado in `measured`), an operation and an actuator configuration that ado accepts."""
+    space, _ = measured
+    (tmp_path / "space.yaml").write_text(SPACE)
+    (tmp_path / "op.yaml").write_text(f"spaces: [{space}]\n" + OPERATION)
+    (tmp_path / "ac.yaml").write_text(ACTUATOR_CONFIG)
+    ado.create("actuatorconfiguration", tmp_path / "ac.yaml")
+    assert "valid" in ado.run("create", "operation", "-f", str(tmp_path / "op.yaml"), "--dry-run").stderr
+    out = tmp_path / "tunebench.yaml"
+    assert main(["space", "from-ado", str(tmp_path / "space.yaml"), "--operation", str(tmp_path / "op.yaml"),
+                 "--actuator-config", str(tmp_path / "ac.yaml"), "--output", str(out)]) == 0  # fmt: skip
+    import yaml
+
+    converted = yaml.safe_load(out.read_text())
+    assert converted["experiments"][1] == {"id": "finetune_lora_benchmark-v1.0.0",
+                                           "parameters": {"max_steps": 3, "torch_dtype": "float32"}}  # fmt: skip
+    assert converted["actuator"] == {"name": "measure", "data_dir": "/data/sft",
+                                     "model_map": {"smollm2-135m": "/models/smollm2"}}  # fmt: skip
+    assert converted["operation"] == {"sampler": "grid", "n": 2}
+    assert converted["execution"] == {"max_parallel": 1, "max_retries": 1}
+    # explore reads ado's space file as it is: the planner screens its 2 entities x 2 experiments
+    db = str(tmp_path / "s.db")
+    capsys.readouterr()
+    assert main(["explore", str(tmp_path / "space.yaml"), "--actuator", "predict", "--store", db, "-q", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["operation_id"]
+    rows = _json(capsys, ["show", "--format", "json", "--store", db])
+    assert sorted((r["experiment_id"], r["batch_size"]) for r in rows) == [(EXP2, 2), (EXP2, 4), (EXP3, 2), (EXP3, 4)]
+    (tmp_path / "op.yaml").write_text((tmp_path / "op.yaml").read_text().replace("random_walk", "ray_tune"))
+    assert main(["space", "from-ado", str(tmp_path / "space.yaml"), "--operation", str(tmp_path / "op.yaml")]) == 2
+    assert "operation.module.operatorName" in capsys.readouterr().err
