@@ -277,6 +277,11 @@ CASES: list[tuple[str, list[str]]] = [
     c("is_valid_2.csv line 2: is_valid", "import", "is_valid_2.csv", "--store", "good.db"),
     c("throughput_nan.csv line 3: dataset_tokens_per_second", "import", "throughput_nan.csv"),
     c("FILE", "import", "huge_field.csv", "--store", "good.db"),
+    c("neg_batch.csv line 2: is_valid", "import", "neg_batch.csv", "--store", "good.db"),
+    c("FILE", "import", "dup_header.csv", "--store", "good.db"),
+    c("FILE", "import", "ragged.csv", "--store", "good.db"),
+    c("FILE", "import", "short_row.csv", "--store", "good.db"),
+    c("FILE", "import", "unterminated.csv", "--store", "good.db"),
     c("FILE", "import", "no_columns.csv", "--store", "good.db"),
     # --- actuators: registered names only, unless whoever runs it opts in (item 8)
     c("actuator.name", "explore", "osystem.yaml"),
@@ -341,6 +346,15 @@ def files(tmp_path_factory) -> Path:
         (root / f"{name}.csv").write_text(out.getvalue())
     (root / "huge_field.csv").write_text(",".join(header) + '\n"' + "x" * 200_000 + '"\n')
     (root / "no_columns.csv").write_text("a,b\n1,2\n")
+    neg = [list(r) for r in rows]
+    neg[0][header.index("batch_size")] = "-1"
+    neg[0][header.index("identifier")] = neg[0][header.index("identifier")].replace("batch_size.1", "batch_size.-1")
+    for name, table in (("neg_batch", [header, *neg]), ("dup_header", [[*header, "batch_size"], *[[*r, "4"] for r in rows]]),
+                        ("ragged", [header, [*rows[0], "x"], *rows[1:]]), ("short_row", [header, rows[0][:5], *rows[1:]])):  # fmt: skip
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(table)
+        (root / f"{name}.csv").write_text(out.getvalue())
+    (root / "unterminated.csv").write_text(",".join(header) + '\n"0,abc\n')
     space = yaml.safe_load((root / "space.yaml").read_text())
     for name, key, value in (
         ("inject", "target_modules", [["q_proj", "--host_memory_limit_gib", "0.01"]]),
@@ -513,3 +527,22 @@ def test_store_passwords_are_masked_in_messages(workdir, capsys):
 )
 def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked
+
+
+@pytest.mark.parametrize(("field", "argv"), [
+    ("FILE", ["import", "big.txt", "--store", "new.db"]),
+    ("SPACE", ["explore", "big.txt"]),
+    ("model_name", ["plan", LORA, "model_name=./big.txt", "model_max_length=64", "number_gpus=1", "batch_size=1",
+                    "gpu_model=A100"]),
+])  # fmt: skip
+def test_text_inputs_larger_than_the_cap_are_refused_before_reading(tmp_path, monkeypatch, capsys, field, argv):
+    # 65 MiB of size in a sparse file (no blocks written): refused from its size, nothing created
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    with open(tmp_path / "big.txt", "wb") as f:
+        f.truncate(65 * 2**20)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check(code, out, err, field)
+    assert "at most 64 MiB" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt"]

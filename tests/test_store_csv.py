@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 from pathlib import Path
@@ -169,3 +170,20 @@ def test_ado_aggregated_columns(tmp_path, capsys):
     assert main(["import", str(path), "--store", str(tmp_path / "b.db")]) == 2
     assert "mean.csv: train_runtime-max: holds the max" in capsys.readouterr().err
     assert not (tmp_path / "b.db").exists()
+
+
+def test_text_a_spreadsheet_would_run_is_exported_inert(tmp_path):
+    # OWASP CSV injection: a cell starting with = + - @ is a formula to Excel/LibreOffice; exported with a leading '
+    header, first, *rest = ADO_CSV.read_text().splitlines()
+    cells = first.split(",")
+    cells[1] = '"=HYPERLINK(""http://example.invalid"",""x"")"'
+    (tmp_path / "f.csv").write_text("\n".join([header, ",".join(cells), *rest]) + "\n")
+    with Store(tmp_path / "s.db") as store:
+        import_csv(store, tmp_path / "f.csv")
+        out = io.StringIO()
+        export_csv(store, out)
+    rows = list(csv.reader(io.StringIO(out.getvalue())))
+    identifiers = [r[1] for r in rows[1:]]
+    assert "'=HYPERLINK(\"http://example.invalid\",\"x\")" in identifiers
+    assert not any(cell.startswith(("=", "+", "@")) for r in rows for cell in r)
+    assert [r[-1] for r in rows[1:]] == ["1", "1", "1", "1"]  # numbers stay numbers

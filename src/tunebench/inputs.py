@@ -155,9 +155,19 @@ def _existing_file(path: Path) -> Path:
     return path
 
 
+# The largest text input (space, CSV, JSON/JSONL, YAML) read whole: parsing holds ~5 copies of the text
+# (bytes, str, the parser's buffer and its rows), so 64 MiB stays under ~500 MB; a measurement CSV of
+# that size holds ~200,000 rows (split bigger ones).
+MAX_TEXT_BYTES = 64 * 2**20
+
+
 def text_of(path: Path) -> str:
-    """The UTF-8 text of a file; ValueError saying why there is none (missing, a directory, binary)."""
+    """The UTF-8 text of a file; ValueError saying why there is none (missing, a directory, binary, larger
+    than MAX_TEXT_BYTES)."""
     try:
+        size = path.stat().st_size
+        if size > MAX_TEXT_BYTES and path.is_file():
+            raise ValueError(f"{str(path)!r} is {size / 2**20:,.0f} MiB; at most {MAX_TEXT_BYTES // 2**20} MiB is read")
         data = path.read_bytes()
     except FileNotFoundError:
         raise ValueError(f"no such file: {str(path)!r}") from None

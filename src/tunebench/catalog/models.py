@@ -258,9 +258,11 @@ def load_config_model(value: str) -> ModelSpec:
         path = path / "config.json"
     if not path.is_file():
         raise InputError("model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path")
+    from tunebench.inputs import text_of  # size, UTF-8 and NUL checks of every text input
+
     try:
-        cfg = parse_json(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        cfg = parse_json(text_of(path))
+    except ValueError as exc:
         raise InputError("model_name", f"cannot read {str(path)!r} as JSON: {exc}") from None
     if not isinstance(cfg, dict):
         raise InputError("model_name", f"{str(path)!r} is not a JSON object", allowed="a Hugging Face config.json")

@@ -61,6 +61,7 @@ from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.spec.properties import PROPERTIES
 from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
+from tunebench.spec.validity import check
 from tunebench.store.schema import INVALID, VALID
 from tunebench.store.rows import Record, Selection
 
@@ -344,8 +345,14 @@ def row_to_records(
     if extra:
         base["columns"] = extra
     content = json.dumps({k: v for k, v in sorted(row.items()) if k not in ("", "index", "Unnamed: 0")})
+    repeats = repeats_of(row, columns)
+    if any(r.properties["is_valid"] == 1 for r in repeats):
+        verdict = check(experiment, entity)  # a measurement cannot be valid where a rule says it never runs
+        if not verdict.is_valid:
+            raise InputError("is_valid", f"1 for an entity the validity rules make invalid: {verdict.reasons[0]}",
+                             allowed="0 for such an entity")  # fmt: skip
     records = []
-    for repeat in repeats_of(row, columns):
+    for repeat in repeats:
         metadata = dict(base)
         if repeat.count > 1:
             metadata["repeat"] = {"index": repeat.index + 1, "of": repeat.count}
@@ -415,13 +422,25 @@ def read_import(
 
 
 def read_csv_rows(path: Path, field: str) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and the rows of a CSV file; InputError naming field if it is not CSV text."""
-    reader = csv.DictReader(io.StringIO(read_text(path, field), newline=""))
+    """The header and the rows of a CSV file; InputError naming field if it is not CSV text, names a column
+    twice, or has a row with more or fewer cells than the header (blank lines are skipped)."""
+    reader = csv.reader(io.StringIO(read_text(path, field), newline=""), strict=True)
     try:
-        rows = list(reader)
+        header = next(reader, [])
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:
+            raise InputError(field, f"{path.name} line 1 names the column {twice[0]!r} twice")
+        rows = []
+        for cells in reader:
+            if not cells:
+                continue
+            if len(cells) != len(header):
+                raise InputError(field, f"{path.name} line {reader.line_num} has {len(cells)} cells; the header has "
+                                 f"{len(header)}")  # fmt: skip
+            rows.append(dict(zip(header, cells, strict=True)))
     except csv.Error as exc:
         raise InputError(field, f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
-    return list(reader.fieldnames or []), rows
+    return header, rows
 
 
 def write_import(store: Store, records: list[Record], summary: ImportSummary) -> ImportSummary:

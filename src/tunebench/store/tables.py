@@ -210,9 +210,24 @@ def _cell(value: Any) -> str:
     return render_value(value)
 
 
+# A cell a spreadsheet would run as a formula (OWASP "CSV Injection"): text starting with one of these.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(value: Any) -> Any:
+    """Text a spreadsheet would evaluate, quoted with a leading ' (OWASP's advice); numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
 def write_csv(table: Table, out: IO[str]) -> None:
-    """CSV as pandas writes it: floats in shortest repr, None empty, booleans 0/1 in constitutive columns."""
+    """CSV as pandas writes it: floats in shortest repr, None empty, booleans 0/1 in constitutive columns;
+    text that would start a spreadsheet formula is quoted with a leading '."""
     data = list(table.data)
+    for i, column in enumerate(data):  # any column may hold text (ids, names, notes)
+        if any(isinstance(v, str) and v.startswith(FORMULA_PREFIXES) for v in column):
+            data[i] = [_inert(v) for v in column]
     for i in table.text_columns:
         if not set(map(type, data[i])) <= {str, int, type(None)}:  # booleans, lists, floats: render them
             data[i] = [_cell(v) for v in data[i]]
