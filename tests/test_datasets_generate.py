@@ -29,7 +29,7 @@ from tunebench.datasets.entries import VISION_USER_WORDS, chat_entries, text_ent
 from tunebench.errors import InputError
 
 SMALL = "news-chars-64-entries-16"
-PROMPT_CHARS = len(PROMPT_TEMPLATE.format(input="", output=""))  # 117 (ado-sfttrainer.md §10.2)
+PROMPT_CHARS = 127  # the SFTTrainer spec: "samples of 512 + 127 (prompt) + 512 characters"
 HEAD, _, _ = PROMPT_TEMPLATE.partition("{input}")
 
 
@@ -47,9 +47,17 @@ def _split(output: str) -> tuple[str, str]:
     return text_in, text_out
 
 
-def test_prompt_template_is_the_references():
-    assert PROMPT_CHARS == 117
-    assert RESPONSE_TEMPLATE in PROMPT_TEMPLATE
+def test_prompt_template_is_the_specs_127_characters():
+    assert len(PROMPT_TEMPLATE.format(input="", output="")) == PROMPT_CHARS
+    assert PROMPT_TEMPLATE.count(RESPONSE_TEMPLATE) == 1
+
+
+@pytest.mark.parametrize("n", [512, 1024, 2048])
+def test_news_chars_entries_are_n_plus_127_plus_n_characters(n):
+    """The spec's news-chars-N-entries-4096: "samples of N + 127 (prompt) + N characters"."""
+    outputs = list(text_entries(parse_dataset_id(f"news-chars-{n}-entries-4096")))
+    assert len(outputs) == 4096
+    assert {len(o) for o in outputs} == {n + 127 + n}
 
 
 def test_same_id_same_bytes(tmp_path):
@@ -60,7 +68,7 @@ def test_same_id_same_bytes(tmp_path):
         assert dataset_path(ds, tmp_path / "a").read_bytes() == dataset_path(ds, tmp_path / "b").read_bytes()
     # pinned: the prose must not drift across Python versions (bump GENERATOR_VERSION if it must)
     assert read_manifest(SMALL, tmp_path / "a").sha256 == (
-        "8ac2b42fbe6013456ab9b1ab2ad0ed2cb6620f1910a2ced814d4f79ac289b636"
+        "486742ccd91dab2073f733b0f298c2319f691afe1f112b922aee8dc5e1e50dac"
     )
 
 
@@ -171,6 +179,23 @@ def test_a_file_tunebench_did_not_write_is_never_overwritten(tmp_path, capsys):
     assert main(["datasets", "generate", SMALL, "--dir", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert path.read_text() == '{"output": "written by ado"}\n'
+
+
+def test_a_stale_file_of_the_117_character_template_is_regenerated(tmp_path):
+    """A file cached by generator version 1 (the reference's 117-character template), intact and manifested, is
+    not used: it is regenerated with the spec's N + 127 + N characters."""
+    path = ensure_dataset(SMALL, tmp_path)
+    old_head = "Write a response that appropriately completes the remainder of the following input text."
+    lines = [json.loads(line)["output"].replace(HEAD.split("\n")[0], old_head) for line in path.read_text().splitlines()]
+    assert {len(o) for o in lines} == {64 + 117 + 64}
+    stale = "".join(json.dumps({"output": o}) + "\n" for o in lines).encode()
+    path.write_bytes(stale)
+    mpath = tmp_path / f"{SMALL}.manifest.json"
+    m = json.loads(mpath.read_text())
+    mpath.write_text(json.dumps({**m, "generator_version": "1", "size_bytes": len(stale),
+                                 "sha256": hashlib.sha256(stale).hexdigest()}))  # fmt: skip
+    assert ensure_dataset(SMALL, tmp_path) == path
+    assert {len(json.loads(line)["output"]) for line in path.read_text().splitlines()} == {64 + 127 + 64}
 
 
 def test_failed_generation_leaves_no_partial_file(tmp_path, monkeypatch):

@@ -128,16 +128,18 @@ def test_outcome_any_oom_invalidates():
 # ---------------------------------------------------------------------------------------------- properties
 
 
-def _rank(rank, durations, samples, non_pad, padded, warmup=0, system=None, torch_memory=None):
+def _rank(rank, durations, samples, non_pad, padded, warmup=0, system=None, torch_memory=None, dataset=None, world=2):
     n = len(durations)
+    dataset = non_pad if dataset is None else dataset
     return {
         "status": "ok",
         "rank": rank,
-        "world_size": 2,
+        "world_size": world,
         "steps": {
             "durations_s": durations,
             "warmup": warmup,
-            "local": {"samples": [samples] * n, "non_pad_tokens": [non_pad] * n, "padded_tokens": [padded] * n},
+            "local": {"samples": [samples] * n, "non_pad_tokens": [non_pad] * n, "padded_tokens": [padded] * n,
+                      "dataset_tokens": [dataset] * n},  # fmt: skip
             "global": None,
         },
         "system": system,
@@ -163,18 +165,22 @@ def test_properties_sum_ranks_and_divide_per_gpu():
         "gpus": [_gpu("GPU-a", 80.0, 50.0, 70.0, 300.0, 43.0), _gpu("GPU-b", 60.0, 30.0, 90.0, 200.0, 29.0)],
     }
     ranks = [
-        _rank(0, [2.0, 1.0, 1.0], 4, 400, 512, system=system, torch_memory={"max_allocated_gib": 10.0,
-                                                                            "max_reserved_gib": 12.0}),
-        _rank(1, [2.0, 1.0, 1.0], 4, 300, 512, torch_memory={"max_allocated_gib": 11.0, "max_reserved_gib": 11.5}),
-    ]
+        _rank(0, [2.0, 1.0, 1.0], 4, 400, 512, dataset=396, system=system,
+              torch_memory={"max_allocated_gib": 10.0, "max_reserved_gib": 12.0}),
+        _rank(1, [2.0, 1.0, 1.0], 4, 300, 640, dataset=298,
+              torch_memory={"max_allocated_gib": 11.0, "max_reserved_gib": 11.5}),
+    ]  # fmt: skip
     p = properties_from_results(ranks, number_gpus=2)
     assert p["train_runtime"] == 4.0
     assert p["train_samples_per_second"] == 24 / 4
     assert p["train_steps_per_second"] == 3 / 4
-    assert p["train_tokens_per_second"] == 3 * 1024 / 4  # padding included, summed over processes
-    assert p["train_tokens_per_gpu_per_second"] == 3 * 1024 / 4 / 2
-    assert p["dataset_tokens_per_second"] == 3 * 700 / 4
-    assert p["dataset_tokens_per_second_per_gpu"] == 3 * 700 / 4 / 2
+    # the spec: num_gpus x rank 0's rate (padding included), and rank 0's rate per GPU; rank 1's own padding
+    # (640 a step, not 512) is not in them
+    assert p["train_tokens_per_second"] == 2 * 3 * 512 / 4
+    assert p["train_tokens_per_gpu_per_second"] == 3 * 512 / 4
+    # the spec's note 3 count of every rank's entries (not the attention mask's 700 a step)
+    assert p["dataset_tokens_per_second"] == 3 * (396 + 298) / 4
+    assert p["dataset_tokens_per_second_per_gpu"] == 3 * (396 + 298) / 4 / 2
     assert (p["gpu_compute_utilization_min"], p["gpu_compute_utilization_avg"], p["gpu_compute_utilization_max"]) == (
         60.0, 70.0, 80.0)
     assert p["gpu_memory_utilization_peak"] == 90.0
@@ -184,7 +190,7 @@ def test_properties_sum_ranks_and_divide_per_gpu():
 
 
 def test_properties_warmup_and_stop_after():
-    ranks = [_rank(0, [5.0, 5.0, 1.0, 1.0], 2, 100, 128, warmup=2)]
+    ranks = [_rank(0, [5.0, 5.0, 1.0, 1.0], 2, 100, 128, warmup=2, world=1)]
     p = properties_from_results(ranks, number_gpus=0, auto_stop="WARMUP_60S_STABLE_120S_OR_10_STEPS")
     assert p["train_runtime"] == 2.0 and p["dataset_tokens_per_second"] == 100.0
     assert p["train_steps_per_second"] == 1.0  # kept with auto-stop: computed from real post-warm-up steps
@@ -245,19 +251,22 @@ def test_completion_only_labels():
     trained = [t for t, lab in zip(ex.input_ids, ex.labels) if lab != IGNORE_INDEX]
     assert tok.decode(trained[:-1]).strip() == "shares rose" and trained[-1] == tok.eos_token_id
     assert all(lab == IGNORE_INDEX for lab in ex.labels[: len(ex.labels) - len(trained)])
+    assert ex.dataset_tokens == len(tok(text)["input_ids"]) == len(ex.input_ids) - 1  # the spec's note 3: no EOS
     # truncation keeps the first max_length tokens; no template -> nothing trained
     short = tokenize_record(tok, text, "\n### Response:", 5)
     assert short.input_ids == ex.input_ids[:5] and all(lab == IGNORE_INDEX for lab in short.labels)
+    assert short.dataset_tokens == 5
     assert not tokenize_record(tok, "no template here", "\n### Response:", 64).has_template
     # long records tokenized on a prefix give the same ids as the whole text
     long_text = text + " rose" * 5000
     assert tokenize_record(tok, long_text, "\n### Response:", 40).input_ids == tok(long_text)["input_ids"][:40]
     batch = CompletionCollator(tok.pad_token_id)(
-        [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "entry_index": 7}, {"input_ids": [1], "labels": [1],
-                                                                              "entry_index": 2}]
-    )
+        [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "entry_index": 7, "dataset_tokens": 2},
+         {"input_ids": [1], "labels": [1], "entry_index": 2, "dataset_tokens": 1}]
+    )  # fmt: skip
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3], [1, -100, -100]] and batch["entry_index"] == [7, 2]
+    assert batch["dataset_tokens"] == [2, 1]
     assert batch["input_ids"][1, 1].item() == tok.pad_token_id  # right padding
 
 

@@ -96,29 +96,32 @@ def test_every_property_for_each_architecture_and_method(tmp_path, arch, method)
 def assert_rates_follow_from_tokens(tmp_path: Path, r: dict, props: dict, *, steps: int, samples: int) -> None:
     """Each rate is its count over train_runtime; token counts brute-forced from the consumed entries."""
     assert r["consumed"]["entries"] == samples
-    non_pad, padded = _brute_force(tmp_path, r, int(r["args"]["max_seq_length"]))
+    dataset, non_pad, padded = _brute_force(tmp_path, r, int(r["args"]["max_seq_length"]))
+    assert sum(r["steps"]["global"]["dataset_tokens"]) == dataset
     assert sum(r["steps"]["global"]["non_pad_tokens"]) == non_pad
     assert sum(r["steps"]["global"]["padded_tokens"]) == padded
     runtime = props["train_runtime"]
-    assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / runtime, rel=1e-9)
+    assert props["dataset_tokens_per_second"] == pytest.approx(dataset / runtime, rel=1e-9)
     assert props["train_tokens_per_second"] == pytest.approx(padded / runtime, rel=1e-9)
     assert props["train_samples_per_second"] == pytest.approx(samples / runtime, rel=1e-9)
     assert props["train_steps_per_second"] == pytest.approx(steps / runtime, rel=1e-9)
 
 
-def _brute_force(tmp_path: Path, r: dict, max_len: int) -> tuple[int, int]:
-    """(Σ min(len(tokens(entry)), max_len), Σ per micro-batch batch x longest) over the consumed entries."""
+def _brute_force(tmp_path: Path, r: dict, max_len: int) -> tuple[int, int, int]:
+    """Over the consumed entries: (Σ min(len(tokens(entry)), model_max_length, max_len) (the spec's note 3),
+    Σ trained lengths (the attention mask), Σ per micro-batch batch x longest)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(r["metadata"]["tokenizer"]["path"])
     texts = [json.loads(line)["output"] for line in (tmp_path / "data.jsonl").read_text().splitlines()]
-    # tokens(entry) = BOS + text + EOS: the reference trains on output + eos_token (hf-stack.md §7.2.4)
-    lengths = [min(len(tok(t)["input_ids"]) + 1, max_len) for t in texts]
+    counts = [min(len(tok(t)["input_ids"]), tok.model_max_length, max_len) for t in texts]
+    # trained = BOS + text + EOS: the reference trains on output + eos_token (hf-stack.md §7.2.4)
+    lengths = [min(len(tok(t)["input_ids"]) + 1, tok.model_max_length, max_len) for t in texts]
     consumed = r["consumed"]["indices"]
     bs = r["args"]["per_device_train_batch_size"]
     micro_batches = [consumed[j : j + bs] for j in range(0, len(consumed), bs)]
     padded = sum(len(c) * max(lengths[i] for i in c) for c in micro_batches)
-    return sum(lengths[i] for i in consumed), padded
+    return sum(counts[i] for i in consumed), sum(lengths[i] for i in consumed), padded
 
 
 @pytest.mark.parametrize("gas", [1, 4])
@@ -129,10 +132,35 @@ def test_tokens_counted_from_consumed_micro_batches(tmp_path, gas, gc):
     assert rc == 0, r.get("reason")
     steps = r["steps"]
     assert r["consumed"]["entries"] == 3 * 2 * gas == sum(steps["global"]["samples"])
-    non_pad, padded = _brute_force(tmp_path, r, 48)
+    _, non_pad, padded = _brute_force(tmp_path, r, 48)
     assert sum(steps["global"]["non_pad_tokens"]) == non_pad
     assert sum(steps["global"]["padded_tokens"]) == padded
     assert_rates_follow_from_tokens(tmp_path, r, agg["properties"], steps=3, samples=3 * 2 * gas)
+
+
+@pytest.mark.parametrize("arch", ["bloom", "llama"])
+def test_dataset_tokens_are_the_specs_count_of_each_consumed_entry(tmp_path, arch):
+    """The spec's note 3: each consumed entry counts min(len(tokens(entry["output"])), tokenizer.model_max_length,
+    max_seq_length), re-tokenised here with the run's tokenizer: the EOS appended for training is not data."""
+    from transformers import AutoTokenizer
+
+    max_len = 40  # the consumed records are about 17 to 62 tokens: some are cut, some are not
+    rc, r, agg = run(tmp_path, model=ARCHS[arch], steps=2, gradient_accumulation_steps=4, max_seq_length=max_len)
+    assert rc == 0, r.get("reason")
+    tok = AutoTokenizer.from_pretrained(r["metadata"]["tokenizer"]["path"])
+    texts = [json.loads(line)["output"] for line in (tmp_path / "data.jsonl").read_text().splitlines()]
+    consumed = r["consumed"]["indices"]
+    assert len(consumed) == r["consumed"]["entries"] == 2 * 4 * 2
+    ids = [tok(texts[i])["input_ids"] for i in consumed]
+    expected = sum(min(len(x), tok.model_max_length, max_len) for x in ids)
+    props = agg["properties"]
+    counted = props["dataset_tokens_per_second"] * props["train_runtime"]
+    assert counted == pytest.approx(expected, rel=1e-12), (counted, expected)
+    assert props["dataset_tokens_per_second_per_gpu"] == props["dataset_tokens_per_second"]  # number_gpus 0
+    assert sum(r["steps"]["global"]["dataset_tokens"]) == expected
+    # what the model was fed has one more token (the EOS) for every entry shorter than max_len
+    uncut = sum(len(x) < max_len for x in ids)
+    assert 0 < uncut < len(ids) and sum(r["steps"]["global"]["non_pad_tokens"]) == expected + uncut
 
 
 def test_truncation_counts_max_seq_length(tmp_path):
@@ -173,9 +201,9 @@ def test_stop_after_seconds_stops_and_drops_hf_rates(tmp_path):
     for name in ("train_tokens_per_second", "train_tokens_per_gpu_per_second"):
         assert name not in props  # spec 004: omitted when stop_after_seconds > 0
     assert props["train_runtime"] == pytest.approx(sum(d))
-    non_pad, _ = _brute_force(tmp_path, r, 48)  # one entry per step (batch 1), truncated at 48 tokens
+    dataset, non_pad, _ = _brute_force(tmp_path, r, 48)  # one entry per step (batch 1), truncated at 48 tokens
     assert r["consumed"]["entries"] == len(d) and sum(r["steps"]["global"]["non_pad_tokens"]) == non_pad
-    assert props["dataset_tokens_per_second"] == pytest.approx(non_pad / sum(d), rel=1e-9)
+    assert props["dataset_tokens_per_second"] == pytest.approx(dataset / sum(d), rel=1e-9)
     for name in ("train_samples_per_second", "train_steps_per_second"):
         assert props[name] > 0  # the spec omits only the two token rates
 
@@ -201,7 +229,7 @@ def test_auto_stop_excludes_warmup(tmp_path):
     props = agg["properties"]
     assert props["train_runtime"] == pytest.approx(sum(d[k:]))
     assert props["dataset_tokens_per_second"] == pytest.approx(
-        sum(steps["global"]["non_pad_tokens"][k:]) / sum(d[k:])
+        sum(steps["global"]["dataset_tokens"][k:]) / sum(d[k:])
     )
     assert props["train_steps_per_second"] == pytest.approx((len(d) - k) / sum(d[k:]))  # kept: real steps
     assert r["system"]["n_dropped_warmup"] > 0  # samples inside the warm-up dropped
@@ -212,6 +240,7 @@ def test_auto_stop_excludes_warmup(tmp_path):
     [
         ({"peft_method": "qlora"}, "needs an NVIDIA GPU"),
         ({"use_flash_attn": "True"}, "flash-attention needs an NVIDIA GPU and the flash-attn package"),
+        ({"fp16": "True"}, "fp16 autocast needs a GPU"),  # accelerate would silently train float32
     ],
 )
 def test_gpu_only_options_fail_clearly_on_cpu(tmp_path, flags, reason):
@@ -219,6 +248,30 @@ def test_gpu_only_options_fail_clearly_on_cpu(tmp_path, flags, reason):
     assert rc == 1 and r["status"] == "error" and not agg
     assert reason in r["reason"] and r["phase"] == "setup"
     assert r["exception"]["traceback_tail"]
+
+
+@pytest.mark.parametrize("flags", [{"torch_dtype": "bfloat16"}, {"bf16": "True"}], ids=["pure-bf16", "bf16-autocast"])
+def test_bf16_trains_in_bf16_on_a_cpu_without_native_bf16(tmp_path, monkeypatch, flags):
+    """A measurement is of the entity it names: bf16 asked on a CPU without AVX512-BF16 or AMX (the CI
+    machine's kind, simulated here) trains in bf16, slowly, rather than float32 under the bf16 id."""
+    import torch
+
+    (tmp_path / "fp32").mkdir()
+    rc, r, _ = run(tmp_path / "fp32", steps=2)  # the same run in float32, the same seed
+    assert rc == 0, r.get("reason")
+    fp32_losses = r["metadata"]["train_losses"]
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    rc, r, agg = run(tmp_path, steps=2, **flags)
+    assert rc == 0 and agg["status"] == "ok", r.get("reason")
+    meta = r["metadata"]
+    pure = flags.get("torch_dtype") == "bfloat16"
+    # the weights (pure bf16) or only the computation (autocast, float32 master weights) are bf16
+    assert meta["dtype"] == ("bfloat16" if pure else "float32")
+    assert meta["trainable_dtypes"] == (["bfloat16"] if pure else ["float32"])
+    assert meta["compute_dtype"] == "bfloat16"  # the LM head's output in training
+    assert meta["train_losses"] != fp32_losses  # bf16 rounding changed the numbers: another computation ran
+    assert "as asked" in meta["precision_note"]  # and the record says so, and why it is slow
 
 
 def test_gptq_flags_fail_clearly_on_cpu(tmp_path):

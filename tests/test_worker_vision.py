@@ -82,9 +82,11 @@ def test_vision_training_run_returns_every_property(tmp_path, model, method):
     n_img = r["data"]["image_tokens_per_record"][0]
     assert n_img > 1000  # the image tokens are in every record
     steps = r["steps"]
-    tokens = steps["global"]["non_pad_tokens"]
+    tokens = steps["global"]["dataset_tokens"]
     assert len(tokens) == 2 and all(t > n_img for t in tokens)  # 1 record a step: its image tokens counted
     assert math.isclose(props["dataset_tokens_per_second"], sum(tokens[steps["warmup"]:]) / r["train_runtime"], rel_tol=1e-6)
+    # the spec's note 3 counts the entry, not the EOS appended for training (no record is cut here)
+    assert [n - t for n, t in zip(steps["global"]["non_pad_tokens"], tokens)] == [1, 1]
     if method == "lora":
         assert "language_model" in meta["peft"]["target_modules"]
         assert meta["parameters"]["trainable"] < meta["parameters"]["total"] / 2

@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from tunebench.datasets.ids import DatasetId
 from tunebench.datasets.text import Book, book, passage_chars, passage_words
 
-# ado-sfttrainer.md §10.2: the fixed template of the internal news data (117 chars besides the
-# two fields; the README's "127" is a known mismatch, §16 #14).
+# The SFTTrainer spec's news-chars data sets: "samples of N + 127 (prompt) + N characters", so the fixed text
+# around the two fields is 127 characters. It is the layout of the reference's news template
+# (ado-sfttrainer.md §10.2: instruction, "### Input:", "### Response:") whose instruction names the
+# input "newspaper input text": the reference's own template is 117 characters, 10 short of the spec.
 PROMPT_TEMPLATE = (
-    "Write a response that appropriately completes the remainder of the following input text."
+    "Write a response that appropriately completes the remainder of the following newspaper input text."
     "\n\n### Input:\n{input}\n\n### Response: {output}"
 )
 RESPONSE_TEMPLATE = "\n### Response:"  # the SFTTrainer spec launch command, --response_template

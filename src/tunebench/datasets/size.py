@@ -6,10 +6,10 @@ costs from the id and refuses (InputError naming dataset_id, nothing written) wh
 does not have them.
 
 The estimates follow the generator (generate.py, entries.py, vision.py) with constants measured on
-its output (tunebench 0.1, generator version 1; tests/test_datasets_size.py checks them against real
+its output (tunebench 0.1, generator version 2; tests/test_datasets_size.py checks them against real
 files):
 
-- a news-chars entry is 2 N characters plus ~160 bytes of template and JSON;
+- a news-chars entry is 2 N characters plus ~170 bytes of template and JSON;
 - a news-tokens entry is ~6.3 bytes per word of its K-word response plus ~200 bytes;
 - a vision row holds the same K-word chat, compressed by parquet to about a third, and each row
   group (128 rows) stores the JPEG once (dictionary encoding); the JPEG of the test image is below
@@ -29,7 +29,7 @@ from tunebench.datasets.generate import WRITE_CHUNK
 from tunebench.datasets.ids import DatasetId
 from tunebench.limits import check_disk, check_memory
 
-CHARS_ENTRY_OVERHEAD = 160  # template, JSON quoting and escapes of a news-chars entry (measured 137-155)
+CHARS_ENTRY_OVERHEAD = 170  # template, JSON quoting and escapes of a news-chars entry (measured 147-173)
 BYTES_PER_WORD = 6.5  # response prose incl. the space (measured 6.24 at 4096 words)
 TOKENS_ENTRY_OVERHEAD = 200  # template, input words and JSON of a news-tokens entry
 JPEG_BYTES_PER_PIXEL = 0.1  # the test image (two circles) compresses to 0.02-0.07 byte per pixel

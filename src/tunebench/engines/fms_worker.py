@@ -6,7 +6,7 @@ launch`` with one process per GPU, exactly where the SFTTrainer spec's command l
 ``-m tuning.sft_trainer``. It takes the native worker's command line and writes the same result
 files (tunebench.worker.run does both), and trains like this:
 
-1. set_up: the precision that can run here (float32 on a CPU without native 16-bit support), the seed;
+1. set_up: what cannot run here fails first (fp16 autocast on a CPU), the seed; the entity's precision runs;
 2. the weights: a local checkpoint, or the catalog architecture with random weights and its tokenizer,
    written once per node to ``<output_dir>/tunebench-model`` (fms-hf-tuning loads from a path);
 3. the spec's flags fms-hf-tuning knows (its own parser decides which), with the model path, output

@@ -42,12 +42,12 @@ CATEGORICAL = (
 
 # Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
 # news-tokens-Kplus: a response of >= K words at 1.20-1.33 tokens per word (entries.py docstring),
-# plus ~30 tokens of prompt template; news-chars-N: 2N characters + the 117-character template at
+# plus ~30 tokens of prompt template; news-chars-N: 2N characters + the 127-character template at
 # 4.68-5.12 characters per token (datasets/resolve.py, measured on tunebench prose), + BOS/EOS.
 TOKENS_PER_WORD = 1.27
 TEMPLATE_TOKENS = 30
 CHARS_PER_TOKEN = 4.9
-TEMPLATE_CHARS = 117
+TEMPLATE_CHARS = 127
 VISION_USER_WORDS = 38  # entries.py: the user turn of a vision row
 # tokenizer model_max_length of models whose tokenizer truncates below the requested length
 # (the ado file sfttrainer_model_hashes.json, docs/reference/published-runs.md §2; 1e30 / int64-max sentinels mean "none").

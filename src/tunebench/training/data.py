@@ -10,6 +10,11 @@ the template trains on nothing (all -100), as the reference collator does. Batch
 to the longest sequence of the micro-batch (the SFTTrainer spec "right padded"; the reference's collator pads
 to the longest).
 
+Each record also carries its data set tokens, the SFTTrainer spec's note 3 count
+``min(len(tokens(entry["output"])), tokenizer.model_max_length, max_seq_length)``: the tokenizer's ids of
+the text (special tokens included, as ``tokenizer.encode``), without the EOS the training template
+appends, so an untruncated record counts one token less than it trains on.
+
 trl 1.x removed ``response_template``/``DataCollatorForCompletionOnlyLM`` (hf-stack.md §4.3); this
 module is the small masking collator that replaces them.
 """
@@ -49,6 +54,7 @@ class Example:
     input_ids: list[int]
     labels: list[int]
     has_template: bool
+    dataset_tokens: int  # min(len(tokens(text)), max_length): the spec's note 3 count (no appended EOS)
 
 
 def _prefix_chars(max_length: int) -> int:
@@ -82,6 +88,8 @@ def tokenize_record(
         enc = tokenizer(text, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
+    # A prefix's ids are kept only when it has more than max_length tokens: then the text's count is capped too.
+    dataset_tokens = min(len(ids), max_length)
     eos = tokenizer.eos_token_id
     if eos is not None and (not ids or ids[-1] != eos):
         ids.append(eos)
@@ -89,13 +97,13 @@ def tokenize_record(
     ids, offsets = ids[:max_length], offsets[:max_length]
     at = text.find(response_template) if response_template else -1
     if at < 0:
-        return Example(ids, [IGNORE_INDEX] * len(ids), False)
+        return Example(ids, [IGNORE_INDEX] * len(ids), False, dataset_tokens)
     end = at + len(response_template)
     # Prompt = tokens starting before the template's end, and special tokens at (0, 0) (BOS).
     labels = [IGNORE_INDEX if s < end else tok for tok, (s, _) in zip(ids, offsets)]
     if eos is not None and ids[-1] == eos and offsets[-1] in ((0, 0), (len(text), len(text))):
         labels[-1] = eos  # EOS is trained on, whichever offset the tokenizer gave it
-    return Example(ids, labels, True)
+    return Example(ids, labels, True, dataset_tokens)
 
 
 class TokenizedDataset(torch.utils.data.Dataset):
@@ -109,7 +117,7 @@ class TokenizedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         ex = self.examples[i]
-        return {"input_ids": ex.input_ids, "labels": ex.labels, "entry_index": i}
+        return {"input_ids": ex.input_ids, "labels": ex.labels, "entry_index": i, "dataset_tokens": ex.dataset_tokens}
 
 
 def build_dataset(
@@ -141,7 +149,8 @@ def build_dataset(
 
 @dataclass
 class CompletionCollator:
-    """Right-pads a micro-batch to its longest sequence; entry indices stay a plain list (not moved to device)."""
+    """Right-pads a micro-batch to its longest sequence; entry indices and data set token counts stay plain
+    lists (not moved to the device; the step meter takes them out before the model's forward)."""
 
     pad_token_id: int
 
@@ -161,4 +170,5 @@ class CompletionCollator:
             "attention_mask": attention_mask,
             "labels": labels,
             "entry_index": [int(f["entry_index"]) for f in features],
+            "dataset_tokens": [int(f["dataset_tokens"]) for f in features],
         }

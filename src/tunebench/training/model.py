@@ -105,19 +105,33 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def cpu_precision(torch_dtype: str, bf16: bool, fp16: bool, on_gpu: bool) -> str | None:
-    """Why a CPU run trains in float32 instead of the requested 16-bit precision, or None when it need not.
+def check_cpu_precision(fp16: bool, on_gpu: bool) -> None:
+    """HardwareError for the one precision a CPU run cannot honour: fp16 autocast (accelerate turns AMP on
+    for fp16 only on accelerators, accelerate.Accelerator.__init__, so the run would train float32 under
+    the fp16 entity's name). bf16 autocast and 16-bit weights run as asked on a CPU."""
+    if fp16 and not on_gpu:
+        raise HardwareError(
+            "fp16 autocast needs a GPU: accelerate applies no fp16 mixed precision on a CPU (use bf16, or "
+            "torch_dtype float16)"
+        )
 
-    bf16 without native support and fp16 on any CPU are emulated at a fraction of fp32's speed, so the
-    run uses float32 and the measurement records this note (its memory and speed are those of fp32).
-    """
+
+def cpu_precision_note(torch_dtype: str, bf16: bool, on_gpu: bool) -> str | None:
+    """A note for the record when a CPU run computes in a 16-bit type this CPU has no native instructions
+    for (bfloat16 without AVX512-BF16/AMX, float16 without AMX-FP16): it runs as asked, far slower than on
+    a CPU that has them. None on a GPU, in float32, or with native support."""
     if on_gpu:
         return None
-    wanted = [d for d, on in ((torch_dtype, torch_dtype != "float32"), ("bf16 autocast", bf16), ("fp16 autocast", fp16)) if on]
-    if not wanted or (cpu_has_fast_bf16() and not fp16 and torch_dtype != "float16"):
+    native = {"bfloat16": cpu_has_fast_bf16(), "float16": bool(torch.cpu._is_amx_fp16_supported())}
+    wanted = {torch_dtype} - {"float32"} | ({"bfloat16"} if bf16 else set())
+    slow = sorted(d for d in wanted if not native[d])
+    if not slow:
         return None
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{' and '.join(wanted)} requested; this CPU ({capability}) has no native support for it: trained in float32"
+    return (
+        f"{' and '.join(slow)} trained as asked; this CPU ({capability}) has no native {' or '.join(slow)} "
+        "instructions, so torch computes them through float32 (far slower than on a CPU that has them)"
+    )
 
 
 def attn_implementation(use_flash_attn: bool, requested: str | None = None) -> str | None:

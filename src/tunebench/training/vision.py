@@ -5,9 +5,9 @@ chat column (a user turn of text + one image, an assistant turn of text). Each r
 ``<user marker> text <image> <assistant marker> response EOS``; the LlavaNext processor expands
 ``<image>`` into one token per image feature (base tile + tiles of the best grid pinpoint + one
 newline per feature row, transformers LlavaNextProcessor._get_number_of_features), so the image
-tokens are part of ``input_ids`` and of the attention mask that tunebench counts as data set tokens
-(ado-sfttrainer.md §7.3: vision entries are counted with the processor's tokenization). Labels
-cover only the response (and EOS).
+tokens are part of ``input_ids`` and of the data set tokens tunebench counts (ado-sfttrainer.md §7.3:
+vision entries are counted with the processor's tokenization; the appended EOS is not counted, the
+spec's note 3). Labels cover only the response (and EOS).
 
 The processor is built offline from the architecture's values (image size, patch size, grid
 pinpoints, feature selection strategy) and the run's tokenizer with ``<image>`` added.
@@ -181,10 +181,11 @@ def tokenize_row(processor: Any, chat: list[dict], image: ProcessedImage, max_le
         response_ids = tok(response, add_special_tokens=False)["input_ids"]
     elif len(response) > cut:
         response_ids = response_ids[:room]  # truncated anyway: no EOS fits after it
+    dataset_tokens = min(len(prompt_ids) + len(response_ids), max_length)  # the spec's note 3: without the EOS
     response_ids = response_ids + [tok.eos_token_id]
     ids = (prompt_ids + response_ids)[:max_length]
     labels = ([IGNORE_INDEX] * len(prompt_ids) + response_ids)[:max_length]
-    return VisionExample(ids, labels, True, image.pixel_values, image.image_size)
+    return VisionExample(ids, labels, True, dataset_tokens, image.pixel_values, image.image_size)
 
 
 class VisionDataset(TokenizedDataset):
@@ -194,7 +195,7 @@ class VisionDataset(TokenizedDataset):
         ex = self.examples[i]
         return {
             "input_ids": ex.input_ids, "labels": ex.labels, "pixel_values": ex.pixel_values,
-            "image_size": ex.image_size, "entry_index": i,
+            "image_size": ex.image_size, "entry_index": i, "dataset_tokens": ex.dataset_tokens,
         }  # fmt: skip
 
 

@@ -27,12 +27,15 @@ written by every rank, also on failure::
                     model_type, dtype, attn_implementation, tokenizer{kind, path, class, vocab_size,
                     model_max_length}, peft{method, target_modules, ...}, parameters{total,
                     trainable}, not_applied{flag: why}, load_seconds, distributed_type,
-                    wrapped_model_class, train_begin / train_end (epoch seconds)
+                    wrapped_model_class, compute_dtype (the LM head's output dtype in training: the
+                    precision that ran), precision_note (16 bits on a CPU without native instructions
+                    for them), train_begin / train_end (epoch seconds)
     data            path, text_field, records, records_without_response_template, max_length,
                     tokens_min / tokens_max / tokens_mean (per record, after truncation)
     steps           total, warmup (steps excluded by auto-stop), durations_s (per optimisation step,
                     agreed across ranks), local_durations_s, local{samples, non_pad_tokens,
-                    padded_tokens} (this rank, per step), global{...} (summed over ranks, per step),
+                    padded_tokens, dataset_tokens (the spec's note 3 count), trained_tokens} (this
+                    rank, per step), global{...} (summed over ranks, per step),
                     stopped_by (stop_after_seconds | auto_stop | None), auto_stop_satisfied
     consumed        entries (micro-batch samples this rank consumed), indices (their dataset
                     indices, first 65536)

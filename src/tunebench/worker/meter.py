@@ -2,8 +2,11 @@
 
 Per optimisation step the meter records the wall duration (float seconds, from the end of the
 previous step, or train begin, to the end of this one, so data loading is included), and the
-samples, non-padding tokens (attention-mask sum), padded tokens (input_ids.numel()) and trained
-tokens (labels != -100: the completion tokens the loss is computed on) of every micro-batch the step actually consumed: counted in ``training_step``, once per micro-batch, so the
+samples, non-padding tokens (attention-mask sum), padded tokens (input_ids.numel()), data set tokens
+(the SFTTrainer spec's note 3: Σ min(len(tokens(entry)), model_max_length, max_seq_length) over the
+entries, which the collator passes as ``dataset_tokens``; without it, the attention-mask sum) and trained
+tokens (labels != -100: the completion tokens the loss is computed on) of every micro-batch the step
+actually consumed: counted in ``training_step``, once per micro-batch, so the
 numbers are right for any gradient_accumulation_steps and with gradient checkpointing on or off
 (reference bug IBM/ado#65, ado-sfttrainer.md §16 #3).
 
@@ -52,6 +55,7 @@ class StepMeter:
         self.samples: list[int] = []
         self.non_pad_tokens: list[int] = []
         self.padded_tokens: list[int] = []
+        self.dataset_tokens: list[int] = []  # the spec's note 3 count of the consumed entries
         self.trained_tokens: list[int] = []  # label tokens the loss used (labels != -100)
         self.consumed_indices: list[int] = []
         self.consumed_total = 0
@@ -66,6 +70,7 @@ class StepMeter:
     def _reset_pending(self) -> None:
         self._non_pad: torch.Tensor | int = 0  # stays on the device until the step ends (no sync per micro-batch)
         self._padded = 0
+        self._dataset: torch.Tensor | int = 0
         self._samples = 0
         self._trained: torch.Tensor | int = 0
 
@@ -75,11 +80,14 @@ class StepMeter:
         self.begin_wall = time.time()
 
     def count_batch(self, inputs: dict[str, Any]) -> None:
-        """Count one micro-batch; removes its 'entry_index' list (not a model input)."""
+        """Count one micro-batch; removes its 'entry_index' and 'dataset_tokens' lists (not model inputs)."""
         indices = inputs.pop("entry_index", None)
+        dataset = inputs.pop("dataset_tokens", None)
         ids = inputs["input_ids"]
         mask = inputs.get("attention_mask")
-        self._non_pad = self._non_pad + (mask.sum() if mask is not None else ids.numel())
+        non_pad = mask.sum() if mask is not None else ids.numel()
+        self._non_pad = self._non_pad + non_pad
+        self._dataset = self._dataset + (sum(dataset) if dataset is not None else non_pad)
         self._padded += ids.numel()
         self._samples += ids.shape[0]
         labels = inputs.get("labels")
@@ -112,6 +120,7 @@ class StepMeter:
         self.step_end_times.append(now)
         self.non_pad_tokens.append(int(self._non_pad))
         self.padded_tokens.append(int(self._padded))
+        self.dataset_tokens.append(int(self._dataset))
         self.trained_tokens.append(int(self._trained))
         self.samples.append(int(self._samples))
         self._reset_pending()
@@ -138,9 +147,9 @@ class StepMeter:
 
     # -- after training
     def global_counts(self) -> dict[str, list[int]]:
-        """Per-step samples / non-pad / padded / trained tokens summed over ranks (one all_reduce)."""
+        """Per-step samples / non-pad / padded / data set / trained tokens summed over ranks (one all_reduce)."""
         local = {"samples": self.samples, "non_pad_tokens": self.non_pad_tokens, "padded_tokens": self.padded_tokens,
-                 "trained_tokens": self.trained_tokens}  # fmt: skip
+                 "dataset_tokens": self.dataset_tokens, "trained_tokens": self.trained_tokens}  # fmt: skip
         if not (_dist_ready() and torch.distributed.get_world_size() > 1):
             return {k: list(v) for k, v in local.items()}
         t = torch.tensor(list(local.values()), dtype=torch.int64, device=self.device)

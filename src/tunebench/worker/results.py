@@ -181,16 +181,21 @@ def properties_from_results(
 ) -> dict[str, float]:
     """The SFTTrainer spec measured properties (all but is_valid, which the caller sets) from successful rank results.
 
-    Over the post-warm-up steps (all steps without auto-stop), with global counts (summed over ranks):
+    Over the post-warm-up steps (all steps without auto-stop), with global counts (summed over ranks)
+    unless said otherwise:
 
     - train_runtime = Σ step durations (s);
     - train_samples_per_second, train_steps_per_second (always);
-    - train_tokens_per_second = padded tokens (padding included) / runtime; _per_gpu_ divides by
-      max(1, number_gpus) — these two omitted when stop_after_seconds > 0 (SFTTrainer spec). They are kept
+    - train_tokens_per_gpu_per_second = rank 0's padded tokens (padding included) / runtime, and
+      train_tokens_per_second = world size x that (the SFTTrainer spec: "for FSDP this is estimated from
+      num_gpus * rank_0_train_tokens_per_second", "for FSDP this is reported using just rank 0"; the
+      reference does the same for DDP, ado-sfttrainer.md §7.2); with number_gpus <= 1 the two are equal
+      (the spec). Both omitted when stop_after_seconds > 0 (SFTTrainer spec). They are kept
       with auto-stop: they come from the steps actually run after the warm-up, not from HF's
       planned step count, so the inflation that made the reference drop them does not arise;
-    - dataset_tokens_per_second = non-padding tokens trained on (= Σ min(len(tokens(entry)),
-      max_seq_length, tokenizer.model_max_length) over the consumed entries) / runtime, and per GPU;
+    - dataset_tokens_per_second = Σ min(len(tokens(entry["output"])), tokenizer.model_max_length,
+      max_seq_length) over the consumed entries (the spec's note 3; tunebench.training.data) / runtime;
+      _per_gpu divides by max(1, number_gpus);
     - gpu_* and cpu_* from the local-rank-0 sampler summaries (tunebench.worker.metrics), 0.0 without GPUs;
     - extra: gpu_memory_allocated_peak_gib / gpu_memory_reserved_peak_gib, the max over ranks of
       torch.cuda.max_memory_allocated / max_memory_reserved (0.0 without CUDA).
@@ -212,17 +217,20 @@ def properties_from_results(
     if n_steps == 0 or runtime <= 0:
         raise ValueError("no optimisation step after the warm-up: nothing to measure")
     samples = sum(steps["samples"][post])
-    non_pad = sum(steps["non_pad_tokens"][post])
-    padded = sum(steps["padded_tokens"][post])
+    dataset = sum(steps["dataset_tokens"][post])
+    rank0_padded = sum(r0["steps"]["local"]["padded_tokens"][post])
+    world_size = int(r0.get("world_size") or len(rank_results))
 
     props: dict[str, float] = {"train_runtime": runtime}
     props["train_samples_per_second"] = samples / runtime
     props["train_steps_per_second"] = n_steps / runtime
     if not stop_after_seconds or stop_after_seconds <= 0:
-        props["train_tokens_per_second"] = padded / runtime
-        props["train_tokens_per_gpu_per_second"] = padded / runtime / per_gpu
-    props["dataset_tokens_per_second"] = non_pad / runtime
-    props["dataset_tokens_per_second_per_gpu"] = non_pad / runtime / per_gpu
+        props["train_tokens_per_second"] = world_size * rank0_padded / runtime
+        props["train_tokens_per_gpu_per_second"] = (
+            props["train_tokens_per_second"] if number_gpus <= 1 else rank0_padded / runtime
+        )
+    props["dataset_tokens_per_second"] = dataset / runtime
+    props["dataset_tokens_per_second_per_gpu"] = dataset / runtime / per_gpu
 
     systems = [r["system"] for r in rank_results if r.get("system")]
     gpus = [g for s in systems for g in s.get("gpus", [])] if number_gpus > 0 else []

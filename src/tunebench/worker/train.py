@@ -36,10 +36,10 @@ from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
 class Setup:
     """What set_up decided."""
 
-    config: WorkerConfig  # as run: on a CPU without native 16-bit support, float32 replaces it
+    config: WorkerConfig
     on_gpu: bool
     output_dir: str
-    precision_note: str | None  # why the run trains in float32 instead of what was asked
+    precision_note: str | None  # a CPU run in 16 bits without native instructions for them (it runs as asked)
 
 
 @dataclass
@@ -64,7 +64,8 @@ class Meters:
 
 
 def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
-    """Fail early on what cannot run here; the precision that will run; the output directory; the seed."""
+    """Fail early on what cannot run here (the precision included: a run never trains another precision
+    than the entity's); the output directory; the seed."""
     from transformers import set_seed
 
     reason = _unsupported(config)
@@ -76,9 +77,8 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
     )  # fmt: skip
     if loss_implementation(config) == "fused_linear" and not (on_gpu and loss_mod.liger_available()):
         raise model_mod.HardwareError("loss_implementation fused_linear needs liger-kernel and a GPU")
-    precision = model_mod.cpu_precision(config.torch_dtype, config.bf16, config.fp16, on_gpu)
-    if precision is not None:  # recorded: the measurement says which precision really ran
-        config = dataclasses.replace(config, torch_dtype="float32", bf16=False, fp16=False)
+    model_mod.check_cpu_precision(config.fp16, on_gpu)
+    precision = model_mod.cpu_precision_note(config.torch_dtype, config.bf16, on_gpu)
     output_dir = config.output_dir or tempfile.mkdtemp(prefix="tunebench-run-")
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     set_seed(config.seed)
@@ -263,7 +263,11 @@ def stack_settings(config: WorkerConfig, model: torch.nn.Module, on_gpu: bool) -
 
 def trainable_dtypes(model: torch.nn.Module) -> list[str]:
     """The dtypes of the model's trainable parameters (the adapter's, with PEFT)."""
-    return sorted({str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad})
+    return sorted({_dtype_name(p.dtype) for p in model.parameters() if p.requires_grad})
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
@@ -363,8 +367,23 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
         callbacks=[MeasureCallback(meters.meter, meters.sampler)],
         meter=meters.meter,
     )
-    trainer.train()
+    seen: dict[str, str] = {}
+
+    def record_dtype(_module, _args, out) -> None:  # returns None: the output stays as it is
+        if isinstance(out, torch.Tensor):
+            seen.setdefault("dtype", _dtype_name(out.dtype))
+
+    head = loaded.model.get_output_embeddings()
+    hook = None if head is None else head.register_forward_hook(record_dtype)
+    try:
+        trainer.train()
+    finally:
+        if hook is not None:
+            hook.remove()
     return {
+        # the dtype of the LM head's output in the first training forward: the precision the matrix products
+        # ran in (bfloat16 under bf16 autocast or with bf16 weights); None when the loss never runs the head
+        "compute_dtype": seen.get("dtype"),
         "distributed_type": str(trainer.accelerator.distributed_type).rsplit(".", 1)[-1],
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing_on": getattr(trainer.model, "is_gradient_checkpointing", None),
@@ -399,6 +418,7 @@ def finish(meters: Meters) -> dict[str, Any]:
                 "samples": meter.samples,
                 "non_pad_tokens": meter.non_pad_tokens,
                 "padded_tokens": meter.padded_tokens,
+                "dataset_tokens": meter.dataset_tokens,
                 "trained_tokens": meter.trained_tokens,
             },
             "global": meter.global_counts(),
