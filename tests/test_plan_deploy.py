@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import resource
+import subprocess
+import sys
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 import pytest
 
 from tunebench.errors import InputError
 from cli_app import invoke_plan as invoke
-from tunebench.plan.deploy import deploy_spec
+from tunebench.plan.deploy import deploy_spec, post_hardware_spec
 
 
 
@@ -198,3 +204,77 @@ def test_loopback_hosts_may_use_http(host):
     from tunebench.plan.deploy import check_post_url
 
     assert check_post_url(f"http://{host}:8080/x") == f"http://{host}:8080/x"
+
+
+class _Flood(BaseHTTPRequestHandler):
+    """Replies 201 with an endless chunked body (what a hostile or broken server can send)."""
+
+    def do_POST(self):  # noqa: N802 (http.server API)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(201)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        chunk = b"x" * 65536
+        try:
+            while True:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """Replies a byte at a time, each well within the socket timeout, never finishing."""
+
+    def do_POST(self):  # noqa: N802 (http.server API)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(201)
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        try:
+            for _ in range(1000):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def _serving(handler):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v2/hardware_specifications"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_endless_reply_is_cut_at_the_cap_in_bounded_memory():
+    # a real process under a 1.5 GiB address-space limit: reading the whole reply would exceed it
+    with _serving(_Flood) as url:
+        env = {**os.environ, "TB_TEST_TOKEN": "t"}
+        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))  # noqa: E731
+        proc = subprocess.run([sys.executable, "-m", "tunebench", "deploy-spec", "--params-b", "7", "--post", url,
+                               "--token-env", "TB_TEST_TOKEN"], capture_output=True, text=True, timeout=60, env=env,
+                              preexec_fn=limit)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: --post: the reply is larger than 1024 KiB: not a hardware spec reply"]  # fmt: skip
+
+
+def test_a_reply_that_drips_is_cut_at_the_total_deadline(monkeypatch):
+    monkeypatch.setenv("TB_TEST_TOKEN", "t")
+    with _serving(_Drip) as url:
+        start = time.monotonic()
+        with pytest.raises(InputError, match="no complete reply .* within 2 s") as err:
+            post_hardware_spec(url, {"a": 1}, token_env="TB_TEST_TOKEN", timeout_s=2.0)
+        assert time.monotonic() - start < 4  # per-read timeouts alone would wait 1,000 x 0.2 s
+    assert err.value.field == "--post"

@@ -15,10 +15,12 @@ states 15.375, which is 2 x 0.125).
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import math
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -154,6 +156,49 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError with the 3xx response
 
 
+MAX_REPLY_BYTES = 1 << 20  # a hardware-specification reply is a few kB of JSON
+
+
+def _read_capped(resp: Any) -> bytes:
+    """The reply's body, read a chunk at a time up to MAX_REPLY_BYTES (a bigger one is an error, not memory)."""
+    chunks, size = [], 0
+    while chunk := resp.read1(64 * 1024):
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise InputError("--post", f"the reply is larger than {MAX_REPLY_BYTES // 1024} KiB: not a hardware spec reply")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _exchange(opener: Any, req: Any, url: str, timeout_s: float) -> tuple[int, bytes, str | None]:
+    """(status, body, Location of a 3xx) of one request, within timeout_s in all: the socket's timeout
+    bounds each read only, so a server that answers a byte at a time is cut off by a deadline (the
+    request runs in a daemon thread; the command ends when the deadline passes)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            try:
+                with opener.open(req, timeout=timeout_s) as resp:
+                    box["reply"] = (resp.status, _read_capped(resp), None)
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location") if 300 <= exc.code < 400 else None
+                box["reply"] = (exc.code, _read_capped(exc), location)
+        except InputError as exc:
+            box["error"] = exc
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            box["error"] = InputError("--post", f"cannot reach {url}: {getattr(exc, 'reason', exc)}")
+
+    worker = threading.Thread(target=run, name="deploy-spec-post", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise InputError("--post", f"no complete reply from {url} within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["reply"]
+
+
 def post_hardware_spec(
     url: str, body: dict[str, Any], token_env: str = "TOKEN", timeout_s: float = 30.0
 ) -> dict[str, Any]:
@@ -181,16 +226,7 @@ def post_hardware_spec(
     if is_loopback(urllib.parse.urlsplit(url).hostname or ""):
         handlers.append(urllib.request.ProxyHandler({}))  # this machine: never through a proxy
     opener = urllib.request.build_opener(*handlers)
-    redirect = None
-    try:
-        with opener.open(req, timeout=timeout_s) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-        if 300 <= status < 400:
-            redirect = exc.headers.get("Location")
-    except (urllib.error.URLError, OSError) as exc:
-        raise InputError("--post", f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    status, raw, redirect = _exchange(opener, req, url, timeout_s)
     text = raw.decode(errors="replace")
     try:
         parsed: Any = json.loads(text) if text else None
