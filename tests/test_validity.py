@@ -33,6 +33,9 @@ def test_base_entity_is_valid():
         # 2. number_gpus % number_nodes
         ({"number_gpus": 8, "batch_size": 8, "number_nodes": 2}, True, None),
         ({"number_gpus": 6, "batch_size": 6, "number_nodes": 4}, False, "rule 2"),
+        # the spec's number_gpus % number_nodes: 0 GPUs divide over any number of nodes (not max(1, 0) % 2)
+        ({"number_gpus": 0, "gpu_model": "", "batch_size": 8, "number_nodes": 2}, True, None),
+        ({"number_gpus": 2, "batch_size": 8, "number_nodes": 4}, False, "rule 2"),
         # 3. number_nodes > 0
         ({"number_nodes": 1}, True, None),
         ({"number_nodes": 0}, False, "rule 3"),

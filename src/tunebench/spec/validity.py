@@ -44,15 +44,17 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     nodes = values.get("number_nodes", 1)
     fast_moe = values.get("fast_moe", 0) or 0
 
-    # 1. batch_size % number_gpus != 0 (a CPU run counts as one device: max(1, number_gpus)); with tunebench's
+    # 1. batch_size % number_gpus != 0. The literal text divides by zero on the CPU; the spec's batch_size "will be
+    # evenly distributed to max(1, number_gpus) devices", so a CPU run counts as one device. With tunebench's
     # tensor/sequence parallelism the batch is spread over the data-parallel ranks, number_gpus / (tp x sp)
     group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
     ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
     if batch % ranks != 0:
         over = f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
         reasons.append(f"rule 1: batch_size {batch} is not divisible by {over}")
-    # 2. number_gpus % number_nodes != 0
-    if nodes > 0 and max(1, gpus) % nodes != 0:
+    # 2. number_gpus % number_nodes != 0, as the spec writes it: 0 GPUs divide over any number of nodes (the
+    # reference's code tests max(1, number_gpus) instead; docs/experiments.md "Validity")
+    if nodes > 0 and gpus % nodes != 0:
         reasons.append(f"rule 2: number_gpus {gpus} is not divisible by number_nodes {nodes}")
     # 3. number_nodes must be greater than 0
     if nodes <= 0:

@@ -162,16 +162,6 @@ def architecture_spec(tunebench_model: str | None, model_name_or_path: str | Non
     return get_model(value)
 
 
-def is_moe(spec: ModelSpec | None, pretrained_path: str | None) -> bool:
-    """Mixture-of-experts architecture? (catalog spec, else the checkpoint's config.json)."""
-    if spec is not None:
-        return bool(spec.num_local_experts)
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(pretrained_path, local_files_only=True)
-    return bool(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0))
-
-
 # ---------------------------------------------------------------------------------------------- configs
 
 
