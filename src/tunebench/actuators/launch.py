@@ -163,7 +163,9 @@ def worker_args(
     flash = flash_attn_on(values) if attn is None else attn == "flash_attention_2"
     dataset = parse_dataset_id(values["dataset_id"])
     text_field = _value(values.get("dataset_text_field") or "output", "dataset_text_field")
-    max_steps = values.get("max_steps", -1)
+    # the SFTTrainer spec: num_train_epochs is "Ignored if max_steps is greater than 0", so 0 respects the epochs
+    # as -1 does; transformers 5 reads max_steps 0 as a budget of no step (Trainer: epoch_based = max_steps < 0)
+    max_steps = values.get("max_steps", -1) if values.get("max_steps", -1) > 0 else -1
     args = [
         "--model_name_or_path", _value(model_path, "model_name_or_path"),
         "--torch_dtype", values["torch_dtype"],

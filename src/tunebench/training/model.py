@@ -27,7 +27,7 @@ from tunebench.catalog import ModelSpec, get_model
 from tunebench.catalog.hf_config import config_dict
 from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 # hf-stack.md §4.1 tiny test shapes: hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads;
 # MoE 4 experts top-2. Vocabulary: the tokenizer's (set by the caller).
@@ -113,11 +113,19 @@ def cpu_precision(torch_dtype: str, bf16: bool, fp16: bool, on_gpu: bool) -> str
     """
     if on_gpu:
         return None
-    wanted = [d for d, on in ((torch_dtype, torch_dtype != "float32"), ("bf16 autocast", bf16), ("fp16 autocast", fp16)) if on]
+    half = torch_dtype in ("bfloat16", "float16")  # float32 and float64 are native on every CPU
+    wanted = [d for d, on in ((torch_dtype, half), ("bf16 autocast", bf16), ("fp16 autocast", fp16)) if on]
     if not wanted or (cpu_has_fast_bf16() and not fp16 and torch_dtype != "float16"):
         return None
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{' and '.join(wanted)} requested; this CPU ({capability}) has no native support for it: trained in float32"
+    ran = "float32" if half else f"{torch_dtype} without autocast"
+    return f"{' and '.join(wanted)} requested; this CPU ({capability}) has no native support for it: trained in {ran}"
+
+
+def cpu_dtype(torch_dtype: str) -> str:
+    """The dtype a CPU run without native 16-bit support loads the weights in (cpu_precision): float32 for a
+    16-bit request, the requested one otherwise (float64 stays float64)."""
+    return "float32" if torch_dtype in ("bfloat16", "float16") else torch_dtype
 
 
 def attn_implementation(use_flash_attn: bool, requested: str | None = None) -> str | None:

@@ -35,7 +35,7 @@ from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
 class Setup:
     """What set_up decided."""
 
-    config: WorkerConfig  # as run: on a CPU without native 16-bit support, float32 replaces it
+    config: WorkerConfig  # as run: on a CPU without native 16-bit support, float32 replaces a 16-bit dtype
     on_gpu: bool
     output_dir: str
     precision_note: str | None  # why the run trains in float32 instead of what was asked
@@ -77,7 +77,8 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
         raise model_mod.HardwareError("loss_implementation fused_linear needs liger-kernel and a GPU")
     precision = model_mod.cpu_precision(config.torch_dtype, config.bf16, config.fp16, on_gpu)
     if precision is not None:  # recorded: the measurement says which precision really ran
-        config = dataclasses.replace(config, torch_dtype="float32", bf16=False, fp16=False)
+        dtype = model_mod.cpu_dtype(config.torch_dtype)
+        config = dataclasses.replace(config, torch_dtype=dtype, bf16=False, fp16=False)
     output_dir = config.output_dir or tempfile.mkdtemp(prefix="tunebench-run-")
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     set_seed(config.seed)
@@ -339,6 +340,9 @@ def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> 
     kw[gc] = config.gradient_checkpointing
     kw[f"{gc}_kwargs"] = config.gradient_checkpointing_kwargs
     kw["torch_compile"] = config.torch_compile  # the entity's torch_compile (Trainer compiles the model)
+    # max_steps <= 0 respects num_train_epochs (the SFTTrainer spec); transformers 5 takes only -1 so
+    # (Trainer: epoch_based = max_steps < 0; max_steps 0 would stop after the first step)
+    kw["max_steps"] = config.max_steps if config.max_steps > 0 else -1
     return TrainingArguments(**kw)
 
 
