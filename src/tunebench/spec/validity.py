@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.catalog import get_model
+from tunebench.catalog.gpus import is_mig
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 
 # the SFTTrainer spec note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
@@ -129,8 +130,10 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
 
 
 # watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
-# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S), and
-# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs".
+# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S),
+# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs", and "Regardless of the tuning
+# method that you choose, you cannot partition any of the GPUs that will be used for tuning" (NVIDIA MIG;
+# 'Partitioning GPU processors': MIG allows no GPU peer-to-peer and restricts a task to one GPU instance).
 WATSONX_QLORA_GPUS = ("A100", "H100", "H200")
 WATSONX_GUIDE = "watsonx.ai 'Planning for foundation model tuning'"
 
@@ -153,4 +156,8 @@ def platform_notes(method: str, values: dict[str, Any]) -> list[str]:
             f"{WATSONX_GUIDE}: QLoRA fine tuning is not supported on NVIDIA L40S "
             f"(supported: NVIDIA {', '.join(WATSONX_QLORA_GPUS)})"
         )
+    if is_mig(values.get("gpu_model")):
+        notes.append(f"{WATSONX_GUIDE}: the GPUs used for tuning cannot be partitioned; {values['gpu_model']} "
+                     "is a MIG slice (no peer-to-peer between slices; planned with the slice's own memory and "
+                     "share)")  # fmt: skip
     return notes
