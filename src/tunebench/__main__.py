@@ -1,6 +1,6 @@
-"""``python -m tunebench``: the same command as ``tunebench``."""
+"""``python -m tunebench``: the same command as ``tunebench``, with the same exit codes."""
 
 from tunebench.cli import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
