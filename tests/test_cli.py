@@ -92,3 +92,20 @@ def test_bad_input_writes_nothing(tmp_path, args):
     )  # fmt: skip
     assert out.returncode == 2 and out.stderr.startswith("error: "), out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "bad input left files behind"
+
+
+def test_python_dash_m_tunebench_exits_with_the_commands_code():
+    """`python -m tunebench` (the package's __main__) ends with main()'s exit code, as the console script does."""
+    out = subprocess.run([sys.executable, "-m", "tunebench", "validate", "finetune_lora_benchmark-v1.0.0",
+                          "model_name=smollm2-135m", "model_max_length=512", "number_gpus=0", "batch_size=two"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and out.stderr.startswith("error: batch_size:"), out.stderr
+
+
+def test_describe_prints_bracketed_text_verbatim():
+    """Descriptions are plain text, not rich markup: "[fast_loss, fast_rms_layernorm, ...]" must survive."""
+    out = subprocess.run([sys.executable, "-m", "tunebench", "describe", "finetune_lora_benchmark-v1.0.0"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "400"})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Fast kernels [fast_loss, fast_rms_layernorm, fast_rope_embeddings]." in out.stdout
+    assert "a list of 3 booleans [fast_loss, fast_rms_layernorm, fast_rope_embeddings]" in out.stdout

@@ -369,3 +369,49 @@ def test_vision_rows_feed_a_llava_next_processor(tmp_path, toks):
     image_tokens = int((batch["input_ids"] == tok.convert_tokens_to_ids("<image>")).sum())
     assert image_tokens > 100 and batch["pixel_values"].shape[-3] == 3
     assert tuple(batch["image_sizes"][0].tolist()) == (768, 384)  # height, width
+
+
+# -- counting by sentences ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_sentence_counts_equal_whole_entry_counts(toks, key):
+    """Each distinct sentence tokenised once, an entry = specials + its sentences: exact for the three offline
+    tokenizers (byte-level BPE, SentencePiece's Metaspace, tiktoken's regex), on token and chars data sets."""
+    tok = toks[key]
+    texts = _sample("news-tokens-2048plus-entries-6", tuple(range(6)))
+    texts += _sample("news-chars-512-entries-8", tuple(range(8)))
+    counter = tk.SentenceCounter(tok)
+    assert counter.count_batch(texts) == [n_tokens(tok, t) for t in texts]
+    assert counter.additive is True
+
+
+def test_sentence_counter_falls_back_to_whole_entries_when_sentences_do_not_add_up(toks):
+    """A tokenizer whose tokens span ". " (here: one that prepends a token to every encode call's start) fails
+    the check on the first texts and counts every text whole, exactly."""
+    tok = toks["smollm2"]
+
+    class PrefixEveryCall:  # "a. b. c." whole = 1 + pieces; by sentences each piece would add its own 1
+        def count_batch(self, texts):
+            return [1 + n_tokens(tok, t) if t else 0 for t in texts]
+
+    texts = _sample("news-chars-512-entries-8", tuple(range(4)))
+    counter = tk.SentenceCounter(PrefixEveryCall())
+    assert counter.count_batch(texts) == [1 + n_tokens(tok, t) for t in texts]
+    assert counter.additive is False
+
+
+def test_whole_data_set_count_tokenises_each_sentence_once(tmp_path, toks):
+    calls: list[int] = []
+
+    class Spy:
+        def encode_batch_fast(self, texts):
+            calls.extend(len(t) for t in texts)
+            return toks["llama3"].encode_batch_fast(texts)
+
+    ds = "news-tokens-2048plus-entries-1024"  # 2 M words of passages from one book of 262,144 words
+    texts = lines(ensure_dataset(ds, tmp_path))
+    got = token_counts(ds, tokenizer=resolved(Spy(), "spy"), data_dir=tmp_path)
+    assert list(got.counts) == [len(e.ids) for e in toks["llama3"].encode_batch_fast(texts)]  # exact, no cap
+    checked = sum(len(t) for t in texts[: tk.VERIFY_TEXTS])  # the check counts the first texts whole
+    assert sum(calls) - checked < 0.2 * sum(len(t) for t in texts)  # passages of one book share their sentences

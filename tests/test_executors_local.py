@@ -141,3 +141,19 @@ def test_detect_gpus_on_this_machine():
     if visible is not None:
         expected = [g for g in expected if g.index in {v.strip() for v in visible.split(",")}]
     assert detect_gpus() == expected
+
+
+def test_cpu_entity_over_several_nodes_reaches_the_actuator_which_judges_it(tmp_path):
+    """number_gpus 0 with number_nodes 2 satisfies rule 2 (0 % 2 == 0); a CPU run asks for one machine, and the
+    measuring actuator judges it (no node would run a process): invalid, not a retried executor failure."""
+    entity = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 2,
+                               "number_gpus": 0, "number_nodes": 2})  # fmt: skip
+    options = {"weights": "random", "output_dir": str(tmp_path / "run")}
+    t = make_task(0, 1, "measure", EXP, entity, options)
+    assert t.number_nodes == 1 and t.number_gpus == 0
+    executor = LocalExecutor(max_parallel=1, gpus=[])
+    executor.submit(t)
+    (result,) = drain(executor, 1).values()
+    assert result.status == "invalid", (result.error, result.reasons)
+    assert "number_nodes 2 with number_gpus 0" in result.reasons[0]
+    assert not (tmp_path / "run").exists()  # judged before anything ran

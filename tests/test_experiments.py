@@ -118,8 +118,10 @@ def test_open_domains_accept_what_real_jobs_use():
         (IDS[2], {"gpu_model": "A100 80GB!"}, "gpu_model", "not a node label"),
         (IDS[2], {"model_name": "lama3-8b"}, "model_name", "llama3-8b"),
         (IDS[2], {"dataset_id": "news-512"}, "dataset_id", "news-chars-N-entries-M"),
-        (IDS[2], {"max_steps": 0}, "max_steps", "or -1"),
+        (IDS[2], {"max_steps": -2}, "max_steps", "an integer >= -1"),
         (IDS[2], {"stop_after_seconds": -5}, "stop_after_seconds", "outside the domain"),
+        (IDS[2], {"torch_dtype": "float64"}, "torch_dtype", "allowed: bfloat16, float32, float16)"),
+        (IDS[1], {"torch_dtype": "int8"}, "torch_dtype", "bfloat16, float32, float16, float64"),
         (IDS[2], {"gradient_checkpointing": "maybe"}, "gradient_checkpointing", "not a boolean"),
         (IDS[2], {"fast_kernels": "true,false"}, "fast_kernels", "exactly 3"),
         (IDS[2], {"learning_rate": 0.1}, "learning_rate", "fixed at 1e-05"),
@@ -149,3 +151,18 @@ def test_fsdp_sharding_strategy_accepts_the_spec_numbers():
     exp = get_experiment(IDS[0])
     assert make_entity(exp, {**SMOL, "fsdp_sharding_strategy": 2})["fsdp_sharding_strategy"] == "SHARD_GRAD_OP"
     assert "fsdp_sharding_strategy" not in make_entity(exp, {**SMOL, "fsdp_sharding_strategy": "1"}).values
+
+
+def test_domains_are_the_specs_validity_or_the_run_judges_the_rest():
+    """The spec's domains: max_steps from -1 (0 and -1 both respect num_train_epochs), stop_after_seconds from -1
+    (<= 0 is off), and the stability experiment's "any valid torch_dtype value" (float64, torch's aliases)."""
+    lora = get_experiment(IDS[2])
+    assert make_entity(lora, {**SMOL, "max_steps": 0})["max_steps"] == 0
+    assert make_entity(lora, {**SMOL, "stop_after_seconds": 0})["stop_after_seconds"] == 0.0
+    assert make_entity(lora, {**SMOL, "stop_after_seconds": -0.5})["stop_after_seconds"] == -0.5
+    stability = get_experiment("finetune_full_stability-v1.0.0")
+    for raw, dtype in (("float64", "float64"), ("double", "float64"), ("torch.float64", "float64"),
+                       ("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")):  # fmt: skip
+        assert stability.parse("torch_dtype", raw) == dtype
+    assert make_entity(stability, {**SMOL, "torch_dtype": "float64"}).id.endswith("-torch_dtype.float64")
+    assert lora.parse("torch_dtype", "half") == "float16"  # an alias of a value the benchmark takes

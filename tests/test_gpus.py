@@ -248,3 +248,38 @@ def test_unverified_entries_say_why():
     for spec in load_gpus().values():
         if spec.confidence == "unverified":
             assert spec.notes, spec.name
+
+
+# -- MIG slices: sized by their own share ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("label", "name", "memory_gib", "compute", "memory"),
+    [
+        # NVIDIA MIG user guide, "Supported MIG Profiles": A100 3g profiles hold 3/7 of the SMs and 4/8 of the memory
+        ("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", 40.0, 3 / 7, 4 / 8),
+        ("A100-SXM4-40GB-MIG-1g.5gb", "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", 5.0, 1 / 7, 1 / 8),  # GFD without NVIDIA-
+        ("nvidia-h100-80gb-hbm3-mig-7g.80gb", "NVIDIA-H100-80GB-HBM3-MIG-7g.80gb", 79.65, 7 / 7, 8 / 8),
+        ("NVIDIA-H200-MIG-3g.71gb", "NVIDIA-H200-MIG-3g.71gb", 70.2, 3 / 7, 4 / 8),
+        ("NVIDIA-A100-SXM4-80GB-MIG-1c.3g.40gb", "NVIDIA-A100-SXM4-80GB-MIG-1c.3g.40gb", 40.0, 1 / 7, 4 / 8),
+        ("NVIDIA-A100-SXM4-80GB-MIG-1g.10gb+me", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", 10.0, 1 / 7, 1 / 8),
+    ],
+)
+def test_mig_slice_is_sized_by_its_share(label, name, memory_gib, compute, memory):
+    from tunebench.catalog.gpus import is_known_gpu, is_mig
+
+    mig, whole = get_gpu(label), get_gpu(name.split("-MIG-")[0])
+    assert mig.name == name and is_mig(label) and is_known_gpu(label) and not is_mig(whole.name)
+    assert mig.memory_gib == pytest.approx(memory_gib, abs=0.01)
+    assert mig.memory_bytes == pytest.approx(whole.memory_bytes * memory, rel=1e-4)
+    assert mig.bf16_tflops == pytest.approx(whole.bf16_tflops * compute, abs=0.01)
+    assert mig.fp32_tflops == pytest.approx(whole.fp32_tflops * compute, abs=0.01)
+    assert mig.memory_bandwidth_gbps == pytest.approx(whole.memory_bandwidth_gbps * memory, abs=0.1)
+    assert mig.intra_node_bandwidth_gbps < whole.intra_node_bandwidth_gbps  # no NVLink peer-to-peer between slices
+
+
+@pytest.mark.parametrize("label", ["NVIDIA-L40S-MIG-1g.12gb", "NVIDIA-A100-SXM4-80GB-MIG-8g.80gb",
+                                   "NVIDIA-A100-SXM4-80GB-MIG-3g.120gb", "NVIDIA-A100-SXM4-80GB-MIG-4c.3g.40gb"])
+def test_impossible_mig_profile_is_an_input_error(label):
+    with pytest.raises(InputError, match="^gpu_model: .*no MIG profile"):
+        get_gpu(label)

@@ -40,7 +40,7 @@ CASES = {
                         {"main_process_ip": "10.0.0.7", "main_process_port": 29511}),
     "gptq_lora": ("finetune_gptq-lora_benchmark-v1.0.0", {},
                   {"model_name": "llama-7b", "model_max_length": 2048, "number_gpus": 2, "batch_size": 8,
-                   "gpu_model": A100}, {}),
+                   "gpu_model": A100}, {"engine": "fms-hf-tuning"}),  # fms-acceleration's kernels: that engine only
     "prompt_tuning": ("finetune_pt_benchmark-v1.0.0", {"dataset_id": "news-chars-1024-entries-4096"},
                       {"model_name": "smollm2-135m", "model_max_length": 1024, "number_gpus": 1, "batch_size": 8,
                        "gpu_model": "L40S"}, {}),
@@ -98,7 +98,9 @@ def test_multi_node_plans_differ_only_in_machine_rank():
     assert first["num_machines"] == 2 and first["num_processes"] == 8
     assert first["main_process_ip"] == "10.0.0.7" and first["main_process_port"] == 29511
     assert {**first, "machine_rank": 1} == second
-    assert all(n.env == {"NCCL_IB_DISABLE": "0"} for n in plan.nodes)  # RoCE on
+    # each node sees exactly its 4 GPUs; RoCE on
+    assert all(n.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_IB_DISABLE": "0"}
+               for n in plan.nodes)  # fmt: skip
     assert "--fast_moe" in plan.nodes[0].command  # fms-hf-tuning 3.1.0 >= 2.4.0
 
 
@@ -106,7 +108,7 @@ def test_roce_off_disables_infiniband():
     exp_id, params, entity, options = CASES["2node_4gpu_roce"]
     exp = get_experiment(exp_id, params)
     plan = build_launch_plan(exp, make_entity(exp, {**entity, "enable_roce": False}), data_directory="/data")
-    assert plan.nodes[0].env == {"NCCL_IB_DISABLE": "1"}
+    assert plan.nodes[0].env["NCCL_IB_DISABLE"] == "1"
     assert plan.nodes[0].accelerate_config["main_process_ip"] == "{main_process_ip}"
 
 

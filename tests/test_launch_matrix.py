@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tunebench.actuators.launch import build_launch_plan
+from tunebench.engines import FMS, NATIVE
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, list_experiments, make_entity
 
@@ -38,12 +39,21 @@ def test_every_experiment_on_every_machine(experiment_id, machine):
         with pytest.raises(InputError, match="is not valid"):
             build_launch_plan(exp, entity, data_directory="/data")
         return
-    plan = build_launch_plan(exp, entity, data_directory="/data", main_process_ip="10.0.0.7")
     gpus = values["number_gpus"]
+    engine = NATIVE
+    if exp.method == "gptq-lora":  # fms-acceleration's kernels: only the fms-hf-tuning engine runs them
+        with pytest.raises(InputError, match="measure with --engine fms-hf-tuning"):
+            build_launch_plan(exp, entity, data_directory="/data")
+        engine = FMS
+        if gpus == 0:
+            with pytest.raises(InputError, match="needs a GPU"):  # their Triton/CUDA kernels
+                build_launch_plan(exp, entity, data_directory="/data", engine=engine)
+            return
+    plan = build_launch_plan(exp, entity, data_directory="/data", main_process_ip="10.0.0.7", engine=engine)
     assert plan.number_gpus == gpus and len(plan.nodes) == nodes and plan.number_nodes == nodes
     assert plan.mode == ("single" if gpus < 2 else "FSDP")  # FSDP: the spec's default distributed_backend
     assert plan.processes_per_node * plan.number_nodes == max(1, gpus)
     for node in plan.nodes:
-        assert node.env.get("CUDA_VISIBLE_DEVICES") == ("" if gpus == 0 else None)
+        assert node.env.get("CUDA_VISIBLE_DEVICES") == ",".join(str(i) for i in range(gpus // nodes))  # its own
         assert node.env.get("NCCL_IB_DISABLE") == (None if gpus == 0 else "1")  # RoCE off by default
         assert ("accelerate" in node.command) == (gpus >= 2)

@@ -16,6 +16,7 @@ from tunebench.spec.experiments import get_experiment, make_entity
 ROCE = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_IB_GID_INDEX": 3, "NCCL_SOCKET_IFNAME": "net1", "NCCL_IB_TC": "106"}
 TWO_NODES = {"model_name": "llama3.1-70b", "model_max_length": 8192, "number_gpus": 8, "batch_size": 8,
              "gpu_model": "NVIDIA-H100-80GB-HBM3", "number_nodes": 2, "enable_roce": True}  # fmt: skip
+GPUS = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}  # each node's own 4 GPUs
 
 
 def _plan(entity: dict, **options):
@@ -25,18 +26,18 @@ def _plan(entity: dict, **options):
 
 def test_roce_settings_reach_every_node():
     plan = _plan(TWO_NODES, nccl_env=ROCE, main_process_ip="10.0.0.7")
-    expected = {"NCCL_IB_DISABLE": "0", **{k: str(v) for k, v in ROCE.items()}}
+    expected = {**GPUS, "NCCL_IB_DISABLE": "0", **{k: str(v) for k, v in ROCE.items()}}
     assert [n.env for n in plan.nodes] == [expected, expected]
 
 
 def test_without_roce_infiniband_stays_off_and_socket_settings_apply():
     plan = _plan({**TWO_NODES, "enable_roce": False}, nccl_env={"NCCL_SOCKET_IFNAME": "eth0"})
-    assert plan.nodes[0].env == {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert plan.nodes[0].env == {**GPUS, "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"}
 
 
 def test_single_node_roce_is_not_in_effect_and_cpu_plans_get_no_nccl():
     one = _plan({**TWO_NODES, "number_nodes": 1, "number_gpus": 4, "batch_size": 4}, nccl_env={"NCCL_DEBUG": "INFO"})
-    assert one.nodes[0].env == {"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO"}  # spec: multi-node only
+    assert one.nodes[0].env == {**GPUS, "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO"}  # spec: multi-node only
     cpu = _plan({"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2},
                 nccl_env=ROCE)  # fmt: skip
     assert cpu.nodes[0].env == {"CUDA_VISIBLE_DEVICES": ""}

@@ -107,10 +107,20 @@ def test_chunked_loss_run_trains_like_the_upcast_run(tmp_path):
     assert ch == pytest.approx(up, rel=1e-4)
 
 
-def test_fast_loss_runs_the_chunked_loss_when_loss_implementation_is_none(tmp_path):
-    rc, r, _ = run(tmp_path, "--fast_kernels", "True", "False", "False", steps=1)
+@pytest.mark.parametrize("flags", [("--fast_kernels", "True", "False", "False"), ("--fused_lora", "auto_gptq", "true"),
+                                   ("--fast_moe", "2")])  # fmt: skip
+def test_native_worker_refuses_fms_acceleration_kernels(tmp_path, flags):
+    """A worker started by hand with fms-acceleration flags fails at setup, naming the engine that runs them:
+    no result of the native worker carries a kernel setting that did not run."""
+    rc, r, agg = run(tmp_path, *flags, steps=1)
+    assert rc == 1 and r["status"] == "error" and r["phase"] == "setup" and not agg
+    assert flags[0] in r["reason"] and "measure with --engine fms-hf-tuning" in r["reason"]
+
+
+def test_fast_kernels_all_off_runs_on_the_native_engine(tmp_path):
+    rc, r, _ = run(tmp_path, "--fast_kernels", "False", "False", "False", steps=1)
     assert rc == 0, r.get("reason")
-    assert r["metadata"]["loss"]["implementation"] == "chunked"
+    assert r["metadata"]["loss"]["implementation"] == "upcast" and "fast_kernels" not in r["metadata"]["not_applied"]
 
 
 def test_adapter_dtype_gives_trainable_weights_in_that_dtype(tmp_path):
@@ -190,6 +200,12 @@ JUDGED = [
     (FMS, LORA, {"loss_implementation": "fused_linear"}, "fms-hf-tuning has no fused linear cross-entropy"),
     (FMS, LORA, {"adapter_dtype": "bfloat16"}, "adapter_dtype bfloat16: fms-hf-tuning keeps adapter weights"),
     (FMS, LORA, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
+    # fms-acceleration's kernels run only under fms-hf-tuning: judged on the native engine, not run without them
+    (NATIVE, LORA, {"fast_kernels": "True,False,False"}, "fast_kernels True,False,False: fms-acceleration kernels"),
+    (NATIVE, FULL, {"fast_kernels": "False,True,True"}, "measure with --engine fms-hf-tuning"),
+    # a CPU entity over several nodes: rule 2 holds (0 % 2 == 0), but no node would run a process
+    (NATIVE, FULL, {"number_nodes": 2}, "number_nodes 2 with number_gpus 0"),
+    (FMS, LORA, {"number_nodes": 2}, "a CPU measurement runs on one machine"),
 ]
 
 
@@ -206,6 +222,45 @@ def test_judged_settings_are_invalid_and_nothing_runs(tmp_path, tiny, monkeypatc
     assert result.status == "invalid" and result.properties == {"is_valid": 0}, (result.error, result.reasons)
     assert any(reason in r for r in result.reasons), result.reasons
     assert not (tmp_path / "run").exists()
+
+
+def _no_process(monkeypatch):
+    def no_process(*args, **kwargs):
+        raise AssertionError("a judged entity started a process")
+
+    monkeypatch.setattr(measure_module, "run_logged", no_process)
+    monkeypatch.setattr(measure_module, "runtime", no_process)
+
+
+def test_gptq_lora_is_an_fms_acceleration_experiment(tmp_path, tiny, monkeypatch):
+    """Its defaults and hardcoded flags (fast_kernels, fused_lora, auto_gptq triton_v2) are fms-acceleration's:
+    the native engine judges it before running, naming the engine that runs it; fms-hf-tuning plans it."""
+    _no_process(monkeypatch)
+    exp = get_experiment("finetune_gptq-lora_benchmark-v1.0.0", PARAMS)
+    entity = entity_of(exp, tiny, number_gpus=1, gpu_model=A100, flash_attn=False)  # flash-attn is not installed
+    result = measure(exp, entity, opts(tmp_path))
+    assert result.status == "invalid", (result.error, result.reasons)
+    (reason,) = result.reasons
+    assert reason.startswith("fast_kernels True,True,True, fused_lora auto_gptq,True, auto_gptq triton_v2:")
+    assert "fms-acceleration-foak" in reason and "fms-acceleration-peft" in reason
+    assert reason.endswith("measure with --engine fms-hf-tuning")
+    with pytest.raises(InputError, match="--engine fms-hf-tuning"):
+        build_launch_plan(exp, entity)
+    assert "--fused_lora" in build_launch_plan(exp, entity, engine=FMS).worker_args
+
+
+def test_fast_moe_on_a_mixture_of_experts_model_is_judged_not_failed(tmp_path, monkeypatch):
+    """Was: the worker raised NotImplementedError at run time (failed, then retried)."""
+    _no_process(monkeypatch)
+    moe = tmp_path / "moe" / "config.json"
+    moe.parent.mkdir()
+    moe.write_text(json.dumps({**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4,
+                               "num_experts_per_tok": 2}))  # fmt: skip
+    exp = get_experiment(LORA, {**PARAMS, "fms_hf_tuning_version": "2.4.0"})
+    result = measure(exp, entity_of(exp, str(moe), fast_moe=2), opts(tmp_path))
+    assert result.status == "invalid", (result.error, result.reasons)
+    assert result.reasons == ["fast_moe 2: fms-acceleration kernels (fms-acceleration-moe) that only the "
+                              "fms-hf-tuning engine runs: measure with --engine fms-hf-tuning"]  # fmt: skip
 
 
 def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, monkeypatch):

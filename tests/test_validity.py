@@ -33,6 +33,9 @@ def test_base_entity_is_valid():
         # 2. number_gpus % number_nodes
         ({"number_gpus": 8, "batch_size": 8, "number_nodes": 2}, True, None),
         ({"number_gpus": 6, "batch_size": 6, "number_nodes": 4}, False, "rule 2"),
+        # the spec's number_gpus % number_nodes: 0 GPUs divide over any number of nodes (not max(1, 0) % 2)
+        ({"number_gpus": 0, "gpu_model": "", "batch_size": 8, "number_nodes": 2}, True, None),
+        ({"number_gpus": 2, "batch_size": 8, "number_nodes": 4}, False, "rule 2"),
         # 3. number_nodes > 0
         ({"number_nodes": 1}, True, None),
         ({"number_nodes": 0}, False, "rule 3"),
@@ -132,3 +135,39 @@ def test_validate_and_plan_print_the_platform_notes():
     plan = CliRunner().invoke(app, ["plan", *args, "--json"])
     assert plan.exit_code == 0, plan.output
     assert "not supported on NVIDIA L40S" in " ".join(json.loads(plan.output)["platform_notes"])
+
+
+def test_validity_section_of_the_docs_states_the_rules_as_checked():
+    """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[1] / "docs" / "experiments.md").read_text()
+    section = docs.split("## Validity", 1)[1].split("###", 1)[0]
+    assert "1. `batch_size % max(1, number_gpus) != 0`" in section
+    assert "2. `number_gpus % number_nodes != 0`" in section and "max(1, number_gpus) % number_nodes" not in section
+
+
+def test_mig_slice_gets_the_watsonx_partitioning_note_and_is_planned_by_its_own_memory():
+    """watsonx.ai: GPUs used for tuning cannot be partitioned. A note (still valid); the planner sizes the slice."""
+    from typer.testing import CliRunner
+
+    from tunebench.cli import app
+
+    mig = "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"
+    result = check(LORA, make_entity(LORA, {**BASE, "number_gpus": 1, "batch_size": 1, "gpu_model": mig}))
+    assert result.is_valid and len(result.notes) == 1
+    assert "cannot be partitioned" in result.notes[0] and mig in result.notes[0]
+    assert check(LORA, make_entity(LORA, {**BASE, "number_gpus": 1, "batch_size": 1})).notes == []  # whole A100
+    args = ["finetune_lora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
+            "batch_size=1", f"gpu_model={mig}"]  # fmt: skip
+    validate = CliRunner().invoke(app, ["validate", *args])
+    assert validate.exit_code == 0 and "cannot be partitioned" in validate.output
+    plan = CliRunner().invoke(app, ["plan", *args, "--json"])
+    assert plan.exit_code == 0, plan.output
+    out = json.loads(plan.output)
+    assert any("cannot be partitioned" in n for n in out["platform_notes"])
+    assert out["capacity_gib"] == 40.0  # the slice's 4/8 of the A100's 80 GiB, not the whole GPU
+    whole = CliRunner().invoke(app, ["plan", *args[:-1], "gpu_model=NVIDIA-A100-SXM4-80GB", "--json"])
+    whole = json.loads(whole.output)
+    assert whole["capacity_gib"] == 80.0
+    assert whole["train_tokens_per_gpu_per_second"] > out["train_tokens_per_gpu_per_second"]  # 7/7 vs 3/7 of the SMs

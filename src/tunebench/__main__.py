@@ -1,4 +1,4 @@
-"""``python -m tunebench``: the same command as ``tunebench``, with the same exit code."""
+"""``python -m tunebench``: the same command as ``tunebench``, with the same exit codes."""
 
 from tunebench.cli import main
 

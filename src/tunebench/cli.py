@@ -17,6 +17,7 @@ import click
 import typer
 from pydantic import Field
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tunebench import __version__
@@ -168,7 +169,7 @@ def experiments(as_json: Json = False) -> None:
     table.add_column("method")
     table.add_column("description")
     for e in exps:
-        table.add_row(e.id, e.method, e.description)
+        table.add_row(e.id, e.method, escape(e.description))
     console.print(table)
 
 
@@ -207,21 +208,22 @@ def describe(
     if as_json:
         _print_json(info)
         return
-    console.print(f"[bold]{info['id']}[/bold] ({info['method']})\n{info['description']}\n")
+    # descriptions and domains are plain text: "[fast_loss, ...]" must print, not read as rich markup
+    console.print(f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n")
     table = Table(title="entity properties")
     for col in ("property", "default", "domain", "description"):
         table.add_column(col, overflow="fold")
     for p in info["required"]:
-        table.add_row(f"[bold]{p['name']}[/bold]", "required", p["domain"], p["description"])
+        table.add_row(f"[bold]{p['name']}[/bold]", "required", escape(p["domain"]), escape(p["description"]))
     for p in info["optional"]:
-        table.add_row(p["name"], render_value(p["default"]) if p["default"] is not None else "None",
-                      p["domain"], p["description"])  # fmt: skip
+        default = render_value(p["default"]) if p["default"] is not None else "None"
+        table.add_row(p["name"], escape(default), escape(p["domain"]), escape(p["description"]))
     console.print(table)
     hard = Table(title="hardcoded")
     hard.add_column("parameter")
     hard.add_column("value")
     for k, v in info["hardcoded"].items():
-        hard.add_row(k, repr(v) if isinstance(v, str) else json.dumps(v))
+        hard.add_row(k, escape(repr(v) if isinstance(v, str) else json.dumps(v)))
     console.print(hard)
     console.print("measured: " + ", ".join(info["measured"]))
 
@@ -242,11 +244,11 @@ def validate(
         _print_json(result.to_dict())
         return
     mark = "[green]valid[/green]" if result.is_valid else "[red]invalid[/red]"
-    console.print(f"{entity.id}: {mark}")
+    console.print(f"{escape(entity.id)}: {mark}")
     for reason in result.reasons:
-        console.print(f"  - {reason}")
+        console.print(f"  - {escape(reason)}")
     for note in result.notes:
-        console.print(f"  [yellow]note:[/yellow] {note}")
+        console.print(f"  [yellow]note:[/yellow] {escape(note)}")
 
 
 @app.command("launch-plan")

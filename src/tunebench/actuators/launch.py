@@ -163,7 +163,9 @@ def worker_args(
     flash = flash_attn_on(values) if attn is None else attn == "flash_attention_2"
     dataset = parse_dataset_id(values["dataset_id"])
     text_field = _value(values.get("dataset_text_field") or "output", "dataset_text_field")
-    max_steps = values.get("max_steps", -1)
+    # the SFTTrainer spec: num_train_epochs is "Ignored if max_steps is greater than 0", so 0 respects the epochs
+    # as -1 does; transformers 5 reads max_steps 0 as a budget of no step (Trainer: epoch_based = max_steps < 0)
+    max_steps = values.get("max_steps", -1) if values.get("max_steps", -1) > 0 else -1
     args = [
         "--model_name_or_path", _value(model_path, "model_name_or_path"),
         "--torch_dtype", values["torch_dtype"],
@@ -360,7 +362,7 @@ def plan_of_values(
     per_node = gpus // nodes if mode != "single" else 1
     if cpu_ddp:
         mode, per_node = "DDP", cpu_processes
-    env = _environment(values, cpu_ddp, nccl_env)
+    env = _environment(values, gpus if mode == "single" else gpus // nodes, cpu_ddp, nccl_env)
     plan = LaunchPlan(
         experiment_id=experiment.id,
         entity_id=entity_id,
@@ -376,16 +378,28 @@ def plan_of_values(
     return plan
 
 
-def _environment(values: dict[str, Any], cpu_ddp: bool, nccl_env: dict[str, Any] | None) -> dict[str, str]:
-    """The environment every node of the plan sets."""
+def _environment(values: dict[str, Any], gpus_per_node: int, cpu_ddp: bool,
+                 nccl_env: dict[str, Any] | None) -> dict[str, str]:  # fmt: skip
+    """The environment every node of the plan sets. Each node sees exactly the GPUs it owns: none on the CPU,
+    else gpus_per_node of them, here the node's first ones (NVML's PCI bus order); the executor that
+    assigns others replaces them (tunebench.actuators.process.node_command). A process that sees more GPUs
+    than it owns would use them: with one process, transformers' Trainer wraps the model in DataParallel over
+    every visible GPU (TrainingArguments.n_gpu), multiplying the batch while the sampler watches one GPU."""
     env: dict[str, str] = {}
     if values["number_gpus"] == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU measurement must not touch a GPU
     else:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers the devices as NVML does
+        env["CUDA_VISIBLE_DEVICES"] = first_devices(gpus_per_node)
         env.update(nccl_environment(bool(values["enable_roce"]), values["number_nodes"], nccl_env))
     if cpu_ddp:
         env["OMP_NUM_THREADS"] = "1"  # hf-stack.md §4.6: one thread per rank for CPU DDP
     return env
+
+
+def first_devices(count: int) -> str:
+    """CUDA_VISIBLE_DEVICES of a node's first count GPUs: "0,1,...,count-1" ("" for none)."""
+    return ",".join(str(i) for i in range(count))
 
 
 def _nodes(

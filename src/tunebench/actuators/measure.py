@@ -210,10 +210,11 @@ def run_node(
     run_env = runtime(engine, values, Path(output_dir), None)
     node_plan = dataclasses.replace(node_plan, env={**node_plan.env, **run_env.env})
     runs_worker = any(m in node_plan.command for m in WORKER_MODULES.values())  # another actuator's may run anything
+    gpus = MeasureOptions(visible_devices=options.get("visible_devices"))  # the GPUs Ray gave this node's task
     return run_node_plan(
         node_plan, output_dir, run_env.python, main_process_ip=main_process_ip,
         timeout_s=options.get("timeout_seconds"),
-        options=with_gpu_count(MeasureOptions(), values) if runs_worker else None,
+        options=with_gpu_count(gpus, values) if runs_worker else gpus,
     )  # fmt: skip
 
 

@@ -73,10 +73,32 @@ def node_command(
     command += _option_flags(opts)
     env = {**os.environ, **{k: _fill(v, fill) for k, v in node.env.items()}}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    devices = owned_devices(node.env.get("CUDA_VISIBLE_DEVICES"), opts.visible_devices,
+                            os.environ.get("CUDA_VISIBLE_DEVICES"))  # fmt: skip
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     if opts.visible_devices is not None:
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the executor numbers GPUs as NVML does (PCI bus order)
-        env["CUDA_VISIBLE_DEVICES"] = opts.visible_devices
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the executors number GPUs as NVML does (PCI bus order)
     return command, env
+
+
+def owned_devices(planned: str | None, assigned: str | None, inherited: str | None) -> str | None:
+    """CUDA_VISIBLE_DEVICES of a node's processes: exactly the GPUs the run owns.
+
+    planned: the launch plan's (its node's first GPUs, "" on the CPU, None when another actuator's plan says
+    nothing); assigned: the executor's GPUs (local pool, Ray's get_gpu_ids), which win; inherited: this
+    process's CUDA_VISIBLE_DEVICES, the GPUs it may use, whose first ones are taken when no executor assigned
+    any. A CPU plan keeps "" whatever is assigned. None: leave the variable as inherited. Indices are NVML's
+    (PCI bus order: CUDA_DEVICE_ORDER=PCI_BUS_ID), as the executors number them.
+    """
+    if planned == "":
+        return ""
+    if assigned is not None:
+        return assigned
+    if planned is None or inherited is None:
+        return planned
+    count = len([d for d in planned.split(",") if d.strip()])
+    return ",".join([d.strip() for d in inherited.split(",") if d.strip()][:count])
 
 
 def _option_flags(opts: MeasureOptions) -> list[str]:

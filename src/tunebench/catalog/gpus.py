@@ -6,6 +6,9 @@ the ROCm node labeller's ``amd.com/gpu.product-name`` (``AMD_Instinct_MI300X_OAM
 ``source`` and ``confidence``. ``get_gpu`` also accepts friendly aliases (``A100-80GB``, ``H100``, ``L40S``) and
 the nvidia-smi product name (``NVIDIA A100-SXM4-80GB``), ignoring case and ' ' / '-' / '_'.
 Units are in the field names: TFLOP/s are dense (no 2:4 sparsity) peaks, bandwidths are GB/s.
+
+A MIG slice (a partition of an A100, H100, H200, B200, ...) is named as GPU Feature Discovery labels it,
+``<GPU>-MIG-<g>g.<memory>gb`` (``NVIDIA-A100-SXM4-80GB-MIG-3g.40gb``), and sized by its own share (mig_slice).
 """
 
 from __future__ import annotations
@@ -104,6 +107,9 @@ def get_gpu(value: str) -> GPUSpec:
     label = _index().get(_key(value))
     if label is not None:
         return gpus[label]
+    mig = mig_slice(value)
+    if mig is not None:
+        return mig
     choices = [text for spec in gpus.values() for text in (spec.name, *spec.aliases)]
     raise InputError(
         "gpu_model",
@@ -111,6 +117,71 @@ def get_gpu(value: str) -> GPUSpec:
         "or a GPU catalog file (--gpu-catalog, TUNEBENCH_GPU_CATALOG)." + suggest(str(value), choices),
         allowed=one_of(spec.name for spec in list_gpus()),
     )
+
+
+# --- MIG slices -----------------------------------------------------------------------------------------
+# NVIDIA GPU Feature Discovery's nvidia.com/gpu.product of a MIG device, "<product>-MIG-<profile>", the profile
+# "<g>g.<memory>gb" (a compute instance spanning its GPU instance), or "<c>c.<g>g.<memory>gb" for a smaller
+# compute instance (NVIDIA MIG user guide, "MIG Device Names"); "+me" adds media engines.
+MIG_NAME = re.compile(r"^(?P<gpu>.+?)[-_ ]MIG[-_ ](?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?:\+me)?$",
+                      re.IGNORECASE)
+# Compute slices of a whole GPU by CUDA compute capability: 7 on GA100 (A100; A30 has 4, not in the catalog),
+# GH100 (H100, H200, H20, H800) and GB100 (B200, GB200); 4 on the RTX PRO 6000 Blackwell (GB202). NVIDIA MIG user
+# guide, "Supported GPUs" (Max Number of Instances) and "Supported MIG Profiles" (Fraction of SMs g/7, g/4).
+MIG_COMPUTE_SLICES = {"8.0": 7, "9.0": 7, "10.0": 7, "12.0": 4}
+MIG_MEMORY_SLICES = 8  # memory (and L2, memory controllers) in eighths: "Fraction of Memory" 1/8 ... 8/8
+PCIE_X16_GBPS = {3: 32, 4: 64, 5: 128, 6: 256}  # bidirectional x16 (the catalog's PCIe entries)
+MIG_GUIDE = ("NVIDIA Multi-Instance GPU user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide): "
+             "Supported MIG Profiles")
+
+
+def is_mig(value: str | None) -> bool:
+    """Whether a gpu_model label names a MIG slice (a partitioned GPU)."""
+    return bool(value) and MIG_NAME.match(str(value).strip()) is not None
+
+
+def mig_slice(value: str) -> GPUSpec | None:
+    """The GPUSpec of a MIG slice of a catalog GPU, sized by its own share; None if value names no MIG slice.
+
+    Memory: the profile's share of the GPU's memory in eighths (3g.40gb of an 80 GB A100: 4/8), which also
+    sets its share of memory bandwidth (memory slices bring their memory controllers and L2). Compute: g
+    compute slices of the GPU's 7 (or 4), the guide's "Fraction of SMs" (a c-slice compute instance: c of them);
+    peak TFLOP/s and power scale with it. MIG has no peer-to-peer between slices (watsonx.ai 'Partitioning GPU
+    processors': no NVLink or PCIe P2P), so GPU-to-GPU traffic crosses the host's PCIe link. InputError for a
+    profile the GPU cannot have (not MIG-capable, more slices or memory than it has).
+    """
+    match = MIG_NAME.match(str(value).strip())
+    if match is None:
+        return None
+    base = get_gpu(match["gpu"])
+    slices = MIG_COMPUTE_SLICES.get(base.compute_capability)
+    g, c, gb = int(match["g"]), int(match["c"] or match["g"]), int(match["gb"])
+    memory_eighths = round(MIG_MEMORY_SLICES * gb / base.memory_gb_nominal)
+    if slices is None or not 1 <= c <= g <= slices or not 1 <= memory_eighths <= MIG_MEMORY_SLICES:
+        why = ("is not MIG-capable" if slices is None
+               else f"has {slices} compute slices and {base.memory_gb_nominal:g} GB")  # fmt: skip
+        raise InputError("gpu_model", f"{value!r}: {base.name} {why}; no MIG profile {match['g']}g.{gb}gb",
+                         allowed="<GPU>-MIG-<g>g.<GB>gb, e.g. NVIDIA-A100-SXM4-80GB-MIG-3g.40gb")  # fmt: skip
+    compute, memory = c / slices, memory_eighths / MIG_MEMORY_SLICES
+    profile = f"{c}c.{g}g.{gb}gb" if c != g else f"{g}g.{gb}gb"
+
+    def scaled(x: float | None) -> float | None:
+        return None if x is None else round(x * compute, 2)
+
+    return GPUSpec(
+        name=f"{base.name}-MIG-{profile}", aliases=(), architecture=base.architecture,
+        compute_capability=base.compute_capability, memory_mib=int(base.memory_mib * memory),
+        memory_gib=round(base.memory_mib * memory / 1024, 2), memory_gb_nominal=gb,
+        bf16_tflops=scaled(base.bf16_tflops), fp16_tflops=scaled(base.fp16_tflops),
+        tf32_tflops=scaled(base.tf32_tflops), fp32_tflops=scaled(base.fp32_tflops),
+        memory_bandwidth_gbps=round(base.memory_bandwidth_gbps * memory, 1),
+        tdp_watts=round(base.tdp_watts * compute, 1), form_factor=base.form_factor,
+        interconnect=f"MIG slice: no peer-to-peer; PCIe {base.pcie_gen}.0 x16 through the host",
+        intra_node_bandwidth_gbps=PCIE_X16_GBPS.get(base.pcie_gen, 64), pcie_gen=base.pcie_gen, confidence="derived",
+        notes=f"MIG slice {profile} of {base.name}: {c}/{slices} of its SMs, "
+              f"{memory_eighths}/{MIG_MEMORY_SLICES} of its memory and memory bandwidth",
+        source=(*base.source, MIG_GUIDE),
+    )  # fmt: skip
 
 
 def is_known_gpu(value: str) -> bool:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+)  # fmt: skip
 from rich.table import Table
 
 from tunebench import paths
@@ -124,7 +126,10 @@ def stats(
 
 
 class _progress:
-    """A rich progress bar fed by (done, total) callbacks; shows only when something happens."""
+    """A rich progress bar fed by (done, total) callbacks: entries done of all, their rate, elapsed time and
+    ETA; it appears once the work has taken SHOW_AFTER_S (quick calls print nothing), on a terminal only."""
+
+    SHOW_AFTER_S = 2.0
 
     def __init__(self, label: str):
         self.label = label
@@ -133,16 +138,19 @@ class _progress:
 
     def __enter__(self):
         console = Console(stderr=True)
+        started = time.monotonic()
 
         def update(done: int, total: int) -> None:
-            if not console.is_terminal:  # no bar in logs and pipes
+            elapsed = time.monotonic() - started
+            if not console.is_terminal or (self.bar is None and elapsed < self.SHOW_AFTER_S):
                 return
             if self.bar is None:
                 self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), console=console, transient=True)
+                                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                    TimeRemainingColumn(), console=console, transient=True)  # fmt: skip
                 self.bar.start()
-                self.task = self.bar.add_task(self.label, total=total)
-            self.bar.update(self.task, completed=done, total=total)
+                self.task = self.bar.add_task(self.label, total=total, rate="")
+            self.bar.update(self.task, completed=done, total=total, rate=f"{done / elapsed:,.0f} entries/s")
 
         return update
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.engines import FMS, NATIVE
-from tunebench.engines.versions import engine_reasons
+from tunebench.engines.versions import PLUGINS, engine_reasons, plugins_used
 from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, fast_loss_on, loss_path
 
 NATIVE_HINT = "measure with --engine native"
+FMS_HINT = "measure with --engine fms-hf-tuning"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,34 @@ def _gpus(values: dict[str, Any]) -> int:
 
 def _fms_version_and_plugins(values: dict[str, Any], engine: str) -> list[str]:
     return engine_reasons(values)  # tunebench.engines.versions: published releases and their plugins
+
+
+def _cpu_nodes(values: dict[str, Any], engine: str) -> list[str]:
+    # the SFTTrainer spec: "Each Node will use number_gpus/number_nodes GPUs ... 1 process for each GPU it uses";
+    # without GPUs that is no process on any node. Rule 2 holds (0 % number_nodes == 0): the run cannot be made.
+    nodes = int(values.get("number_nodes") or 1)
+    if _gpus(values) == 0 and nodes > 1:
+        return [f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
+                "processes; a CPU measurement runs on one machine: set number_nodes 1"]  # fmt: skip
+    return []
+
+
+def _fms_acceleration_native(values: dict[str, Any], engine: str) -> list[str]:
+    # The native worker trains with transformers and peft only: fms-acceleration's kernels (fast_kernels, fused_lora,
+    # auto_gptq's triton_v2, fast_moe's ScatterMoE) would be on the command line but not run, so a measurement of
+    # the entity would describe another one. fms-hf-tuning runs them (tunebench.engines.versions.PLUGINS).
+    used = plugins_used(values)
+    if not used:
+        return []
+    settings = ", ".join(f"{flag} {_shown(values[flag])}" for flag in used)
+    packages = ", ".join(dict.fromkeys(PLUGINS[flag].package for flag in used))
+    return [f"{settings}: fms-acceleration kernels ({packages}) that only the fms-hf-tuning engine runs: {FMS_HINT}"]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
 
 
 def _deepspeed(values: dict[str, Any], engine: str) -> list[str]:
@@ -179,6 +208,8 @@ def _adapter_dtype_fms(values: dict[str, Any], engine: str) -> list[str]:
 BOTH = (NATIVE, FMS)
 RULES: tuple[Rule, ...] = (
     Rule("fms_hf_tuning_version, fast_moe, fast_kernels, fused_lora, auto_gptq", (FMS,), _fms_version_and_plugins),
+    Rule("fast_moe, fast_kernels, fused_lora, auto_gptq", (NATIVE,), _fms_acceleration_native),
+    Rule("number_nodes, number_gpus", BOTH, _cpu_nodes),
     Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
     Rule("device_map", BOTH, _device_map),
     Rule("fsdp_offload_params", BOTH, _fsdp_offload),

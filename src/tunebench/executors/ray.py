@@ -118,7 +118,8 @@ def _node_on_worker(task: Task, rank: int, plan: LaunchPlan, output_dir: str, ma
 
     experiment, entity = task.rebuild()
     hooks = multinode_hooks(task.actuator, task.allow_import)
-    result = hooks.run(experiment, entity, dict(task.options), plan.nodes[rank], output_dir, main_process_ip)
+    options = {**task.options, "visible_devices": ",".join(str(g) for g in ray.get_gpu_ids())}  # this bundle's GPUs
+    result = hooks.run(experiment, entity, options, plan.nodes[rank], output_dir, main_process_ip)
     result.node_ip = ray.util.get_node_ip_address()
     result.node_id = ray.get_runtime_context().get_node_id()
     return result

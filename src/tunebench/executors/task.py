@@ -67,6 +67,10 @@ def make_task(
 ) -> Task:
     values = effective_values(experiment, entity)
     hardware = actuator not in HARDWARE_FREE
+    gpus = int(values["number_gpus"]) if hardware else 0
+    # a CPU entity asks for one machine whatever its number_nodes: the measuring actuators judge number_nodes > 1
+    # without GPUs before running (tunebench.engines.support), which an executor's refusal would hide
+    nodes = int(values.get("number_nodes") or 1) if hardware and gpus > 0 else 1
     return Task(
         request_id=request_id,
         attempt=attempt,
@@ -77,8 +81,8 @@ def make_task(
         entity_id=entity.id,
         entity_values=dict(entity.values),
         options=dict(options),
-        number_gpus=int(values["number_gpus"]) if hardware else 0,
-        number_nodes=int(values.get("number_nodes") or 1) if hardware else 1,
+        number_gpus=gpus,
+        number_nodes=nodes,
         gpu_model=values.get("gpu_model") if hardware else None,
         allow_import=allow_import,
     )

@@ -19,8 +19,10 @@ import numpy as np
 from tunebench.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tunebench.datasets import parse_dataset_id
 from tunebench.datasets.ids import DatasetId
+from tunebench.errors import InputError
 from tunebench.plan.structure import Structure, image_tiles, structure_of
 from tunebench.plan.trace import ActivationProfile, TraceRequest, profile
+from tunebench.spec.properties import SPEC_TORCH_DTYPES
 
 # Numeric entity properties, vectorised per group (the SFTTrainer spec names).
 NUMERIC = (
@@ -359,6 +361,10 @@ def build_workload(
     gpu_label = first.get("gpu_model")
     gpu = get_gpu(gpu_label) if gpu_label else None
     settings = {name: first.get(name) for name in CATEGORICAL}
+    if settings.get("torch_dtype") == "float64":  # the stability experiment accepts it (spec.properties TORCH_DTYPES)
+        raise InputError("torch_dtype", "float64: the planner sizes 16- and 32-bit weights only (its formulas and "
+                         "calibration have no float64 run); measure the entity instead",
+                         allowed=", ".join(SPEC_TORCH_DTYPES))  # fmt: skip
     cols = {}
     for name in NUMERIC:
         default = NUMERIC_DEFAULTS.get(name, 0)

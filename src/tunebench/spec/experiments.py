@@ -21,7 +21,7 @@ from typing import Any
 from tunebench.catalog import default_target_modules, get_model
 from tunebench.errors import InputError, one_of, suggest
 from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
-from tunebench.spec.properties import PROPERTIES, REQUIRED, get_property, render_value
+from tunebench.spec.properties import PROPERTIES, REQUIRED, SPEC_TORCH_DTYPES, get_property, render_value
 
 # the SFTTrainer spec "Entity space": what every experiment requires.
 REQUIRED_PROPERTIES = ("model_name", "model_max_length", "number_gpus", "batch_size")
@@ -117,8 +117,13 @@ class Experiment:
 
     def parse(self, name: str, raw: Any) -> Any:
         """Parse a value of one of this experiment's properties, honouring narrower domains."""
-        value = parse_value(name, raw)
         allowed = self.restricted.get(name)
+        try:
+            value = parse_value(name, raw)
+        except InputError as exc:
+            if allowed is None:
+                raise
+            raise InputError(name, exc.message, allowed=one_of(allowed)) from None  # this experiment's domain
         if allowed is not None and value not in allowed:
             raise InputError(name, f"{value!r} is not allowed by {self.base_id}", allowed=one_of(allowed))
         return value
@@ -165,7 +170,8 @@ def _benchmark(
         hardcoded=MappingProxyType(fixed),
         measured=BENCHMARK_MEASURED,
         target_module_map=target_module_map,
-        restricted=MappingProxyType(dict(restrict or {})),
+        # the SFTTrainer spec: torch_dtype "One of bfloat16, float32, float16" (the stability experiment takes more)
+        restricted=MappingProxyType({"torch_dtype": SPEC_TORCH_DTYPES, **(restrict or {})}),
     )
 
 PT_INIT_TEXT = "Classify if the tweet is a complaint or not:"  # fms-hf-tuning PromptTuningConfig default

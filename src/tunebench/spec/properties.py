@@ -43,7 +43,12 @@ FMS_HF_TUNING_VERSIONS = (
 # the SFTTrainer spec "fsdp_sharding_strategy": [1]..[5]; the numbers are accepted as the spec writes them.
 FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-TORCH_DTYPES = ("bfloat16", "float32", "float16")
+# the SFTTrainer spec "torch_dtype": the benchmark experiments take "One of bfloat16, float32, float16"; the stability
+# experiment "any valid torch_dtype value e.g. float32, bfloat16, float16, etc": of torch's dtypes, those a model can be
+# loaded in and trained (gradients need a floating dtype; float8 has no training kernels in torch or transformers).
+SPEC_TORCH_DTYPES = ("bfloat16", "float32", "float16")
+TORCH_DTYPES = (*SPEC_TORCH_DTYPES, "float64")
+TORCH_DTYPE_ALIASES = {"float": "float32", "half": "float16", "double": "float64"}  # torch.float, torch.half, ...
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 DISTRIBUTED_BACKENDS = ("FSDP", "DDP", "DeepSpeed", None)  # DeepSpeed: tunebench extension (planning only)
 AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
@@ -240,6 +245,8 @@ def _parse_choice(prop: Property, raw: Any) -> Any:
             return None
         raise prop.error(raw, "a value is required")
     text = str(raw).strip()
+    if prop.name == "torch_dtype":
+        text = TORCH_DTYPE_ALIASES.get(text.lower().removeprefix("torch."), text.removeprefix("torch."))
     if prop.name == "fsdp_sharding_strategy" and text.isdigit() and 1 <= int(text) <= len(prop.choices):
         return prop.choices[int(text) - 1]  # the SFTTrainer spec: "[1] FULL_SHARD ... [5] HYBRID_SHARD_ZERO2"
     if text in prop.choices:
@@ -362,11 +369,11 @@ PROPERTIES: dict[str, Property] = {
         _p("gradient_accumulation_steps", "int", "Micro-batches accumulated per optimizer step.", default=4,
            minimum=1),
         _p("torch_dtype", "choice", "dtype the weights are loaded in.", default="bfloat16", choices=TORCH_DTYPES),
-        _p("max_steps", "int", "Optimizer steps to run; -1 respects num_train_epochs instead.", default=-1,
-           minimum=1, special=(-1,)),
+        _p("max_steps", "int", "Optimizer steps to run; -1 (or 0: transformers runs max_steps only when > 0) "
+           "respects num_train_epochs instead.", default=-1, minimum=-1),
         _p("num_train_epochs", "float", "Epochs to run; ignored if max_steps > 0.", default=1.0, minimum=1e-9),
         _p("stop_after_seconds", "float", "Ask the trainer to stop after this many seconds (checked at each step "
-           "end); -1 = off.", default=-1.0, minimum=1e-9, special=(-1.0,)),
+           "end); -1 (the default) or any value <= 0 = off.", default=-1.0, minimum=-1.0),
         _p("auto_stop_method", "choice", "Automatic stop: WARMUP_60S_STABLE_120S_OR_10_STEPS excludes a 60 s warm-up "
            "and then runs the longer of 120 s or 10 steps.", default=None, choices=AUTO_STOP_METHODS),
         _p("distributed_backend", "choice", "Backend for multi-GPU runs (FSDP or DDP; DeepSpeed for planning); "

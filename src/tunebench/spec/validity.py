@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.catalog import get_model
+from tunebench.catalog.gpus import is_mig
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 
 # the SFTTrainer spec note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
@@ -44,15 +45,17 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     nodes = values.get("number_nodes", 1)
     fast_moe = values.get("fast_moe", 0) or 0
 
-    # 1. batch_size % number_gpus != 0 (a CPU run counts as one device: max(1, number_gpus)); with tunebench's
+    # 1. batch_size % number_gpus != 0. The literal text divides by zero on the CPU; the spec's batch_size "will be
+    # evenly distributed to max(1, number_gpus) devices", so a CPU run counts as one device. With tunebench's
     # tensor/sequence parallelism the batch is spread over the data-parallel ranks, number_gpus / (tp x sp)
     group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
     ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
     if batch % ranks != 0:
         over = f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
         reasons.append(f"rule 1: batch_size {batch} is not divisible by {over}")
-    # 2. number_gpus % number_nodes != 0
-    if nodes > 0 and max(1, gpus) % nodes != 0:
+    # 2. number_gpus % number_nodes != 0, as the spec writes it: 0 GPUs divide over any number of nodes (the
+    # reference's code tests max(1, number_gpus) instead; docs/experiments.md "Validity")
+    if nodes > 0 and gpus % nodes != 0:
         reasons.append(f"rule 2: number_gpus {gpus} is not divisible by number_nodes {nodes}")
     # 3. number_nodes must be greater than 0
     if nodes <= 0:
@@ -127,8 +130,10 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
 
 
 # watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
-# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S), and
-# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs".
+# QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S),
+# "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs", and "Regardless of the tuning
+# method that you choose, you cannot partition any of the GPUs that will be used for tuning" (NVIDIA MIG;
+# 'Partitioning GPU processors': MIG allows no GPU peer-to-peer and restricts a task to one GPU instance).
 WATSONX_QLORA_GPUS = ("A100", "H100", "H200")
 WATSONX_GUIDE = "watsonx.ai 'Planning for foundation model tuning'"
 
@@ -151,4 +156,8 @@ def platform_notes(method: str, values: dict[str, Any]) -> list[str]:
             f"{WATSONX_GUIDE}: QLoRA fine tuning is not supported on NVIDIA L40S "
             f"(supported: NVIDIA {', '.join(WATSONX_QLORA_GPUS)})"
         )
+    if is_mig(values.get("gpu_model")):
+        notes.append(f"{WATSONX_GUIDE}: the GPUs used for tuning cannot be partitioned; {values['gpu_model']} "
+                     "is a MIG slice (no peer-to-peer between slices; planned with the slice's own memory and "
+                     "share)")  # fmt: skip
     return notes

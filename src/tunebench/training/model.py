@@ -27,7 +27,7 @@ from tunebench.catalog import ModelSpec, get_model
 from tunebench.catalog.hf_config import config_dict
 from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 # hf-stack.md §4.1 tiny test shapes: hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads;
 # MoE 4 experts top-2. Vocabulary: the tokenizer's (set by the caller).
@@ -123,7 +123,7 @@ def cpu_precision_note(torch_dtype: str, bf16: bool, on_gpu: bool) -> str | None
     if on_gpu:
         return None
     native = {"bfloat16": cpu_has_fast_bf16(), "float16": bool(torch.cpu._is_amx_fp16_supported())}
-    wanted = {torch_dtype} - {"float32"} | ({"bfloat16"} if bf16 else set())
+    wanted = {torch_dtype} - {"float32", "float64"} | ({"bfloat16"} if bf16 else set())  # fp32/fp64: native
     slow = sorted(d for d in wanted if not native[d])
     if not slow:
         return None
@@ -174,16 +174,6 @@ def architecture_spec(tunebench_model: str | None, model_name_or_path: str | Non
     if path.is_dir() and (path / "config.json").is_file():
         value = str(path / "config.json")
     return get_model(value)
-
-
-def is_moe(spec: ModelSpec | None, pretrained_path: str | None) -> bool:
-    """Mixture-of-experts architecture? (catalog spec, else the checkpoint's config.json)."""
-    if spec is not None:
-        return bool(spec.num_local_experts)
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(pretrained_path, local_files_only=True)
-    return bool(getattr(cfg, "num_local_experts", 0) or getattr(cfg, "num_experts", 0))
 
 
 # ---------------------------------------------------------------------------------------------- configs

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.spec.experiments import COMMON_HARDCODED
-from tunebench.spec.properties import ATTN_IMPLEMENTATIONS, LOSS_IMPLEMENTATIONS
+from tunebench.spec.properties import ADAPTER_DTYPES, ATTN_IMPLEMENTATIONS, LOSS_IMPLEMENTATIONS, TORCH_DTYPES
 from tunebench.training.adapters import PeftSettings
 
 AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTrainer spec "auto_stop_method"
 PEFT_METHODS = ("none", "lora", "pt", "qlora")
 WEIGHTS = ("auto", "pretrained", "random")
-DTYPES = ("bfloat16", "float16", "float32")  # the SFTTrainer spec "torch_dtype"
 HARD = COMMON_HARDCODED  # the SFTTrainer spec's hardcoded training values (ado-sfttrainer.md §6.2)
 
 
@@ -118,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument
     # --- the SFTTrainer spec "Commandline" (fms-hf-tuning flags); defaults are the spec's where it states one.
     a("--model_name_or_path", default=None, help="local path or HF id (local cache only) of the weights")
-    a("--torch_dtype", default="bfloat16", choices=DTYPES)
+    a("--torch_dtype", default="bfloat16", choices=TORCH_DTYPES)
     a("--use_flash_attn", type=to_bool, default=False, help="flash-attention 2 (needs an NVIDIA GPU + flash-attn)")
     a("--training_data_path", required=True, help="JSONL file of {dataset_text_field: text} records")
     a("--response_template", default=HARD["response_template"], type=unescape)
@@ -176,7 +175,8 @@ def _add_stack_flags(p: argparse.ArgumentParser) -> None:
     a("--loss_implementation", default=None, choices=LOSS_IMPLEMENTATIONS,
       help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU); default: chunked with "
       "fast_kernels' fast_loss, else upcast")  # fmt: skip
-    a("--adapter_dtype", default=None, choices=DTYPES, help="dtype of the trainable adapter weights (default float32)")
+    a("--adapter_dtype", default=None, choices=ADAPTER_DTYPES,
+      help="dtype of the trainable adapter weights (default float32)")  # fmt: skip
     a("--torch_compile", type=to_bool, default=False, help="TrainingArguments torch_compile")
 
 

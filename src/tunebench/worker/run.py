@@ -103,6 +103,9 @@ def train(config: WorkerConfig, record: dict[str, Any], env: dict[str, int], sta
     on_gpu = cuda_available(config.use_cpu)
     meta["device"] = "cuda" if on_gpu else "cpu"
     meta["engine"] = {"name": "native"}  # tunebench's worker (tunebench.engines)
+    refused = steps.fms_acceleration(config)
+    if refused:
+        raise NotImplementedError(refused)
     setup = steps.set_up(config, on_gpu)
     if setup.precision_note is not None:
         meta["precision_note"] = setup.precision_note

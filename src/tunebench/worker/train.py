@@ -99,12 +99,6 @@ def load(setup: Setup, rank: int) -> Loaded:
     texts = data.read_jsonl(config.training_data_path, config.dataset_text_field)
     pretrained = pretrained_weights(config)
     spec = None if pretrained else model_mod.architecture_spec(config.tunebench_model, config.model_name_or_path)
-    moe = model_mod.is_moe(spec, pretrained)
-    if fast_moe_degree(config.fast_moe) > 0 and moe:
-        raise NotImplementedError(
-            "fast_moe > 0 (ScatterMoE expert parallelism) needs fms-acceleration-moe, which the native worker "
-            "does not use: measure with the fms-hf-tuning actuator"
-        )
     resolved = text_tokenizer(config, texts, pretrained, spec, Path(setup.output_dir), rank)
     tokenizer = resolved.tokenizer
     max_len = tok_mod.max_length(tokenizer, config.max_seq_length)
@@ -114,7 +108,7 @@ def load(setup: Setup, rank: int) -> Loaded:
     meta.update(stack_settings(config, model, setup.on_gpu))
     meta["tokenizer"] = resolved.describe()
     meta["parameters"] = model_mod.parameter_counts(model)
-    meta["not_applied"] = not_applied(config, moe)
+    meta["not_applied"] = not_applied(config)
     meta["load_seconds"] = time.monotonic() - started
     record_data = {"path": str(config.training_data_path), "text_field": config.dataset_text_field, **data_info}
     return Loaded(model, tokenizer, dataset, record_data, meta)
@@ -169,7 +163,7 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
     meta.update(stack_settings(config, model, setup.on_gpu))
     meta["tokenizer"] = tok_facts
     meta["parameters"] = model_mod.parameter_counts(model)
-    meta["not_applied"] = not_applied(config, False)
+    meta["not_applied"] = not_applied(config)
     meta["load_seconds"] = time.monotonic() - started
     record_data = {
         "path": str(config.training_data_path), "text_field": config.dataset_text_field,
@@ -270,20 +264,31 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def not_applied(config: WorkerConfig, is_moe: bool) -> dict[str, str]:
+def fms_acceleration(config: WorkerConfig) -> str | None:
+    """Why the native worker refuses this command line: fms-acceleration's kernels, which only fms-hf-tuning runs
+    (--fast_kernels with a flag on, --fused_lora, --fast_moe > 0). The measuring actuators judge such entities
+    before a run (tunebench.engines.support); a worker started by hand refuses them too, so that no result
+    carries a kernel setting that did not run. None: nothing to refuse."""
+    flags = []
+    if config.fast_kernels and any(str(v).lower() in ("true", "1") for v in config.fast_kernels):
+        flags.append("--fast_kernels " + " ".join(config.fast_kernels))
+    if config.fused_lora:
+        flags.append("--fused_lora " + " ".join(config.fused_lora))
+    if fast_moe_degree(config.fast_moe) > 0:
+        flags.append("--fast_moe " + " ".join(config.fast_moe))
+    if not flags:
+        return None
+    return (f"{', '.join(flags)}: fms-acceleration kernels, which the native worker does not run: measure with "
+            "--engine fms-hf-tuning")
+
+
+def not_applied(config: WorkerConfig) -> dict[str, str]:
     """Flags accepted for compatibility with the SFTTrainer spec's command line that have no effect here."""
     out = {}
     if config.include_tokens_per_second:
         out["include_tokens_per_second"] = "removed in transformers 5; tunebench counts tokens itself"
-    if config.fast_moe and not is_moe:
-        out["fast_moe"] = "not a mixture-of-experts model"
-    if config.fast_kernels:
-        out["fast_kernels"] = ("fms-acceleration-foak kernels are not used by tunebench's worker (fast_loss, with "
-                               "loss_implementation None, runs as its chunked loss: metadata loss)")  # fmt: skip
     if config.adapter_dtype and config.peft_method == "none":
         out["adapter_dtype"] = "full fine-tuning: no adapter weights"
-    if config.fused_lora:
-        out["fused_lora"] = "fms-acceleration-foak kernels are not used by tunebench's worker"
     if config.eval_strategy != "no":
         out["eval_strategy"] = "no evaluation set: never evaluates"
     if config.save_strategy != "no":
@@ -335,6 +340,9 @@ def build_training_args(config: WorkerConfig, output_dir: str, on_gpu: bool) -> 
     kw[gc] = config.gradient_checkpointing
     kw[f"{gc}_kwargs"] = config.gradient_checkpointing_kwargs
     kw["torch_compile"] = config.torch_compile  # the entity's torch_compile (Trainer compiles the model)
+    # max_steps <= 0 respects num_train_epochs (the SFTTrainer spec); transformers 5 takes only -1 so
+    # (Trainer: epoch_based = max_steps < 0; max_steps 0 would stop after the first step)
+    kw["max_steps"] = config.max_steps if config.max_steps > 0 else -1
     return TrainingArguments(**kw)
 
 
