@@ -233,6 +233,9 @@ CASES: list[tuple[str, list[str]]] = [
     c("--params-b", "deploy-spec", "--params-b", "1e30"),
     c("--gpu-memory-gb", "deploy-spec", "--params-b", "7", "--gpu-memory-gb", "1e300"),
     c("entity_space.model_max_length", "explore", "range_huge.yaml"),
+    c("entity_space", "explore", "ten_million.yaml"),
+    c("--space", "show", "--space", "ten_million.yaml", "--store", "good.db"),
+    c("SPACE", "report", "ten_million.yaml", "--store", "good.db", "-o", "r.html"),
     c("actuator.nccl_env", "launch-plan", LORA, *GPU_ENTITY, "number_nodes=2", "--nccl-env", "NCCL_IB_HCA=mlx5\nrm -rf /"),
     c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
     c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
@@ -383,6 +386,8 @@ def files(tmp_path_factory) -> Path:
     (root / "dupkey.yaml").write_text((root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}"))
     (root / "gpus_huge.yaml").write_text("gpus:\n  - {name: BIGGPU, memory_gib: 1e300, bf16_tflops: 1, interconnect_gbps: 1}\n")
     (root / "gpus_dupkey.yaml").write_text("gpus:\n  - {name: X, name: Y, memory_gib: 8, bf16_tflops: 1, interconnect_gbps: 1}\n")
+    (root / "ten_million.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
+        **space["entity_space"], "model_max_length": {"min": 1, "max": 10_000}, "batch_size": {"min": 1, "max": 1000}}}))  # fmt: skip
     (root / "range_huge.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
         **space["entity_space"], "model_max_length": {"min": 1, "max": 1e308}}}))  # fmt: skip
     (root / "deep_config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")

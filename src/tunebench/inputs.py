@@ -91,7 +91,8 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 # ----------------------------------------------------------------------------------------- numbers
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# at most a year: a longer duration is a typo, and timeouts past ~1e11 s overflow time_t (threading, select)
+Seconds = Annotated[float, Field(gt=0, le=366 * 86400, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1)]

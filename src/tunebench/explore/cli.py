@@ -77,6 +77,7 @@ def explore(
     Exit code 1 when measurements failed (after their retries), 0 otherwise."""
     # over 60 lines only through its Typer options: the body is short
     from tunebench.actuators import check_options
+    from tunebench.explore.samplers import check_points
     from tunebench.explore.explorer import Settings
     from tunebench.explore.space import load_space
 
@@ -97,6 +98,7 @@ def explore(
         allow_actuator_import=allow_actuator_import,
     )
     check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
+    check_points(spec)
     summary = _run(spec, settings, store, executor or execution.executor, ray_address or execution.ray_address, quiet)
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from tunebench.actuators import check_options
 from tunebench.executors.task import Finished, Task, make_task
 from tunebench.spec.experiments import Experiment, get_experiment, make_entity
-from tunebench.explore.samplers import sample
+from tunebench.explore.samplers import check_points, sample
 from tunebench.explore.space import Space
 from tunebench.paths import home
 from tunebench.spec.results import Result
@@ -110,6 +110,7 @@ def explore(
     settings = settings or Settings()
     # fail fast on a bad actuator, before anything is stored
     check_options(space.actuator, space.options, allow_import=settings.allow_actuator_import)
+    check_points(space)
     started = time.monotonic()
     op_id = space.operation_id
     sampler = space.operation.sampler

@@ -266,13 +266,14 @@ def deploy_spec(
     description: Annotated[str | None, typer.Option("--description", help="Hardware specification description.")] = None,
     post: Annotated[str | None, typer.Option("--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")] = None,
     token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds for the whole POST, reply included.")] = 30.0,
     as_json: Json = False,
 ) -> None:
     """Size a LoRA/QLoRA deployment by the watsonx.ai hardware-specification guide's formula and print (or POST) its hardware spec."""
     from tunebench.plan.deploy import deploy_spec as size
     from tunebench.plan.deploy import post_hardware_spec
 
-    parse(DeployOptions, post=post, token_env=token_env)
+    parse(DeployOptions, post=post, token_env=token_env, timeout=timeout)
     if (model is None) == (params_b is None):
         raise InputError("--model", "give exactly one of --model NAME_OR_CONFIG or --params-b B")
     if model is not None:
@@ -285,7 +286,7 @@ def deploy_spec(
     if model is not None:
         out["model"] = model
     if post:
-        out["post"] = {"url": post, **post_hardware_spec(post, spec.hardware_spec, token_env)}
+        out["post"] = {"url": post, **post_hardware_spec(post, spec.hardware_spec, token_env, timeout_s=timeout)}
     if as_json:
         echo_json(out)
     else:

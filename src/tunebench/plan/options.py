@@ -23,6 +23,7 @@ from tunebench.inputs import (
     Options,
     OutputFile,
     Positive,
+    Seconds,
     TextFile,
     input_error,
     parse,
@@ -104,6 +105,7 @@ class DeployOptions(Options):
 
     post: Annotated[str, AfterValidator(check_post_url)] | None = None
     token_env: EnvName
+    timeout: Seconds
 
 
 def _measurements_file(path: Path) -> Path:

@@ -17,14 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-from tunebench.errors import InputError
 from tunebench.spec.experiments import ID_ORDER, get_experiment
 from tunebench.spec.measured import MEMORY_GIB, REPORT_ORDER
 from tunebench.store import Store
 
 PREDICT = "predict"  # the planner's actuator name; every other actuator measured (or imported) its rows
 ENV_SAMPLES_PER_ACTUATOR = 10  # results whose metadata the environment table reads, per actuator
-MAX_SPACE_POINTS = 200_000  # an optimize space's points looked up by id (the whole grid)
 OUTCOMES = ("fits", "out of memory", "invalid by rule", "invalid", "failed")
 
 
@@ -190,16 +188,10 @@ def _safe_url(url: str) -> str:
 
 def space_points(path: Path) -> tuple[set[tuple[str, str]], list[str], str]:
     """(points, swept dimensions, title) of a space file: every sampled point, or the whole grid for optimize."""
-    from tunebench.explore.samplers import point, sample
+    from tunebench.explore.samplers import lookup_points
     from tunebench.explore.space import load_space
 
     spec = load_space(path)
-    if spec.operation.sampler == "optimize" and spec.size * len(spec.experiments) > MAX_SPACE_POINTS:
-        raise InputError("SPACE", f"the space has {spec.size:,} entities: too many to look up one by one "
-                         f"(at most {MAX_SPACE_POINTS:,}); report the whole store instead")
-    if spec.operation.sampler != "optimize":
-        points = sample(spec)
-    else:
-        points = [point(e, spec.entity_values(i)) for i in range(spec.size) for e in spec.experiments]
+    points = lookup_points(spec, "SPACE", "report the whole store instead")
     dims = [d.name for d in spec.dimensions if len(d.values) > 1]
     return {(e.id, n.id) for e, n, _ in points}, dims, f"{spec.name or path.name}: {len(points)} points"

@@ -18,10 +18,8 @@ from tunebench.inputs import Options, OutputFile, Text, TextFile, parse
 from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
-    from tunebench.explore.samplers import Point
     from tunebench.spec.experiments import Entity, Experiment
     from tunebench.spec.results import Result
-    from tunebench.explore.space import Space
     from tunebench.store import Store
     from tunebench.store.rows import Outcomes
 
@@ -259,27 +257,15 @@ def _select(
     if space:
         from tunebench.explore.space import load_space
 
+        from tunebench.explore.samplers import lookup_points
+
         spec = load_space(space)
-        points = [(e.id, n.id) for e, n, _ in _space_points(spec)]
+        points = [(e.id, n.id) for e, n, _ in lookup_points(spec, "--space", f"use --operation {spec.operation_id}")]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
         outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses,
                                          every_result=every_result))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
     return store.table(Selection(actuator=actuator, statuses=statuses, every_result=every_result)), [], None
-
-
-MAX_SHOW_POINTS = 200_000
-
-
-def _space_points(spec: Space) -> list[Point]:
-    """Every point of a space to look up: the sampled ones, or the whole grid for optimize."""
-    from tunebench.explore.samplers import point, sample
-
-    if spec.operation.sampler != "optimize":
-        return sample(spec)
-    if spec.size * len(spec.experiments) > MAX_SHOW_POINTS:
-        raise InputError("--space", f"the space has {spec.size:,} entities; use --operation {spec.operation_id}")
-    return [point(e, spec.entity_values(i)) for i in range(spec.size) for e in spec.experiments]
 
 
 def run_store(url: str | None, no_store: bool) -> str | None:
