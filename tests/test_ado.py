@@ -306,7 +306,8 @@ def test_an_ado_operation_screens_a_space_with_tunebenchs_planner(screened, caps
 
     _, _, work = screened
     rows = list(csv.DictReader((work / "screened.csv").open()))
-    assert sorted((int(r["model_max_length"]), int(r["batch_size"])) for r in rows) == [(512, 2), (512, 3), (2048, 2), (2048, 3)]
+    cells = sorted((int(r["model_max_length"]), int(r["batch_size"])) for r in rows)
+    assert cells == [(512, 2), (512, 3), (2048, 2), (2048, 3)]
     assert {r["experiment_id"] for r in rows} == {"tunebench_predict." + PLUGIN_EXP}  # its parameter kept
     for row in rows:
         props = [f"{k}={row[k]}" for k in ("model_name", "model_max_length", "batch_size", "number_gpus", "gpu_model")]
@@ -337,3 +338,13 @@ def test_the_screened_sample_store_imports_as_predictions_with_their_reasons(scr
                           and int(r["batch_size"]) == row["batch_size"])  # fmt: skip
             assert row["gpu_memory_peak_gib"] == float(theirs["gpu_memory_peak_gib"])
             assert row["train_tokens_per_second"] == float(theirs["train_tokens_per_second"])
+
+
+def test_ado_checks_a_tunebench_predict_configuration_with_the_planners_options(screened, tmp_path):
+    ado = screened[0]
+    (tmp_path / "bad.yaml").write_text("actuatorIdentifier: tunebench_predict\nparameters:\n"
+                                       "  calibration: /nonexistent/calibration.json\n")  # fmt: skip
+    proc = ado.run("create", "actuatorconfiguration", "-f", str(tmp_path / "bad.yaml"), check=False)
+    assert proc.returncode != 0 and "actuator.options.calibration: no file" in proc.stdout + proc.stderr
+    (tmp_path / "good.yaml").write_text("actuatorIdentifier: tunebench_predict\nparameters: {price_per_gpu_hour: 2.5}\n")
+    assert ado.create("actuatorconfiguration", tmp_path / "good.yaml").startswith("actuatorconfiguration-tunebench")

@@ -26,7 +26,6 @@ import uuid
 from typing import Any
 
 import pydantic
-
 from ado.core.actuatorconfiguration.config import GenericActuatorParameters
 from ado.modules.actuators.base import ActuatorBase
 from ado.modules.actuators.catalog import ExperimentCatalog
@@ -67,7 +66,8 @@ def ado_domain(prop: Property, allowed: tuple | None = None) -> PropertyDomain:
         if high - low <= _MAX_LISTED:  # ado's discrete ranges are half-open: [low, high + 1)
             return PropertyDomain(domainRange=[int(low), int(high) + 1], interval=1,
                                   variableType=VariableTypeEnum.DISCRETE_VARIABLE_TYPE)  # fmt: skip
-        return PropertyDomain(domainRange=[int(low), int(high) + 1], variableType=VariableTypeEnum.CONTINUOUS_VARIABLE_TYPE)
+        continuous = VariableTypeEnum.CONTINUOUS_VARIABLE_TYPE
+        return PropertyDomain(domainRange=[int(low), int(high) + 1], variableType=continuous)
     if prop.kind == "float":  # a float domain open above: any number (the planner judges the value)
         bounded = prop.minimum is not None and prop.maximum is not None
         low = min((prop.minimum, *prop.special)) if bounded else None
@@ -155,9 +155,9 @@ def predict_request(request: MeasurementRequest, experiment: Experiment, options
         request.measurements = [InvalidMeasurementResult(entityIdentifier=entity.identifier, reason=reason,
                                                          experimentReference=request.experimentReference)]  # fmt: skip
         return
+    numeric = ValueTypeEnum.NUMERIC_VALUE_TYPE
     values = [
-        ObservedPropertyValue(valueType=ValueTypeEnum.NUMERIC_VALUE_TYPE, property=prop,
-                              value=bool(value) if name == "is_valid" else value)  # fmt: skip
+        ObservedPropertyValue(valueType=numeric, property=prop, value=bool(value) if name == "is_valid" else value)
         for prop in experiment.observedProperties
         if (name := prop.targetProperty.identifier) in result.properties
         and (value := result.properties[name]) is not None and math.isfinite(value)

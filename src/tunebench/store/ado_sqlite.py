@@ -30,7 +30,6 @@ from sqlalchemy import create_engine, inspect, text
 from tunebench.errors import InputError, one_of
 from tunebench.inputs import input_error
 from tunebench.spec.experiments import get_experiment, make_entity
-from tunebench.spec.measured import MEMORY_GIB
 from tunebench.spec.results import Result
 from tunebench.store.rows import Record
 
@@ -55,7 +54,8 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
     InputError naming the table and row for a result tunebench cannot read (all or nothing unless
     skip_bad_rows), and naming the file if it holds no ado sample store.
     """
-    from tunebench.store.csvio import MEASURED  # csvio reads this module's files (read_import): imported here
+    # csvio calls this module (read_import): imported here, not at the top
+    from tunebench.store.csvio import MEASURED
 
     engine = create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
     try:
@@ -68,10 +68,11 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
         errors: list[tuple[str, InputError]] = []
         with engine.connect() as conn:
             for table in stores:
-                entities = {row[0]: row[1] for row in conn.execute(text(f'SELECT identifier, representation FROM "{table}"'))}
+                entities = dict(conn.execute(text(f'SELECT identifier, representation FROM "{table}"')).all())
                 rows = conn.execute(text(
-                    f'SELECT r.insert_id, r.uid, r.data, q.operation_id, q.request_id, q.timestamp, q.experiment_reference '
-                    f'FROM "{table}{_RESULTS}" r LEFT JOIN "{table}_measurement_requests_results" l ON l.result_uid = r.uid '
+                    "SELECT r.insert_id, r.uid, r.data, q.operation_id, q.request_id, q.timestamp, "
+                    f'q.experiment_reference FROM "{table}{_RESULTS}" r '
+                    f'LEFT JOIN "{table}_measurement_requests_results" l ON l.result_uid = r.uid '
                     f'LEFT JOIN "{table}_measurement_requests" q ON q.uid = l.request_uid ORDER BY r.insert_id'
                 )).all()  # fmt: skip
                 count = Counter(_cell_key(row.data) for row in rows)
@@ -81,7 +82,7 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
                     key = _cell_key(row.data)
                     seen[key] += 1
                     try:
-                        records.append(_record(row, entities, table, (seen[key], count[key]), path, MEASURED | set(MEMORY_GIB)))
+                        records.append(_record(row, entities, table, (seen[key], count[key]), path, MEASURED))
                     except InputError as exc:
                         errors.append((f"{table}{_RESULTS} row {row.insert_id}", exc))
     finally:
@@ -125,14 +126,16 @@ def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, i
     if entity_id not in entities:
         raise InputError("entityIdentifier", f"{entity_id!r} is not among the entities of {table}")
     try:
-        values = {v["property"]["identifier"]: v["value"] for v in json.loads(entities[entity_id])["constitutive_property_values"]}
+        representation = json.loads(entities[entity_id])
+        values = {v["property"]["identifier"]: v["value"] for v in representation["constitutive_property_values"]}
     except (TypeError, ValueError, KeyError) as exc:
         raise InputError("representation", f"entity {entity_id!r} cannot be read ({exc})") from None
     entity = make_entity(experiment, values)
 
     index, of = repeat
-    metadata: dict[str, Any] = {"source": f"{path.name}:{table}", "ado": {
-        "operation": row.operation_id, "request": row.request_id, "timestamp": str(row.timestamp) if row.timestamp else None}}  # fmt: skip
+    when = str(row.timestamp) if row.timestamp else None
+    metadata: dict[str, Any] = {"source": f"{path.name}:{table}",
+                                "ado": {"operation": row.operation_id, "request": row.request_id, "timestamp": when}}
     if of > 1:
         metadata["repeat"] = {"index": index, "of": of}
     if "measurements" not in item:  # ado's InvalidMeasurementResult: the measurement failed
@@ -160,7 +163,7 @@ def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, i
         entity=entity,
         result=result,
         actuator=ACTUATORS[ado_actuator],
-        generator=json.loads(entities[entity_id]).get("generatorid") or "import",
+        generator=representation.get("generatorid") or "import",
         source_key=hashlib.sha256(f"ado-sqlite:{item.get('uid') or row.uid}".encode()).hexdigest(),
         source_identifier=entity_id,
         source_experiment_id=row.experiment_reference or f"{ado_actuator}.{experiment.id}",
