@@ -66,7 +66,8 @@ def measured(ado, tmp_path_factory):
     (work / "results.jsonl").write_text("".join(json.dumps(item) + "\n" for item in PLAN))
     ado.python(LOADER, str(work), space)
     for name, extra in (("lists", ()), ("mean", ("--aggregate", "mean")), ("std", ("--aggregate", "std")),
-                        ("observed", ("--property-format", "observed"))):
+                        ("observed", ("--property-format", "observed")),
+                        ("observed-mean", ("--property-format", "observed", "--aggregate", "mean"))):
         ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
                 "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
     return space, work
@@ -140,6 +141,19 @@ def test_ados_observed_property_format_imports_as_its_target_format(measured, tm
     mine = _repeats(capsys, db)
     assert len(mine) == 4 and mine == _repeats(capsys, ref)  # both experiments, every repeat
     assert main(["import", str(work / "observed.csv"), "--store", db]) == 0 and "0 added" in capsys.readouterr().out
+    mean, ref = str(tmp_path / "om.db"), str(tmp_path / "tm.db")  # with --aggregate mean: <experiment>-<property>-mean
+    assert main(["import", str(work / "observed-mean.csv"), "--store", mean]) == 0
+    assert main(["import", str(work / "mean.csv"), "--store", ref]) == 0
+    capsys.readouterr()
+    assert _repeats(capsys, mean) == _repeats(capsys, ref)
+    assert (EXP2, "valid", (19.81 + 17.46) / 2) in {(r[0], r[2], r[4]) for r in _repeats(capsys, mean)}
+    # an experiment tunebench does not know: one line naming the column, nothing written
+    bad = tmp_path / "bad.csv"
+    bad.write_text((work / "observed.csv").read_text().replace(EXP3, "finetune-full-fsdp-v1.3.0", 1))
+    assert main(["import", str(bad), "--store", str(tmp_path / "bad.db")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "finetune-full-fsdp-v1.3.0-" in err and "unknown experiment" in err
+    assert not (tmp_path / "bad.db").exists()
 
 
 def test_ados_sqlite_sample_store_imports_every_repeat_with_its_experiment(measured, ado, tmp_path, capsys):

@@ -91,8 +91,6 @@ BOOKKEEPING = {"", "identifier", "generatorid", "experiment_id", "method", "toke
 AGGREGATES = ("mean", "median", "variance", "std", "min", "max")
 CENTRAL = ("mean", "median")
 _AGGREGATED = re.compile(r"^(?P<name>[a-z_]+)-(?P<method>%s)$" % "|".join(AGGREGATES))
-# ado's --property-format observed column: <experiment id with its parameters>-<measured property>[-<aggregate>]
-_OBSERVED = re.compile(r"^(?P<experiment>.+)-(?P<name>[a-z_]+(?:-(%s))?)$" % "|".join(AGGREGATES))
 _KEY = re.compile(r"-(?=(%s)\.)" % "|".join(sorted(map(re.escape, PROPERTIES), key=len, reverse=True)))
 _SUSPECT = re.compile(r"-([a-z_][a-z0-9_]*)\.")
 
@@ -396,17 +394,20 @@ def observed_columns(columns: list[str]) -> dict[str, dict[str, str]]:
     """
     out: dict[str, dict[str, str]] = {}
     for column in columns:
-        match = _OBSERVED.match(column)
-        if column in MEASURED or column in PROPERTIES or match is None:
+        if column in MEASURED or column in PROPERTIES:
             continue
-        name = match["name"]
-        if name not in MEASURED and not ((m := _AGGREGATED.match(name)) and m["name"] in MEASURED):
-            continue
+        head, name, method = (["", "", ""] + column.rsplit("-", 2))[-3:]
+        if method in AGGREGATES and name in MEASURED:  # <experiment>-<property>-<aggregate>
+            name = f"{name}-{method}"
+        else:
+            head, _, name = column.rpartition("-")
+            if name not in MEASURED or not head:
+                continue
         try:
-            parse_experiment_id(match["experiment"])
+            parse_experiment_id(head)
         except InputError as exc:
             raise InputError(column, exc.message, exc.allowed) from None
-        out.setdefault(match["experiment"], {})[column] = name
+        out.setdefault(head, {})[column] = name
     return out
 
 
