@@ -360,5 +360,6 @@ def test_ado_checks_a_tunebench_predict_configuration_with_the_planners_options(
                                        "  calibration: /nonexistent/calibration.json\n")  # fmt: skip
     proc = ado.run("create", "actuatorconfiguration", "-f", str(tmp_path / "bad.yaml"), check=False)
     assert proc.returncode != 0 and "actuator.options.calibration: no file" in proc.stdout + proc.stderr
-    (tmp_path / "good.yaml").write_text("actuatorIdentifier: tunebench_predict\nparameters: {price_per_gpu_hour: 2.5}\n")
+    good = "actuatorIdentifier: tunebench_predict\nparameters: {price_per_gpu_hour: 2.5}\n"
+    (tmp_path / "good.yaml").write_text(good)
     assert ado.create("actuatorconfiguration", tmp_path / "good.yaml").startswith("actuatorconfiguration-tunebench")
