@@ -7,6 +7,9 @@ was published: the environment ado's developers had (typer 0.28, published later
 2.3.0's CLI: ``AttributeError: 'str' object has no attribute 'value'`` on ``ado create``).
 TUNEBENCH_ADO_ENV names an environment that is already built (a developer's; it is then used as is).
 
+``build_with_tunebench`` adds tunebench itself (this source tree, built as a wheel, with the CPU torch
+the tests run with): ado then loads tunebench's actuator plugin (entry point ado.actuators).
+
 Every ado command runs with HOME in a folder of the test's own (ado keeps its contexts and its SQLite
 metastore under ~/.config/ado), and without tunebench's PYTHONPATH.
 """
@@ -38,6 +41,20 @@ def build(path: Path, extra: tuple[str, ...] = ()) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"installing ado failed: {proc.stderr[-2000:]}")
     return path / "bin"
+
+
+def build_with_tunebench(path: Path) -> Path:
+    """An ado environment with tunebench installed in it (its ado.actuators plugin); its bin folder.
+
+    torch is this interpreter's build (the CPU one), found where pip finds it (PIP_FIND_LINKS);
+    boto3 >= 1: under --exclude-newer uv resolves aim's unpinned boto3 to 0.0.3 (Python 2 only), which
+    accelerate imports (through transformers' model configurations, which the planner reads).
+    """
+    import importlib.metadata
+
+    root = Path(__file__).resolve().parents[1]
+    links = [a for link in os.environ.get("PIP_FIND_LINKS", "").split() for a in ("--find-links", link)]
+    return build(path, (str(root), f"torch=={importlib.metadata.version('torch')}", "boto3>=1", *links))
 
 
 def clean_env(home: Path | None = None) -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from tunebench.errors import InputError, one_of
-from tunebench.inputs import Options, OutputFile, Text, TextFile, parse
+from tunebench.inputs import InputFile, Options, OutputFile, Text, TextFile, parse
 from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class ExportOptions(ShowOptions):
 
 class ImportOptions(Options):
     NAMES = {"file": "FILE"}
-    file: TextFile
+    file: InputFile  # CSV text (read_import checks it) or ado's SQLite sample store
 
 
 def show(
@@ -136,7 +136,8 @@ def _no_results(url: str, operation: str | None, space: Path | None, actuator: s
 
 def import_csv(
     file: Annotated[
-        Path, typer.Argument(help="CSV: ado's `show measurements -o csv`, or LLMFineTuningBench's ado-sfttrainer.csv.")
+        Path, typer.Argument(help="CSV: ado's `show measurements -o csv` (either --property-format), or "
+                             "LLMFineTuningBench's ado-sfttrainer.csv; or ado's SQLite sample store (its local.db).")
     ],
     store: StoreOpt = None,
     skip_bad_rows: Annotated[

@@ -28,6 +28,13 @@ which aggregate it holds; a spread or an extreme (``-std``, ``-variance``, ``-mi
 measurement and is refused, naming the column, as is an ``is_valid-mean`` strictly between 0 and 1
 (repeats that disagree on validity).
 
+ado's ``--property-format observed`` layout names each measured column ``<experiment>-<property>``
+(``finetune_lora_benchmark-v1.0.0-max_steps.2-train_runtime``, ``-mean`` after it with --aggregate)
+and has no experiment_id column: one row per entity holds every experiment's columns; each experiment
+whose columns the row fills becomes a row of the first layout (the actuator is not in that layout:
+the results count as the import's actuator's). An SQLite file is ado's sample store itself
+(tunebench.store.ado_sqlite).
+
 Import is all or nothing by default: a row tunebench cannot understand (unknown experiment such as
 the old ``finetune-full-fsdp-v1.3.0``, unknown model, value outside its domain) is an InputError
 naming the row and the field; ``skip_bad_rows`` imports the others and reports the skipped ones by
@@ -49,7 +56,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from tunebench.errors import InputError, one_of
-from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
+from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB, STABILITY_MEASURED
 from tunebench.spec.experiments import (
     REQUIRED_PROPERTIES,
     Experiment,
@@ -76,7 +83,7 @@ METHOD_EXPERIMENTS = {
     "gptq-lora": "finetune_gptq-lora_benchmark-v1.0.0",
     "pt": "finetune_pt_benchmark-v1.0.0",
 }
-MEASURED = set(BENCHMARK_MEASURED) | set(STABILITY_MEASURED)
+MEASURED = set(BENCHMARK_MEASURED) | set(STABILITY_MEASURED) | set(MEMORY_GIB)  # MEMORY_GIB: tunebench's own
 # Columns that are neither properties nor measurements, but expected (not reported as ignored).
 BOOKKEEPING = {"", "identifier", "generatorid", "experiment_id", "method", "tokens_per_sample", "lh_created_at",
                "model_load_time", "index", "Unnamed: 0"}  # fmt: skip
@@ -386,15 +393,70 @@ def import_csv(
     return write_import(store, records, summary)
 
 
+def observed_columns(columns: list[str]) -> dict[str, dict[str, str]]:
+    """ado's observed layout: experiment id -> {its column: the measured column it stands for}.
+
+    A column ending in ``-<measured property>`` (``-<aggregate>`` after it) whose head is no property
+    is one; InputError naming the column when its head is not an experiment tunebench knows.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for column in columns:
+        if column in MEASURED or column in PROPERTIES:
+            continue
+        head, name, method = (["", "", ""] + column.rsplit("-", 2))[-3:]
+        if method in AGGREGATES and name in MEASURED:  # <experiment>-<property>-<aggregate>
+            name = f"{name}-{method}"
+        else:
+            head, _, name = column.rpartition("-")
+            if name not in MEASURED or not head:
+                continue
+        try:
+            parse_experiment_id(head)
+        except InputError as exc:
+            raise InputError(column, exc.message, exc.allowed) from None
+        out.setdefault(head, {})[column] = name
+    return out
+
+
+def split_observed(row: dict[str, str], observed: dict[str, dict[str, str]]) -> list[dict[str, str]]:
+    """One observed-layout row as a row of the first layout per experiment whose cells it fills."""
+    owned = {c for cols in observed.values() for c in cols}
+    base = {k: v for k, v in row.items() if k not in owned}
+    out = []
+    for experiment, cols in observed.items():
+        cells = {name: row.get(column) or "" for column, name in cols.items()}
+        if any(v.strip() and v.strip() != "[]" for v in cells.values()):
+            out.append({**base, "experiment_id": experiment, **cells})
+    return out
+
+
 def read_import(
     path: str | Path, *, skip_bad_rows: bool = False, actuator: str = "measure"
 ) -> tuple[list[Record], ImportSummary]:
-    """Parse and check every row of a CSV of measurements; InputError before anything is stored."""
+    """Parse and check every row of a CSV of measurements (or ado's SQLite sample store);
+    InputError before anything is stored."""
+    from tunebench.store.ado_sqlite import is_sqlite, read_ado_store
+
     path = Path(path)
-    columns, rows = read_csv_rows(path, "FILE")
     summary = ImportSummary()
+    if is_sqlite(path):
+        return read_ado_store(path, summary, skip_bad_rows=skip_bad_rows), summary
+    columns, rows = read_csv_rows(path, "FILE")
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
+    lines = list(range(2, len(rows) + 2))  # each row's line in the file (line 1 is the header)
+    if "experiment_id" not in columns and "method" not in columns:
+        try:
+            observed = observed_columns(columns)
+        except InputError as exc:
+            raise InputError(f"{path.name}: {exc.field}", exc.message, exc.allowed) from None
+        if observed:  # one row per (entity, experiment), each keeping its line number
+            numbered = [(n, part) for n, row in enumerate(rows, start=2) for part in split_observed(row, observed)]
+            rows = [part for _, part in numbered]
+            lines = [n for n, _ in numbered]
+            names = {name for cols in observed.values() for name in cols.values()}
+            columns = [c for c in columns if not any(c in cols for cols in observed.values())]
+            columns += ["experiment_id", *sorted(names)]
     try:
         measured = measured_columns(columns)  # a column that is no measurement: an error before any row
     except InputError as exc:
@@ -402,7 +464,7 @@ def read_import(
     summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in measured and c not in BOOKKEEPING]
     if "experiment_id" not in columns and "method" not in columns:
         raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
-    for number, row in enumerate(rows, start=2):  # line 1 is the header
+    for number, row in zip(lines, rows):
         summary.rows += 1
         try:
             records += row_to_records(row, actuator=actuator, source=f"{path.name}:{number}", columns=measured)
