@@ -225,3 +225,21 @@ def test_the_added_gpus_memory_decides_the_verdict():
         assert out["is_valid"] is False and out["oom_probability"] > 0.5 and "out of GPU memory" in out["reasons"][0]
     assert big["is_valid"] is True and big["oom_probability"] < 0.01
     assert small[0]["gpu_memory_allocated_peak_gib"] == big["gpu_memory_allocated_peak_gib"]  # same need, other verdict
+
+
+def test_compare_over_one_spaces_exploration(tmp_path):
+    """plan --compare --space: only the measurements of that space's operation (the store's others left out)."""
+    from tunebench.cli import main
+    from tunebench.plan.measurements import CPU_EXAMPLE
+    from tunebench.store import Store
+    from tunebench.store.csvio import import_csv
+
+    db = str(tmp_path / "s.db")
+    space = Path(__file__).parents[1] / "examples" / "grid-cpu-noop.yaml"
+    assert main(["explore", str(space), "--store", db, "--max-parallel", "2"]) == 0
+    with Store(db) as store:
+        import_csv(store, CPU_EXAMPLE)
+    whole = plan_json("--compare", "--store", db)
+    assert whole["summary"]["entities"] == 4  # the imported CPU example
+    one = plan_json("--compare", "--space", str(space), "--store", db)
+    assert one["summary"]["entities"] == 0 and one["entities"] == []  # the no-op actuator measures nothing

@@ -189,7 +189,7 @@ def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_
     if space is not None:
         from tunebench.explore.space import load_space
 
-        filters["operation_id"] = load_space(space).operation_id()
+        filters["operation_id"] = load_space(space).operation_id
     items = compare_many(measured_rows(store, **filters), kw)
     summary = summarise(items)
     if as_json:
