@@ -25,7 +25,7 @@ from tunebench.terminal import Column, print_table
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
 
 # what `datasets list` shows, most important first (the highest priority is left out first when narrow)
-COLUMNS = (Column("id", shrink=True, min_width=24), Column("kind", 2), Column("entries", 1, justify="right"),
+COLUMNS = (Column("id"), Column("kind", 4), Column("entries", 1, justify="right"),
            Column("each entry", 3, wrap=True, min_width=16), Column("file"))  # fmt: skip
 
 DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
