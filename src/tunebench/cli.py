@@ -36,7 +36,7 @@ from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
 from tunebench.store.cli import record_run, run_store
 from tunebench.store.cli import register as register_store
-from tunebench.terminal import Column, print_table
+from tunebench.terminal import Column, fit, print_table
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
@@ -223,7 +223,11 @@ def describe(
     rows = [(p["name"], "required", p["domain"], p["description"]) for p in info["required"]]
     rows += [(p["name"], render_value(p["default"]) if p["default"] is not None else "None", p["domain"],
               p["description"]) for p in info["optional"]]  # fmt: skip
-    print_table(console, PROPERTY_COLUMNS, rows, title="entity properties", more="--json shows them")
+    columns = PROPERTY_COLUMNS
+    if 2 not in fit(columns, rows, console.width)[0]:  # too narrow for a domain column: under the description
+        columns = tuple(c for c in columns if c.header != "domain")
+        rows = [(name, default, f"{description}\nallowed: {domain}") for name, default, domain, description in rows]
+    print_table(console, columns, rows, title="entity properties", more="--json shows them")
     hard = [(k, repr(v) if isinstance(v, str) else json.dumps(v)) for k, v in info["hardcoded"].items()]
     print_table(console, HARDCODED_COLUMNS, hard, title="hardcoded")
     console.print("measured: " + ", ".join(info["measured"]), soft_wrap=False, highlight=False)
