@@ -153,6 +153,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--store", "show", "--store", "nodir/s.db"),
     c("--store", "show"),  # no store yet in TUNEBENCH_HOME: reading must not create one
     c("--store", "export", "--store", "g.db"),
+    c("--store", "operations", "--store", "typo.db"),
+    c("--store", "operations"),  # no store yet: listing must not create one
     c("--store", "export", "--store", "typo.db"),
     c("--store", "explore", "space.yaml", "--store", "g.db"),
     c("--store", "explore", "space.yaml", "--store", "adir"),

@@ -36,6 +36,7 @@ from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
 from tunebench.store.cli import record_run, run_store
 from tunebench.store.cli import register as register_store
+from tunebench.terminal import Column, fit, print_table
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
@@ -52,10 +53,34 @@ Params = Annotated[
     list[str] | None,
     typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable)."),
 ]
+Wide = Annotated[bool, typer.Option("--wide", help="Every column in full, however wide the lines get.")]
 Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
 EngineOpt = Annotated[
     str, typer.Option("--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
 ]
+
+
+# What each listing shows, most important first (priority 0 always; the highest is left out first on a
+# narrow terminal): the name, then what sizes a job, then the rest.
+MODEL_COLUMNS = (
+    Column("name", shrink=True, min_width=20), Column("params", justify="right"),
+    Column("layers", 1, justify="right"), Column("hidden", 2, justify="right"), Column("heads/kv", 2),
+    Column("vocab", 3, justify="right"), Column("max context", 1, justify="right"),
+    Column("FSDP wrap", 4, shrink=True), Column("confidence", 3),
+)  # fmt: skip
+GPU_COLUMNS = (
+    Column("gpu_model", shrink=True, min_width=16), Column("memory GiB", justify="right"),
+    Column("bf16 TFLOP/s", justify="right"), Column("fp32 TFLOP/s", 3, justify="right"),
+    Column("HBM GB/s", 2, justify="right"), Column("TDP W", 3, justify="right"),
+    Column("interconnect", 4, wrap=True, min_width=16), Column("aliases", 5, wrap=True, min_width=16),
+)  # fmt: skip
+EXPERIMENT_COLUMNS = (Column("experiment"), Column("method", 1), Column("description", wrap=True, min_width=20))
+PROPERTY_COLUMNS = (
+    Column("property", breaks=True, min_width=18), Column("default", 1, shrink=True, min_width=10),
+    Column("domain", 2, wrap=True),
+    Column("description", wrap=True, min_width=20),
+)  # fmt: skip
+HARDCODED_COLUMNS = (Column("parameter", breaks=True, min_width=18), Column("value", wrap=True, min_width=20))
 
 
 def _print_json(obj: Any) -> None:
@@ -106,7 +131,7 @@ def version() -> None:
 
 
 @app.command()
-def models(as_json: Json = False) -> None:
+def models(as_json: Json = False, wide: Wide = False) -> None:
     """List the model catalog."""
     specs = list_models()
     if as_json:
@@ -119,23 +144,15 @@ def models(as_json: Json = False) -> None:
             ]
         )  # fmt: skip
         return
-    table = Table(title=f"tunebench models ({len(specs)})")
-    for col in ("name", "params", "layers", "hidden", "heads/kv", "vocab", "max context", "FSDP wrap", "confidence"):
-        table.add_column(col, no_wrap=col == "name")
-    for m in specs:
-        experts = f" ({m.num_local_experts} experts)" if m.num_local_experts else ""
-        table.add_row(
-            m.name,
-            _human_count(m.total_params) + experts,
-            str(m.num_hidden_layers or "?"),
-            str(m.hidden_size or "?"),
-            f"{m.num_attention_heads or '?'}/{m.num_key_value_heads or '?'}",
-            str(m.vocab_size or "?"),
-            str(m.max_position_embeddings or "?"),
-            m.wrap_classes or "?",
-            m.confidence,
-        )
-    console.print(table)
+    rows = [
+        (m.name, _human_count(m.total_params) + (f" ({m.num_local_experts} experts)" if m.num_local_experts else ""),
+         str(m.num_hidden_layers or "?"), str(m.hidden_size or "?"),
+         f"{m.num_attention_heads or '?'}/{m.num_key_value_heads or '?'}", str(m.vocab_size or "?"),
+         str(m.max_position_embeddings or "?"), m.wrap_classes or "?", m.confidence)
+        for m in specs
+    ]  # fmt: skip
+    print_table(console, MODEL_COLUMNS, rows, title=f"tunebench models ({len(specs)})", wide=wide,
+                more="--wide or --json shows them")  # fmt: skip
 
 
 @app.command()
@@ -145,16 +162,13 @@ def gpus(as_json: Json = False) -> None:
     if as_json:
         _print_json([{k: v for k, v in vars(g).items()} for g in specs])
         return
-    table = Table(title=f"tunebench gpus ({len(specs)})")
-    for col in ("gpu_model", "memory GiB", "bf16 TFLOP/s", "fp32 TFLOP/s", "HBM GB/s", "TDP W", "interconnect", "aliases"):
-        table.add_column(col)
-    for g in specs:
-        bf16 = g.bf16_tflops if g.bf16_tflops is not None else f"fp16 {g.fp16_tflops}"
-        table.add_row(
-            g.name, f"{g.memory_gib:g}", str(bf16), f"{g.fp32_tflops:g}", f"{g.memory_bandwidth_gbps:g}",
-            f"{g.tdp_watts:g}", g.interconnect, ", ".join(g.aliases[:4]),
-        )  # fmt: skip
-    console.print(table)
+    rows = [
+        (g.name, f"{g.memory_gib:g}", str(g.bf16_tflops if g.bf16_tflops is not None else f"fp16 {g.fp16_tflops}"),
+         f"{g.fp32_tflops:g}", f"{g.memory_bandwidth_gbps:g}", f"{g.tdp_watts:g}", g.interconnect,
+         ", ".join(g.aliases[:4]))
+        for g in specs
+    ]  # fmt: skip
+    print_table(console, GPU_COLUMNS, rows, title=f"tunebench gpus ({len(specs)})", more="--json shows them")
 
 
 @app.command()
@@ -164,13 +178,8 @@ def experiments(as_json: Json = False) -> None:
     if as_json:
         _print_json([{"id": e.id, "method": e.method, "description": e.description} for e in exps])
         return
-    table = Table(title="tunebench experiments")
-    table.add_column("experiment", no_wrap=True)
-    table.add_column("method")
-    table.add_column("description")
-    for e in exps:
-        table.add_row(e.id, e.method, escape(e.description))
-    console.print(table)
+    rows = [(e.id, e.method, e.description) for e in exps]
+    print_table(console, EXPERIMENT_COLUMNS, rows, title="tunebench experiments", more="--json shows them")
 
 
 def describe_dict(experiment: Experiment) -> dict[str, Any]:
@@ -209,23 +218,19 @@ def describe(
         _print_json(info)
         return
     # descriptions and domains are plain text: "[fast_loss, ...]" must print, not read as rich markup
-    console.print(f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n")
-    table = Table(title="entity properties")
-    for col in ("property", "default", "domain", "description"):
-        table.add_column(col, overflow="fold")
-    for p in info["required"]:
-        table.add_row(f"[bold]{p['name']}[/bold]", "required", escape(p["domain"]), escape(p["description"]))
-    for p in info["optional"]:
-        default = render_value(p["default"]) if p["default"] is not None else "None"
-        table.add_row(p["name"], escape(default), escape(p["domain"]), escape(p["description"]))
-    console.print(table)
-    hard = Table(title="hardcoded")
-    hard.add_column("parameter")
-    hard.add_column("value")
-    for k, v in info["hardcoded"].items():
-        hard.add_row(k, escape(repr(v) if isinstance(v, str) else json.dumps(v)))
-    console.print(hard)
-    console.print("measured: " + ", ".join(info["measured"]))
+    console.print(f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n",
+                  soft_wrap=False)  # wrapped at spaces on a narrow terminal
+    rows = [(p["name"], "required", p["domain"], p["description"]) for p in info["required"]]
+    rows += [(p["name"], render_value(p["default"]) if p["default"] is not None else "None", p["domain"],
+              p["description"]) for p in info["optional"]]  # fmt: skip
+    columns = PROPERTY_COLUMNS
+    if 2 not in fit(columns, rows, console.width)[0]:  # too narrow for a domain column: under the description
+        columns = tuple(c for c in columns if c.header != "domain")
+        rows = [(name, default, f"{description}\nallowed: {domain}") for name, default, domain, description in rows]
+    print_table(console, columns, rows, title="entity properties", more="--json shows them")
+    hard = [(k, repr(v) if isinstance(v, str) else json.dumps(v)) for k, v in info["hardcoded"].items()]
+    print_table(console, HARDCODED_COLUMNS, hard, title="hardcoded")
+    console.print("measured: " + ", ".join(info["measured"]), soft_wrap=False, highlight=False)
 
 
 @app.command()

@@ -15,14 +15,18 @@ from rich.console import Console
 from rich.progress import (
     BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
 )  # fmt: skip
-from rich.table import Table
 
 from tunebench import paths
 from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
 from tunebench.inputs import Count, Options, OutputDir, parse
+from tunebench.terminal import Column, print_table
 
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
+
+# what `datasets list` shows, most important first (the highest priority is left out first when narrow)
+COLUMNS = (Column("id"), Column("kind", 4), Column("entries", 1, justify="right"),
+           Column("each entry", 3, wrap=True, min_width=16), Column("file"))  # fmt: skip
 
 DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
 
@@ -64,14 +68,12 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    table = Table(title=f"data sets in {paths.data_dir(data_dir)}")
-    for col in ("id", "kind", "entries", "each entry", "file"):
-        table.add_column(col)
-    for r in rows:
-        size = f"{r['size_bytes'] / 1e6:.1f} MB" if r["size_bytes"] is not None else "-"
-        table.add_row(r["id"], r["kind"], str(r["entries"]), r["entry"], size)
-    Console().print(table)
-    typer.echo("Other sizes: news-chars-N-entries-M, news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M.")
+    table = [(r["id"], r["kind"], str(r["entries"]), r["entry"],
+              f"{r['size_bytes'] / 1e6:.1f} MB" if r["size_bytes"] is not None else "-") for r in rows]  # fmt: skip
+    console = Console()
+    print_table(console, COLUMNS, table, title=f"data sets in {paths.data_dir(data_dir)}", more="--json shows them")
+    console.print("Other sizes: news-chars-N-entries-M, news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M.",
+                  highlight=False)  # fmt: skip
 
 
 @app.command()

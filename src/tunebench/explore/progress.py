@@ -23,23 +23,28 @@ from tunebench.logs import get as get_logger
 class ProgressDisplay:
     """A context manager whose update(counts) the explorer calls after every change."""
 
+    WIDE = 120  # terminal columns from which every count has its own labelled column and the bar is long
+
     def __init__(self, console: Console | None = None, enabled: bool = True):
         self.console = console or Console(stderr=True)
+        self.wide = self.console.width >= self.WIDE
+        if self.wide:
+            counts = (TextColumn("running {task.fields[running]}"), TextColumn("[red]failed {task.fields[failed]}"),
+                      TextColumn("invalid {task.fields[invalid]}"), TextColumn("memoised {task.fields[memoised]}"))
+        else:  # a narrow terminal: the counts that are not 0 in one short column, a shorter bar
+            counts = (TextColumn("{task.fields[counts]}"),)
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=40 if self.wide else 10),
             MofNCompleteColumn(),
-            TextColumn("running {task.fields[running]}"),
-            TextColumn("[red]failed {task.fields[failed]}"),
-            TextColumn("invalid {task.fields[invalid]}"),
-            TextColumn("memoised {task.fields[memoised]}"),
+            *counts,
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=self.console,
             disable=not enabled,
             transient=False,
-        )
+        )  # fmt: skip
         self.task = None
 
     def __enter__(self) -> ProgressDisplay:
@@ -51,6 +56,8 @@ class ProgressDisplay:
 
     def update(self, counts: Counts) -> None:
         fields = dict(running=counts.running, failed=counts.failed, invalid=counts.invalid, memoised=counts.memoised)
+        fields["counts"] = " ".join(f"{name} {n}" for name, n in (("run", counts.running), ("fail", counts.failed),
+                                    ("inv", counts.invalid), ("memo", counts.memoised)) if n)  # fmt: skip
         if self.task is None:  # start at what is already done, so memoised points do not skew the ETA
             self.task = self.progress.add_task(counts.operation_id, total=counts.total, completed=counts.done, **fields)
         else:

@@ -104,6 +104,9 @@ def show(
         bool, typer.Option("--repeats", "-r", help="Every result as its own row (repeats, re-runs, imports), "
                            "oldest first, instead of one row per entity x experiment with their mean and -std.")
     ] = False,
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column in full (a table fits the terminal's width otherwise).")
+    ] = False,
 ) -> None:
     """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
     standard deviation): constitutive columns, actuator, measured columns."""
@@ -119,11 +122,41 @@ def show(
         outcomes, columns, title = _select(sample_store, space, operation, wanted, every_result=every)
         repeats = None if every else sample_store.repeats(None if space is None and operation is None
                                                           else list(outcomes.columns["request_id"]))  # fmt: skip
+        others = _other_actuators(sample_store, space, operation, wanted, every) if not outcomes.count else []
     finally:
         sample_store.close()
     table = select_rows(build(outcomes, constitutive=columns, repeats=repeats), where or (), sort, top)
-    render(table, fmt, output, limit=None if show_all else limit, title=title,
-           empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
+    empty = _no_results(sample_store.url, operation, space, actuator, where)
+    hints = [f"{n} rows of actuator {a}:\n  tunebench show{_command(store, space, operation)} --actuator {a}"
+             for a, n in others]  # fmt: skip
+    if hints:
+        empty = "\n".join([empty + "; the same selection has", *hints])
+    render(table, fmt, output, limit=None if show_all else limit, title=title, empty=empty, wide=wide)
+    if not len(table) and (fmt != "table" or output):  # a file or csv/json of headers only: say why
+        typer.echo(empty, err=True)
+
+
+def _other_actuators(store: Store, space: Path | None, operation: str | None, actuator: str | None,
+                     every: bool) -> list[tuple[str, int]]:  # fmt: skip
+    """(actuator, rows) of the actuators other than the one asked for that the same selection finds."""
+    asked = actuator if actuator is not None or space is None else None  # --space alone: the space's actuator
+    out = []
+    for other in sorted(store.actuators()):
+        if other == asked:
+            continue
+        outcomes, _, _ = _select(store, space, operation, other, every_result=every)
+        if outcomes.count:
+            out.append((other, outcomes.count))
+    return out
+
+
+def _command(store: str | None, space: Path | None, operation: str | None) -> str:
+    """The options of a show command that selects the same rows (the store's URL masked)."""
+    import shlex
+
+    parts = [("--store", mask_secrets(store) if store else None), ("--space", str(space) if space else None),
+             ("--operation", operation)]  # fmt: skip
+    return "".join(f" {name} {shlex.quote(value)}" for name, value in parts if value)
 
 
 def _no_results(url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None) -> str:
@@ -290,8 +323,47 @@ def record_run(url: str, experiment: Experiment, entity: Entity, result: Result)
     typer.echo(f"stored in {mask_secrets(url)} (tunebench show --store ...; --no-store skips this)", err=True)
 
 
+def operations(
+    store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column in full.")] = False,
+) -> None:
+    """The store's operations (explore runs and imports), oldest first: id, sampler, actuator, name, points
+    by status, runs and when each was created (`show --operation ID` shows its rows)."""
+    import datetime
+
+    from rich.console import Console
+
+    from tunebench.store import STATES
+    from tunebench.terminal import Column, print_table
+
+    sample_store = open_store(store, create=False)
+    try:
+        ops = [(op, sample_store.counts(op["id"])) for op in sample_store.operations()]
+    finally:
+        sample_store.close()
+    rows = [{"id": op["id"], "sampler": op["sampler"], "actuator": op["actuator"], "name": op["name"],
+             "points": sum(counts.values()), **{s: counts.get(s, 0) for s in STATES}, "runs": op["runs"],
+             "created_at": datetime.datetime.fromtimestamp(op["created_at"]).isoformat(" ", "minutes"),
+             "created_by": op["created_by"]} for op, counts in ops]  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        typer.echo(f"no operations in {mask_secrets(sample_store.url)} (tunebench explore SPACE creates one)")
+        return
+    columns = [Column("id"), Column("sampler", 2), Column("actuator", 1, shrink=True, min_width=8),
+               Column("name", 4, shrink=True, min_width=10), Column("points", justify="right"),
+               *(Column(s, {"valid": 0, "failed": 0, "invalid": 2}.get(s, 3), justify="right") for s in STATES),
+               Column("runs", 5, justify="right"), Column("created_at"), Column("created_by", 6, shrink=True)]
+    print_table(Console(), columns, [[str(r[c.header] if r[c.header] is not None else "-") for c in columns]
+                                     for r in rows], title=f"operations in {mask_secrets(sample_store.url)}",
+                wide=wide, more="--wide or --json shows them")  # fmt: skip
+
+
 def register(app: typer.Typer) -> None:
-    """Add show, import and export to a Typer app."""
+    """Add show, operations, import and export to a Typer app."""
     app.command("show")(show)
+    app.command("operations")(operations)
     app.command("import")(import_csv)
     app.command("export")(export)

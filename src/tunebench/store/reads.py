@@ -48,6 +48,15 @@ class Reads(StoreBase):
             ).all()
         return {status: n for status, n in rows}
 
+    def actuators(self) -> dict[str, int]:
+        """Requests that have a result, by actuator (what another --actuator of show would find)."""
+        with db.read(self.engine) as conn:
+            rows = conn.execute(
+                select(requests.c.actuator, func.count()).where(requests.c.result_id.is_not(None))
+                .group_by(requests.c.actuator)
+            ).all()  # fmt: skip
+        return {actuator: n for actuator, n in rows}
+
     def states(self, request_ids: Iterable[int]) -> dict[int, tuple[str, dict[str, Any]]]:
         """request id -> (status, properties of its deciding result)."""
         ids = list(request_ids)
