@@ -225,3 +225,9 @@ def test_the_added_gpus_memory_decides_the_verdict():
         assert out["is_valid"] is False and out["oom_probability"] > 0.5 and "out of GPU memory" in out["reasons"][0]
     assert big["is_valid"] is True and big["oom_probability"] < 0.01
     assert small[0]["gpu_memory_allocated_peak_gib"] == big["gpu_memory_allocated_peak_gib"]  # same need, other verdict
+
+
+def test_gpus_without_a_gpu_model_is_an_input_error_naming_rule_5():
+    res = invoke("plan", LORA, "model_name=smollm2-135m", "number_gpus=1", "batch_size=2", "model_max_length=512")
+    assert res.exception is not None and res.exception.field == "gpu_model", res.output
+    assert "rule 5" in str(res.exception) and "`tunebench gpus`" in str(res.exception)
