@@ -243,3 +243,9 @@ def test_compare_over_one_spaces_exploration(tmp_path):
     assert whole["summary"]["entities"] == 4  # the imported CPU example
     one = plan_json("--compare", "--space", str(space), "--store", db)
     assert one["summary"]["entities"] == 0 and one["entities"] == []  # the no-op actuator measures nothing
+
+
+def test_gpus_without_a_gpu_model_is_an_input_error_naming_rule_5():
+    res = invoke("plan", LORA, "model_name=smollm2-135m", "number_gpus=1", "batch_size=2", "model_max_length=512")
+    assert res.exception is not None and res.exception.field == "gpu_model", res.output
+    assert "rule 5" in str(res.exception) and "`tunebench gpus`" in str(res.exception)

@@ -275,3 +275,49 @@ def test_predict_actuator_contract_of_the_executors():
     with pytest.raises(InputError) as err:
         check_options("predict", {"wieghts": "random"})
     assert err.value.field == "actuator.options"
+
+
+TINY_CPU_LLAMA = {
+    "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cpu_prediction_is_this_hosts_rate_within_a_factor_of_3(tmp_path):
+    """A real CPU run measured by tunebench against the planner for the same entity: the planner
+    trains its probe on this host (the shipped cpu_tflops, another host's rate, was > 100x off)."""
+    from tunebench.actuators.measure import measure
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_CPU_LLAMA))
+    exp = get_experiment("finetune_full_benchmark-v1.0.0", {"max_steps": 5, "dataset_id": "news-chars-256-entries-32",
+                                                            "gradient_accumulation_steps": 1, "torch_dtype": "float32"})  # fmt: skip
+    entity = make_entity(exp, {"model_name": str(config), "model_max_length": 192, "number_gpus": 0, "batch_size": 4})
+    run = measure(exp, entity, {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 300})
+    assert run.status == "valid", (run.error, run.log_tail)
+    planned = predict(exp, entity)
+    measured_tps = run.properties["train_tokens_per_second"]
+    predicted_tps = planned.properties["train_tokens_per_second"]
+    assert 1 / 3 < predicted_tps / measured_tps < 3, (predicted_tps, measured_tps)
+    assert any(n.startswith("CPU: this host trains at") and "GFLOP/s (float32" in n for n in planned.metadata["notes"])
+
+
+def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
+    from tunebench.plan import host
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(host, "_MEMO", {})
+    calls = []
+    real = host.measure_training_flops
+    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: calls.append(a) or real(*a, seconds=0.2))
+    first = host.host_flops("float32", None, True)
+    assert first > 1e6 and len(calls) == 1 and (tmp_path / host.CACHE_FILE).exists()
+    assert host.host_flops("float32", None, True) == first and len(calls) == 1  # in-process memo
+    monkeypatch.setattr(host, "_MEMO", {})  # a new process: the disk cache answers
+    assert host.host_flops("float32", None, True) == first and len(calls) == 1
+    entity = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2,
+              "torch_dtype": "float32"}  # fmt: skip
+    r = predict(FULL, entity)
+    assert len(calls) == 1 and r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
+    assert any(f"{first / 1e9:.3g} GFLOP/s" in n for n in r.metadata["notes"])

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.errors import InputError, parse_json
-from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
 from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
 from tunebench.plan.options import DeployOptions, check_recommend
@@ -110,6 +110,18 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
     console.print(table)
 
 
+def _require_gpu_model(values: dict[str, Any]) -> None:
+    """Validity rule 5 (number_gpus > 0 needs a gpu_model) as an input error: without a GPU there is
+    nothing to plan (a table of dashes and MFU 0 % otherwise)."""
+    gpus = values.get("number_gpus") or 0
+    if gpus > 0 and not values.get("gpu_model"):
+        from tunebench.catalog import list_gpus
+
+        names = [g.name for g in list_gpus()]
+        raise InputError("gpu_model", f"missing: number_gpus is {gpus} and validity rule 5 needs a gpu_model",
+                         allowed=f"{', '.join(names[:6])}, ... ({len(names)} in `tunebench gpus`)")  # fmt: skip
+
+
 @with_gpu_options
 def plan(  # over 60 lines: 16 lines are Typer's option declarations
     experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
@@ -159,9 +171,9 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
         raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
     exp = get_experiment(experiment, parse_assignments(params or []))
     entity = make_entity(exp, values)
+    _require_gpu_model(effective_values(exp, entity))
     result = predict(exp, entity, **kw)
     out = plan_json(result)
-    from tunebench.spec.experiments import effective_values
     from tunebench.spec.validity import platform_notes
 
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))

@@ -30,6 +30,7 @@ from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.memory import predict_memory
+from tunebench.plan.host import CACHE_FILE, host_flops
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, group_key
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
@@ -189,7 +190,8 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             out["fits"][i] = False
         return
     m = predict_memory(w, c)
-    t = predict_throughput(w, c, opts.network_gbps)
+    host = None if w.on_gpu else host_flops(w.torch_dtype, w.autocast, w.checkpointing)
+    t = predict_throughput(w, c, opts.network_gbps, host)
     real, padded = w.sample_tokens()
     cols = {
         "gpu_memory_utilization_peak": m.utilization_pct,
@@ -228,6 +230,10 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
+    if host is not None:
+        notes.append(f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
+                     f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
+                     f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's")  # fmt: skip
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
     no_sync_notes = [*notes, "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "

@@ -219,9 +219,25 @@ class ThroughputPrediction:
     train_runtime: np.ndarray
 
 
-def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, padded) -> np.ndarray:
+# Achieved share of the host probe's training rate (plan.host) that a CPU run reaches: 1, the probe
+# already trains a small Llama in the entity's dtype, autocast and checkpointing; measured on 2 EPYC
+# cores, 4-layer 256-wide Llama runs of tunebench measure reached within a factor of 2 of it (the probe
+# is smaller than most models, so wider models are predicted on the slow side).
+CPU_EFFICIENCY = 1.0
+
+
+def cpu_rate(c: Coefficients, host_flops: float | None) -> float:
+    """FLOP/s of a CPU device: the host's measured training rate x CPU_EFFICIENCY when given (the
+    planner measures the host it runs on), else the calibrated cpu_tflops (the measurements'
+    own host, for calibration records measured elsewhere)."""
+    return host_flops * CPU_EFFICIENCY if host_flops else c.cpu_tflops * 1e12
+
+
+def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, padded,
+                       host_flops: float | None = None) -> np.ndarray:  # fmt: skip
     """Seconds of one micro-batch's forward and backward on one device: matmul FLOPs at the
-    calibrated efficiency, memory-bound elementwise traffic and per-layer overheads."""
+    calibrated efficiency, memory-bound elementwise traffic and per-layer overheads (on the CPU: FLOPs
+    at the host's rate, cpu_rate)."""
     a = w.structure
     if a.vision and w.dataset.kind == "vision":  # the tower encodes every tile of the sample's image
         tower = a.vision["tower_params"]
@@ -231,8 +247,8 @@ def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, pa
     if w.gpu is not None:
         rate = peak_tflops(w) * 1e12 * efficiency(w, c)
     else:
-        rate = c.cpu_tflops * 1e12
-    rate = np.where(on_gpu, rate, c.cpu_tflops * 1e12)
+        rate = cpu_rate(c, host_flops)
+    rate = np.where(on_gpu, rate, cpu_rate(c, host_flops))
     split = w.tp * w.sp  # a micro-batch's work is shared by its tensor- and sequence-parallel group
     compute = micro_flops / rate / split
     if w.gpu is not None:
@@ -248,13 +264,15 @@ def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, pa
     return compute + np.where(on_gpu, overhead, 0.0)
 
 
-def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None) -> ThroughputPrediction:
-    """Step time and the spec's throughput properties for every entity of a workload."""
+def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None,
+                       host_flops: float | None = None) -> ThroughputPrediction:  # fmt: skip
+    """Step time and the spec's throughput properties for every entity of a workload; CPU entities at
+    ``host_flops`` (plan.host.host_flops, FLOP/s) when given, else at the calibrated cpu_tflops."""
     a = w.structure
     real, padded = w.sample_tokens()
     micro_tokens = w.per_device_batch * padded
     fpt = flops_per_token(w)
-    micro = micro_step_seconds(w, c, micro_tokens * fpt, padded)
+    micro = micro_step_seconds(w, c, micro_tokens * fpt, padded, host_flops)
     on_gpu = w.gpus >= 1
     comm = np.where(on_gpu, comm_seconds(w, c, network_gbps), 0.0)
     step_compute = w.grad_accum * micro
@@ -282,7 +300,7 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
         # longer of 120 s or 10 steps (ado-sfttrainer.md §8.2), never past the end of training
         runtime = np.minimum(np.maximum(120.0, 10 * step), np.maximum(runtime - 60.0, step))
     model_flops = (6 if w.method == "full" else 4) * a.matmul_params_per_token
-    peak = peak_tflops(w) * 1e12 if w.gpu is not None else c.cpu_tflops * 1e12
+    peak = peak_tflops(w) * 1e12 if w.gpu is not None else cpu_rate(c, host_flops)
     mfu = tokens_gpu * model_flops / peak
     return ThroughputPrediction(
         step_seconds=step,
