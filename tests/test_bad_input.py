@@ -237,6 +237,12 @@ CASES: list[tuple[str, list[str]]] = [
     c("execution.lease_seconds", "explore", "lease_inf.yaml"),
     c("actuator.timeout_seconds", "explore", "timeout_nan.yaml"),
     c("execution.max_parallel", "explore", "parallel_0.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_result_path.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_output_dir.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_max_steps.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_unknown.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_bad_value.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_not_a_list.yaml"),
     # --- data sets larger than this machine can hold: refused before anything is written (item 3)
     c("dataset_id", "datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"),
     c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
@@ -328,6 +334,20 @@ def files(tmp_path_factory) -> Path:
         ("parallel_0", {"execution": {"max_parallel": 0}}),
     ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, **extra}))
+    # a space file's extra worker flags: never one tunebench sets (the worker keeps the last of a repeated flag)
+    measure = {**space, "experiments": [{"id": LORA, "parameters": {"max_steps": 1, "dataset_id": "news-chars-64-entries-2"}}],
+               "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300}}  # fmt: skip
+    (root / "victim.txt").write_text("a file the space file must not reach\n")
+    for name, extra in (
+        ("extra_result_path", ["--result_path", "victim.txt"]),
+        ("extra_output_dir", ["--output_dir=/tmp/tunebench-outside-its-home"]),
+        ("extra_max_steps", ["--max_steps", 1000000]),
+        ("extra_unknown", ["--bogus", "1"]),
+        ("extra_bad_value", ["--seed", "seven"]),
+        ("extra_not_a_list", "--seed 7"),
+    ):
+        (root / f"{name}.yaml").write_text(
+            yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
                                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
@@ -410,6 +430,7 @@ SUBPROCESS = [
     ["import", "runtime_inf.csv", "--store", "good.db"],
     ["show", "--store", "typo.db"],
     ["explore", "osystem.yaml"],
+    ["explore", "extra_result_path.yaml"],
 ]
 BY_ARGV = {tuple(argv): field for field, argv in CASES}
 
