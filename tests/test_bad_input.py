@@ -14,8 +14,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -494,3 +496,99 @@ def test_store_passwords_are_masked_in_messages(workdir, capsys):
 )
 def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked
+
+
+# --- a write that fails (a full disk) leaves the user's file as it was, and no temporary file behind
+
+FULL_DISK_DRIVER = r"""
+import json, os, subprocess, sys
+directory, name, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", directory], check=True)
+with open(os.path.join(directory, name), "w") as f:
+    f.write("precious")
+try:
+    with open(os.path.join(directory, "filler"), "wb") as f:
+        while True:
+            f.write(bytes(4096))
+            f.flush()
+except OSError:
+    pass
+proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+left = {n: open(os.path.join(directory, n), "rb").read()[:100].decode("latin-1") for n in os.listdir(directory)}
+print(json.dumps({"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "left": left}))
+"""
+
+
+def unshare_works() -> bool:
+    """Whether this user may make a mount namespace of its own (util-linux unshare, user namespaces)."""
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _limits(fsize: int | None):
+    """preexec_fn: bounded memory and CPU time; fsize caps the size of any file written (SIGXFSZ ignored:
+    the write fails with EFBIG, as a full disk fails with ENOSPC)."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        resource.setrlimit(resource.RLIMIT_CPU, (600, 600))
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return apply
+
+
+def on_a_full_disk(workdir: Path, name: str, argv: list[str]) -> tuple[int, str, dict[str, str]]:
+    """Run the console script with argv, its outputs under FULL (a full 256 KiB tmpfs in a namespace of
+    its own, holding the file name with 'precious' in it; without namespaces, a directory where no
+    file may grow past 1 kB): (exit code, stderr, what the directory holds afterwards)."""
+    full = workdir / "full"
+    full.mkdir()
+    argv = [*console_script(), *(a.replace("FULL", str(full)) for a in argv)]
+    src = str(Path(__file__).parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+           "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+    if unshare_works() and not os.environ.get("TUNEBENCH_TEST_NO_UNSHARE"):
+        driver = ["unshare", "-rm", sys.executable, "-c", FULL_DISK_DRIVER, str(full), name, json.dumps(argv)]
+        proc = subprocess.run(driver, capture_output=True, text=True, timeout=400, env=env, preexec_fn=_limits(None))
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        return out["rc"], out["stderr"], out["left"]
+    (full / name).write_text("precious")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env, preexec_fn=_limits(1000))
+    return proc.returncode, proc.stderr, {p.name: p.read_bytes()[:100].decode("latin-1") for p in full.iterdir()}
+
+
+FULL_DISK_CASES = [
+    ["show", "--store", "good.db", "-f", "parquet", "-o", "FULL/out"],
+    ["show", "--store", "good.db", "-f", "csv", "-o", "FULL/out"],
+    ["show", "--store", "good.db", "-f", "table", "-o", "FULL/out"],
+    ["export", "--store", "good.db", "-o", "FULL/out"],
+    ["report", "--store", "good.db", "-o", "FULL/out"],
+    ["calibrate", "--from", "good.csv", "--replace", "--no-lomo", "-o", "FULL/out"],
+]
+
+
+@pytest.mark.parametrize("argv", FULL_DISK_CASES, ids=[" ".join(a[:3]) for a in FULL_DISK_CASES])
+def test_a_failed_write_leaves_the_users_file_as_it_was(workdir, argv):
+    code, err, left = on_a_full_disk(workdir, "out", argv)
+    assert code == 2, err
+    (line,) = err.strip().splitlines()[-1:]
+    assert re.match(r"error: --output: (no space left on device|file too large) writing '.*/full/out'$", line), err
+    assert "Traceback" not in err
+    assert left.get("out") == "precious", left  # the user's file as it was
+    assert set(left) <= {"out", "filler"}, left  # and no temporary file behind
+
+
+def test_calibrate_checks_its_output_before_fitting(workdir):
+    """calibrate fits for minutes: a result it could not write is refused before the fit starts."""
+    code, err, left = on_a_full_disk(workdir, "cal.json", ["calibrate", "--from", "good.csv", "--replace",
+                                                            "--no-lomo", "-o", "FULL/cal.json"])  # fmt: skip
+    assert code == 2 and "fitting" not in err, err
+    assert err.strip().startswith("error: --output: ") and len(err.strip().splitlines()) == 1, err
+    assert left.get("cal.json") == "precious" and set(left) <= {"cal.json", "filler"}, left

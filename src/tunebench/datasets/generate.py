@@ -6,18 +6,17 @@
 
 A file is used only when its manifest matches it (generator version, size and sha256); otherwise
 it is regenerated. Writes go to a temporary file in the same directory, are fsynced, then renamed
-over the target (os.replace), so readers never see a partial file. Two processes asking for the
-same id serialise on the lock: the second waits, then finds a valid file and reuses it.
+over the target (tunebench.paths.atomic_path), so readers never see a partial file. Two processes asking for the
+same id serialise on the lock: the second waits, then finds a valid file and reuses it. A generation
+first removes the temporary files of killed processes (tunebench.paths.remove_stale_temporaries).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,6 +117,7 @@ def generate_dataset(
     directory = paths.data_dir(data_dir)
     _check_room(spec, directory)
     directory.mkdir(parents=True, exist_ok=True)
+    paths.remove_stale_temporaries(directory)
     with lock(spec, data_dir):
         valid = verify(spec, data_dir) if keep_valid else None
         return valid or _generate(spec, data_dir, progress)
@@ -126,14 +126,13 @@ def generate_dataset(
 def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:
     """Write the file and then the manifest (the caller holds the lock)."""
     path = dataset_path(spec, data_dir)
-    with _atomic_path(path) as tmp:
+    with paths.atomic_path(path) as tmp:
         if spec.is_vision:
             from tunebench.datasets.vision import write_parquet
 
             rows = write_parquet(tmp, spec, progress)
         else:
             rows = _write_jsonl(tmp, spec, progress)
-        _fsync(tmp)
         size = tmp.stat().st_size
         digest = sha256_file(tmp)
     m = Manifest(
@@ -146,7 +145,7 @@ def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Pro
         generator_version=GENERATOR_VERSION,
         created=datetime.now(UTC).isoformat(timespec="milliseconds"),
     )
-    write_atomic(manifest_path(spec, data_dir), (json.dumps(asdict(m), indent=1) + "\n").encode())
+    paths.write_atomic(manifest_path(spec, data_dir), json.dumps(asdict(m), indent=1) + "\n")
     return m
 
 
@@ -167,31 +166,9 @@ def sha256_file(path: Path) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes to path via a temporary file in the same directory and os.replace."""
+    """Write bytes to path (its directory created) through tunebench.paths.write_atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-        _fsync(tmp)
-
-
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside path; renamed over path on success, removed on failure."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data sets are shareable like any cache file
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+    paths.write_atomic(path, data)
 
 
 def _write_jsonl(path: Path, spec: DatasetId, progress: Progress | None) -> int:

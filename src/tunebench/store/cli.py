@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import typer
 
 from tunebench.errors import InputError, one_of
 from tunebench.inputs import Options, OutputFile, Text, TextFile, parse
+from tunebench.paths import atomic_path, output_errors
 from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
@@ -115,8 +117,9 @@ def show(
     finally:
         sample_store.close()
     table = select_rows(build(outcomes, constitutive=columns), where or (), sort, top)
-    render(table, fmt, output, limit=None if show_all else limit, title=title,
-           empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
+    with output_errors("--output", output) if output else contextlib.nullcontext():
+        render(table, fmt, output, limit=None if show_all else limit, title=title,
+               empty=_no_results(sample_store.url, operation, space, actuator, where))  # fmt: skip
 
 
 def _no_results(url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None) -> str:
@@ -188,7 +191,7 @@ def export(
         sample_store.close()
     table = build(outcomes, ado=True)
     if output:
-        with output.open("w", newline="") as out:
+        with output_errors("--output", output), atomic_path(output) as tmp, tmp.open("w", newline="") as out:
             write_csv(table, out)
         typer.echo(f"{len(table)} rows -> {output}", err=True)
     else:
