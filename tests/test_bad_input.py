@@ -19,6 +19,7 @@ import os
 import random
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +164,13 @@ CASES: list[tuple[str, list[str]]] = [
     c("--store", "calibrate", "--store", "typo.db"),
     c("--store", "calibrate", "--store", "g.db"),
     c("--store", "show", "--store", "notaurl://x:y"),
+    c("--store", "show", "--store", "foreign.db"),  # another program's SQLite file: read, never given a store
+    c("--store", "show", "--store", "empty.db"),
+    c("--store", "export", "--store", "foreign.db"),
+    c("--store", "report", "--store", "foreign.db"),
+    c("--store", "calibrate", "--store", "foreign.db"),
+    c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "foreign.db"),
+    c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "missing.db"),
     c("--operation", "show", "--store", "good.db", "--operation", "op-nope"),
     c("--format", "show", "--format", "xml", "--store", "good.db"),
     c("--format", "export", "--format", "xml", "--store", "good.db"),
@@ -302,6 +310,10 @@ def files(tmp_path_factory) -> Path:
     (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
     (root / "bin.csv").write_bytes(rng.randbytes(3000))
     (root / "adir").mkdir()
+    with sqlite3.connect(root / "foreign.db") as conn:  # another program's database
+        conn.execute("CREATE TABLE users (name TEXT)")
+    conn.close()
+    (root / "empty.db").touch()
     (root / "notjson.json").write_text("coefficients: yes\n")
     (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
     (root / "array.json").write_text("[1, 2, 3]")
@@ -433,6 +445,7 @@ SUBPROCESS = [
     ["show", "--store", "typo.db"],
     ["explore", "osystem.yaml"],
     ["explore", "extra_result_path.yaml"],
+    ["show", "--store", "foreign.db"],
 ]
 BY_ARGV = {tuple(argv): field for field, argv in CASES}
 
@@ -451,6 +464,14 @@ def test_bad_input_in_a_real_process(workdir, argv):
     proc = subprocess.run([*console_script(), *argv], capture_output=True, text=True, timeout=120, env=env)
     check(proc.returncode, proc.stdout, proc.stderr, field)
     assert snapshot(workdir) == before
+
+
+def test_python_dash_m_tunebench_exits_with_the_commands_code(workdir):
+    src = str(Path(__file__).parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "tunebench", "show", "--limit", "0"], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    check(proc.returncode, proc.stdout, proc.stderr, "--limit")
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["version"]])

@@ -159,6 +159,10 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
         raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
     exp = get_experiment(experiment, parse_assignments(params or []))
     entity = make_entity(exp, values)
+    if compare:  # the store first: one that cannot be read fails before the planner runs (and caches)
+        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
+
+        measured = measured_result(store, exp.id, entity.id)
     result = predict(exp, entity, **kw)
     out = plan_json(result)
     from tunebench.spec.experiments import effective_values
@@ -166,9 +170,6 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
 
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
     if compare:
-        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
-
-        measured = measured_result(store, exp.id, entity.id)
         rows = compare_rows(out, measured)
         if as_json:
             echo_json({"predicted": out, "measured": measured, "comparison": rows})

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 StoreOpt = Annotated[
     str | None,
     typer.Option(
-        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir."
+        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
+        "Commands that only read (show, export, report) open it read-only and never create one: a missing store, "
+        "or a database without one, is an error; explore, run and import create it.",
     ),
 ]
 SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
@@ -41,7 +43,8 @@ MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only)
 def open_store(url: str | None, *, create: bool = True) -> Store:
     """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError if it cannot be used.
 
-    create=False (commands that only read): a store that does not exist is an error, not a new empty one.
+    create=False (commands that only read): the store is opened read-only; one that does not exist, or a
+    database without one (empty, or another program's tables), is an error, not a new empty store.
     """
     from sqlalchemy.exc import ArgumentError, DatabaseError
 
@@ -51,7 +54,7 @@ def open_store(url: str | None, *, create: bool = True) -> Store:
     target = store_url(url)
     check_location(target, create=create)
     try:
-        return Store(target)
+        return Store(target, readonly=not create)
     except (ArgumentError, DatabaseError, SchemaError) as exc:
         why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise InputError("--store", f"cannot open the store {mask_secrets(target)}: {mask_secrets(why)}") from None
