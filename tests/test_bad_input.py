@@ -172,6 +172,10 @@ CASES: list[tuple[str, list[str]]] = [
     c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "foreign.db"),
     c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "missing.db"),
     c("--operation", "show", "--store", "good.db", "--operation", "op-nope"),
+    c("--actuator", "show", "--store", "good.db", "--actuator", "nosuch"),  # not an empty table: a typo
+    c("--actuator", "export", "--store", "good.db", "--actuator", "zzz"),
+    c("--where", "show", "--store", "good.db", "--where", "batch_size>nan"),
+    c("--where", "show", "--store", "good.db", "--where", "batch_size<=abc"),
     c("--format", "show", "--format", "xml", "--store", "good.db"),
     c("--format", "export", "--format", "xml", "--store", "good.db"),
     c("--output", "show", "--store", "good.db", "--format", "parquet"),
@@ -463,6 +467,29 @@ def test_bad_input_in_a_real_process(workdir, argv):
     before = snapshot(workdir)
     proc = subprocess.run([*console_script(), *argv], capture_output=True, text=True, timeout=120, env=env)
     check(proc.returncode, proc.stdout, proc.stderr, field)
+    assert snapshot(workdir) == before
+
+
+# Settings from the environment: an error names the variable, never an option that was not given.
+ENV_CASES = [
+    ("TUNEBENCH_HOME", "good.csv/home", ["plan", LORA, *ENTITY]),
+    ("TUNEBENCH_HOME", "good.csv", ["show"]),
+    ("TUNEBENCH_HOME", "good.csv", ["calibrate", "--from", "good.csv", "--no-lomo"]),
+    ("TUNEBENCH_DATA_DIR", "good.csv", ["datasets", "generate", "news-chars-64-entries-2"]),
+    ("TUNEBENCH_DATA_DIR", "good.csv/data", ["datasets", "list"]),
+    ("TUNEBENCH_GPU_CATALOG", "bin.yaml", ["gpus"]),
+    ("TUNEBENCH_GPU_CATALOG", "missing.yaml", ["gpus", "--json"]),
+    ("TUNEBENCH_GPU_CATALOG", "array.json", ["plan", LORA, *GPU_ENTITY]),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "argv"), ENV_CASES, ids=[f"{n}={v} {a[0]}" for n, v, a in ENV_CASES])
+def test_bad_environment_settings_are_named(workdir, capsys, monkeypatch, name, value, argv):
+    monkeypatch.setenv(name, str(workdir / value))
+    before = snapshot(workdir)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check(code, out, err, name)
     assert snapshot(workdir) == before
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import socket
@@ -27,16 +28,41 @@ TEMP_SUFFIX = ".tmp"
 
 def home() -> Path:
     """Root of tunebench's files."""
-    env = os.environ.get("TUNEBENCH_HOME")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("tunebench"))
+    env = env_dir("TUNEBENCH_HOME")
+    return env if env else Path(platformdirs.user_cache_dir("tunebench"))
 
 
 def data_dir(override: str | os.PathLike | None = None) -> Path:
     """Directory of generated data sets, absolute (it is passed to the worker, which may run elsewhere)."""
     if override:
         return Path(override).expanduser().absolute()
-    env = os.environ.get("TUNEBENCH_DATA_DIR")
-    return Path(env).expanduser().absolute() if env else home().absolute() / "data"
+    env = env_dir("TUNEBENCH_DATA_DIR")
+    return env.absolute() if env else home().absolute() / "data"
+
+
+def env_dir(name: str) -> Path | None:
+    """The directory the environment variable name sets (None when unset); InputError naming the variable
+    when it cannot be one (a file is in the way), so that no later write fails with a bare OSError."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    _check_dir(name, str(path))
+    return path
+
+
+@functools.lru_cache(maxsize=16)
+def _check_dir(name: str, text: str) -> None:
+    """Raises (uncached) unless text is a directory or can become one; cached once it can."""
+    from tunebench.errors import InputError, one_line
+
+    path = Path(text)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path else f" ({str(existing)!r} is in the way)"
+        raise InputError(name, f"{one_line(text)!r} is not a directory{where}", allowed="a directory, made if missing")
 
 
 def data_dir_source(override: str | os.PathLike | None = None) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from tunebench.errors import InputError, one_of
+from tunebench.errors import InputError, one_of, suggest
 from tunebench.inputs import Options, OutputFile, Text, TextFile, parse
 from tunebench.paths import atomic_path, output_errors
 from tunebench.secrets import mask_secrets
@@ -116,6 +116,7 @@ def show(
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
     sample_store = open_store(store, create=False)
     try:
+        _check_actuator(sample_store, actuator)
         outcomes, columns, title = _select(sample_store, space, operation, actuator)
     finally:
         sample_store.close()
@@ -189,6 +190,7 @@ def export(
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
+        _check_actuator(sample_store, actuator, ALL)
         outcomes, _, _ = _select(sample_store, space, operation, wanted, statuses=[VALID, INVALID])
     finally:
         sample_store.close()
@@ -231,6 +233,26 @@ def _select(
         outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
     return store.table(Selection(actuator=actuator, statuses=statuses)), [], None
+
+
+def _check_actuator(store: Store, actuator: str | None, *also: str) -> None:
+    """InputError (--actuator) unless actuator is None, a registered actuator, one with requests in the
+    store (a plugin's, a module:function) or one of also: a misspelt name is an error, not an empty table."""
+    from sqlalchemy import select
+
+    from tunebench.actuators.registry import registered_actuators
+    from tunebench.store import db
+    from tunebench.store.schema import requests
+
+    if actuator is None or actuator in also:
+        return
+    with db.read(store.engine) as conn:
+        stored = set(conn.execute(select(requests.c.actuator).distinct()).scalars())
+    known = sorted({*registered_actuators(), *stored})
+    if actuator not in known:
+        hint = suggest(actuator, known)
+        raise InputError("--actuator", f"no actuator {actuator!r} in {mask_secrets(store.url)}" + (f".{hint}" if hint else ""),
+                         allowed=one_of([*known, *also]))  # fmt: skip
 
 
 MAX_SHOW_POINTS = 200_000

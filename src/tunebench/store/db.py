@@ -46,6 +46,8 @@ from urllib.parse import quote
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
+from tunebench.paths import env_dir
+
 ENV = "TUNEBENCH_STORE"
 SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 # header bytes 18-19, the file format write/read versions: 1 rollback journal, 2 WAL (sqlite.org/fileformat.html)
@@ -58,8 +60,8 @@ PG_DRIVERS = ("psycopg", "psycopg2")  # libpq's connection parameters (connect_t
 
 def default_path() -> Path:
     """The default SQLite file."""
-    home = os.environ.get("TUNEBENCH_HOME")
-    root = Path(home).expanduser() if home else Path(platformdirs.user_data_dir("tunebench"))
+    home = env_dir("TUNEBENCH_HOME")
+    root = home if home else Path(platformdirs.user_data_dir("tunebench"))
     return root / "store.db"
 
 
