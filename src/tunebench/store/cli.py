@@ -251,8 +251,8 @@ def _check_actuator(store: Store, actuator: str | None, *also: str) -> None:
     known = sorted({*registered_actuators(), *stored})
     if actuator not in known:
         hint = suggest(actuator, known)
-        raise InputError("--actuator", f"no actuator {actuator!r} in {mask_secrets(store.url)}" + (f".{hint}" if hint else ""),
-                         allowed=one_of([*known, *also]))  # fmt: skip
+        message = f"no actuator {actuator!r} in {mask_secrets(store.url)}" + (f".{hint}" if hint else "")
+        raise InputError("--actuator", message, allowed=one_of([*known, *also]))
 
 
 MAX_SHOW_POINTS = 200_000
