@@ -22,7 +22,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 
 
 def calibrate(
-    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on.")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on (read only: a missing store is an error).")] = None,
     sources: Annotated[
         list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
     ] = None,

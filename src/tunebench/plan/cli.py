@@ -123,7 +123,9 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     host_memory: HostMemory = None,
     compare: Compare = False,
     store: Annotated[
-        str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
+        str | None,
+        typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's); read only: a "
+                     "missing store is an error."),
     ] = None,
     space: Annotated[
         Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
