@@ -17,7 +17,9 @@ import io
 import json
 import os
 import random
+import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -164,7 +166,18 @@ CASES: list[tuple[str, list[str]]] = [
     c("--store", "calibrate", "--store", "typo.db"),
     c("--store", "calibrate", "--store", "g.db"),
     c("--store", "show", "--store", "notaurl://x:y"),
+    c("--store", "show", "--store", "foreign.db"),  # another program's SQLite file: read, never given a store
+    c("--store", "show", "--store", "empty.db"),
+    c("--store", "export", "--store", "foreign.db"),
+    c("--store", "report", "--store", "foreign.db"),
+    c("--store", "calibrate", "--store", "foreign.db"),
+    c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "foreign.db"),
+    c("--store", "plan", LORA, *ENTITY, "--compare", "--store", "missing.db"),
     c("--operation", "show", "--store", "good.db", "--operation", "op-nope"),
+    c("--actuator", "show", "--store", "good.db", "--actuator", "nosuch"),  # not an empty table: a typo
+    c("--actuator", "export", "--store", "good.db", "--actuator", "zzz"),
+    c("--where", "show", "--store", "good.db", "--where", "batch_size>nan"),
+    c("--where", "show", "--store", "good.db", "--where", "batch_size<=abc"),
     c("--format", "show", "--format", "xml", "--store", "good.db"),
     c("--format", "export", "--format", "xml", "--store", "good.db"),
     c("--output", "show", "--store", "good.db", "--format", "parquet"),
@@ -270,6 +283,12 @@ CASES: list[tuple[str, list[str]]] = [
     c("execution.lease_seconds", "explore", "lease_inf.yaml"),
     c("actuator.timeout_seconds", "explore", "timeout_nan.yaml"),
     c("execution.max_parallel", "explore", "parallel_0.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_result_path.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_output_dir.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_max_steps.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_unknown.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_bad_value.yaml"),
+    c("actuator.extra_worker_args", "explore", "extra_not_a_list.yaml"),
     # --- data sets larger than this machine can hold: refused before anything is written (item 3)
     c("dataset_id", "datasets", "generate", "news-chars-512-entries-999999999999", "--dir", "data"),
     c("dataset_id", "datasets", "generate", "news-tokens-99999999999plus-entries-1", "--dir", "data"),
@@ -332,6 +351,10 @@ def files(tmp_path_factory) -> Path:
     (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
     (root / "bin.csv").write_bytes(rng.randbytes(3000))
     (root / "adir").mkdir()
+    with sqlite3.connect(root / "foreign.db") as conn:  # another program's database
+        conn.execute("CREATE TABLE users (name TEXT)")
+    conn.close()
+    (root / "empty.db").touch()
     (root / "notjson.json").write_text("coefficients: yes\n")
     (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
     (root / "array.json").write_text("[1, 2, 3]")
@@ -375,6 +398,20 @@ def files(tmp_path_factory) -> Path:
         ("parallel_0", {"execution": {"max_parallel": 0}}),
     ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, **extra}))
+    # a space file's extra worker flags: never one tunebench sets (the worker keeps the last of a repeated flag)
+    measure = {**space, "experiments": [{"id": LORA, "parameters": {"max_steps": 1, "dataset_id": "news-chars-64-entries-2"}}],
+               "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300}}  # fmt: skip
+    (root / "victim.txt").write_text("a file the space file must not reach\n")
+    for name, extra in (
+        ("extra_result_path", ["--result_path", "victim.txt"]),
+        ("extra_output_dir", ["--output_dir=/tmp/tunebench-outside-its-home"]),
+        ("extra_max_steps", ["--max_steps", 1000000]),
+        ("extra_unknown", ["--bogus", "1"]),
+        ("extra_bad_value", ["--seed", "seven"]),
+        ("extra_not_a_list", "--seed 7"),
+    ):
+        (root / f"{name}.yaml").write_text(
+            yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
                                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
@@ -471,6 +508,8 @@ SUBPROCESS = [
     ["import", "runtime_inf.csv", "--store", "good.db"],
     ["show", "--store", "typo.db"],
     ["explore", "osystem.yaml"],
+    ["explore", "extra_result_path.yaml"],
+    ["show", "--store", "foreign.db"],
 ]
 BY_ARGV = {tuple(argv): field for field, argv in CASES}
 
@@ -489,6 +528,37 @@ def test_bad_input_in_a_real_process(workdir, argv):
     proc = subprocess.run([*console_script(), *argv], capture_output=True, text=True, timeout=120, env=env)
     check(proc.returncode, proc.stdout, proc.stderr, field)
     assert snapshot(workdir) == before
+
+
+# Settings from the environment: an error names the variable, never an option that was not given.
+ENV_CASES = [
+    ("TUNEBENCH_HOME", "good.csv/home", ["plan", LORA, *ENTITY]),
+    ("TUNEBENCH_HOME", "good.csv", ["show"]),
+    ("TUNEBENCH_HOME", "good.csv", ["calibrate", "--from", "good.csv", "--no-lomo"]),
+    ("TUNEBENCH_DATA_DIR", "good.csv", ["datasets", "generate", "news-chars-64-entries-2"]),
+    ("TUNEBENCH_DATA_DIR", "good.csv/data", ["datasets", "list"]),
+    ("TUNEBENCH_GPU_CATALOG", "bin.yaml", ["gpus"]),
+    ("TUNEBENCH_GPU_CATALOG", "missing.yaml", ["gpus", "--json"]),
+    ("TUNEBENCH_GPU_CATALOG", "array.json", ["plan", LORA, *GPU_ENTITY]),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "argv"), ENV_CASES, ids=[f"{n}={v} {a[0]}" for n, v, a in ENV_CASES])
+def test_bad_environment_settings_are_named(workdir, capsys, monkeypatch, name, value, argv):
+    monkeypatch.setenv(name, str(workdir / value))
+    before = snapshot(workdir)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    check(code, out, err, name)
+    assert snapshot(workdir) == before
+
+
+def test_python_dash_m_tunebench_exits_with_the_commands_code(workdir):
+    src = str(Path(__file__).parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "tunebench", "show", "--limit", "0"], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    check(proc.returncode, proc.stdout, proc.stderr, "--limit")
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["version"]])
@@ -553,3 +623,105 @@ def test_text_inputs_larger_than_the_cap_are_refused_before_reading(tmp_path, mo
     check(code, out, err, field)
     assert "at most 64 MiB" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt"]
+
+
+# --- a write that fails (a full disk) leaves the user's file as it was, and no temporary file behind
+
+FULL_DISK_DRIVER = r"""
+import json, os, subprocess, sys
+directory, name, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", directory], check=True)
+with open(os.path.join(directory, name), "w") as f:
+    f.write("precious")
+try:
+    with open(os.path.join(directory, "filler"), "wb") as f:
+        while True:
+            f.write(bytes(4096))
+            f.flush()
+except OSError:
+    pass
+proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+left = {n: open(os.path.join(directory, n), "rb").read()[:100].decode("latin-1") for n in os.listdir(directory)}
+print(json.dumps({"rc": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "left": left}))
+"""
+
+
+def unshare_works() -> bool:
+    """Whether this user may make a mount namespace of its own (util-linux unshare, user namespaces)."""
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _limits(fsize: int | None):
+    """preexec_fn: bounded memory and CPU time; fsize caps the size of any file written (SIGXFSZ ignored:
+    the write fails with EFBIG, as a full disk fails with ENOSPC)."""
+    import resource
+    import signal
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        resource.setrlimit(resource.RLIMIT_CPU, (600, 600))
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return apply
+
+
+def on_a_full_disk(workdir: Path, name: str, argv: list[str]) -> tuple[int, str, dict[str, str]]:
+    """Run the console script with argv, its outputs under FULL (a full 256 KiB tmpfs in a namespace of
+    its own, holding the file name with 'precious' in it; without namespaces, a directory where no
+    file may grow past 1 kB): (exit code, stderr, what the directory holds afterwards)."""
+    full = workdir / "full"
+    full.mkdir()
+    argv = [*console_script(), *(a.replace("FULL", str(full)) for a in argv)]
+    src = str(Path(__file__).parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+           "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+    if unshare_works() and not os.environ.get("TUNEBENCH_TEST_NO_UNSHARE"):
+        driver = ["unshare", "-rm", sys.executable, "-c", FULL_DISK_DRIVER, str(full), name, json.dumps(argv)]
+        proc = subprocess.run(driver, capture_output=True, text=True, timeout=400, env=env, preexec_fn=_limits(None))
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        return out["rc"], out["stderr"], out["left"]
+    (full / name).write_text("precious")
+    with sqlite3.connect(workdir / "good.db") as conn:  # read without a -shm file (which would exceed the cap)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    # the cap holds for every file the process writes: the planner's cache is filled by a first run
+    warm = [a.replace(str(full / name), str(workdir / "warm-up")) for a in argv]
+    subprocess.run(warm, capture_output=True, timeout=400, env=env, preexec_fn=_limits(None), check=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, env=env, preexec_fn=_limits(1000))
+    return proc.returncode, proc.stderr, {p.name: p.read_bytes()[:100].decode("latin-1") for p in full.iterdir()}
+
+
+FULL_DISK_CASES = [
+    ["show", "--store", "good.db", "-f", "parquet", "-o", "FULL/out"],
+    ["show", "--store", "good.db", "-f", "csv", "-o", "FULL/out"],
+    ["show", "--store", "good.db", "-f", "table", "-o", "FULL/out"],
+    ["export", "--store", "good.db", "-o", "FULL/out"],
+    ["report", "--store", "good.db", "-o", "FULL/out"],
+    ["calibrate", "--from", "good.csv", "--replace", "--no-lomo", "-o", "FULL/out"],
+]
+
+
+@pytest.mark.parametrize("argv", FULL_DISK_CASES, ids=[" ".join(a[:3]) for a in FULL_DISK_CASES])
+def test_a_failed_write_leaves_the_users_file_as_it_was(workdir, argv):
+    code, err, left = on_a_full_disk(workdir, "out", argv)
+    assert code == 2, err
+    (line,) = err.strip().splitlines()[-1:]
+    assert re.match(r"error: --output: (no space left on device|file too large) writing '.*/full/out'$", line), err
+    assert "Traceback" not in err
+    assert left.get("out") == "precious", left  # the user's file as it was
+    assert set(left) <= {"out", "filler"}, left  # and no temporary file behind
+
+
+def test_calibrate_checks_its_output_before_fitting(workdir):
+    """calibrate fits for minutes: a result it could not write is refused before the fit starts."""
+    code, err, left = on_a_full_disk(workdir, "cal.json", ["calibrate", "--from", "good.csv", "--replace",
+                                                            "--no-lomo", "-o", "FULL/cal.json"])  # fmt: skip
+    assert code == 2 and "fitting" not in err, err
+    assert err.strip().startswith("error: --output: ") and len(err.strip().splitlines()) == 1, err
+    assert left.get("cal.json") == "precious" and set(left) <= {"cal.json", "filler"}, left

@@ -245,6 +245,44 @@ def test_concurrent_generation_is_safe(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+def _bounded() -> None:
+    """preexec_fn: the generating process gets bounded memory and CPU time."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (120, 120))
+
+
+def test_temporaries_of_a_killed_generation_are_removed_by_the_next(tmp_path):
+    """kill -9 in the middle of `datasets generate` leaves its hidden temporary file; the next generation
+    in that directory removes it (its process is dead), and leaves a live process's and another host's."""
+    import signal
+    import socket
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tunebench.__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    big = "news-chars-512-entries-100000"  # ~100 MB: still being written when killed
+    command = [sys.executable, "-m", "tunebench", "datasets", "generate", big, "--dir", str(tmp_path)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_bounded)
+    deadline = time.monotonic() + 120
+    try:
+        while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and p.stat().st_size > 0]:
+            assert proc.poll() is None and time.monotonic() < deadline, "the generation ended before it was killed"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    (left,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    live = tmp_path / f".x.jsonl.{os.getpid()}@{socket.gethostname()}.abc.tmp"  # this test's process: alive
+    elsewhere = tmp_path / f".x.jsonl.{proc.pid}@another-host.example.abc.tmp"
+    live.touch()
+    elsewhere.touch()
+    generate_dataset(SMALL, tmp_path)
+    assert not left.exists()
+    assert live.exists() and elsewhere.exists()
+    assert verify(SMALL, tmp_path) is not None and not dataset_path(big, tmp_path).exists()
+
+
 def _near(pixel, colour) -> bool:
     """JPEG-lossy colour match."""
     return all(abs(a - b) < 40 for a, b in zip(pixel, colour, strict=True))

@@ -149,9 +149,19 @@ def test_compare_over_a_whole_store(tmp_path):
 
 
 def test_compare_over_an_empty_store_says_so(tmp_path):
+    from tunebench.store import Store
+
+    Store(tmp_path / "empty.db").close()
     res = invoke("plan", "--compare", "--store", str(tmp_path / "empty.db"))
     assert res.exit_code == 0, res.output
     assert "no measurements to compare" in res.output
+
+
+def test_compare_over_a_missing_store_is_an_error_and_creates_none(tmp_path):
+    """--compare only reads: a store that does not exist (a typo) is named, not created empty."""
+    res = invoke("plan", "--compare", "--store", str(tmp_path / "typo.db"))
+    assert res.exit_code != 0 and "no store at" in str(res.exception)
+    assert not (tmp_path / "typo.db").exists()
 
 
 # A long-context Phi-3 config.json (microsoft/Phi-3-mini-128k-instruct's shape) whose rope_scaling lost its

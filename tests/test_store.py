@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect, select, text
@@ -266,3 +267,177 @@ def test_frozen_schema_matches_the_spec_lists():
     assert len(MEASURED_COLUMNS) == 25 and "is_valid" not in MEASURED_COLUMNS
     assert sorted(REPORT_ORDER) == sorted(MEASURED_COLUMNS)
     assert ENTITY_COLUMNS == (*ID_ORDER, "number_nodes")  # the id's keys, then the placement
+
+
+# --- PostgreSQL: explorers creating one new store at once; a server that never answers
+
+def _bounded() -> None:
+    """preexec_fn: a subprocess of these tests gets bounded memory and CPU time."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (300, 300))
+
+
+def _env() -> dict[str, str]:
+    src = str(Path(__file__).parent.parent / "src")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+
+
+def test_three_explorers_on_a_fresh_postgresql_database(postgres_server, tmp_path):
+    """Three explorers start at once on a database without a store: they race to create the schema
+    (PostgreSQL fails the loser's CREATE TABLE on pg_type's unique index unless they serialise); every one
+    finishes, and every point is measured exactly once."""
+    import json
+
+    import yaml
+    from test_explore import make_space
+
+    log = tmp_path / "calls.jsonl"
+    space = make_space("sleepy", lengths=tuple(range(64, 64 * 7, 64)), batches=(1, 2), call_log=str(log), sleep_s=0.2)
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    for _ in range(2):  # two fresh databases: the race is won differently each time
+        url = postgres_server.fresh_database()
+        command = [sys.executable, "-m", "tunebench", "explore", str(tmp_path / "space.yaml"), "--store", url,
+                   "--quiet", "--allow-actuator-import"]  # fmt: skip
+        explorers = [subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=_bounded) for _ in range(3)]  # fmt: skip
+        outs = [p.communicate(timeout=240) for p in explorers]
+        assert [p.returncode for p in explorers] == [0, 0, 0], [err[-1500:] for _, err in outs]
+        with Store(url) as s:
+            assert s.counts(s.operations()[0]["id"]) == {"valid": 12}
+    starts = [json.loads(line) for line in log.read_text().splitlines() if '"start"' in line]
+    assert len(starts) == 24 and len({(c["entity"], c["pid"]) for c in starts}) == 24  # once per database
+
+
+def test_concurrent_first_opens_of_a_postgresql_store_create_it_once(postgres_server):
+    """The same race, made likely: threads open a new store at the same instant, several times."""
+    for _ in range(3):
+        url = postgres_server.fresh_database()
+        barrier = threading.Barrier(4)
+        errors: list[BaseException] = []
+
+        def open_it():
+            barrier.wait()
+            try:
+                Store(url).close()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        with Store(url) as s, s.engine.connect() as conn:
+            assert conn.execute(select(schema_version.c.version)).scalars().all() == [SCHEMA_VERSION]
+
+
+def test_postgresql_sessions_have_timeouts(postgres_server):
+    url = postgres_server.fresh_database()
+    with Store(url) as s, s.engine.connect() as conn:
+        shown = {name: conn.exec_driver_sql(f"SHOW {name}").scalar()
+                 for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")}  # fmt: skip
+        assert shown == {"statement_timeout": "5min", "lock_timeout": "1min",
+                         "idle_in_transaction_session_timeout": "5min"}  # fmt: skip
+    with Store(url + "?options=-c%20statement_timeout%3D7s", readonly=True) as s, s.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "7s"  # the URL's own settings win
+        assert conn.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "on"
+
+
+def test_a_database_server_that_never_answers_is_an_error_not_a_hang(tmp_path):
+    """A server that accepts connections and never answers: every command fails within the connect
+    timeout, on one line naming the store (its password masked), instead of hanging."""
+    from tunebench.store.db import PG_CONNECT_TIMEOUT_S
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_forever():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])  # ... and never a byte back
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept_forever, daemon=True)
+    thread.start()
+    url = f"postgresql+psycopg://me:s3cret-pw@127.0.0.1:{listener.getsockname()[1]}/tunebench"
+    try:
+        for argv in (["show", "--store", url], ["import", str(Path(__file__).parent / "data" /
+                     "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", url]):  # fmt: skip
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "tunebench", *argv], capture_output=True, text=True,
+                                  timeout=PG_CONNECT_TIMEOUT_S + 60, env=_env(), preexec_fn=_bounded)  # fmt: skip
+            took = time.monotonic() - started
+            assert proc.returncode == 2, proc.stderr
+            (line,) = proc.stderr.strip().splitlines()
+            assert line.startswith("error: --store: cannot open the store postgresql+psycopg://me:***@127.0.0.1:"), line
+            assert "timeout" in line and "s3cret-pw" not in line, line
+            assert took < PG_CONNECT_TIMEOUT_S + 30, took
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert accepted  # the commands did reach the silent server
+
+
+# --- stores opened to read: read-only, and never created in another program's database
+
+def _foreign_sqlite(path: Path) -> bytes:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+        conn.execute("INSERT INTO users VALUES ('ada')")
+    conn.close()
+    return path.read_bytes()
+
+
+def test_reading_a_foreign_sqlite_database_is_refused_and_leaves_it_untouched(tmp_path):
+    before = _foreign_sqlite(tmp_path / "app.db")
+    with pytest.raises(SchemaError, match=r"another program's tables \(users\), not a tunebench store"):
+        Store(tmp_path / "app.db", readonly=True)
+    assert (tmp_path / "app.db").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]  # no -wal, -shm or journal left
+
+
+def test_an_empty_database_opened_to_read_gets_no_store(tmp_path, any_store_url):
+    if any_store_url.startswith("sqlite"):
+        (tmp_path / "store.db").touch()
+    with pytest.raises(SchemaError, match="holds no tunebench store yet"):
+        Store(any_store_url, readonly=True)
+    with Store(any_store_url) as s:  # the tables are created only by a store opened to write
+        assert s.version == SCHEMA_VERSION
+
+
+def test_a_store_opened_to_read_cannot_be_written(any_store_url, tmp_path):
+    with Store(any_store_url) as s:
+        s.open_operation("op-test", sampler="grid", actuator="noop", space={}, name=None)
+        s.register("op-test", points(2), actuator="noop", generator="grid")
+    with Store(any_store_url, readonly=True) as s:
+        assert s.counts("op-test") == {"pending": 2}
+        with pytest.raises(Exception, match="read-only|readonly"):
+            s.register("op-test", points(3), actuator="noop", generator="grid")
+        assert s.counts("op-test") == {"pending": 2}
+    if any_store_url.startswith("sqlite"):  # a WAL store read leaves no -wal or -shm file behind
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["store.db"]
+
+
+def test_a_command_that_creates_a_store_may_add_it_to_another_programs_database(tmp_path):
+    """explore, run and import create a store where asked, beside the tables already there."""
+    from tunebench.cli import main
+
+    _foreign_sqlite(tmp_path / "app.db")
+    csv = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+    assert main(["import", str(csv), "--store", str(tmp_path / "app.db")]) == 0
+    with Store(tmp_path / "app.db", readonly=True) as s, s.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT name FROM users").scalars().all() == ["ada"]
+        assert len(s.rows()) == 4

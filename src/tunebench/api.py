@@ -195,4 +195,4 @@ def _open(store: str | Store | None, *, create: bool) -> Store:
         return store
     target = store_url(store)
     check_location(target, create=create)
-    return Store(target)
+    return Store(target, readonly=not create)

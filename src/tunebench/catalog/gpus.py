@@ -22,6 +22,7 @@ from pathlib import Path
 from tunebench.errors import InputError, one_of, suggest
 
 DATA = Path(__file__).parent / "data"
+CATALOG_ENV = "TUNEBENCH_GPU_CATALOG"  # a user catalog file (catalog/user_gpus.py)
 
 # oldest first (AMD CDNA3, 2023, between Hopper and Blackwell); Custom: user-defined
 ARCHITECTURES = ("Volta", "Turing", "Ampere", "Ada", "Hopper", "CDNA3", "Blackwell", "Custom")
@@ -224,14 +225,20 @@ def register_gpu(spec: GPUSpec) -> GPUSpec:
 
 def _user_gpus() -> dict[str, GPUSpec]:
     """GPUs registered in this process, then those of the user catalog file (TUNEBENCH_GPU_CATALOG)."""
+    return {**{_key(k): v for spec in catalog_file_gpus() for k, v in _names(spec)}, **_CUSTOM}
+
+
+def catalog_file_gpus() -> tuple[GPUSpec, ...]:
+    """The GPUs of the user catalog file TUNEBENCH_GPU_CATALOG names (none when it is unset); InputError
+    naming the variable when the file cannot be read or is malformed."""
     import os
 
-    path = os.environ.get("TUNEBENCH_GPU_CATALOG")
+    path = os.environ.get(CATALOG_ENV)
     if not path:
-        return _CUSTOM
+        return ()
     from tunebench.catalog.user_gpus import read_catalog
 
-    return {**{_key(k): v for spec in read_catalog(path) for k, v in _names(spec)}, **_CUSTOM}
+    return read_catalog(path, CATALOG_ENV)
 
 
 def _names(spec: GPUSpec) -> list[tuple[str, GPUSpec]]:
@@ -239,8 +246,9 @@ def _names(spec: GPUSpec) -> list[tuple[str, GPUSpec]]:
 
 
 def list_gpus() -> list[GPUSpec]:
-    """All GPUs, oldest architecture first, then by memory, then by dense tensor peak."""
+    """All GPUs (the catalog's and the user catalog file's), oldest architecture first, then by memory, then
+    by dense tensor peak."""
     return sorted(
-        load_gpus().values(),
+        {**load_gpus(), **{spec.name: spec for spec in catalog_file_gpus()}}.values(),
         key=lambda g: (ARCHITECTURES.index(g.architecture), g.memory_mib, g.tensor_tflops, g.name),
     )

@@ -93,8 +93,9 @@ def _first_error(exc: ValidationError) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def read_catalog(path: str) -> tuple[GPUSpec, ...]:
-    """The GPUs of a user catalog file (see module docstring); InputError naming the file and entry."""
+def read_catalog(path: str, field: str = "--gpu-catalog") -> tuple[GPUSpec, ...]:
+    """The GPUs of a user catalog file (see module docstring); InputError naming where the file was given
+    (field: --gpu-catalog, or TUNEBENCH_GPU_CATALOG), the file and the entry."""
     from tunebench import yamlfile  # imports yaml: only when a catalog is read
 
     file = Path(path).expanduser()
@@ -102,13 +103,13 @@ def read_catalog(path: str) -> tuple[GPUSpec, ...]:
         text = file.read_text()
         data = parse_json(text) if file.suffix == ".json" else yamlfile.load_yaml(text)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError("--gpu-catalog", f"cannot read {str(file)!r}: {exc}", allowed="a JSON or YAML file") from None
+        raise InputError(field, f"cannot read {str(file)!r}: {exc}", allowed="a JSON or YAML file") from None
     entries = data.get("gpus") if isinstance(data, dict) else data
     if not isinstance(entries, list):
-        raise InputError("--gpu-catalog", f"{str(file)!r} holds no list of GPUs", allowed='a list, or {"gpus": [...]}')
+        raise InputError(field, f"{str(file)!r} holds no list of GPUs", allowed='a list, or {"gpus": [...]}')
     out = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise InputError("--gpu-catalog", f"{file.name}: gpus[{i}] is not a mapping", allowed=REQUIRED)
-        out.append(GPUNumbers.checked(f"--gpu-catalog {file.name} gpus[{i}]", **entry).spec())
+            raise InputError(field, f"{file.name}: gpus[{i}] is not a mapping", allowed=REQUIRED)
+        out.append(GPUNumbers.checked(f"{field} {file.name} gpus[{i}]", **entry).spec())
     return tuple(out)

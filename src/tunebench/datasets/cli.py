@@ -20,6 +20,7 @@ from tunebench import paths
 from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
 from tunebench.inputs import Count, Options, OutputDir, parse
+from tunebench.paths import output_errors
 from tunebench.terminal import Column, print_table
 
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
@@ -86,7 +87,8 @@ def generate(
     parse(DataDirOptions, data_dir=data_dir)
     spec = parse_dataset_id(dataset_id)
     t0 = time.perf_counter()
-    with _progress(f"generating {spec.id}") as update:
+    where = paths.data_dir(data_dir)
+    with output_errors(paths.data_dir_source(data_dir), where), _progress(f"generating {spec.id}") as update:
         if force:
             generate_dataset(spec, data_dir, update)
         else:

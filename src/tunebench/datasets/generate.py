@@ -8,19 +8,19 @@ A file is used only when its manifest matches it (generator version, size and sh
 it is regenerated, but only where tunebench wrote it: a data set file beside which no manifest lies
 (another tool's, e.g. ado's sfttrainer_generate_dataset_text output in a shared data folder) is never
 overwritten nor used: an InputError names it (its bytes may differ from tunebench's recipe, so the
-measured tokens would not be tunebench's). Writes go to a temporary file in the same directory, are fsynced, then renamed
-over the target (os.replace), so readers never see a partial file. Two processes asking for the
-same id serialise on the lock: the second waits, then finds a valid file and reuses it.
+measured tokens would not be tunebench's). Writes go to a temporary file in the same directory, are
+fsynced, then renamed over the target (tunebench.paths.atomic_path), so readers never see a partial
+file. Two processes asking for the same id serialise on the lock: the second waits, then finds a valid
+file and reuses it. A generation first removes the temporary files of killed processes
+(tunebench.paths.remove_stale_temporaries).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -121,6 +121,7 @@ def generate_dataset(
     directory = paths.data_dir(data_dir)
     _check_room(spec, directory)
     directory.mkdir(parents=True, exist_ok=True)
+    paths.remove_stale_temporaries(directory)
     with lock(spec, data_dir):
         valid = verify(spec, data_dir) if keep_valid else None
         if valid is None:
@@ -142,14 +143,13 @@ def _check_ours(spec: DatasetId, data_dir: str | os.PathLike | None) -> None:
 def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:
     """Write the file and then the manifest (the caller holds the lock)."""
     path = dataset_path(spec, data_dir)
-    with _atomic_path(path) as tmp:
+    with paths.atomic_path(path) as tmp:
         if spec.is_vision:
             from tunebench.datasets.vision import write_parquet
 
             rows = write_parquet(tmp, spec, progress)
         else:
             rows = _write_jsonl(tmp, spec, progress)
-        _fsync(tmp)
         size = tmp.stat().st_size
         digest = sha256_file(tmp)
     m = Manifest(
@@ -162,7 +162,7 @@ def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Pro
         generator_version=GENERATOR_VERSION,
         created=datetime.now(UTC).isoformat(timespec="milliseconds"),
     )
-    write_atomic(manifest_path(spec, data_dir), (json.dumps(asdict(m), indent=1) + "\n").encode())
+    paths.write_atomic(manifest_path(spec, data_dir), json.dumps(asdict(m), indent=1) + "\n")
     return m
 
 
@@ -183,31 +183,9 @@ def sha256_file(path: Path) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes to path via a temporary file in the same directory and os.replace."""
+    """Write bytes to path (its directory created) through tunebench.paths.write_atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-        _fsync(tmp)
-
-
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside path; renamed over path on success, removed on failure."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; data sets are shareable like any cache file
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
+    paths.write_atomic(path, data)
 
 
 def _write_jsonl(path: Path, spec: DatasetId, progress: Progress | None) -> int:

@@ -18,6 +18,8 @@ In the spirit of ado's discovery space + operation resources (ado-sfttrainer.md 
       model_map: {smollm2-135m: /models/smollm2}
       timeout_seconds: 1800
       host_memory_limit_gib: 16            # any other key goes to the actuator as is (it checks them)
+      extra_worker_args: [--seed, 7]       # only flags tunebench never sets: --seed, --tokenizer_name_or_path,
+                                           # --tunebench_tiny, --use_cpu (worker/args.py extra_flags)
     operation:
       sampler: grid                        # grid | random | optimize
       n: 10                                # grid: the first n entities; random: n entities (seeded)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from tunebench.errors import InputError
 from tunebench.inputs import parse
+from tunebench.paths import check_writable, output_errors
 from tunebench.plan.options import CalibrateOptions
 from tunebench.plan.printing import echo_json, fmt
 from tunebench.secrets import mask_secrets
@@ -20,7 +22,7 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 
 
 def calibrate(
-    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on.")] = None,
+    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on (read only: a missing store is an error).")] = None,
     sources: Annotated[
         list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
     ] = None,
@@ -44,11 +46,17 @@ def calibrate(
 
     parse(CalibrateOptions, sources=sources, output=output)
     records, label = gather_records(store, sources, replace)
-    result = _calibrate_with_progress(cal, records, label, lomo)
     target = output or user_calibration_path()
+    # the default file lives in TUNEBENCH_HOME when that is set: an error there names the variable
+    field = "TUNEBENCH_HOME" if output is None and os.environ.get("TUNEBENCH_HOME") else "--output"
+    if save:  # before the fit (minutes): a result that cannot be written is known now
+        with output_errors(field, target):
+            check_writable(target)
+    result = _calibrate_with_progress(cal, records, label, lomo)
     if save:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        result.save(target)
+        with output_errors(field, target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            result.save(target)
     out = {**result.to_dict(), "saved_to": str(target) if save else None}
     if as_json:
         echo_json(out)

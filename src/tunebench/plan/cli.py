@@ -135,7 +135,9 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     host_memory: HostMemory = None,
     compare: Compare = False,
     store: Annotated[
-        str | None, typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's).")
+        str | None,
+        typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's); read only: a "
+                     "missing store is an error."),
     ] = None,
     space: Annotated[
         Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
@@ -172,15 +174,16 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     exp = get_experiment(experiment, parse_assignments(params or []))
     entity = make_entity(exp, values)
     _require_gpu_model(effective_values(exp, entity))
+    if compare:  # the store first: one that cannot be read fails before the planner runs (and caches)
+        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
+
+        measured = measured_result(store, exp.id, entity.id)
     result = predict(exp, entity, **kw)
     out = plan_json(result)
     from tunebench.spec.validity import platform_notes
 
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
     if compare:
-        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
-
-        measured = measured_result(store, exp.id, entity.id)
         rows = compare_rows(out, measured)
         if as_json:
             echo_json({"predicted": out, "measured": measured, "comparison": rows})

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tunebench.paths import write_atomic
+
 DATA = Path(__file__).parent / "data"
 DEFAULT_FILE = DATA / "default_calibration.json"
 
@@ -125,7 +127,8 @@ class Calibration:
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        """Write the JSON; path is replaced only once the new file is complete (tunebench.paths.atomic_path)."""
+        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:

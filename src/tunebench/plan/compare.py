@@ -31,7 +31,7 @@ def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
     from tunebench.store.cli import open_store
     from tunebench.store import DONE
 
-    with open_store(store_url) as sample_store:
+    with open_store(store_url, create=False) as sample_store:
         return sample_store.rows(actuator="measure", statuses=DONE, **filters)
 
 
@@ -40,7 +40,7 @@ def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -
     from tunebench.store.cli import open_store
     from tunebench.store import DONE
 
-    with open_store(store_url) as sample_store:
+    with open_store(store_url, create=False) as sample_store:
         ids = sample_store.request_ids([(experiment_id, entity_id)], actuator="measure")
         if not ids:
             return None

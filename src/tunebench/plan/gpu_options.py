@@ -54,9 +54,10 @@ class GPUOptions:
     def register(self, gpu_model: str | None) -> None:
         """Make the GPUs of the catalog file and of the numbers (named --gpu-name, else gpu_model) known
         to this process's planner; InputError names the option that is missing or wrong."""
-        from tunebench.catalog.gpus import custom_gpu, register_gpu
+        from tunebench.catalog.gpus import catalog_file_gpus, custom_gpu, register_gpu
         from tunebench.catalog.user_gpus import read_catalog
 
+        catalog_file_gpus()  # TUNEBENCH_GPU_CATALOG's file, refused now if it is malformed (before any planning)
         for spec in read_catalog(str(self.catalog)) if self.catalog is not None else ():
             register_gpu(spec)
         given = {"--gpu-memory-gib": self.memory, "--gpu-bf16-tflops": self.tflops, "--gpu-interconnect-gbps": self.link}

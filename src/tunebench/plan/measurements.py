@@ -409,7 +409,7 @@ def store_records(url: str) -> list[Record]:
     """Measured (not predicted) valid and invalid outcomes of the sample store at url."""
     from tunebench.store import DONE, Store
 
-    with Store(url) as store:
+    with Store(url, readonly=True) as store:
         rows = store.rows(statuses=DONE)
     return records_from_store(
         (r["experiment_id"], r["entity"] or {}, r["properties"] or {}) for r in rows if r.get("actuator") == "measure"

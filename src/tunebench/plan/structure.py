@@ -293,14 +293,8 @@ def _write_index(path: Path, key: str, value: str) -> None:
 
 def write_json(path: Path, data: Any) -> None:
     """Atomic write (a reader never sees half a file; concurrent writers write equal content)."""
-    import os
-    import tempfile
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    paths.write_atomic(path, json.dumps(data))
 
 
 def image_tiles(structure: Structure, width: int, height: int) -> int:

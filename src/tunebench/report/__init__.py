@@ -45,8 +45,10 @@ def build_report(store: Store, *, space: str | Path | None = None) -> str:
 
 def write_report(store: Store, output: str | Path, *, space: str | Path | None = None) -> Path:
     """Write build_report's HTML to output; returns its path."""
+    from tunebench.paths import write_atomic
+
     path = Path(output)
-    path.write_text(build_report(store, space=space), encoding="utf-8")
+    write_atomic(path, build_report(store, space=space))
     return path
 
 

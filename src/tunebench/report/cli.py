@@ -10,6 +10,7 @@ import typer
 
 from tunebench.errors import InputError
 from tunebench.inputs import Options, OutputFile, TextFile, parse
+from tunebench.paths import output_errors, write_atomic
 from tunebench.store.cli import StoreOpt
 
 
@@ -41,7 +42,8 @@ def report(
         text = build_report(sample_store, space=space)  # bad input raises before anything is written
     finally:
         sample_store.close()
-    output.write_text(text, encoding="utf-8")
+    with output_errors("--output", output):
+        write_atomic(output, text)
     typer.echo(f"report -> {output} ({len(text.encode()) / 1e6:.1f} MB)")
 
 

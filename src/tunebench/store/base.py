@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Table, insert, select
 
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.store import db
-from tunebench.store.migrations import migrate
+from tunebench.store.migrations import SCHEMA_VERSION, migrate, read_version
 from tunebench.store.rows import entity_row, experiment_row, id_hash
 from tunebench.store.schema import entities, experiments
 
@@ -23,10 +23,22 @@ from tunebench.store.schema import entities, experiments
 class StoreBase:
     """A sample store at an SQLAlchemy URL (created and migrated on first use)."""
 
-    def __init__(self, url: str | os.PathLike | None = None):
+    def __init__(self, url: str | os.PathLike | None = None, *, readonly: bool = False):
+        """readonly: open to read only (nothing can be written; a database without a tunebench store is
+        refused with SchemaError instead of getting one); otherwise the store is created or upgraded."""
         self.url = db.store_url(url)
-        self.engine = db.make_engine(self.url)
-        self.version = migrate(self.engine)
+        self.engine = db.make_engine(self.url, readonly=readonly)
+        try:
+            self.version = read_version(self.engine) if readonly else migrate(self.engine)
+            if self.version < SCHEMA_VERSION:  # an older store: upgraded once, by a write connection
+                writer = db.make_engine(self.url)
+                try:
+                    self.version = migrate(writer)
+                finally:
+                    writer.dispose()
+        except BaseException:
+            self.engine.dispose()
+            raise
         self._experiment_pks: dict[str, int] = {}
         self._entity_pks: dict[str, int] = {}
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from tunebench.errors import InputError, one_of
+from tunebench.errors import InputError, one_of, suggest
 from tunebench.inputs import InputFile, Options, OutputFile, Text, TextFile, parse
+from tunebench.paths import atomic_path, output_errors
 from tunebench.secrets import mask_secrets
 
 if TYPE_CHECKING:
@@ -26,7 +28,9 @@ if TYPE_CHECKING:
 StoreOpt = Annotated[
     str | None,
     typer.Option(
-        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir."
+        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
+        "Commands that only read (show, export, report) open it read-only and never create one: a missing store, "
+        "or a database without one, is an error; explore, run and import create it.",
     ),
 ]
 SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
@@ -37,7 +41,8 @@ MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only)
 def open_store(url: str | None, *, create: bool = True) -> Store:
     """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError if it cannot be used.
 
-    create=False (commands that only read): a store that does not exist is an error, not a new empty one.
+    create=False (commands that only read): the store is opened read-only; one that does not exist, or a
+    database without one (empty, or another program's tables), is an error, not a new empty store.
     """
     from sqlalchemy.exc import ArgumentError, DatabaseError
 
@@ -47,7 +52,7 @@ def open_store(url: str | None, *, create: bool = True) -> Store:
     target = store_url(url)
     check_location(target, create=create)
     try:
-        return Store(target)
+        return Store(target, readonly=not create)
     except (ArgumentError, DatabaseError, SchemaError) as exc:
         why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
         raise InputError("--store", f"cannot open the store {mask_secrets(target)}: {mask_secrets(why)}") from None
@@ -119,6 +124,7 @@ def show(
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
+        _check_actuator(sample_store, wanted)
         outcomes, columns, title = _select(sample_store, space, operation, wanted, every_result=every)
         repeats = None if every else sample_store.repeats(None if space is None and operation is None
                                                           else list(outcomes.columns["request_id"]))  # fmt: skip
@@ -131,7 +137,8 @@ def show(
              for a, n in others]  # fmt: skip
     if hints:
         empty = "\n".join([empty + "; the same selection has", *hints])
-    render(table, fmt, output, limit=None if show_all else limit, title=title, empty=empty, wide=wide)
+    with output_errors("--output", output) if output else contextlib.nullcontext():
+        render(table, fmt, output, limit=None if show_all else limit, title=title, empty=empty, wide=wide)
     if not len(table) and (fmt != "table" or output):  # a file or csv/json of headers only: say why
         typer.echo(empty, err=True)
 
@@ -231,12 +238,13 @@ def export(
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
+        _check_actuator(sample_store, actuator, ALL)
         outcomes, _, _ = _select(sample_store, space, operation, wanted, statuses=[VALID, INVALID])
     finally:
         sample_store.close()
     table = build(outcomes, ado=True)
     if output:
-        with output.open("w", newline="") as out:
+        with output_errors("--output", output), atomic_path(output) as tmp, tmp.open("w", newline="") as out:
             write_csv(table, out)
         typer.echo(f"{len(table)} rows -> {output}", err=True)
     else:
@@ -300,6 +308,26 @@ def _select(
                                          every_result=every_result))
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
     return store.table(Selection(actuator=actuator, statuses=statuses, every_result=every_result)), [], None
+
+
+def _check_actuator(store: Store, actuator: str | None, *also: str) -> None:
+    """InputError (--actuator) unless actuator is None, a registered actuator, one with requests in the
+    store (a plugin's, a module:function) or one of also: a misspelt name is an error, not an empty table."""
+    from sqlalchemy import select
+
+    from tunebench.actuators.registry import registered_actuators
+    from tunebench.store import db
+    from tunebench.store.schema import requests
+
+    if actuator is None or actuator in also:
+        return
+    with db.read(store.engine) as conn:
+        stored = set(conn.execute(select(requests.c.actuator).distinct()).scalars())
+    known = sorted({*registered_actuators(), *stored})
+    if actuator not in known:
+        hint = suggest(actuator, known)
+        message = f"no actuator {actuator!r} in {mask_secrets(store.url)}" + (f".{hint}" if hint else "")
+        raise InputError("--actuator", message, allowed=one_of([*known, *also]))
 
 
 def run_store(url: str | None, no_store: bool) -> str | None:

@@ -2,7 +2,8 @@
 
 ``--where NAME OP VALUE`` (OP one of = != < <= > >=; repeatable, all must hold) keeps the rows whose
 column NAME compares so with VALUE: as numbers when both are numbers, else as text (``=``/``!=`` only
-compare text: ``status=valid``, ``actuator=measure``). A row without a value in NAME never matches.
+compare text: ``status=valid``, ``actuator=measure``; an order needs a number, NaN is refused). A row
+without a value in NAME never matches.
 ``--sort NAME[:asc|:desc]`` orders rows by a column, rows without a value last; ``--top N`` keeps the
 first N rows after sorting, by default the N of highest ``dataset_tokens_per_second``.
 """
@@ -51,6 +52,10 @@ def parse_condition(text: str) -> Condition:
         raise InputError("--where", f"cannot read {text!r}", allowed="NAME OP VALUE with OP one of = != < <= > >=, "
                          "e.g. batch_size>=4 or status=valid")  # fmt: skip
     name, op, value = match.groups()
+    number = _as_number(value)
+    if op in ("<", "<=", ">", ">=") and (number is None or number != number):  # NaN != NaN: no row would match
+        raise InputError("--where", f"{text!r}: {op} compares numbers, and {value!r} is not one",
+                         allowed="a number, e.g. batch_size>=4; = and != also compare text")  # fmt: skip
     return Condition(name, "=" if op == "==" else op, value)
 
 

@@ -343,11 +343,15 @@ def render(
     table: Table, fmt: str, output: str | Path | None = None, *, limit: int | None = 50, title: str | None = None,
     empty: str = "no results", wide: bool = False,
 ) -> None:
-    """Write a table as fmt to output (a file) or stdout; parquet needs a file."""
+    """Write a table as fmt to output (a file, replaced only once complete: tunebench.paths.atomic_path)
+    or stdout; parquet needs a file."""
+    from tunebench.paths import atomic_path, write_atomic
+
     if fmt == "parquet":
         if not output:
             raise ValueError("parquet needs --output FILE")
-        write_parquet(table, output)
+        with atomic_path(output) as tmp:
+            write_parquet(table, tmp)
         return
     if fmt == "table" and not output:
         print_table(table, limit=limit, title=title, empty=empty, wide=wide)
@@ -362,6 +366,6 @@ def render(
         print_table(table, limit=limit, title=title, file=buffer, empty=empty, wide=wide)
     text = buffer.getvalue()
     if output:
-        Path(output).write_text(text)
+        write_atomic(output, text)
     else:
         sys.stdout.write(text)

@@ -25,6 +25,7 @@ AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTra
 PEFT_METHODS = ("none", "lora", "pt", "qlora")
 WEIGHTS = ("auto", "pretrained", "random")
 HARD = COMMON_HARDCODED  # the SFTTrainer spec's hardcoded training values (ado-sfttrainer.md §6.2)
+EXTRA_GROUP = "flags tunebench never sets"
 
 
 class ArgsError(ValueError):
@@ -160,10 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset_image_field", default=None)
     a("--remove_unused_columns", type=to_bool, default=True)
     a("--dataset_kwargs_skip_prepare_dataset", type=to_bool, default=False)
-    a("--use_cpu", type=to_bool, default=False, help="train on the CPU even when CUDA is available")
-    a("--tokenizer_name_or_path", default=None, help="local tokenizer (default: the model's, else an in-process BPE)")
     _add_stack_flags(p)
     _add_tunebench_flags(p)
+    _add_extra_flags(p)
     return p
 
 
@@ -184,7 +184,6 @@ def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:
     """tunebench's own flags."""
     a = p.add_argument
     a("--tunebench_model", default=None, help="catalog name or config.json: the architecture for random weights")
-    a("--tunebench_tiny", type=to_bool, default=False, help="shrink the architecture to a tiny test model")
     a("--tunebench_number_gpus", type=int, default=-1,
       help="the entity's number_gpus, divisor of the per-GPU rates (default: the world size on CUDA, else 0)")  # fmt: skip
     a("--weights", default="auto", choices=WEIGHTS)
@@ -196,7 +195,22 @@ def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:
     a("--result_path", default=None, help="rank r writes RESULT_PATH.rank<r>.json; rank 0 also RESULT_PATH")
     a("--metrics_interval_seconds", type=float, default=1.0)
     a("--host_memory_limit_gib", type=float, default=-1.0, help="RSS limit of this node's training processes")
+
+
+def _add_extra_flags(p: argparse.ArgumentParser) -> None:
+    """The flags tunebench's launch never sets (it sets every other one from the entity or the actuator's
+    options): the only ones a space file's ``actuator.extra_worker_args`` may add (extra_flags)."""
+    a = p.add_argument_group(EXTRA_GROUP, "a space file's actuator.extra_worker_args may add these").add_argument
+    a("--use_cpu", type=to_bool, default=False, help="train on the CPU even when CUDA is available")
+    a("--tokenizer_name_or_path", default=None, help="local tokenizer (default: the model's, else an in-process BPE)")
+    a("--tunebench_tiny", type=to_bool, default=False, help="shrink the architecture to a tiny test model")
     a("--seed", type=int, default=42)  # transformers TrainingArguments default seed
+
+
+def extra_flags() -> dict[str, argparse.Action]:
+    """The flags of the parser's EXTRA_GROUP by name (``--seed``): what actuator.extra_worker_args may add."""
+    group = next(g for g in build_parser()._action_groups if g.title == EXTRA_GROUP)
+    return {action.option_strings[0]: action for action in group._group_actions}
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[WorkerConfig, list[str]]:
