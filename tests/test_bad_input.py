@@ -309,6 +309,9 @@ CASES: list[tuple[str, list[str]]] = [
     c("FILE", "import", "no_columns.csv", "--store", "good.db"),
     # --- actuators: registered names only, unless whoever runs it opts in (item 8)
     c("actuator.name", "explore", "osystem.yaml"),
+    c("actuator.cpu_processes", "explore", "opt_processes.yaml"),
+    c("actuator.model_map", "explore", "opt_model_map.yaml"),
+    c("actuator.weights", "explore", "opt_weights.yaml"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "fake_actuators:sleepy"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "measur"),
@@ -413,6 +416,9 @@ def files(tmp_path_factory) -> Path:
         (root / f"{name}.yaml").write_text(
             yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
+    for name, option in (("opt_processes", {"cpu_processes": "abc"}), ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
+                         ("opt_weights", {"weights": "rnd"})):  # fmt: skip
+        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "measure", **option}}))
     (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
                                     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
     (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
@@ -540,6 +546,7 @@ ENV_CASES = [
     ("TUNEBENCH_GPU_CATALOG", "bin.yaml", ["gpus"]),
     ("TUNEBENCH_GPU_CATALOG", "missing.yaml", ["gpus", "--json"]),
     ("TUNEBENCH_GPU_CATALOG", "array.json", ["plan", LORA, *GPU_ENTITY]),
+    ("TUNEBENCH_ENGINES_DIR", "good.csv", ["engines", "list"]),
 ]
 
 

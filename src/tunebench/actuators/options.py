@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from tunebench.errors import InputError, has_control_characters
+from tunebench.inputs import NonNegative, Seconds, Weights, input_error
+from tunebench.limits import MAX_CPU_PROCESSES
+
+# model_map values: a path or Hugging Face id of the plain weights, or the reference's per-kind mapping
+ModelSource = str | dict[Literal["Vanilla", "GPTQ-Quantized"], str]
 
 
 @dataclass
@@ -26,16 +33,16 @@ class MeasureOptions:
         (check_extra_worker_args), e.g. [--seed, 7] or [--tunebench_tiny, True].
     """
 
-    weights: str = "auto"
+    weights: Weights = "auto"
     data_dir: str | None = None
-    model_map: dict[str, Any] | None = None
-    timeout_seconds: float | None = 3600.0
+    model_map: dict[str, ModelSource] | None = None
+    timeout_seconds: Seconds | None = 3600.0
     visible_devices: str | None = None
     output_dir: str | None = None
-    cpu_processes: int = 1
-    host_memory_limit_gib: float | None = None
-    metrics_interval_seconds: float | None = None
-    auto_stop_windows_seconds: tuple[float, float, int] | None = None  # warm-up s, stable s, stable steps
+    cpu_processes: Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)] = 1
+    host_memory_limit_gib: NonNegative | None = None
+    metrics_interval_seconds: Seconds | None = None
+    auto_stop_windows_seconds: tuple[NonNegative, NonNegative, Annotated[int, Field(ge=1)]] | None = None  # warm-up s, stable s, stable steps
     extra_worker_args: tuple[str, ...] = ()
     nccl_env: dict[str, Any] | None = None
 
@@ -53,7 +60,10 @@ class MeasureOptions:
             options["nccl_env"] = check_nccl_env(options["nccl_env"])
         if "extra_worker_args" in options:
             options["extra_worker_args"] = check_extra_worker_args(options["extra_worker_args"])
-        return cls(**options)
+        try:  # every field's type and bounds, as a space file is read (nothing runs before)
+            return TypeAdapter(cls).validate_python(options)
+        except ValidationError as exc:
+            raise input_error(exc, prefix="actuator") from None
 
 
 FIELD = "actuator.extra_worker_args"

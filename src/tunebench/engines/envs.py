@@ -36,6 +36,7 @@ from pathlib import Path
 from tunebench.engines import MANIFEST, RECORDED
 from tunebench.engines.versions import check_version, exclude_newer, pinned_torch, requirements
 from tunebench.errors import InputError
+from tunebench import paths
 from tunebench.paths import home
 
 SCHEMA = 1
@@ -68,8 +69,8 @@ class Engine:
 
 
 def root() -> Path:
-    env = os.environ.get("TUNEBENCH_ENGINES_DIR")
-    return Path(env).expanduser() if env else home() / "engines"
+    """TUNEBENCH_ENGINES_DIR (InputError naming it when a file is in the way), else <home>/engines."""
+    return paths.env_dir("TUNEBENCH_ENGINES_DIR") or home() / "engines"
 
 
 def env_name(version: str, plugins: bool) -> str:
