@@ -278,3 +278,35 @@ def test_a_reply_that_drips_is_cut_at_the_total_deadline(monkeypatch):
             post_hardware_spec(url, {"a": 1}, token_env="TB_TEST_TOKEN", timeout_s=2.0)
         assert time.monotonic() - start < 4  # per-read timeouts alone would wait 1,000 x 0.2 s
     assert err.value.field == "--post"
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Replies with the request's headers as its body (a debugging endpoint, or a hostile one)."""
+
+    def do_POST(self):  # noqa: N802 (http.server API)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        reply = json.dumps({"headers": dict(self.headers)}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_server_that_echoes_the_request_never_gets_the_token_printed():
+    with _serving(_Echo) as url:
+        res = invoke("deploy-spec", "--params-b", "7", "--post", url, "--token-env", "TB_TEST_TOKEN", "--json",
+                     env={"TB_TEST_TOKEN": "s3cr3t-value-42"})  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "s3cr3t-value-42" not in res.output
+    assert json.loads(res.output)["post"]["body"]["headers"]["Authorization"] == "Bearer ***"
+
+
+@pytest.mark.parametrize("token", ["abc\nsecond-half", "abc\x01second-half", "abc\u00e9second-half"])
+def test_a_token_that_is_not_one_line_of_ascii_is_refused_unshown(token):
+    res = invoke("deploy-spec", "--params-b", "7", "--post", "http://127.0.0.1:9/x", "--token-env", "TB_TEST_TOKEN",
+                 env={"TB_TEST_TOKEN": token})  # fmt: skip
+    assert isinstance(res.exception, InputError) and res.exception.field == "--token-env"
+    assert "second-half" not in str(res.exception) and "second-half" not in res.output

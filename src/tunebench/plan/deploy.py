@@ -186,7 +186,7 @@ def _exchange(opener: Any, req: Any, url: str, timeout_s: float) -> tuple[int, b
                 box["reply"] = (exc.code, _read_capped(exc), location)
         except InputError as exc:
             box["error"] = exc
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             box["error"] = InputError("--post", f"cannot reach {url}: {getattr(exc, 'reason', exc)}")
 
     worker = threading.Thread(target=run, name="deploy-spec-post", daemon=True)
@@ -215,6 +215,9 @@ def post_hardware_spec(
     token = os.environ.get(token_env)
     if not token:
         raise InputError("--token-env", f"environment variable {token_env} is not set (it must hold the bearer token)")
+    if has_control_characters(token) or not token.isascii():  # an HTTP header value: one line of ASCII
+        raise InputError("--token-env", f"environment variable {token_env} holds a line break, a control or a "
+                         "non-ASCII character (its value is not shown)", allowed="one line of printable ASCII")  # fmt: skip
     data = json.dumps(body).encode()
     req = urllib.request.Request(
         url,
@@ -227,7 +230,7 @@ def post_hardware_spec(
         handlers.append(urllib.request.ProxyHandler({}))  # this machine: never through a proxy
     opener = urllib.request.build_opener(*handlers)
     status, raw, redirect = _exchange(opener, req, url, timeout_s)
-    text = raw.decode(errors="replace")
+    text = raw.decode(errors="replace").replace(token, "***")  # a server that echoes the request shows no token
     try:
         parsed: Any = json.loads(text) if text else None
     except json.JSONDecodeError:
