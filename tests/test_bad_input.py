@@ -232,7 +232,7 @@ CASES: list[tuple[str, list[str]]] = [
     *[c("model_name", cmd, LORA, "model_name=./" + name, "model_max_length=256", "number_gpus=1", "batch_size=1",
         "gpu_model=A100") for cmd in ("plan", "validate", "launch-plan")
       for name in ("heads0.json", "hidden_huge.json", "hidden_text.json", "no_hidden.json", "layers_neg.json",
-                   "deep_config.json")],  # fmt: skip
+                   "layers_huge.json", "deep_config.json")],  # fmt: skip
     c("target_modules", "validate", LORA, *ENTITY, 'target_modules=["q_proj"'),
     c("target_modules", "plan", LORA, *ENTITY, "target_modules=" + "[" * 50_000),
     c("space", "explore", "dupkey.yaml"),
@@ -310,6 +310,7 @@ CASES: list[tuple[str, list[str]]] = [
     # --- actuators: registered names only, unless whoever runs it opts in (item 8)
     c("actuator.name", "explore", "osystem.yaml"),
     c("actuator.cpu_processes", "explore", "opt_processes.yaml"),
+    c("name", "explore", "control_name.yaml"),
     c("actuator.model_map", "explore", "opt_model_map.yaml"),
     c("actuator.weights", "explore", "opt_weights.yaml"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
@@ -416,6 +417,7 @@ def files(tmp_path_factory) -> Path:
         (root / f"{name}.yaml").write_text(
             yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
+    (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
     for name, option in (("opt_processes", {"cpu_processes": "abc"}), ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
                          ("opt_weights", {"weights": "rnd"})):  # fmt: skip
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "measure", **option}}))
@@ -426,7 +428,7 @@ def files(tmp_path_factory) -> Path:
             "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
     for name, changed in (("heads0", {"num_attention_heads": 0}), ("hidden_huge", {"hidden_size": 10**15}),
                           ("hidden_text", {"hidden_size": "abc"}), ("no_hidden", {"hidden_size": None}),
-                          ("layers_neg", {"num_hidden_layers": -1})):  # fmt: skip
+                          ("layers_neg", {"num_hidden_layers": -1}), ("layers_huge", {"num_hidden_layers": 10**9})):  # fmt: skip
         (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
     (root / "dupkey.yaml").write_text((root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}"))
     (root / "gpus_huge.yaml").write_text("gpus:\n  - {name: BIGGPU, memory_gib: 1e300, bf16_tflops: 1, interconnect_gbps: 1}\n")

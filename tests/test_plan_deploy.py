@@ -270,14 +270,20 @@ def test_an_endless_reply_is_cut_at_the_cap_in_bounded_memory():
         "error: --post: the reply is larger than 1024 KiB: not a hardware spec reply"]  # fmt: skip
 
 
-def test_a_reply_that_drips_is_cut_at_the_total_deadline(monkeypatch):
-    monkeypatch.setenv("TB_TEST_TOKEN", "t")
+def test_a_reply_that_drips_is_cut_at_the_total_deadline():
+    # a real process under bounded memory and CPU time: per-read timeouts alone would wait 1,000 x 0.2 s
     with _serving(_Drip) as url:
+        env = {**os.environ, "TB_TEST_TOKEN": "t"}
+        limit = lambda: (resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29)),  # noqa: E731
+                         resource.setrlimit(resource.RLIMIT_CPU, (60, 60)))  # fmt: skip
         start = time.monotonic()
-        with pytest.raises(InputError, match="no complete reply .* within 2 s") as err:
-            post_hardware_spec(url, {"a": 1}, token_env="TB_TEST_TOKEN", timeout_s=2.0)
-        assert time.monotonic() - start < 4  # per-read timeouts alone would wait 1,000 x 0.2 s
-    assert err.value.field == "--post"
+        proc = subprocess.run([sys.executable, "-m", "tunebench", "deploy-spec", "--params-b", "7", "--post", url,
+                               "--token-env", "TB_TEST_TOKEN", "--timeout", "2"], capture_output=True, text=True,
+                              timeout=60, env=env, preexec_fn=limit)  # fmt: skip
+        elapsed = time.monotonic() - start
+    assert proc.returncode == 2, proc.stderr
+    assert re.fullmatch(r"error: --post: no complete reply from \S+ within 2 s", proc.stderr.strip()), proc.stderr
+    assert elapsed < 2 + 15  # the deadline, plus starting Python and importing tunebench
 
 
 class _Echo(BaseHTTPRequestHandler):

@@ -48,14 +48,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tunebench import yamlfile
 from tunebench.errors import InputError
 from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
-from tunebench.inputs import FiniteFloat, Seconds, input_error, read_text
+from tunebench.inputs import FiniteFloat, Printable, Seconds, input_error, read_text
 from tunebench.spec.properties import render_value
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
@@ -134,7 +134,7 @@ class ExecutionSpec(_Strict):
 
 
 class SpaceFile(_Strict):
-    name: str | None = None
+    name: Annotated[Printable, Field(max_length=200)] | None = None  # shown by show, operations and report
     experiments: list[ExperimentSpec] = Field(min_length=1)
     entity_space: dict[str, Any] = Field(min_length=1)
     actuator: ActuatorSpec = Field(default_factory=ActuatorSpec)
