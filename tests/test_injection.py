@@ -100,8 +100,9 @@ def flags_tunebench_sets() -> set[str]:
     from the actuator's options and from the placement."""
     from tunebench.actuators.measure import with_gpu_count
     from tunebench.actuators.options import MeasureOptions
+    from tunebench.actuators.launch import plan_of_values
     from tunebench.actuators.process import _option_flags
-    from tunebench.spec.experiments import list_experiments
+    from tunebench.spec.experiments import effective_values, list_experiments
 
     seen: set[str] = set()
     for experiment in list_experiments():
@@ -111,7 +112,8 @@ def flags_tunebench_sets() -> set[str]:
                 values = {**base, **{k: v for k, v in extra.items() if k in names}}
                 if experiment.method == "gptq-lora":
                     values["target_modules"] = "q_proj v_proj"
-                plan = build_launch_plan(experiment, make_entity(experiment, values), data_directory="/d")
+                entity = make_entity(experiment, values)  # every engine's flags: no engine's judgement first
+                plan = plan_of_values(experiment, entity.id, effective_values(experiment, entity), data_directory="/d")
                 seen |= {a.split("=")[0] for node in plan.nodes for a in node.command if a.startswith("--")}
     options = MeasureOptions(host_memory_limit_gib=1, metrics_interval_seconds=1, auto_stop_windows_seconds=(1, 2, 3))
     return seen | {a for a in _option_flags(with_gpu_count(options, {"number_gpus": 2})) if a.startswith("--")}
