@@ -31,6 +31,7 @@ from tunebench.inputs import (
 from tunebench.limits import check_memory
 from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
+from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 # Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
 # measured with tracemalloc at about 25 kB (512 and 4,096 counts, smollm2-135m); rounded up.
@@ -77,6 +78,12 @@ def _calibration_file(path: Path) -> Path:
 CalibrationFile = Annotated[TextFile, AfterValidator(_calibration_file)]
 
 
+# An ISO 4217 code's shape (three capital letters): the currency cost is printed in; nothing converts.
+Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
+# A probability: the largest out-of-memory probability a verdict or recommendation accepts.
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
 class PlannerOptions(Options):
     """Options plan and recommend share (and plan's --batch file)."""
 
@@ -86,6 +93,8 @@ class PlannerOptions(Options):
     network: Positive | None = None
     host_memory: Positive | None = None
     batch: TextFile | None = None
+    currency: Currency = "USD"
+    max_oom_risk: Probability = DEFAULT_MAX_OOM_RISK
 
 
 class RecommendOptions(Options):
