@@ -9,6 +9,7 @@ output file's directory exists before a fit of minutes runs.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
@@ -79,7 +80,13 @@ CalibrationFile = Annotated[TextFile, AfterValidator(_calibration_file)]
 
 
 # An ISO 4217 code's shape (three capital letters): the currency cost is printed in; nothing converts.
-Currency = Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
+def _currency(code: str) -> str:
+    if not re.fullmatch(r"[A-Z]{3}", code):
+        raise ValueError(f"an ISO 4217 code, three capital letters such as USD or EUR (got {code!r})")
+    return code
+
+
+Currency = Annotated[str, AfterValidator(_currency)]
 # A probability: the largest out-of-memory probability a verdict or recommendation accepts.
 Probability = Annotated[float, Field(ge=0, le=1)]
 
