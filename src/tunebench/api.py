@@ -111,13 +111,13 @@ def recommend(
     probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
     Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour.
     """
+    from tunebench.inputs import parse
     from tunebench.plan import load_calibration
     from tunebench.plan.options import PlannerOptions, check_recommend
     from tunebench.plan.predictor import PlanOptions
     from tunebench.plan.printing import finite
     from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
     from tunebench.plan.recommend import recommend as run
-    from tunebench.inputs import parse
     from tunebench.spec.experiments import get_experiment
 
     risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
