@@ -133,3 +133,18 @@ def test_the_notebook_in_docs_runs_and_prints_what_it_shows():
             if "op-" in shown:  # the operation id is a hash of the space: the same every run
                 assert printed == shown
             assert printed.split() == shown.split(), (code, printed)
+
+
+def test_plan_says_it_defaults_to_full_fine_tuning_and_recommend_sizes_a_job():
+    import inspect
+
+    assert inspect.signature(api.plan).parameters["experiment"].default == "finetune_full_benchmark-v1.0.0"
+    assert "full fine-tuning" in api.plan.__doc__.lower()
+    rec = api.recommend(LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8,
+                               "gpu_model": A100}, max_gpus=8)  # fmt: skip
+    assert rec["minimum"]["number_gpus"] == 2 and rec["minimum"]["oom_probability"] <= 0.1
+    assert api.recommend(LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8,
+                                "gpu_model": A100}, max_gpus=8, max_oom_risk=0.5)["minimum"]["number_gpus"] == 1  # fmt: skip
+    with pytest.raises(InputError) as err:
+        api.recommend(LORA, {"model_name": "llama3.1-8b", "gpu_model": A100}, max_oom_risk=2)
+    assert err.value.field == "--max-oom-risk"

@@ -132,6 +132,9 @@ CASES: list[tuple[str, list[str]]] = [
     c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "0"),
     c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "1000000000000000", "--gpus-per-node", "1"),
     c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "0"),
+    c("--max-oom-risk", "recommend", LORA, *GPU_ENTITY, "--max-oom-risk", "1.5"),
+    c("--max-oom-risk", "plan", LORA, *GPU_ENTITY, "--max-oom-risk", "nan"),
+    c("--currency", "plan", LORA, *GPU_ENTITY, "--price-per-gpu-hour", "2", "--currency", "dollars"),
     c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "nan"),
     c("--adapter-size-gb", "deploy-spec", "--params-b", "7", "--adapter-size-gb", "-1"),
     c("--params-b", "deploy-spec", "--params-b", "inf"),
@@ -734,3 +737,19 @@ def test_calibrate_checks_its_output_before_fitting(workdir):
     assert code == 2 and "fitting" not in err, err
     assert err.strip().startswith("error: --output: ") and len(err.strip().splitlines()) == 1, err
     assert left.get("cal.json") == "precious" and set(left) <= {"cal.json", "filler"}, left
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggested"),
+    [
+        (["plan", LORA, *GPU_ENTITY, "lora_r=8"], "Did you mean 'r'"),  # the alias first, not 'lora_alpha'
+        (["plan", LORA, *GPU_ENTITY, "max_seq_length=8"], "Did you mean 'model_max_length'"),
+        (["recommend", LORA, *GPU_ENTITY, "--price", "2"], "Did you mean '--price-per-gpu-hour'"),
+        (["plan", LORA, *GPU_ENTITY, "--price", "2"], "Did you mean '--price-per-gpu-hour'"),  # not '--space'
+        (["plan", LORA, *GPU_ENTITY[1:], "model_name=granite-3.1-8b"], "Did you mean 'granite-3.1-8b-instruct'"),
+    ],
+)
+def test_suggestions_prefer_aliases_and_names_that_start_with_the_text(argv, suggested, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert suggested in err and len(err.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -241,6 +242,69 @@ def test_cli_recommend():
     table = invoke("recommend", FULL.id, "model_name=llama3.1-8b", "model_max_length=4096", "batch_size=8",
                    "gpu_model=A100-80GB", "gradient_accumulation_steps=1", "--max-gpus", "8")  # fmt: skip
     assert table.exit_code == 0 and "minimum" in table.output
+
+
+README_70B = ["model_name=llama3.1-70b", "model_max_length=4096", "batch_size=16", "gpu_model=H100"]
+# llama3.1-8b LoRA, 4,096 tokens x 8 on one A100-80GB: the planner says it fits, at 80.0 GiB and an
+# out-of-memory probability of about 0.15
+RISKY = ["model_name=llama3.1-8b", "model_max_length=4096", "batch_size=8", "gpu_model=A100-80GB"]
+
+
+def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
+    res = invoke("recommend", FULL.id, *README_70B, "--max-gpus", "64")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "minimum: nothing fits on up to 16 GPUs" in text  # batch 16 spreads over 16 GPUs at most
+    assert "up to 64" not in text.split("fastest")[0]
+    assert "the largest part is gradients" in text and "unsharded gradients" in text
+    assert "nearest fit: gradient_accumulation_steps=1 fits on 16 GPU(s)" in text
+    command = ("tunebench recommend finetune_full_benchmark-v1.0.0 model_name=llama3.1-70b model_max_length=4096 "
+               "batch_size=16 gpu_model=H100 gradient_accumulation_steps=1")  # fmt: skip
+    assert command in text
+    pasted = invoke(*command.split()[1:], "--json")  # the command it gives fits
+    out = json.loads(pasted.output)
+    assert out["minimum"]["number_gpus"] == 16 and "diagnosis" not in out
+    whole = json.loads(invoke("recommend", FULL.id, *README_70B, "--json").output)
+    assert whole["max_gpus_tried"] == 16 and whole["diagnosis"]["largest_component"] == "gradients"
+    assert whole["nearest"]["candidate"]["number_gpus"] == 16
+
+
+def test_recommend_nearest_fit_falls_back_to_lora():
+    res = invoke("recommend", FULL.id, *README_70B, "gradient_accumulation_steps=1", "--max-gpus", "8", "--json")
+    out = json.loads(res.output)
+    assert out["minimum"] is None and out["max_gpus_tried"] == 8
+    assert out["nearest"]["change"] == "LoRA" and out["nearest"]["experiment_id"] == LORA.id
+    assert out["nearest"]["command"].startswith(f"tunebench recommend {LORA.id} ")
+    assert "--max-gpus 8" in out["nearest"]["command"]
+
+
+def test_recommend_keeps_a_margin_against_running_out_of_memory():
+    strict = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--json").output)
+    assert strict["max_oom_risk"] == 0.1
+    assert strict["minimum"]["number_gpus"] == 2 and strict["minimum"]["oom_probability"] <= 0.1
+    assert strict["minimum"]["headroom_gib"] > 0
+    loose = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--max-oom-risk", "0.5", "--json").output)
+    assert loose["minimum"]["number_gpus"] == 1 and 0.1 < loose["minimum"]["oom_probability"] <= 0.5
+    text = " ".join(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8").output.split())
+    assert "out-of-memory probability 0.0" in text and "headroom" in text
+    assert all(row["oom_probability"] <= 0.1 for row in strict["methods"] if row.get("fits"))
+
+
+def test_recommend_capped_says_what_the_last_gpus_give():
+    small = ["model_name=llama3.1-8b", "model_max_length=2048", "batch_size=8", "gpu_model=A100-80GB"]
+    text = " ".join(invoke("recommend", LORA.id, *small, "--max-gpus", "2").output.split())
+    assert "cheapest: 1 GPU(s)" in text
+    assert re.search(r"with all 2 GPUs: 1\.\d\dx the cheapest's tokens/s", text), text
+
+
+def test_plan_verdict_is_risky_above_max_oom_risk_and_cost_has_a_currency():
+    res = invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--price-per-gpu-hour", "2", "--currency", "EUR")
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "risky: fits (out-of-memory probability 0.1" in text and "EUR" in text
+    loose = " ".join(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--max-oom-risk", "0.5").output.split())
+    assert "risky" not in loose and "fits (out-of-memory probability" in loose
+    out = json.loads(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--json", "--price-per-gpu-hour", "2").output)
+    assert out["is_valid"] and not out["within_oom_risk"] and out["currency"] == "USD"
 
 
 def test_recommend_needs_a_gpu_model():

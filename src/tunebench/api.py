@@ -6,6 +6,8 @@
     jobs = pd.DataFrame({"model_name": ["llama3.1-8b"] * 2, "number_gpus": 1, "gpu_model": "NVIDIA-A100-SXM4-80GB",
                          "model_max_length": [2048, 8192], "batch_size": 8})
     plans = api.plan(jobs, "finetune_lora_benchmark-v1.0.0")   # one row per entity, predictions as columns
+    rec = api.recommend("finetune_full_benchmark-v1.0.0", {"model_name": "llama3.1-70b", "batch_size": 16,
+                        "gpu_model": "H100"})                    # as `tunebench recommend --json`
     summary = api.explore("space.yaml", store="runs.db")       # the explorer, as `tunebench explore`
     frame = api.results("runs.db", operation=summary.operation_id)
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from tunebench.explore.explorer import Summary
     from tunebench.store import Store
 
-DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"
+DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"  # full fine-tuning: plan's default, stated in its signature
 # what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit)
 PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
                 "peak_phase", "step_seconds", "steps", "mfu", "gpu_hours", "cost", "host_memory_gib")  # fmt: skip
@@ -33,7 +35,7 @@ PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capaci
 
 def plan(
     entities: pd.DataFrame | Iterable[Mapping[str, Any]],
-    experiment: str = DEFAULT_EXPERIMENT,
+    experiment: str = "finetune_full_benchmark-v1.0.0",
     *,
     parameters: Mapping[str, Any] | None = None,
     calibration: str | Path | None = None,
@@ -43,7 +45,9 @@ def plan(
 ) -> pd.DataFrame:
     """The planner's prediction of every entity (a row of KEY=VALUE properties), as a DataFrame.
 
-    Each input row is an entity (spec property names as columns; an empty cell or NaN leaves a
+    experiment: the experiment id; left out, FULL fine-tuning (finetune_full_benchmark-v1.0.0), every
+    weight trained. Pass "finetune_lora_benchmark-v1.0.0" or "finetune_qlora_benchmark-v1.0.0" for
+    LoRA or QLoRA (`tunebench experiments` lists them). Each input row is an entity (spec property names as columns; an empty cell or NaN leaves a
     property at its default; an ``experiment`` column overrides the experiment per row). The result
     keeps the input's index and columns and adds: experiment_id, entity_id, status (valid | invalid),
     is_valid, reasons (``; ``-joined), every predicted property (tunebench.plan.PREDICTED: peak
@@ -84,6 +88,46 @@ def plan(
         })  # fmt: skip
     added = pd.DataFrame.from_records(records, index=frame.index, columns=_plan_columns(PREDICTED))
     return pd.concat([frame.drop(columns=[c for c in added.columns if c in frame.columns]), added], axis=1)
+
+
+def recommend(
+    experiment: str,
+    entity: Mapping[str, Any],
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    gpus_per_node: int = 8,
+    max_gpus: int = 64,
+    max_oom_risk: float | None = None,
+    calibration: str | Path | None = None,
+    price_per_gpu_hour: float | None = None,
+    network_gbps: float | None = None,
+) -> dict[str, Any]:
+    """What `tunebench recommend --json` prints, as a dict: the fewest GPUs that fit (``minimum``), the
+    ``fastest`` and ``cheapest`` (batch, GPUs), the fastest on the largest GPU count (``largest``) and a
+    per-method table (``methods``); where nothing fits, ``diagnosis`` (the largest memory component at
+    the largest GPU count tried) and ``nearest`` (the first change that fits, with its command).
+
+    entity: property -> value (gpu_model needed). A configuration fits when its out-of-memory
+    probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
+    Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour.
+    """
+    from tunebench.inputs import parse
+    from tunebench.plan import load_calibration
+    from tunebench.plan.options import PlannerOptions, check_recommend
+    from tunebench.plan.predictor import PlanOptions
+    from tunebench.plan.printing import finite
+    from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+    from tunebench.plan.recommend import recommend as run
+    from tunebench.spec.experiments import get_experiment
+
+    risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
+    check_recommend(gpus_per_node, max_gpus)
+    parse(PlannerOptions, price=price_per_gpu_hour, network=network_gbps, max_oom_risk=risk)
+    options = PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price_per_gpu_hour,
+                          network_gbps=network_gbps)  # fmt: skip
+    exp = get_experiment(experiment, dict(parameters or {}))
+    out = run(exp, dict(entity), options, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=risk)
+    return finite(out)
 
 
 def _plan_columns(predicted: Iterable[str]) -> list[str]:

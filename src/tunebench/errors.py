@@ -26,12 +26,48 @@ class InputError(ValueError):
         super().__init__(text)
 
 
+# Names people type for tunebench's (other tools' spellings, abbreviations), one table for every
+# suggestion: LoRA's rank is the spec's property r, a sequence length is model_max_length.
+ALIASES = {
+    "lora_r": "r",
+    "lora_rank": "r",
+    "rank": "r",
+    "max_seq_length": "model_max_length",
+    "max_seq_len": "model_max_length",
+    "seq_len": "model_max_length",
+    "sequence_length": "model_max_length",
+    "max_length": "model_max_length",
+    "num_gpus": "number_gpus",
+    "gpus": "number_gpus",
+    "num_nodes": "number_nodes",
+    "nodes": "number_nodes",
+    "model": "model_name",
+    "gpu": "gpu_model",
+    "gpu_type": "gpu_model",
+    "epochs": "num_train_epochs",
+    "grad_accum": "gradient_accumulation_steps",
+    "gradient_accumulation": "gradient_accumulation_steps",
+    "dataset": "dataset_id",
+    "dtype": "torch_dtype",
+    "--price": "--price-per-gpu-hour",
+    "--cost": "--price-per-gpu-hour",
+    "--gpus": "--max-gpus",
+    "--oom-risk": "--max-oom-risk",
+}
+
+
 def suggest(value: str, choices: Iterable[str], n: int = 3) -> str:
-    """' Did you mean X?' for a close match among choices, else ''."""
-    matches = difflib.get_close_matches(str(value), list(choices), n=n, cutoff=0.6)
-    if not matches:
-        lowered = {c.lower(): c for c in choices}
-        matches = [lowered[m] for m in difflib.get_close_matches(str(value).lower(), lowered, n=n, cutoff=0.6)]
+    """' Did you mean X?' for the likeliest choices, else '': an alias's name (ALIASES), then choices that
+    start with value (shortest first: a truncated name), then close matches (difflib)."""
+    choices = list(choices)
+    text = str(value)
+    matches = [ALIASES[text.lower()]] if ALIASES.get(text.lower()) in choices else []
+    if len(text) >= 3:
+        matches += sorted((c for c in choices if c.lower().startswith(text.lower()) and c != text), key=len)
+    matches += difflib.get_close_matches(text, choices, n=n, cutoff=0.6)
+    lowered = {c.lower(): c for c in choices}
+    matches += [lowered[m] for m in difflib.get_close_matches(text.lower(), lowered, n=n, cutoff=0.6)]
+    matches = list(dict.fromkeys(matches))[:n]
     return f" Did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
 
 

@@ -19,7 +19,8 @@ from tunebench.spec.experiments import effective_values, get_experiment, make_en
 from tunebench.inputs import parse
 from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
 from tunebench.plan.options import DeployOptions, check_recommend
-from tunebench.plan.printing import duration, echo_json, finite, fmt, planner_options, print_plan
+from tunebench.plan.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
+from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
@@ -27,6 +28,13 @@ Params = Annotated[
 ]
 Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
 Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+Currency = Annotated[str, typer.Option("--currency", help="Currency of --price-per-gpu-hour, printed with cost "
+                                      "(ISO 4217 code; nothing is converted).")]
+MaxOomRisk = Annotated[
+    float,
+    typer.Option("--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
+                 "planner's own 'fits' is <= 0.5).")
+]
 CalibrationPath = Annotated[
     Path | None, typer.Option("--calibration", help="Calibration JSON (default: your refit, else the shipped one).")
 ]
@@ -142,13 +150,16 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     space: Annotated[
         Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
     ] = None,
+    max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
+    currency: Currency = "USD",
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
-    or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed)."""
+    or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed).
+    The verdict says 'risky' where the job fits but its out-of-memory probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = planner_options(price, calibration, network, batch, host_memory)
+    opts = planner_options(price, calibration, network, batch, host_memory, currency, max_oom_risk)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
@@ -183,6 +194,10 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     from tunebench.spec.validity import platform_notes
 
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
+    out["max_oom_risk"] = max_oom_risk
+    out["within_oom_risk"] = out["is_valid"] and (out.get("oom_probability") or 0.0) <= max_oom_risk
+    if price is not None:
+        out["currency"] = currency
     if compare:
         rows = compare_rows(out, measured)
         if as_json:
@@ -193,7 +208,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     if as_json:
         echo_json(out)
         return
-    print_plan(Console(), out)
+    print_plan(Console(), out, max_oom_risk, currency)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -224,50 +239,99 @@ def recommend(
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
+    max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
+    currency: Currency = "USD",
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
-    """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method."""
+    """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method; a
+    configuration fits when its out-of-memory probability is at most --max-oom-risk. Where nothing fits:
+    why, and the nearest change that fits as a command."""
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = planner_options(price, calibration, network)
+    opts = planner_options(price, calibration, network, currency=currency, max_oom_risk=max_oom_risk)
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
-    out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus)
+    repeat = {"--gpus-per-node": gpus_per_node, "--max-gpus": max_gpus, "--max-oom-risk": max_oom_risk,
+              "--price-per-gpu-hour": price, "--currency": currency}  # fmt: skip
+    defaults = {"--gpus-per-node": 8, "--max-gpus": 64, "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
+                "--price-per-gpu-hour": None, "--currency": "USD"}  # fmt: skip
+    cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
+    out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=max_oom_risk,
+              cli_options=cli_options)  # fmt: skip
+    if price is not None:
+        out["currency"] = currency
     if as_json:
         echo_json(out)
         return
-    console = Console()
-    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
+    print_recommendation(Console(), out, currency)
 
-    def line(title: str, c: dict | None) -> None:
+
+def _config(c: dict[str, Any], currency: str) -> str:
+    """One recommended configuration on one line: GPUs, batch, memory and its risk, speed, time, cost."""
+    cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
+    return (f"{c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
+            f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU (headroom {fmt(c.get('headroom_gib'), 1)} GiB, "
+            f"out-of-memory probability {c['oom_probability']:.3f}), {c['dataset_tokens_per_second']:,.0f} tokens/s, "
+            f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})")  # fmt: skip
+
+
+def print_recommendation(console: Console, out: dict[str, Any], currency: str = "USD") -> None:
+    """recommend's text: the three picks, what the largest GPU count buys, why nothing fits, the table."""
+    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
+    console.print(f"[dim]fits: out-of-memory probability at most {out['max_oom_risk']:g} (--max-oom-risk)[/dim]")
+    bound = {"minimum": out["max_gpus_tried"], "fastest": out["max_gpus"], "cheapest": out["max_gpus"]}
+    for title in ("minimum", "fastest", "cheapest"):
+        c = out[title]
         if c is None:
-            console.print(f"{title}: [red]nothing fits[/red] up to {max_gpus} GPUs")
-            return
-        cost = f", cost {c['cost']:,.2f}" if c.get("cost") is not None else ""
-        console.print(
-            f"{title}: {c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
-            f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU, {c['dataset_tokens_per_second']:,.0f} tokens/s, "
-            f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
-        )
+            why = "" if out["max_gpus_tried"] == out["max_gpus"] or title != "minimum" else (
+                f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)")
+            console.print(f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPUs{why}")
+            continue
+        console.print(f"{title}: {_config(c, currency)}")
         for note in c.get("notes") or []:
             console.print(f"  note: {note}")
-
-    line("minimum", out["minimum"])
-    line("fastest", out["fastest"])
-    line("cheapest", out["cheapest"])
+    largest, cheapest = out.get("largest"), out.get("cheapest")
+    if largest and cheapest and largest["number_gpus"] > cheapest["number_gpus"]:
+        speedup = largest["dataset_tokens_per_second"] / cheapest["dataset_tokens_per_second"]
+        what = "the fastest above" if largest == out.get("fastest") else _config(largest, currency)
+        console.print(f"with all {largest['number_gpus']} GPUs: {speedup:.2f}x the cheapest's tokens/s, data set in "
+                      f"{duration(largest['train_runtime'])} instead of {duration(cheapest['train_runtime'])} ({what})")  # fmt: skip
+    diagnosis = out.get("diagnosis")
+    if diagnosis:
+        _print_diagnosis(console, diagnosis, out.get("nearest"))
     table = Table(title=f"Per method on {out['gpu_model']}")
-    for col in ("method", "GPUs", "nodes", "peak GiB/GPU", "tokens/s", "data set time", "GPU-hours", "cost", "notes"):
+    cols = ("method", "GPUs", "nodes", "peak GiB/GPU", "P(OOM)", "tokens/s", "data set time", "GPU-hours",
+            f"cost ({currency})", "notes")  # fmt: skip
+    for col in cols:
         table.add_column(col)
     for row in out["methods"]:
         if not row.get("fits", True) or "number_gpus" not in row:
-            table.add_row(row["method"], "-", "-", "-", "-", "-", "-", "-", "; ".join(row.get("notes", [])))
+            table.add_row(row["method"], *["-"] * 8, "; ".join(row.get("notes", [])))
             continue
         table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
-                      fmt(row["dataset_tokens_per_second"], 0), duration(row["train_runtime"]), fmt(row["gpu_hours"], 2),
-                      fmt(row.get("cost"), 2), "; ".join(row.get("notes", [])))  # fmt: skip
+                      fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
+                      duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
+                      "; ".join(row.get("notes", [])))  # fmt: skip
     console.print(table)
+
+
+def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
+    """Why nothing fits (at the largest GPU count tried) and the nearest change that fits."""
+    console.print(f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
+                  f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
+                  f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
+                  f"({fmt(d['largest_component_gib'], 1)} GiB)")  # fmt: skip
+    for note in d["notes"]:
+        console.print(f"  note: {note}")
+    if nearest is None:
+        console.print("nearest fit: none (tried gradient_accumulation_steps=1, smaller batches, LoRA, QLoRA)")
+        return
+    c = nearest["candidate"]
+    console.print(f"nearest fit: {nearest['change']} fits on {c['number_gpus']} GPU(s) (peak "
+                  f"{c['gpu_memory_peak_gib']:.1f} GiB/GPU, out-of-memory probability {c['oom_probability']:.3f}):")
+    console.print(f"  {nearest['command']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def deploy_spec(

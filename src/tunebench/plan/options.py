@@ -9,6 +9,7 @@ output file's directory exists before a fit of minutes runs.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,6 +32,7 @@ from tunebench.inputs import (
 from tunebench.limits import check_memory
 from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
+from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 # Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
 # measured with tracemalloc at about 25 kB (512 and 4,096 counts, smollm2-135m); rounded up.
@@ -77,6 +79,18 @@ def _calibration_file(path: Path) -> Path:
 CalibrationFile = Annotated[TextFile, AfterValidator(_calibration_file)]
 
 
+# An ISO 4217 code's shape (three capital letters): the currency cost is printed in; nothing converts.
+def _currency(code: str) -> str:
+    if not re.fullmatch(r"[A-Z]{3}", code):
+        raise ValueError(f"an ISO 4217 code, three capital letters such as USD or EUR (got {code!r})")
+    return code
+
+
+Currency = Annotated[str, AfterValidator(_currency)]
+# A probability: the largest out-of-memory probability a verdict or recommendation accepts.
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
 class PlannerOptions(Options):
     """Options plan and recommend share (and plan's --batch file)."""
 
@@ -86,6 +100,8 @@ class PlannerOptions(Options):
     network: Positive | None = None
     host_memory: Positive | None = None
     batch: TextFile | None = None
+    currency: Currency = "USD"
+    max_oom_risk: Probability = DEFAULT_MAX_OOM_RISK
 
 
 class RecommendOptions(Options):

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from tunebench.inputs import parse
 from tunebench.plan.options import PlannerOptions
+from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 
 def echo_json(obj: Any, indent: int | None = 2) -> None:
@@ -31,10 +32,11 @@ def finite(obj: Any) -> Any:
 
 
 def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None,
-                    host_memory: float | None = None):  # fmt: skip
+                    host_memory: float | None = None, currency: str = "USD", max_oom_risk: float = DEFAULT_MAX_OOM_RISK):  # fmt: skip
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
-    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory)
+    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory,
+          currency=currency, max_oom_risk=max_oom_risk)  # fmt: skip
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
                        host_memory_gib=host_memory)  # fmt: skip
 
@@ -68,8 +70,25 @@ PEAK_PHASES = {
 }
 
 
-def print_plan(console: Console, out: dict[str, Any]) -> None:
-    status = "[green]fits[/green]" if out["is_valid"] else "[red]invalid[/red]"
+def verdict(out: dict[str, Any], max_oom_risk: float) -> str:
+    """plan's one-line verdict: fits (with its out-of-memory probability and headroom), fits but above
+    the accepted risk, or invalid."""
+    p, headroom = out.get("oom_probability"), out.get("headroom_gib")
+    risk = "" if p is None else f" (out-of-memory probability {p:.3f}, headroom {fmt(headroom, 1)} GiB)"
+    if not out["is_valid"]:
+        return "[red]invalid[/red]"
+    if p is not None and p > max_oom_risk:
+        return f"[yellow]risky[/yellow]: fits{risk}, above --max-oom-risk {max_oom_risk:g}"
+    return f"[green]fits[/green]{risk}"
+
+
+def cost_text(cost: float | None, currency: str) -> str:
+    """A cost for people: '1,234.50 USD', '-' when there is no price."""
+    return "-" if cost is None else f"{cost:,.2f} {currency}"
+
+
+def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFAULT_MAX_OOM_RISK, currency: str = "USD") -> None:
+    status = verdict(out, max_oom_risk)
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
     for reason in out["reasons"]:
         console.print(f"  - {reason}")
@@ -107,7 +126,7 @@ def print_plan(console: Console, out: dict[str, Any]) -> None:
     speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
     speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
     if out.get("cost") is not None:
-        speed.add_row("cost", fmt(out["cost"], 2))
+        speed.add_row("cost", cost_text(out["cost"], currency))
     console.print(speed)
     for note in out.get("notes") or []:
         console.print(f"note: {note}")

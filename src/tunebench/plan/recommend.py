@@ -6,17 +6,23 @@ Candidates are evaluated in one vectorised pass through ``predict_values``. GPU 
 up to one node (gpus_per_node), then whole nodes; more than one GPU runs FSDP (the spec's default
 backend) unless the entity says DDP. Times and costs are for processing the experiment's data set
 (its num_train_epochs), not for max_steps.
+
+A configuration counts as fitting when the planner says it fits (its median peak within usable memory,
+out-of-memory probability <= 0.5) *and* its out-of-memory probability is at most ``max_oom_risk``
+(default DEFAULT_MAX_OOM_RISK). Where nothing fits, ``diagnose`` says why at the largest GPU count
+tried and ``nearest_fit`` finds the first change that fits.
 """
 
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.errors import InputError
-from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity
+from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
 from tunebench.plan.predictor import PlanOptions, predict_values
 from tunebench.spec.validity import check_values
 
@@ -27,6 +33,9 @@ METHOD_EXPERIMENTS = {
 }
 PER_DEVICE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 FALLBACK_TARGET_MODULES = ("q_proj", "v_proj")
+# One run in ten out of memory is the most a recommendation accepts by default: the planner's own
+# "fits" is a coin flip (probability <= 0.5), and an out-of-memory run wastes its whole start-up.
+DEFAULT_MAX_OOM_RISK = 0.10
 
 
 @dataclass
@@ -40,6 +49,8 @@ class Candidate:
     gpu_memory_peak_gib: float
     gpu_memory_allocated_peak_gib: float
     gpu_memory_utilization_peak: float
+    oom_probability: float  # the planner's probability of running out of GPU memory (0 on the CPU)
+    headroom_gib: float  # usable GPU memory minus the predicted need, GiB per GPU (NaN on the CPU)
     dataset_tokens_per_second: float
     train_runtime: float
     gpu_hours: float
@@ -82,23 +93,30 @@ def _variant(values: Mapping[str, Any], gpus: int, batch: int, gpus_per_node: in
 
 
 def evaluate(
-    experiment: Experiment, variants: list[dict[str, Any]], options: PlanOptions
+    experiment: Experiment,
+    variants: list[dict[str, Any]],
+    options: PlanOptions,
+    max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> list[Candidate]:
-    """Predict every variant (one vectorised pass); rule-breaking variants count as not fitting."""
+    """Predict every variant (one vectorised pass); rule-breaking variants, and those whose
+    out-of-memory probability exceeds max_oom_risk, count as not fitting."""
     cols = predict_values([(experiment.method, v) for v in variants], options)
     out = []
     for i, v in enumerate(variants):
         valid = check_values(v, single_node_only=experiment.single_node_only)
         cost = cols["cost"][i] if "cost" in cols else None
+        p_oom = float(cols["oom_probability"][i]) if math.isfinite(cols["oom_probability"][i]) else 0.0
         out.append(
             Candidate(
                 number_gpus=v["number_gpus"],
                 number_nodes=v["number_nodes"],
                 batch_size=v["batch_size"],
-                fits=bool(cols["fits"][i]) and valid.is_valid,
+                fits=bool(cols["fits"][i]) and valid.is_valid and p_oom <= max_oom_risk,
                 gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
                 gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
                 gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
+                oom_probability=p_oom,
+                headroom_gib=float(cols["headroom_gib"][i]),
                 dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
                 train_runtime=float(cols["train_runtime"][i]),
                 gpu_hours=float(cols["gpu_hours"][i]),
@@ -109,8 +127,19 @@ def evaluate(
     return out
 
 
+def tried_counts(batch: int, gpus_per_node: int, max_gpus: int) -> list[int]:
+    """The GPU counts minimum_gpus tries for a batch: gpu_counts, at most one sample per GPU (validity
+    rule 1, batch_size % number_gpus == 0: a batch of 16 uses at most 16 GPUs)."""
+    return [d for d in gpu_counts(gpus_per_node, max_gpus) if d <= max(1, batch)]
+
+
 def minimum_gpus(
-    experiment: Experiment, values: Mapping[str, Any], options: PlanOptions, gpus_per_node: int = 8, max_gpus: int = 64
+    experiment: Experiment,
+    values: Mapping[str, Any],
+    options: PlanOptions,
+    gpus_per_node: int = 8,
+    max_gpus: int = 64,
+    max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> Candidate | None:
     """The fewest GPUs on which the entity fits, keeping its effective batch_size.
 
@@ -119,11 +148,11 @@ def minimum_gpus(
     """
     batch = int(values["batch_size"])
     variants, notes = [], []
-    for d in gpu_counts(gpus_per_node, max_gpus):
+    for d in tried_counts(batch, gpus_per_node, max_gpus):
         b = batch if batch % d == 0 else math.ceil(batch / d) * d
         variants.append(_variant(values, d, b, gpus_per_node))
         notes.append([] if b == batch else [f"batch_size rounded up from {batch} to {b} (a multiple of {d} GPUs)"])
-    for cand, note in zip(evaluate(experiment, variants, options), notes, strict=True):
+    for cand, note in zip(evaluate(experiment, variants, options, max_oom_risk), notes, strict=True):
         if cand.fits:
             cand.notes = note + cand.notes
             return cand
@@ -131,23 +160,103 @@ def minimum_gpus(
 
 
 def fastest(
-    experiment: Experiment, values: Mapping[str, Any], options: PlanOptions, gpus_per_node: int = 8, max_gpus: int = 64
+    experiment: Experiment,
+    values: Mapping[str, Any],
+    options: PlanOptions,
+    gpus_per_node: int = 8,
+    max_gpus: int = 64,
+    max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> dict[str, Candidate | None]:
-    """Over GPU counts x per-device batches: the fastest fitting configuration, and the cheapest
-    (most data-set tokens per GPU-second) one."""
-    variants = [
-        _variant(values, d, pd * d, gpus_per_node)
-        for d in gpu_counts(gpus_per_node, max_gpus)
-        for pd in PER_DEVICE_BATCHES
-    ]
+    """Over GPU counts x per-device batches: the fastest fitting configuration, the cheapest (most
+    data-set tokens per GPU-second) one, and the fastest on the largest GPU count (what the last
+    GPUs allowed buy where fewer are cheapest)."""
+    counts = gpu_counts(gpus_per_node, max_gpus)
+    variants = [_variant(values, d, pd * d, gpus_per_node) for d in counts for pd in PER_DEVICE_BATCHES]
     cands = [
-        c for c in evaluate(experiment, variants, options) if c.fits and math.isfinite(c.dataset_tokens_per_second)
+        c
+        for c in evaluate(experiment, variants, options, max_oom_risk)
+        if c.fits and math.isfinite(c.dataset_tokens_per_second)
     ]
     if not cands:
-        return {"fastest": None, "cheapest": None}
+        return {"fastest": None, "cheapest": None, "largest": None}
     best = max(cands, key=lambda c: (c.dataset_tokens_per_second, -c.number_gpus))
     cheap = max(cands, key=lambda c: (c.dataset_tokens_per_second / max(1, c.number_gpus), -c.number_gpus))
-    return {"fastest": best, "cheapest": cheap}
+    top = [c for c in cands if c.number_gpus == counts[-1]]
+    largest = max(top, key=lambda c: c.dataset_tokens_per_second) if top else None
+    return {"fastest": best, "cheapest": cheap, "largest": largest}
+
+
+def diagnose(
+    experiment: Experiment, values: Mapping[str, Any], options: PlanOptions, gpus_per_node: int, max_gpus: int
+) -> dict[str, Any]:
+    """Why the entity does not fit: at the largest GPU count tried, the largest memory component, the
+    need against usable memory, the out-of-memory probability, and the plan's notes and reasons."""
+    batch = int(values["batch_size"])
+    top = tried_counts(batch, gpus_per_node, max_gpus)[-1]
+    v = _variant(values, top, batch if batch % top == 0 else math.ceil(batch / top) * top, gpus_per_node)
+    cols = predict_values([(experiment.method, v)], options)
+    breakdown = cols["breakdown"][0] or {}
+    name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)
+    rules = check_values(v, single_node_only=experiment.single_node_only).reasons
+    return {
+        "number_gpus": top,
+        "largest_component": name,
+        "largest_component_gib": float(gib),
+        "required_gib": float(cols["required_gib"][0]),
+        "usable_gib": float(cols["usable_gib"][0]),
+        "oom_probability": float(cols["oom_probability"][0]),
+        "notes": [*rules, *cols["reasons"][0], *cols["notes"][0]],
+    }
+
+
+def command(experiment: Experiment, raw: Mapping[str, Any], change: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """The `tunebench recommend` command line of raw with change applied (pasteable: shell-quoted)."""
+    words = ["tunebench", "recommend", experiment.base_id]
+    for k, v in sorted(experiment.parameters.items()):
+        words += ["-p", f"{k}={render_value(v)}"]
+    props = {**{k: v for k, v in raw.items() if k != "number_gpus"}, **change}
+    words += [f"{k}={str(v).lower() if isinstance(v, bool) else render_value(v)}" for k, v in props.items()]
+    for k, v in options.items():
+        words += [k, str(v)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def nearest_fit(
+    experiment: Experiment,
+    raw: Mapping[str, Any],
+    values: Mapping[str, Any],
+    options: PlanOptions,
+    gpus_per_node: int = 8,
+    max_gpus: int = 64,
+    max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
+    cli_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """The first change that fits, in this order: gradient_accumulation_steps=1 (FSDP keeps unsharded
+    gradients while it accumulates), half the batch (down to 1), LoRA, QLoRA. None if none fits."""
+    tries: list[tuple[str, str | None, dict[str, Any]]] = []  # (label, other method or None, change)
+    if int(values.get("gradient_accumulation_steps") or 1) > 1:
+        tries.append(("gradient_accumulation_steps=1", None, {"gradient_accumulation_steps": 1}))
+    b = int(values["batch_size"]) // 2
+    while b >= 1:
+        tries.append((f"batch_size={b}", None, {"batch_size": b}))
+        b //= 2
+    if experiment.method == "full":
+        tries += [("LoRA", "lora", {}), ("QLoRA", "qlora", {})]
+    elif experiment.method == "lora":
+        tries.append(("QLoRA", "qlora", {}))
+    for label, method, change in tries:
+        exp, vals = experiment, {**values, **change}
+        if method is not None:
+            try:
+                exp, vals, _ = method_values(method, {**raw, "number_gpus": 1})
+            except InputError:  # a property the other method's experiment does not take
+                continue
+        cand = minimum_gpus(exp, vals, options, gpus_per_node, max_gpus, max_oom_risk)
+        if cand is not None:
+            keep = {k: v for k, v in raw.items() if k in exp.optional or k in exp.required}
+            return {"change": label, "experiment_id": exp.id, "candidate": cand.to_dict(),
+                    "command": command(exp, keep, change, cli_options or {})}  # fmt: skip
+    return None
 
 
 def method_values(
@@ -175,42 +284,58 @@ def recommend(
     gpus_per_node: int = 8,
     max_gpus: int = 64,
     methods: tuple[str, ...] = ("full", "lora", "qlora"),
+    max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
+    cli_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The whole recommendation for an entity: minimum GPUs, fastest/cheapest, per-method table."""
+    """The whole recommendation for an entity: minimum GPUs, fastest/cheapest, the fastest on the largest
+    GPU count, a per-method table; where nothing fits, why (``diagnosis``) and the nearest change that
+    fits (``nearest``, with a command line; cli_options are the options that command repeats)."""
     if gpus_per_node < 1:
         raise InputError("--gpus-per-node", f"must be >= 1 (got {gpus_per_node})")
     if max_gpus < 1:
         raise InputError("--max-gpus", f"must be >= 1 (got {max_gpus})")
+    if not 0 <= max_oom_risk <= 1:
+        raise InputError("--max-oom-risk", f"must be a probability (got {max_oom_risk})", allowed="0 to 1")
     raw = dict(raw)
     raw.setdefault("number_gpus", 1)
     if "gpu_model" not in raw or not raw["gpu_model"]:
         raise InputError("gpu_model", "recommend needs the GPU type to size for", allowed="a GPU from `tunebench gpus`")
     entity = make_entity(experiment, raw)
     values = effective_values(experiment, entity)
-    minimum = minimum_gpus(experiment, values, options, gpus_per_node, max_gpus)
-    speed = fastest(experiment, values, options, gpus_per_node, max_gpus)
+    minimum = minimum_gpus(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
+    speed = fastest(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
+    tried = tried_counts(int(values["batch_size"]), gpus_per_node, max_gpus)
     table = []
     common = {k: values[k] for k in entity.values}
     for method in methods:
         exp, vals, notes = method_values(method, common)
-        cand = minimum_gpus(exp, vals, options, gpus_per_node, max_gpus)
+        cand = minimum_gpus(exp, vals, options, gpus_per_node, max_gpus, max_oom_risk)
         row: dict[str, Any] = {"method": method, "experiment": exp.id}
         if cand is None:
-            row.update({"fits": False, "notes": notes + [f"does not fit on {max_gpus} GPUs"]})
+            row.update({"fits": False, "notes": notes + [f"does not fit on up to {tried[-1]} GPUs"]})
         else:
             row.update(cand.to_dict())
             row["notes"] = notes + cand.notes
         table.append(row)
-    return {
+    out: dict[str, Any] = {
         "experiment_id": experiment.id,
         "entity_id": entity.id,
         "gpu_model": values["gpu_model"],
         "gpus_per_node": gpus_per_node,
         "max_gpus": max_gpus,
+        "batch_size": int(values["batch_size"]),
+        "max_gpus_tried": tried[-1],
+        "max_oom_risk": max_oom_risk,
         "price_per_gpu_hour": options.price_per_gpu_hour,
         "minimum": None if minimum is None else minimum.to_dict(),
         "fastest": None if speed["fastest"] is None else speed["fastest"].to_dict(),
         "cheapest": None if speed["cheapest"] is None else speed["cheapest"].to_dict(),
+        "largest": None if speed["largest"] is None else speed["largest"].to_dict(),
         "methods": table,
     }
-
+    if minimum is None:
+        out["diagnosis"] = diagnose(experiment, values, options, gpus_per_node, max_gpus)
+        raw_given = {k: v for k, v in raw.items() if k in entity.values}
+        out["nearest"] = nearest_fit(experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk,
+                                     cli_options)  # fmt: skip
+    return out
