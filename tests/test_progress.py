@@ -103,5 +103,26 @@ def test_calibrate_shows_progress(tmp_path, capsys):
     )
     assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json"]) == 0
     err = capsys.readouterr().err
-    assert re.search(r"calibrate: fitting on 2 runs \(\d+ s\)", err), err
-    assert re.search(r"calibrate: held out 1/2: .*\n.*calibrate: held out 2/2: ", err), err
+    assert re.search(r"calibrate: fitting on 2 runs \(\d+ s elapsed\)", err), err
+    # which model is held out (k/N), the elapsed time and an ETA; the hint that --no-lomo skips that pass
+    assert re.search(r"calibrate: held out 1/2: .* \(\d+ s elapsed, ETA \d+ s\)\n.*calibrate: held out 2/2: "
+                     r".* \(\d+ s elapsed, ETA \d+ s\)", err), err  # fmt: skip
+    assert re.search(r"leave-one-model-out refits once per model family \(2 refits.*\): --no-lomo skips it", err)
+    assert err.index("--no-lomo skips it") < err.index("fitting on 2 runs"), err  # said at the start
+    assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json", "--no-lomo"]) == 0
+    err = capsys.readouterr().err
+    assert "held out" not in err and "--no-lomo" not in err, err
+
+
+def test_calibrate_eta_counts_down_the_refits_left():
+    """The ETA of leave-one-model-out: before the first refit, the full fit's time per refit; then the mean
+    refit time so far times the refits left."""
+    from tunebench.plan import calibration as cal
+    from tunebench.plan.measurements import default_records
+
+    records = [r for r in default_records() if r.family in sorted({r.family for r in default_records()})[:3]]
+    said: list[tuple[str, float | None]] = []
+    cal.leave_one_model_out(records, progress=lambda msg, eta_s=None: said.append((msg, eta_s)), fit_s=100.0)
+    assert [m.split(":")[0] for m, _ in said] == ["held out 1/3", "held out 2/3", "held out 3/3"]
+    assert said[0][1] == 300.0  # 3 refits at the full fit's 100 s each
+    assert 0 < said[2][1] < said[1][1] < 300.0  # measured refits: the ETA shrinks

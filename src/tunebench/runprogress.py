@@ -15,8 +15,9 @@ from contextlib import ExitStack
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from tunebench.logs import get as get_logger, heartbeat, is_quiet
-from tunebench.worker.progress import StepProgress, duration
+from tunebench.logs import duration, heartbeat, is_quiet
+from tunebench.logs import get as get_logger
+from tunebench.worker.progress import StepProgress
 
 HEARTBEAT_S = 30.0  # outside a terminal, a progress line at least this often (as explore's)
 

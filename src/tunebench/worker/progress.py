@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tunebench.logs import duration
+
 STEP_TAG = "TUNEBENCH_STEP "
 
 
@@ -77,13 +79,3 @@ def parse_step_line(line: str) -> StepProgress | None:
         )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def duration(seconds: float) -> str:
-    """A duration to read at a glance: '42 s', '3 min 05 s', '1 h 02 min'."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
