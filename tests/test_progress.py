@@ -103,5 +103,52 @@ def test_calibrate_shows_progress(tmp_path, capsys):
     )
     assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json"]) == 0
     err = capsys.readouterr().err
-    assert re.search(r"calibrate: fitting on 2 runs \(\d+ s\)", err), err
-    assert re.search(r"calibrate: held out 1/2: .*\n.*calibrate: held out 2/2: ", err), err
+    assert re.search(r"calibrate: fitting on 2 runs \(\d+ s elapsed\)", err), err
+    # which model is held out (k/N), the elapsed time and an ETA; the hint that --no-lomo skips that pass
+    assert re.search(r"calibrate: held out 1/2: .* \(\d+ s elapsed, ETA \d+ s\)\n.*calibrate: held out 2/2: "
+                     r".* \(\d+ s elapsed, ETA \d+ s\)", err), err  # fmt: skip
+    assert re.search(r"leave-one-model-out refits once per model family \(2 refits.*\): --no-lomo skips it", err)
+    assert err.index("--no-lomo skips it") < err.index("fitting on 2 runs"), err  # said at the start
+    assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json", "--no-lomo"]) == 0
+    err = capsys.readouterr().err
+    assert "held out" not in err and "--no-lomo" not in err, err
+
+
+def test_calibrate_eta_counts_down_the_refits_left():
+    """The ETA of leave-one-model-out: before the first refit, the full fit's time per refit; then the mean
+    refit time so far times the refits left."""
+    from tunebench.plan import calibration as cal
+    from tunebench.plan.measurements import default_records
+
+    by_family: dict[str, list] = {}
+    for r in default_records():
+        by_family.setdefault(r.family, []).append(r)
+    records = [r for family in sorted(by_family)[:3] for r in by_family[family][:4]]  # small: quick refits
+    said: list[tuple[str, float | None]] = []
+    cal.leave_one_model_out(records, progress=lambda msg, eta_s=None: said.append((msg, eta_s)), fit_s=100.0)
+    assert [m.split(":")[0] for m, _ in said] == ["held out 1/3", "held out 2/3", "held out 3/3"]
+    assert said[0][1] == 300.0  # 3 refits at the full fit's 100 s each
+    assert all(eta is not None and 0 < eta != 300.0 for _, eta in said[1:])  # from the refits measured
+
+
+def test_a_cold_plan_says_it_traces_once(tmp_path, capsys, monkeypatch):
+    """The first plan of an architecture traces it (tens of seconds on a small CPU): one line on stderr says
+    so with an estimate; the next plan reads the cached profile and says nothing."""
+    import json
+
+    import tunebench.plan.trace as trace
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(trace, "NOTICE_AFTER_S", 0.0)  # every trace is announced (the default: 2 s)
+    model = tmp_path / "tiny-progress.json"
+    model.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "vocab_size": 512, "max_position_embeddings": 512}))  # fmt: skip
+    args = ["plan", "finetune_full_benchmark-v1.0.0", f"model_name={model}", "model_max_length=256",
+            "number_gpus=1", "batch_size=2", "gpu_model=NVIDIA-A100-80GB-PCIe", "--json"]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    notices = re.findall(r"tracing (.+) \(first plan of this architecture, ~\d+ s\)", err)
+    assert len(notices) == 1 and "tiny-progress" in notices[0], err
+    assert main(args) == 0
+    assert "tracing" not in capsys.readouterr().err

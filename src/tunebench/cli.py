@@ -357,15 +357,13 @@ def print_result(result: Any) -> None:
 
 
 def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any], engine: str = NATIVE) -> Any:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+    """measure() showing its phase and the worker's step x/N, tokens/s, loss, elapsed and ETA on stderr
+    (tunebench.runprogress: a live line in a terminal, log lines elsewhere)."""
     from tunebench.actuators.measure import measure
+    from tunebench.runprogress import RunProgress
 
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(f"measuring {entity.id}")
-        return measure(exp, entity, options, engine=engine,
-                       progress=lambda m: progress.update(task, description=f"measuring: {m}"))  # fmt: skip
+    with RunProgress("measuring") as shown:
+        return measure(exp, entity, options, engine=engine, progress=shown.phase, on_step=shown.step)
 
 
 @app.command()

@@ -59,6 +59,16 @@ def get(name: str) -> logging.Logger:
     return logging.getLogger(name if name.startswith(LOGGER) else f"{LOGGER}.{name}")
 
 
+def duration(seconds: float) -> str:
+    """A duration to read at a glance in progress lines: '42 s', '3 min 05 s', '1 h 02 min'."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 @contextmanager
 def heartbeat(log: logging.Logger, line: Callable[[], str], interval: float = 30.0) -> Iterator[None]:
     """While the block runs, log line() every interval seconds (long steps that say nothing themselves)."""

@@ -44,6 +44,7 @@ from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values
 from tunebench.units import GIB
+from tunebench.worker.progress import StepProgress
 from tunebench.worker.results import NO_TRAINED_TOKENS, read_aggregate, read_rank_results
 
 
@@ -53,9 +54,13 @@ def measure(
     options: Mapping[str, Any] | MeasureOptions | None = None,
     progress: Callable[[str], None] | None = None,
     engine: str = NATIVE,
+    on_step: Callable[[StepProgress], None] | None = None,
 ) -> Result:
     """Measure one entity with an engine (tunebench.engines); never raises for a run that goes wrong
-    (that is a failed Result). The Result's actuator is the engine's actuator name."""
+    (that is a failed Result). The Result's actuator is the engine's actuator name.
+
+    progress: told each phase (data set, training, ...); on_step: each training step of the worker (step x/N,
+    tokens/s, loss, ETA: tunebench.worker.progress)."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
     # the rules that ask this machine hold for a run that starts here (several nodes run elsewhere: Ray)
@@ -68,9 +73,9 @@ def measure(
         )
     elif "repetitions" in experiment.hardcoded:
         repetitions = int(experiment.hardcoded["repetitions"])
-        result = _measure_stability(experiment, entity, values, opts, repetitions, progress, engine)
+        result = _measure_stability(experiment, entity, values, opts, repetitions, progress, engine, on_step)
     else:
-        result = _measure_once(experiment, entity, values, opts, progress, engine)
+        result = _measure_once(experiment, entity, values, opts, progress, engine, on_step)
     return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
 
 
@@ -105,6 +110,7 @@ def _measure_once(
     opts: MeasureOptions,
     progress: Callable[[str], None] | None,
     engine: str = NATIVE,
+    on_step: Callable[[StepProgress], None] | None = None,
 ) -> Result:
     """One run of a valid entity; values are its effective property values."""
     started = time.time()
@@ -138,7 +144,7 @@ def _measure_once(
         progress("training")
     limit = int(opts.host_memory_limit_gib * GIB) if opts.host_memory_limit_gib else None
     watch = MemoryWatch(limit, limit_source)
-    returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds, watch)
+    returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds, watch, on_step)
     meta["wall_seconds"] = round(time.time() - started, 3)
     run = RunOutcome(
         returncode=returncode, timed_out=timed_out, ranks=read_rank_results(out_dir / "result"),
@@ -156,6 +162,7 @@ def _measure_stability(
     repetitions: int,
     progress: Callable[[str], None] | None,
     engine: str = NATIVE,
+    on_step: Callable[[StepProgress], None] | None = None,
 ) -> Result:
     """The SFTTrainer spec finetune_full_stability: run the job `repetitions` times, report outcome fractions.
 
@@ -167,7 +174,7 @@ def _measure_stability(
         if progress:
             progress(f"repetition {i + 1}/{repetitions}")
         run_opts = MeasureOptions(**{**vars(opts), "output_dir": str(base / f"run{i}")})
-        runs.append(_measure_once(experiment, entity, values, run_opts, None, engine))
+        runs.append(_measure_once(experiment, entity, values, run_opts, None, engine, on_step))
     oom = sum(r.status == "invalid" and not r.reasons[0].startswith(NO_TRAINED_TOKENS) for r in runs)
     ok = sum(r.status == "valid" for r in runs)
     other = repetitions - oom - ok

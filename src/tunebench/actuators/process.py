@@ -9,12 +9,15 @@ single-node plans with these, the Ray executor runs each node of a multi-node pl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from tunebench.actuators.memwatch import MemoryEvidence, MemoryWatch
 from tunebench.actuators.options import MeasureOptions
 from tunebench.spec.results import LOG_TAIL_CHARS
 from tunebench.units import GIB
+from tunebench.worker.progress import StepProgress, parse_step_line
 from tunebench.worker.results import read_aggregate, read_rank_results
 
 LOG_TAIL_LINES = 40  # lines of a single-node run's log kept in its Result
@@ -116,11 +120,14 @@ def _option_flags(opts: MeasureOptions) -> list[str]:
 
 
 def run_logged(
-    command: list[str], env: dict[str, str], log_path: Path, timeout: float | None, watch: MemoryWatch | None = None
+    command: list[str], env: dict[str, str], log_path: Path, timeout: float | None, watch: MemoryWatch | None = None,
+    on_step: Callable[[StepProgress], None] | None = None,
 ) -> tuple[int, bool]:
     """Run in a new process group, output to log_path; on timeout kill the whole group.
 
     watch: samples the process tree's memory from start to exit (the evidence of a kernel OOM kill).
+    on_step: called with each step line the worker writes to the log (tunebench.worker.progress), from a
+    thread that follows the log while the process runs.
     Returns (returncode, timed_out); a negative returncode is the signal that ended the process.
     """
     with open(log_path, "wb") as log:
@@ -130,6 +137,7 @@ def run_logged(
         )  # fmt: skip
         if watch is not None:
             watch.start(proc.pid)
+        follower = LogFollower(log_path, on_step) if on_step is not None else None
         try:
             return proc.wait(timeout=timeout), False
         except subprocess.TimeoutExpired:
@@ -141,6 +149,44 @@ def run_logged(
         finally:
             if watch is not None:
                 watch.stop()
+            if follower is not None:
+                follower.stop()
+
+
+class LogFollower:
+    """Reads a growing log every interval seconds and calls on_step with each worker step line in it."""
+
+    def __init__(self, path: Path, on_step: Callable[[StepProgress], None], interval: float = 0.5):
+        self.path, self.on_step, self.interval = path, on_step, interval
+        self._offset, self._partial = 0, b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="tunebench-log-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following, after reading what the log holds now (the last steps)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._read()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            step = parse_step_line(line.decode("utf-8", "replace").rstrip("\r"))
+            if step is not None:
+                with contextlib.suppress(Exception):  # a display that fails never stops a measurement
+                    self.on_step(step)
 
 
 def run_node_plan(

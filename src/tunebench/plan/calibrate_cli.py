@@ -129,14 +129,26 @@ def print_calibration(result: Any, label: str) -> None:
 
 
 def _calibrate_with_progress(cal: Any, records: list[Any], label: str, lomo: bool) -> Any:
-    """cal.calibrate with its steps as log lines on stderr, and a line at least every 30 s (--quiet: none)."""
-    from tunebench.logs import get, heartbeat
+    """cal.calibrate with its steps as log lines on stderr (which model is held out, k/N, the elapsed time and
+    an ETA), and a line at least every 30 s (--quiet: none). Says first that --no-lomo skips the slow pass."""
+    from tunebench.logs import duration, get, heartbeat
 
-    log, started, step = get(__name__), time.monotonic(), ["starting"]
+    log, started = get(__name__), time.monotonic()
+    state: dict[str, Any] = {"step": "starting", "until": None}  # until: when the step's ETA runs out (monotonic)
 
-    def say(msg: str) -> None:
-        step[0] = msg
-        log.info(f"calibrate: {msg} ({time.monotonic() - started:.0f} s)")
+    def when() -> str:
+        now = time.monotonic()
+        eta = "" if state["until"] is None else f", ETA {duration(max(0.0, state['until'] - now))}"
+        return f"({duration(now - started)} elapsed{eta})"
 
-    with heartbeat(log, lambda: f"calibrate: still {step[0]} ({time.monotonic() - started:.0f} s)"):
+    def say(msg: str, eta_s: float | None = None) -> None:
+        state["until"] = None if eta_s is None else time.monotonic() + eta_s
+        state["step"] = msg
+        log.info(f"calibrate: {msg} {when()}")
+
+    families = len({r.family for r in records})
+    if lomo and families > 1:
+        log.info(f"calibrate: after the fit, leave-one-model-out refits once per model family ({families} "
+                 "refits, the longest part): --no-lomo skips it")  # fmt: skip
+    with heartbeat(log, lambda: f"calibrate: still {state['step']} {when()}"):
         return cal.calibrate(records, source=label, lomo=lomo, progress=say)

@@ -15,6 +15,7 @@ honest score holds out a whole model family (leave-one-model-out) or a whole mea
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -272,15 +273,23 @@ def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, floa
 
 
 def leave_one_out(records: list[Record], group: Callable[[Record], str], start: Coefficients | None = None,
-                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
-    """Refit without each group (model family or source) and predict it: pooled and per-group scores."""
+                  progress: Callable[..., None] | None = None, fit_s: float | None = None,
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
+    """Refit without each group (model family or source) and predict it: pooled and per-group scores.
+
+    progress(message, eta_s) before each refit; eta_s: seconds left, the mean refit time so far times the
+    refits left (before the first: fit_s, the time of a fit on every record, per refit; None if not given).
+    """
     names = sorted({group(r) for r in records})
-    say = progress or (lambda _msg: None)
+    say = progress or (lambda _msg, eta_s=None: None)
     n = len(records)
     pooled = {k: np.full(n, np.nan) for k in (*MEMORY_KEYS, "fits", "p_oom", "capacity", "tps", "dtps")}
     per_group = {}
+    started = time.monotonic()
     for number, name in enumerate(names, start=1):
-        say(f"held out {number}/{len(names)}: {name}")
+        done = number - 1
+        per_fit = (time.monotonic() - started) / done if done else fit_s
+        say(f"held out {number}/{len(names)}: {name}", eta_s=None if per_fit is None else per_fit * (len(names) - done))
         train = [r for r in records if group(r) != name]
         test_idx = [i for i, r in enumerate(records) if group(r) == name]
         if not any(r.fit for r in train):
@@ -295,15 +304,15 @@ def leave_one_out(records: list[Record], group: Callable[[Record], str], start: 
 
 
 def leave_one_model_out(records: list[Record], start: Coefficients | None = None,
-                        progress: Callable[[str], None] | None = None):  # fmt: skip
-    return leave_one_out(records, lambda r: r.family, start, progress)
+                        progress: Callable[..., None] | None = None, fit_s: float | None = None):  # fmt: skip
+    return leave_one_out(records, lambda r: r.family, start, progress, fit_s)
 
 
 def leave_one_source_out(records: list[Record], start: Coefficients | None = None):
     return leave_one_out(records, lambda r: r.origin, start)
 
 
-def calibrate(records: list[Record], source: str, lomo: bool = True, progress: Callable[[str], None] | None = None
+def calibrate(records: list[Record], source: str, lomo: bool = True, progress: Callable[..., None] | None = None
               ) -> Calibration:  # fmt: skip
     """A Calibration fitted on all records, with in-sample and leave-one-model-out metrics.
 
@@ -312,13 +321,16 @@ def calibrate(records: list[Record], source: str, lomo: bool = True, progress: C
     """
     if not records:
         raise InputError("--from", "no usable measurements to calibrate on")
-    say = progress or (lambda _msg: None)
+    say = progress or (lambda _msg, eta_s=None: None)
     say(f"fitting on {len(records)} runs")
+    started = time.monotonic()
     c = fit(records)
+    fit_s = time.monotonic() - started  # each held-out refit is on fewer runs: at most about this long
     metrics: dict[str, Any] = {"in_sample": scores(records, Batch.of(records).predict(c))}
-    if lomo and len({r.family for r in records}) > 1:
-        say("leave-one-model-out: refitting once per model family")
-        held_out, pooled = leave_one_model_out(records, progress=say)
+    families = len({r.family for r in records})
+    if lomo and families > 1:
+        say(f"leave-one-model-out: refitting once per model family ({families} refits)", eta_s=fit_s * families)
+        held_out, pooled = leave_one_model_out(records, progress=say, fit_s=fit_s)
         metrics["leave_one_model_out"] = held_out
         errors = log_errors(records, pooled)
         if errors.size >= 4:

@@ -31,6 +31,10 @@ import functools
 import hashlib
 import json
 import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -126,10 +130,44 @@ def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
     try:
         result = ActivationProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
-        result = _traced_or_formula(structure, request)
+        with _tracing_notice(structure.name):
+            result = _traced_or_formula(structure, request)
         write_json(path, result.to_dict())
     _PROFILES[key] = result
     return result
+
+
+NOTICE_AFTER_S = 2.0  # a trace that takes longer than this is announced (a cached profile takes milliseconds)
+_announced: set[str] = set()  # the models announced in this process: once each
+_trace = threading.local()  # this thread's trace: its model, start, steps done and planned
+
+
+@contextmanager
+def _tracing_notice(name: str) -> Iterator[None]:
+    """While a trace runs: once per model, at the first traced step that ends NOTICE_AFTER_S or more after
+    the start, an INFO line on stderr saying what is traced and about how long it takes in all (the time
+    per step so far times the steps planned)."""
+    _trace.state = {"name": name, "started": time.monotonic(), "done": 0, "planned": 0}
+    try:
+        yield
+    finally:
+        _trace.state = None
+
+
+def _count_step(planned: int = 0) -> None:
+    """A traced step is done (planned > 0: that many steps are planned from now on, none done)."""
+    state = getattr(_trace, "state", None)
+    if state is None:
+        return
+    if planned:
+        state["planned"] = state["done"] + planned
+        return
+    state["done"] += 1
+    elapsed = time.monotonic() - state["started"]
+    if elapsed >= NOTICE_AFTER_S and state["name"] not in _announced:
+        _announced.add(state["name"])
+        total = elapsed / state["done"] * max(state["planned"], state["done"])
+        log.info("tracing %s (first plan of this architecture, ~%.0f s)", state["name"], total)
 
 
 def _traced_or_formula(structure: Structure, request: TraceRequest) -> ActivationProfile:
@@ -212,13 +250,15 @@ def _trace_profile(structure: Structure, request: TraceRequest) -> ActivationPro
 def _trace_with_base(structure: Structure, request: TraceRequest, first: str | None) -> ActivationProfile:
     plans, counts = layer_plans(structure, first)
     lengths = _lengths(structure)
-    measured = [[trace_step(structure, request, plan, s) for s in lengths] for plan in plans]
+    _count_step(planned=len(plans) * len(lengths) + 2)  # + the two half-vocabulary steps below
+    measured = [[_counted(trace_step(structure, request, plan, s)) for s in lengths] for plan in plans]
     quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
     half = structure.vocab // 2
     # the loss's bytes per vocabulary entry per token: the slope over two lengths with half the vocabulary
     # against the full one (a token-independent vocabulary-sized buffer, such as one chunk of a chunked
     # loss, changes the level, not the slope)
-    half_vocab = [trace_step(structure, request, plans[0], s, vocab=structure.vocab - half) for s in lengths[:2]]
+    half_vocab = [_counted(trace_step(structure, request, plans[0], s, vocab=structure.vocab - half))
+                  for s in lengths[:2]]  # fmt: skip
     span = lengths[1] - lengths[0]
 
     def full(quantity, i: int) -> float:  # a quantity of the full model at lengths[i]
@@ -235,6 +275,11 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
                             vocab_bytes=max(0.0, vocab))  # fmt: skip
     written = Moment(*fit_tokens(lengths, [full(lambda r: r["written"], i) for i in range(len(lengths))], quadratic))
     return ActivationProfile(request.key, moments, written, "traced")
+
+
+def _counted(step: dict[str, Any]) -> dict[str, Any]:
+    _count_step()
+    return step
 
 
 def _lengths(structure: Structure) -> tuple[int, ...]:

@@ -8,8 +8,9 @@ command-line flags plus tunebench's own (``python -m tunebench.worker --help``).
 Exit code: 0 ok, 3 out of memory, 1 any other failure (bad flags included).
 
 Standard output of rank 0, for progress displays (one JSON object after the tag, one line each):
-``TUNEBENCH_STEP {"step", "duration_s", "elapsed_s", "non_pad_tokens_local"}`` after every
-optimisation step, and ``TUNEBENCH_RESULT {"status", "reason", "properties"?}`` at the end.
+``TUNEBENCH_STEP {"step", "max_steps", "duration_s", "elapsed_s", "non_pad_tokens_local",
+"non_pad_tokens_total", "world_size", "loss", "stop_after_s"}`` after every optimisation step
+(tunebench.worker.progress reads it: step x/N, tokens/s, loss, ETA), and ``TUNEBENCH_RESULT {"status", "reason", "properties"?}`` at the end.
 
 Rank result file ``<result_path>.rank<RANK>.json`` (schema ``tunebench.worker.rank-result/1``),
 written by every rank, also on failure::

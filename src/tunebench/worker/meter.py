@@ -19,7 +19,6 @@ tunebench.worker.stopping). Token counts are summed over ranks once, at the end 
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from tunebench.training.data import IGNORE_INDEX
+from tunebench.worker.progress import step_line
 from tunebench.worker.stopping import AutoStopWindows, StopRule
 
 MAX_RECORDED_INDICES = 1 << 16  # consumed entry indices kept for the result (per rank)
@@ -60,6 +60,8 @@ class StepMeter:
         self.consumed_indices: list[int] = []
         self.consumed_total = 0
         self.stopped_by: str | None = None
+        self.total_steps: int | None = None  # the Trainer's max_steps (from the epochs when max_steps <= 0)
+        self.last_loss: float | None = None  # the last training loss the Trainer logged
         self.begin_monotonic: float | None = None
         self.begin_wall: float | None = None
         self.end_wall: float | None = None
@@ -125,18 +127,7 @@ class StepMeter:
         self.samples.append(int(self._samples))
         self._reset_pending()
         if self.progress:
-            print(
-                "TUNEBENCH_STEP "
-                + json.dumps(
-                    {
-                        "step": len(self.durations),
-                        "duration_s": round(agreed, 6),
-                        "elapsed_s": round(self._agreed_elapsed, 6),
-                        "non_pad_tokens_local": self.non_pad_tokens[-1],
-                    }
-                ),
-                flush=True,
-            )
+            print(step_line(self._progress_record()), flush=True)
         if self.rule.update(agreed):
             self.stopped_by = self.rule.stopped_by
             return True
@@ -144,6 +135,21 @@ class StepMeter:
 
     def end(self) -> None:
         self.end_wall = time.time()
+
+    def _progress_record(self) -> dict[str, Any]:
+        """This step's progress line (tunebench.worker.progress.StepProgress's fields)."""
+        world = torch.distributed.get_world_size() if _dist_ready() else 1
+        return {
+            "step": len(self.durations),
+            "max_steps": self.total_steps,
+            "duration_s": round(self.durations[-1], 6),
+            "elapsed_s": round(self._agreed_elapsed, 6),
+            "non_pad_tokens_local": self.non_pad_tokens[-1],
+            "non_pad_tokens_total": sum(self.non_pad_tokens),  # this rank's, since train begin
+            "world_size": world,
+            "loss": self.last_loss,
+            "stop_after_s": self.rule.stop_after_seconds,
+        }
 
     # -- after training
     def global_counts(self) -> dict[str, list[int]]:
@@ -171,11 +177,16 @@ class MeasureCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self.sampler is not None:
             self.sampler.start()
+        self.meter.total_steps = state.max_steps if state.max_steps and state.max_steps > 0 else None
         self.meter.begin()
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.meter.end_step():
             control.should_training_stop = True
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and isinstance(logs.get("loss"), (int, float)):  # logging_steps 1 (the spec): every step
+            self.meter.last_loss = float(logs["loss"])
 
     def on_train_end(self, args, state, control, **kwargs):
         self.meter.end()
