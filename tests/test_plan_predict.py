@@ -385,3 +385,15 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     r = predict(FULL, entity)
     assert len(calls) == 1 and r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
     assert any(f"{first / 1e9:.3g} GFLOP/s" in n for n in r.metadata["notes"])
+
+
+def test_recommend_nearest_fit_spreads_a_larger_batch_over_more_gpus():
+    # a batch of 1 runs on one GPU (rule 1); 32,000 tokens of full fine-tuning need the model sharded over two:
+    # the nearest change is a batch of 2, one sample on each of 2 GPUs
+    long_full = ["model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1", "gpu_model=A100-80GB",
+                 "dataset_id=news-tokens-128kplus-entries-4096", "gradient_accumulation_steps=1"]  # fmt: skip
+    out = json.loads(invoke("recommend", FULL.id, *long_full, "--json").output)
+    assert out["minimum"] is None and out["max_gpus_tried"] == 1
+    assert out["nearest"]["change"] == "batch_size=2 over more GPUs"
+    assert out["nearest"]["candidate"]["number_gpus"] == 2 and out["nearest"]["candidate"]["batch_size"] == 2
+    assert "batch_size=2" in out["nearest"]["command"]

@@ -232,14 +232,21 @@ def nearest_fit(
     cli_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The first change that fits, in this order: gradient_accumulation_steps=1 (FSDP keeps unsharded
-    gradients while it accumulates), half the batch (down to 1), LoRA, QLoRA. None if none fits."""
+    gradients while it accumulates), half the batch (down to 1), twice the batch spread over more GPUs
+    (rule 1 lets a batch use at most one GPU per sample; FSDP shards the model over them), LoRA, QLoRA.
+    None if none fits."""
     tries: list[tuple[str, str | None, dict[str, Any]]] = []  # (label, other method or None, change)
     if int(values.get("gradient_accumulation_steps") or 1) > 1:
         tries.append(("gradient_accumulation_steps=1", None, {"gradient_accumulation_steps": 1}))
-    b = int(values["batch_size"]) // 2
+    batch = int(values["batch_size"])
+    b = batch // 2
     while b >= 1:
         tries.append((f"batch_size={b}", None, {"batch_size": b}))
         b //= 2
+    b = 2 * max(1, batch)
+    while b <= max_gpus:
+        tries.append((f"batch_size={b} over more GPUs", None, {"batch_size": b}))
+        b *= 2
     if experiment.method == "full":
         tries += [("LoRA", "lora", {}), ("QLoRA", "qlora", {})]
     elif experiment.method == "lora":
