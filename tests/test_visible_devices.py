@@ -40,7 +40,7 @@ def launched(monkeypatch):
     """The environments the measuring actuator would start the worker with (no process starts)."""
     envs: list[dict[str, str]] = []
 
-    def capture(command, env, log_path, timeout, watch=None):
+    def capture(command, env, log_path, timeout, watch=None, on_step=None):
         envs.append(env)
         log_path.write_text("not run\n")
         return 1, False
