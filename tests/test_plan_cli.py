@@ -20,7 +20,7 @@ CONFIGS = sorted((PUBLISHED / "configs").glob("*/config.json"))
 def plan_json(*args: str, env: dict | None = None) -> dict:
     res = invoke("plan", *args, "--json", env=env)
     assert res.exit_code == 0, (res.output, res.exception)
-    return json.loads(res.output)
+    return json.loads(res.stdout)
 
 
 def test_the_published_configs_are_shipped():

@@ -34,7 +34,7 @@ def test_seed_002_worked_examples(quantization, exact, rounded):
     res = invoke("deploy-spec", "--params-b", "10", "--quantization", quantization, "--adapters", "2",
                  "--adapter-size-gb", "0.125", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["gpu_memory_gb"] == exact and out["cpu_memory_gb"] == rounded
     assert out["hardware_spec"] == {
         "name": "custom_hw_spec",
@@ -52,7 +52,7 @@ def test_many_gpus_and_cpus_for_a_large_model():
 
 def test_model_from_the_catalog():
     res = invoke("deploy-spec", "--model", "llama3.1-8b", "--quantization", "4bit", "--adapters", "1", "--json")
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["params_b"] == pytest.approx(8.030261248)
     assert out["gpu_memory_gb"] == pytest.approx((8.030261248 * 0.5 + 0.125) * 1.5)
 
@@ -99,7 +99,7 @@ def test_post_sends_the_body_with_a_bearer_token_to_a_local_server():
         res = invoke("deploy-spec", "--params-b", "10", "--adapters", "2", "--post", url, "--token-env", "TB_TEST_TOKEN",
                      "--json", env={"TB_TEST_TOKEN": "secret-1"})  # fmt: skip
         assert res.exit_code == 0, res.output
-        out = json.loads(res.output)
+        out = json.loads(res.stdout)
         assert out["post"]["status"] == 201 and out["post"]["body"]["metadata"]["asset_id"] == "hw-1"
         path, auth, body = _Recorder.seen[-1]
         assert path == "/v2/hardware_specifications?space_id=s1" and auth == "Bearer secret-1"
@@ -170,7 +170,7 @@ def test_post_does_not_follow_a_redirect_to_another_origin(code):
         res = invoke("deploy-spec", "--params-b", "10", "--post", url, "--token-env", "TB_TEST_TOKEN", "--json",
                      env={"TB_TEST_TOKEN": "secret-2"})  # fmt: skip
         assert res.exit_code == 1, res.output  # not ok: the spec was not created
-        out = json.loads(res.output)
+        out = json.loads(res.stdout)
         assert out["post"]["status"] == code and out["post"]["ok"] is False
         assert "not followed" in out["post"]["redirect"]
         assert _Redirector.seen == [("/v2/hardware_specifications", "Bearer secret-2")]
@@ -307,7 +307,7 @@ def test_a_server_that_echoes_the_request_never_gets_the_token_printed():
                      env={"TB_TEST_TOKEN": "s3cr3t-value-42"})  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "s3cr3t-value-42" not in res.output
-    assert json.loads(res.output)["post"]["body"]["headers"]["Authorization"] == "Bearer ***"
+    assert json.loads(res.stdout)["post"]["body"]["headers"]["Authorization"] == "Bearer ***"
 
 
 @pytest.mark.parametrize("token", ["abc\nsecond-half", "abc\x01second-half", "abc\u00e9second-half"])

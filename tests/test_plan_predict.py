@@ -178,7 +178,7 @@ def test_cli_plan_json_and_table():
     args = ["plan", LORA.id, *(f"{k}={v}" for k, v in BASE.items())]
     res = invoke(*args, "--json")
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert all(k in out for k in PLAN_KEYS)
     table = invoke(*args, "--price-per-gpu-hour", "2")
     assert table.exit_code == 0 and "headroom" in table.output and "cost" in table.output
@@ -234,7 +234,7 @@ def test_cli_recommend():
     res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8",
                  "gpu_model=A100-80GB", "--max-gpus", "8", "--json", "--price-per-gpu-hour", "1.5")  # fmt: skip
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["minimum"]["number_gpus"] == 1 and out["minimum"]["fits"]
     assert out["fastest"]["dataset_tokens_per_second"] >= out["minimum"]["dataset_tokens_per_second"]
     assert [row["method"] for row in out["methods"]] == ["full", "lora", "qlora"]
@@ -262,16 +262,16 @@ def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
                "batch_size=16 gpu_model=H100 gradient_accumulation_steps=1")  # fmt: skip
     assert command in text
     pasted = invoke(*command.split()[1:], "--json")  # the command it gives fits
-    out = json.loads(pasted.output)
+    out = json.loads(pasted.stdout)
     assert out["minimum"]["number_gpus"] == 16 and "diagnosis" not in out
-    whole = json.loads(invoke("recommend", FULL.id, *README_70B, "--json").output)
+    whole = json.loads(invoke("recommend", FULL.id, *README_70B, "--json").stdout)
     assert whole["max_gpus_tried"] == 16 and whole["diagnosis"]["largest_component"] == "gradients"
     assert whole["nearest"]["candidate"]["number_gpus"] == 16
 
 
 def test_recommend_nearest_fit_falls_back_to_lora():
     res = invoke("recommend", FULL.id, *README_70B, "gradient_accumulation_steps=1", "--max-gpus", "8", "--json")
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["minimum"] is None and out["max_gpus_tried"] == 8
     assert out["nearest"]["change"] == "LoRA" and out["nearest"]["experiment_id"] == LORA.id
     assert out["nearest"]["command"].startswith(f"tunebench recommend {LORA.id} ")
@@ -279,11 +279,11 @@ def test_recommend_nearest_fit_falls_back_to_lora():
 
 
 def test_recommend_keeps_a_margin_against_running_out_of_memory():
-    strict = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--json").output)
+    strict = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--json").stdout)
     assert strict["max_oom_risk"] == 0.1
     assert strict["minimum"]["number_gpus"] == 2 and strict["minimum"]["oom_probability"] <= 0.1
     assert strict["minimum"]["headroom_gib"] > 0
-    loose = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--max-oom-risk", "0.5", "--json").output)
+    loose = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--max-oom-risk", "0.5", "--json").stdout)
     assert loose["minimum"]["number_gpus"] == 1 and 0.1 < loose["minimum"]["oom_probability"] <= 0.5
     text = " ".join(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8").output.split())
     assert "out-of-memory probability 0.0" in text and "headroom" in text
@@ -303,7 +303,7 @@ def test_plan_verdict_is_risky_above_max_oom_risk_and_cost_has_a_currency():
     assert res.exit_code == 0 and "risky: fits (out-of-memory probability 0.1" in text and "EUR" in text
     loose = " ".join(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--max-oom-risk", "0.5").output.split())
     assert "risky" not in loose and "fits (out-of-memory probability" in loose
-    out = json.loads(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--json", "--price-per-gpu-hour", "2").output)
+    out = json.loads(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--json", "--price-per-gpu-hour", "2").stdout)
     assert out["is_valid"] and not out["within_oom_risk"] and out["currency"] == "USD"
 
 
@@ -392,7 +392,7 @@ def test_recommend_nearest_fit_spreads_a_larger_batch_over_more_gpus():
     # the nearest change is a batch of 2, one sample on each of 2 GPUs
     long_full = ["model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1", "gpu_model=A100-80GB",
                  "dataset_id=news-tokens-128kplus-entries-4096", "gradient_accumulation_steps=1"]  # fmt: skip
-    out = json.loads(invoke("recommend", FULL.id, *long_full, "--json").output)
+    out = json.loads(invoke("recommend", FULL.id, *long_full, "--json").stdout)
     assert out["minimum"] is None and out["max_gpus_tried"] == 1
     assert out["nearest"]["change"] == "batch_size=2 over more GPUs"
     assert out["nearest"]["candidate"]["number_gpus"] == 2 and out["nearest"]["candidate"]["batch_size"] == 2
