@@ -133,6 +133,11 @@ def tried_counts(batch: int, gpus_per_node: int, max_gpus: int) -> list[int]:
     return [d for d in gpu_counts(gpus_per_node, max_gpus) if d <= max(1, batch)]
 
 
+def rounded_batch(batch: int, gpus: int) -> int:
+    """batch_size, or the next multiple of gpus where they do not divide it (rule 1)."""
+    return batch if batch % gpus == 0 else math.ceil(batch / gpus) * gpus
+
+
 def minimum_gpus(
     experiment: Experiment,
     values: Mapping[str, Any],
@@ -149,7 +154,7 @@ def minimum_gpus(
     batch = int(values["batch_size"])
     variants, notes = [], []
     for d in tried_counts(batch, gpus_per_node, max_gpus):
-        b = batch if batch % d == 0 else math.ceil(batch / d) * d
+        b = rounded_batch(batch, d)
         variants.append(_variant(values, d, b, gpus_per_node))
         notes.append([] if b == batch else [f"batch_size rounded up from {batch} to {b} (a multiple of {d} GPUs)"])
     for cand, note in zip(evaluate(experiment, variants, options, max_oom_risk), notes, strict=True):
@@ -193,7 +198,7 @@ def diagnose(
     need against usable memory, the out-of-memory probability, and the plan's notes and reasons."""
     batch = int(values["batch_size"])
     top = tried_counts(batch, gpus_per_node, max_gpus)[-1]
-    v = _variant(values, top, batch if batch % top == 0 else math.ceil(batch / top) * top, gpus_per_node)
+    v = _variant(values, top, rounded_batch(batch, top), gpus_per_node)
     cols = predict_values([(experiment.method, v)], options)
     breakdown = cols["breakdown"][0] or {}
     name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)
