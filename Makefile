@@ -1,12 +1,13 @@
 # tunebench: two commands that work on a fresh clone.
 #   make demo   install into .venv and run the main job on the CPU
-#   make test   install into .venv and run the whole test suite
+#   make test   install into .venv and run the whole test suite (every marker; CI runs this)
+#   make test-fast  the daily tier: everything but slow, engines, postgres, browser, ray and gpu tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-fast install clean
 
 install: $(STAMP)
 
@@ -22,8 +23,15 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/tunebench demo
 
+# Two pytest-xdist workers (the CI machine's two cores), one test file per worker at a time so that a
+# file's module-scoped setup (a trained model, a built environment) is made once.
+XDIST := -n 2 --dist loadfile
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not (slow or engines or postgres or browser or ray or gpu)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

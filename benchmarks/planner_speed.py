@@ -57,7 +57,7 @@ def cold_plan_seconds(model: dict) -> float:
         with open(path, "w") as fh:
             json.dump(model, fh)
         env = {**os.environ, "TUNEBENCH_HOME": os.path.join(tmp, "home")}
-        cmd = [sys.executable, "-m", "tunebench.cli", "plan", "finetune_lora_benchmark-v1.0.0", f"model_name={path}",
+        cmd = [sys.executable, "-m", "tunebench.commands.main", "plan", "finetune_lora_benchmark-v1.0.0", f"model_name={path}",
                "model_max_length=4096", "number_gpus=1", "batch_size=4", "gpu_model=A100-80GB",
                "target_modules=q_proj,v_proj", "--json"]  # fmt: skip
         t = time.perf_counter()

@@ -93,7 +93,7 @@ def main() -> None:
     times = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tunebench.cli", "report", "--store", url, "-o", str(output)],
+        subprocess.run([sys.executable, "-m", "tunebench.commands.main", "report", "--store", url, "-o", str(output)],
                        check=True, capture_output=True)  # fmt: skip
         times.append(time.perf_counter() - started)
     size = output.stat().st_size / 1e6

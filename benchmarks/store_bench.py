@@ -90,7 +90,7 @@ def show_cli(path: Path, *extra: str) -> float:
     """Seconds of `tunebench show --store PATH EXTRA...` in a fresh process (imports included)."""
     src = Path(__file__).resolve().parent.parent / "src"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "tunebench.cli", "show", "--store", str(path), *extra]
+    command = [sys.executable, "-m", "tunebench.commands.main", "show", "--store", str(path), *extra]
     started = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started

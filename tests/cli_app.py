@@ -1,11 +1,11 @@
-"""A Typer app holding only the planner's commands, for tests of tunebench.plan.cli."""
+"""A Typer app holding only the planner's commands, for tests of tunebench.commands.plan."""
 
 from __future__ import annotations
 
 import typer
 from typer.testing import CliRunner
 
-from tunebench.plan.cli import register
+from tunebench.commands.plan import register
 
 
 def invoke_plan(*args: str, env: dict | None = None):

@@ -40,8 +40,29 @@ def nvidia_gpu_count() -> int:
 HAVE_GPU = nvidia_gpu_count() > 0
 
 
+# A test that uses one of these fixtures gets the marker: what it needs is what it asks for.
+FIXTURE_MARKERS = {
+    "postgres_server": "postgres",  # a real PostgreSQL server (initdb + pg_ctl)
+    "browser": "browser",  # Debian's Chromium driven by playwright
+    "engines_dir": "engines",  # builds an fms-hf-tuning environment from the package index with uv
+    "ado": "engines",  # builds IBM ado's environment from the package index with uv
+}
+
+
+def _needs(item) -> set[str]:
+    needs = {marker for fixture, marker in FIXTURE_MARKERS.items() if fixture in getattr(item, "fixturenames", ())}
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("any_store_url") == "postgresql":
+        needs.add("postgres")
+    return needs
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked gpu are skipped (and reported) where no NVIDIA GPU exists."""
+    """Markers from the fixtures a test uses (`make test-fast` leaves those tests out); tests marked gpu
+    are skipped (and reported) where no NVIDIA GPU exists."""
+    for item in items:
+        for marker in sorted(_needs(item) - {m.name for m in item.iter_markers()}):
+            item.add_marker(getattr(pytest.mark, marker))
     if HAVE_GPU:
         return
     for item in items:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tunebench.actuators.registry import Actuator, MultiNode
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
 
@@ -180,5 +181,13 @@ def _gloo_collect(experiment: Experiment, entity: Entity, options: dict[str, Any
     )  # fmt: skip
 
 
-gloo_allreduce.plan_nodes = _gloo_plan  # type: ignore[attr-defined]
-gloo_allreduce.collect_nodes = _gloo_collect  # type: ignore[attr-defined]
+def _measure_run_node(*args: Any, **kwargs: Any):
+    from tunebench.actuators.measure import run_node
+
+    return run_node(*args, **kwargs)
+
+
+# A multi-node actuator of its own: plan and collect here, each node's command run by the measuring
+# actuator's run_node (a process with the plan's environment).
+GLOO_ALLREDUCE = Actuator("gloo_allreduce", gloo_allreduce,
+                          multinode=MultiNode(plan=_gloo_plan, run=_measure_run_node, collect=_gloo_collect))

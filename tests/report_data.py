@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 GPU = "NVIDIA-A100-SXM4-80GB"
 MODEL = "llama3.1-8b"

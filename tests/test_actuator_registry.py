@@ -26,7 +26,40 @@ SPACE = {
 
 def test_builtin_names_resolve_without_an_opt_in():
     assert {"measure", "predict", "noop"} <= set(registered_actuators())
-    assert resolve_actuator("noop").__name__ == "noop"
+    assert resolve_actuator("noop").name == "noop"
+
+
+def test_each_builtin_actuator_declares_what_executors_need():
+    """One Actuator per name: its option check, whether it needs hardware, its multi-node steps."""
+    from tunebench.actuators.registry import BUILTIN, HARDWARE_FREE, Actuator, needs_hardware
+
+    for name in BUILTIN:
+        actuator = resolve_actuator(name)
+        assert isinstance(actuator, Actuator) and actuator.name == name
+        assert actuator.needs_hardware == (name not in HARDWARE_FREE) == needs_hardware(name)
+        assert (actuator.multinode is not None) == (name in ("measure", "fms-hf-tuning")), name
+    assert resolve_actuator("measure").check_options is not None and resolve_actuator("predict").check_options
+
+
+def test_a_plain_function_is_a_one_node_actuator_that_needs_the_hardware():
+    actuator = resolve_actuator("fake_actuators:sleepy", allow_import=True)
+    assert actuator.needs_hardware and actuator.multinode is None and actuator.check_options is None
+    assert resolve_actuator("fake_actuators:GLOO_ALLREDUCE", allow_import=True).multinode is not None
+
+
+def test_ray_refuses_a_multi_node_entity_of_a_one_node_actuator_before_placing_nodes():
+    """No silent fallback to another actuator's steps: a failed result that names the actuator."""
+    from tunebench.executors.ray import RayExecutor
+    from tunebench.executors.task import Task
+
+    values = {"model_name": "smollm2-135m", "number_gpus": 2, "number_nodes": 2, "gpu_model": "NVIDIA-A100-80GB-PCIe"}
+    task = Task(request_id=1, attempt=1, actuator="fake_actuators:sleepy", base_id="finetune_full_benchmark-v1.0.0",
+                parameters={}, experiment_id="finetune_full_benchmark-v1.0.0", entity_id="e", entity_values=values,
+                number_gpus=2, number_nodes=2, gpu_model=values["gpu_model"], allow_import=True)  # fmt: skip
+    executor = object.__new__(RayExecutor)  # no Ray: refused before any call to it
+    executor.ray = None
+    result = executor._run_multinode(task)
+    assert result.status == "failed" and "runs entities on one node only" in result.error
 
 
 @pytest.mark.parametrize("name", ["os:system", "subprocess:call", "builtins:exec", "fake_actuators:sleepy"])
@@ -48,7 +81,7 @@ def test_a_space_file_naming_os_system_runs_nothing_and_stores_nothing(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
                                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "tunebench.cli", "explore", "space.yaml", "--store", "s.db", "--quiet"],
+        [sys.executable, "-m", "tunebench", "explore", "space.yaml", "--store", "s.db", "--quiet"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.startswith("error: actuator.name: 'os:system' is not a registered")

@@ -57,7 +57,7 @@ def test_valid_ranks_give_rank_zeros_properties_and_any_oom_is_invalid():
 
 def test_the_cli_and_the_registry_import_no_torch_transformers_or_ray():
     code = (
-        "import sys, tunebench, tunebench.cli, tunebench.executors\n"
+        "import sys, tunebench, tunebench.commands.main, tunebench.executors\n"
         "from tunebench.actuators import resolve_actuator\n"
         "assert resolve_actuator('measure').__module__ == 'tunebench.actuators.measure'\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 DATA = Path(__file__).parent / "data"
 

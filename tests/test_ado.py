@@ -14,7 +14,7 @@ import json
 import pytest
 
 from ado_env import Ado, ado_bin, build_with_tunebench
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.store.ado_export import LOADER
 
 SPACE = """\

@@ -2,7 +2,7 @@
 created or changed on disk.
 
 ``CASES`` is the table (command line, field the message must name). Every case runs in-process
-through ``tunebench.cli.main`` in a fresh working directory that holds the files the cases refer to
+through ``tunebench.commands.main.main`` in a fresh working directory that holds the files the cases refer to
 (a good store, a corrupt one, binary YAML and CSV, a directory, ...), with TUNEBENCH_HOME inside it;
 the directory is snapshotted (names, sizes, modification times, contents) before and after. A
 representative subset (``SUBPROCESS``) runs again as real processes of the console script, to show
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.errors import InputError
 from tunebench.secrets import mask_secrets
 from tunebench.store import Store
@@ -474,7 +474,7 @@ def test_bad_input_in_process(workdir, capsys, field, argv):
 
 
 def test_the_table_covers_every_command():
-    from tunebench.cli import app
+    from tunebench.commands.main import app
 
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
     commands |= {f"{g.name} {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
@@ -527,7 +527,7 @@ BY_ARGV = {tuple(argv): field for field, argv in CASES}
 
 def console_script() -> list[str]:
     script = Path(sys.executable).with_name("tunebench")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tunebench.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tunebench"]
 
 
 @pytest.mark.parametrize("argv", SUBPROCESS, ids=[" ".join(a)[:80] for a in SUBPROCESS])
@@ -589,7 +589,7 @@ def test_help_exits_0(capsys, argv):
 
 def test_store_passwords_are_masked_in_messages(workdir, capsys):
     """Item 7: a store URL's password never reaches a message: not main's, not the "no operation" error."""
-    from tunebench.store.cli import _select
+    from tunebench.commands.store import _select
 
     url = "postgresql://user:s3cret-pw@127.0.0.1:notaport/db"
     assert main(["show", "--store", url]) == 2

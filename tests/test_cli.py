@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunebench.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "tunebench", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_help_lists_the_commands():
@@ -87,7 +87,7 @@ def test_describe_and_listings(capsys):
 def test_bad_input_writes_nothing(tmp_path, args):
     home = tmp_path / "home"
     out = subprocess.run(
-        [sys.executable, "-m", "tunebench.cli", *(a.format(tmp=tmp_path) for a in args)],
+        [sys.executable, "-m", "tunebench", *(a.format(tmp=tmp_path) for a in args)],
         capture_output=True, text=True, timeout=120, env={**os.environ, "TUNEBENCH_HOME": str(home)},
     )  # fmt: skip
     assert out.returncode == 2 and out.stderr.startswith("error: "), out.stderr

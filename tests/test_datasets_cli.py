@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 SMALL = "news-chars-64-entries-16"
 

@@ -174,7 +174,7 @@ def test_a_file_tunebench_did_not_write_is_never_overwritten(tmp_path, capsys):
             generate(SMALL, tmp_path)
         assert e.value.field == "dataset_id"
     assert path.read_text() == '{"output": "written by ado"}\n'
-    from tunebench.cli import main
+    from tunebench.commands.main import main
 
     assert main(["datasets", "generate", SMALL, "--dir", str(tmp_path)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from tunebench.actuators.measure import measure
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.engines import FMS, NATIVE, envs
 from tunebench.engines.versions import NEWEST
 from tunebench.spec.experiments import get_experiment, make_entity
@@ -177,7 +177,7 @@ def test_the_store_keeps_each_engines_results_apart(tmp_path, capsys):
     from tunebench.actuators.registry import resolve_actuator
     from tunebench.actuators.measure import measure_fms
     from tunebench.spec.results import Result
-    from tunebench.store.cli import open_store, record_run
+    from tunebench.commands.store import open_store, record_run
 
     assert resolve_actuator(FMS) is measure_fms
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "3.2.2"})

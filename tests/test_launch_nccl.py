@@ -58,7 +58,7 @@ def test_bad_nccl_settings_are_refused(bad):
 
 
 def test_cli_launch_plan_takes_nccl_env_and_refuses_bad_input():
-    base = [sys.executable, "-c", "import sys; from tunebench.cli import main; sys.exit(main())", "launch-plan",
+    base = [sys.executable, "-c", "import sys; from tunebench.commands.main import main; sys.exit(main())", "launch-plan",
             "finetune_full_benchmark-v1.0.0", *[f"{k}={v}" for k, v in TWO_NODES.items()], "--json"]  # fmt: skip
     ok = subprocess.run(base + ["--nccl-env", "NCCL_IB_GID_INDEX=3"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr

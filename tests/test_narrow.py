@@ -12,15 +12,15 @@ import yaml
 from rich.console import Console
 
 from tunebench.catalog import list_gpus, list_models
-from tunebench.cli import describe_dict, main
+from tunebench.commands.main import describe_dict, main
 from tunebench.datasets.ids import KNOWN_DATASET_IDS
 from tunebench.explore.explorer import Progress
-from tunebench.explore.progress import ProgressDisplay
+from tunebench.commands.explore_progress import ProgressDisplay
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record
-from tunebench.terminal import middle
+from tunebench.commands.terminal import middle
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0", {"stop_after_seconds": 30})
 LONG = "hf-tiny-model-private/tiny-random-BloomForCausalLM"  # the catalog's longest name

@@ -163,7 +163,7 @@ def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
     """A refit on a few local runs keeps the reference runs (the GPU coefficients stay informed)."""
     from pathlib import Path
 
-    from tunebench.plan.cli import register
+    from tunebench.commands.plan import register
 
     reference = default_records()
     app = typer.Typer()

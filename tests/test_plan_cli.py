@@ -201,7 +201,7 @@ def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path)
 
 
 def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
-    from tunebench.cli import main
+    from tunebench.commands.main import main
 
     bad = _phi3_without_factors(tmp_path)
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
@@ -239,7 +239,7 @@ def test_the_added_gpus_memory_decides_the_verdict():
 
 def test_compare_over_one_spaces_exploration(tmp_path):
     """plan --compare --space: only the measurements of that space's operation (the store's others left out)."""
-    from tunebench.cli import main
+    from tunebench.commands.main import main
     from tunebench.plan.measurements import CPU_EXAMPLE
     from tunebench.store import Store
     from tunebench.store.csvio import import_csv

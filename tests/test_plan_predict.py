@@ -14,7 +14,7 @@ from tunebench.errors import InputError
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.plan import PREDICTED, plan_json, predict, predict_many
-from tunebench.plan.cli import register
+from tunebench.commands.plan import register
 from tunebench.plan.coefficients import Calibration, Coefficients
 from tunebench.plan.predictor import _effective_values
 from tunebench.plan.throughput import flops_per_token, predict_throughput

@@ -13,9 +13,9 @@ from pathlib import Path
 import yaml
 
 from tunebench import __version__
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.explore.explorer import Progress
-from tunebench.explore.progress import ProgressLog
+from tunebench.commands.explore_progress import ProgressLog
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 NOOP = {
@@ -35,7 +35,7 @@ LINE = re.compile(r"^\d\d:\d\d:\d\d op-[0-9a-f]+: (\d+)/(\d+) done — valid \d+
 def tunebench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """tunebench in a fresh process with stdout and stderr pipes (not a terminal)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "tunebench.cli", *args], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "tunebench", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 

@@ -91,7 +91,7 @@ def test_two_node_measurement_rendezvous_over_gloo(cluster, tmp_path):
     from tunebench.executors.ray import RayExecutor
 
     spec = parse_space(
-        space("gloo_allreduce", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": L40S})
+        space("GLOO_ALLREDUCE", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": L40S})
     )
     with Store(tmp_path / "s.db") as store:
         summary = explore(spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0, allow_actuator_import=True))
@@ -150,7 +150,7 @@ def test_multi_node_needing_more_nodes_than_exist_fails(cluster, tmp_path):
     from tunebench.executors.ray import RayExecutor
 
     spec = parse_space(
-        space("gloo_allreduce", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": A100})
+        space("GLOO_ALLREDUCE", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": A100})
     )
     with Store(tmp_path / "s.db") as store:
         summary = explore(spec, store, RayExecutor(), Settings(max_retries=0, allow_actuator_import=True))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import report_data
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -72,7 +72,7 @@ def open_report(browser, path: Path):
 
 
 def report(store: str, out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunebench.cli", "report", *args, "--store", store, "-o", str(out)],
+    return subprocess.run([sys.executable, "-m", "tunebench", "report", *args, "--store", store, "-o", str(out)],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
@@ -238,7 +238,7 @@ def test_outcome(status, reasons, expected):
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(mixed, tmp_path, args, field):
     args = [a.format(tmp=tmp_path, store=mixed[1]) for a in args]
-    out = subprocess.run([sys.executable, "-m", "tunebench.cli", "report", *args, *(["-o", str(tmp_path / "r.html")]
+    out = subprocess.run([sys.executable, "-m", "tunebench", "report", *args, *(["-o", str(tmp_path / "r.html")]
                           if "-o" not in args else [])], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
@@ -247,8 +247,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(mixed, tmp_path, args, 
 
 
 def test_importing_tunebench_does_not_import_plotly():
-    code = ("import sys, tunebench, tunebench.cli; "
-            "import tunebench.report, tunebench.report.cli; print('plotly' in sys.modules)")  # fmt: skip
+    code = ("import sys, tunebench, tunebench.commands.main; "
+            "import tunebench.report, tunebench.commands.report; print('plotly' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 

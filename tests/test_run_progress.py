@@ -30,7 +30,7 @@ def test_run_shows_step_rate_and_eta_outside_a_terminal(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
            "TUNEBENCH_HOME": str(tmp_path / "home")}  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "tunebench.cli", "run", "finetune_full_benchmark-v1.0.0", f"model_name={model}",
+        [sys.executable, "-m", "tunebench", "run", "finetune_full_benchmark-v1.0.0", f"model_name={model}",
          "model_max_length=192", "number_gpus=0", "batch_size=4", "-p", "max_steps=3",
          "-p", "dataset_id=news-chars-256-entries-32", "--weights", "random", "--no-store",
          "--output-dir", str(tmp_path / "run")],

@@ -433,7 +433,7 @@ def test_a_store_opened_to_read_cannot_be_written(any_store_url, tmp_path):
 
 def test_a_command_that_creates_a_store_may_add_it_to_another_programs_database(tmp_path):
     """explore, run and import create a store where asked, beside the tables already there."""
-    from tunebench.cli import main
+    from tunebench.commands.main import main
 
     _foreign_sqlite(tmp_path / "app.db")
     csv = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"

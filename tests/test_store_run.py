@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.store import Store
 
 FULL = "finetune_full_benchmark-v1.0.0"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store

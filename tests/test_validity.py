@@ -127,7 +127,7 @@ def test_watsonx_platform_notes_qlora_on_l40s_and_gaudi_3():
 def test_validate_and_plan_print_the_platform_notes():
     from typer.testing import CliRunner
 
-    from tunebench.cli import app
+    from tunebench.commands.main import app
     args = ["finetune_qlora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
             "batch_size=1", "gpu_model=NVIDIA-L40S"]  # fmt: skip
     validate = CliRunner().invoke(app, ["validate", *args])
@@ -151,7 +151,7 @@ def test_mig_slice_gets_the_watsonx_partitioning_note_and_is_planned_by_its_own_
     """watsonx.ai: GPUs used for tuning cannot be partitioned. A note (still valid); the planner sizes the slice."""
     from typer.testing import CliRunner
 
-    from tunebench.cli import app
+    from tunebench.commands.main import app
 
     mig = "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"
     result = check(LORA, make_entity(LORA, {**BASE, "number_gpus": 1, "batch_size": 1, "gpu_model": mig}))

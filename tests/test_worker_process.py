@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import worker_data
 
-pytestmark = pytest.mark.slow  # subprocesses that train (the marker is informational: CI runs them)
+pytestmark = pytest.mark.slow  # subprocesses that train
 
 _WORDS = "market shares rose after the company reported strong quarterly earnings".split()  # this file's own records (worker_data.write_data)
 SRC = str(Path(__file__).resolve().parents[1] / "src")

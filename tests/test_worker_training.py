@@ -16,7 +16,7 @@ from worker_data import write_data
 from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.worker.run import main
 
-pytestmark = pytest.mark.slow  # every test here trains a model (the marker is informational: CI runs them)
+pytestmark = pytest.mark.slow  # every test here trains a model
 
 # One catalog model per architecture family the issue names (shrunk with --tunebench_tiny).
 ARCHS = {

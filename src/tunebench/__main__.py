@@ -1,6 +1,6 @@
 """``python -m tunebench``: the same command as ``tunebench``, with the same exit codes."""
 
-from tunebench.cli import main
+from tunebench.commands.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -115,7 +115,7 @@ def recommend(
     from tunebench.plan import load_calibration
     from tunebench.plan.options import PlannerOptions, check_recommend
     from tunebench.plan.predictor import PlanOptions
-    from tunebench.plan.printing import finite
+    from tunebench.jsonvalues import finite
     from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
     from tunebench.plan.recommend import recommend as run
     from tunebench.spec.experiments import get_experiment
@@ -233,10 +233,6 @@ def results(
 def _open(store: str | Store | None, *, create: bool) -> Store:
     """An open Store: the one given, or a new one at a URL/path (InputError naming --store if it cannot be)."""
     from tunebench.store import Store
-    from tunebench.store.db import check_location, store_url
+    from tunebench.store.open import open_store
 
-    if isinstance(store, Store):
-        return store
-    target = store_url(store)
-    check_location(target, create=create)
-    return Store(target, readonly=not create)
+    return store if isinstance(store, Store) else open_store(store, create=create)

@@ -2,7 +2,7 @@
 
 Store URLs carry passwords (``postgresql://user:password@host/db``), HTTP requests carry bearer
 tokens. ``mask_secrets`` replaces them in free text with ``***``: the password of any URL's user
-info, ``password=``/``token=``-style query parameters, and ``Bearer <token>``. ``tunebench.cli.main``
+info, ``password=``/``token=``-style query parameters, and ``Bearer <token>``. ``tunebench.commands.main.main``
 passes every message through it; code that builds a message or a record from a URL uses it too.
 """
 

@@ -13,10 +13,16 @@ Executors call them by name through the registry (tunebench.actuators.registry);
 from tunebench.actuators.registry import (
     ENTRY_POINTS,
     HARDWARE_FREE,
+    Actuator,
+    MultiNode,
     check_options,
+    needs_hardware,
     noop,
     registered_actuators,
     resolve_actuator,
 )
 
-__all__ = ["ENTRY_POINTS", "HARDWARE_FREE", "check_options", "noop", "registered_actuators", "resolve_actuator"]
+__all__ = [
+    "ENTRY_POINTS", "HARDWARE_FREE", "Actuator", "MultiNode", "check_options", "needs_hardware", "noop",
+    "registered_actuators", "resolve_actuator",
+]  # fmt: skip

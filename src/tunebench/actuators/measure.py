@@ -14,9 +14,9 @@ validity (once), makes sure the data set exists, builds the launch plan from tho
   properties; the error and the log tail are kept; failed measurements can be retried.
 
 The stability experiment runs its job ``repetitions`` times and reports the fractions (SFTTrainer spec).
-Multi-node plans need one process per machine: the Ray executor schedules those and calls this
-actuator's ``plan_nodes`` (on the coordinator), ``run_node`` (on each node) and ``collect_nodes``
-(on the coordinator), the same steps and the same outcome rules as a single-node run.
+Multi-node plans need one process per machine: the Ray executor schedules those and calls the
+``MultiNode`` steps of ``MEASURE`` / ``MEASURE_FMS``: ``plan_nodes`` (on the coordinator), ``run_node``
+(on each node) and ``collect_nodes`` (on the coordinator), the same outcome rules as a single-node run.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tunebench.actuators.memwatch import DEFAULT_LIMIT_FRACTION, MemoryWatch, de
 from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
 from tunebench.actuators.process import NodeResult, node_command, run_logged, run_node_plan, tail
+from tunebench.actuators.registry import Actuator, MultiNode
 from tunebench.datasets import ensure_dataset
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.runtime import runtime
@@ -99,8 +100,6 @@ def measure_fms(
 
 
 ACTUATOR_OF_ENGINE = {NATIVE: "measure", FMS: FMS}  # the store keeps each engine's results apart
-measure.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
-measure_fms.check_options = MeasureOptions.from_mapping  # type: ignore[attr-defined]
 
 
 def _measure_once(
@@ -266,14 +265,20 @@ def collect_nodes(
     return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 
 
-measure.judge_nodes = functools.partial(judge, here=False)  # type: ignore[attr-defined]
-measure.plan_nodes = plan_nodes  # type: ignore[attr-defined]
-measure.run_node = run_node  # type: ignore[attr-defined]
-measure.collect_nodes = collect_nodes  # type: ignore[attr-defined]
-measure_fms.judge_nodes = functools.partial(judge, engine=FMS, here=False)  # type: ignore[attr-defined]
-measure_fms.plan_nodes = functools.partial(plan_nodes, engine=FMS)  # type: ignore[attr-defined]
-measure_fms.run_node = functools.partial(run_node, engine=FMS)  # type: ignore[attr-defined]
-measure_fms.collect_nodes = lambda *a, **k: dataclasses.replace(collect_nodes(*a, **k), actuator=FMS)  # type: ignore[attr-defined]
+def _collect_fms(*args: Any, **kwargs: Any) -> Result:
+    return dataclasses.replace(collect_nodes(*args, **kwargs), actuator=FMS)
+
+
+# The two measuring actuators: tunebench's own worker (the native engine) and fms-hf-tuning's.
+MEASURE = Actuator(
+    "measure", measure, check_options=MeasureOptions.from_mapping,
+    multinode=MultiNode(plan=plan_nodes, run=run_node, collect=collect_nodes, judge=functools.partial(judge, here=False)),
+)  # fmt: skip
+MEASURE_FMS = Actuator(
+    FMS, measure_fms, check_options=MeasureOptions.from_mapping,
+    multinode=MultiNode(plan=functools.partial(plan_nodes, engine=FMS), run=functools.partial(run_node, engine=FMS),
+                        collect=_collect_fms, judge=functools.partial(judge, engine=FMS, here=False)),
+)  # fmt: skip
 
 
 def _free_port() -> int:

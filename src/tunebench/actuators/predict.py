@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebench.actuators.options import MeasureOptions
+from tunebench.actuators.registry import Actuator
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
@@ -52,4 +53,4 @@ def predict_actuator(experiment: Experiment, entity: Entity, options: Mapping[st
     return predict(experiment, entity, **check_options(options or {}))
 
 
-predict_actuator.check_options = check_options  # type: ignore[attr-defined]
+PREDICT = Actuator("predict", predict_actuator, check_options=check_options, needs_hardware=False)

@@ -1,16 +1,16 @@
 """Actuator names -> functions: tunebench's own, plugins' entry points, and (opt-in) module:function.
 
-Actuators are plain functions ``fn(experiment, entity, options) -> Result`` named in the space
-file's ``actuator.name``: a registered name, i.e. tunebench's own (``BUILTIN``: real imports, done
+An actuator is an ``Actuator``: its ``run(experiment, entity, options) -> Result``, the check of its
+options (run before anything starts), whether it needs the entity's hardware, and for multi-node
+entities its ``MultiNode`` steps (executors call only these: they schedule, the actuator runs). A
+plugin may give a plain function ``fn(experiment, entity, options) -> Result``: it becomes an
+Actuator that needs the hardware and runs on one node. Actuators are named in the space file's
+``actuator.name``: a registered name, i.e. tunebench's own (``BUILTIN``: real imports, done
 on first use so that naming ``predict`` never loads the measuring stack and the reverse) or a
 plugin's (a Python entry point of group ``tunebench.actuators`` whose value is ``module:function``),
 so plugins need no change here. A space file cannot name an arbitrary ``module:function`` (it would
 import and call anything, ``os:system`` included): that takes an explicit opt-in by whoever runs
 it (``explore --allow-actuator-import``, ``Settings.allow_actuator_import``), carried by each task.
-
-An actuator may carry attributes: ``check_options(options)`` (reject bad options before anything
-runs), and for multi-node entities ``plan_nodes`` / ``run_node`` / ``collect_nodes`` (see
-tunebench.actuators.measure, whose own are the defaults).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import functools
 import importlib
 import importlib.metadata
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tunebench.errors import InputError, suggest
@@ -29,30 +30,63 @@ from tunebench.spec.results import Result
 ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry points of this group
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
-Actuator = Callable[..., Result]
 
 
-def noop(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
-    """An actuator that measures nothing and returns at once (valid, no properties)."""
+@dataclass(frozen=True)
+class MultiNode:
+    """The steps of one entity measured over several nodes (tunebench.executors.ray places the nodes).
+
+    judge(experiment, entity) -> reasons it is not measured (asked before any node is placed);
+    plan(experiment, entity, options, ip, port) -> LaunchPlan, on the driver;
+    run(experiment, entity, options, node_plan, output_dir, ip) -> NodeResult, on each node;
+    collect(experiment, entity, options, plan, node_results) -> Result, on the driver.
+    """
+
+    plan: Callable[..., Any]
+    run: Callable[..., Any]
+    collect: Callable[..., Result]
+    judge: Callable[[Experiment, Entity], list[str]] | None = None
+
+
+@dataclass(frozen=True)
+class Actuator:
+    """What executors and the explorer know of an actuator (they call nothing else)."""
+
+    name: str
+    run: Callable[[Experiment, Entity, Mapping[str, Any]], Result]
+    check_options: Callable[[Mapping[str, Any]], Any] | None = None  # raises InputError on a bad option
+    needs_hardware: bool = True  # False: its tasks ask executors for no GPUs and no nodes
+    multinode: MultiNode | None = None  # None: entities with number_nodes > 1 are not run by it
+
+    def __call__(self, experiment: Experiment, entity: Entity, options: Mapping[str, Any]) -> Result:
+        return self.run(experiment, entity, options)
+
+
+def _noop(experiment: Experiment, entity: Entity, options: Mapping[str, Any]) -> Result:
+    """Measures nothing and returns at once (valid, no properties)."""
     return Result.valid(experiment.id, entity.id, {}, actuator="noop")
 
 
-def _measure() -> Actuator:
-    from tunebench.actuators.measure import measure
+NOOP = Actuator("noop", _noop, needs_hardware=False)  # store and scheduling overhead
+noop = NOOP
 
-    return measure
+
+def _measure() -> Actuator:
+    from tunebench.actuators.measure import MEASURE
+
+    return MEASURE
 
 
 def _measure_fms() -> Actuator:
-    from tunebench.actuators.measure import measure_fms
+    from tunebench.actuators.measure import MEASURE_FMS
 
-    return measure_fms
+    return MEASURE_FMS
 
 
 def _predict() -> Actuator:
-    from tunebench.actuators.predict import predict_actuator
+    from tunebench.actuators.predict import PREDICT
 
-    return predict_actuator
+    return PREDICT
 
 
 # tunebench's own actuators: name -> a function importing it (measure pulls the data sets and the
@@ -61,12 +95,19 @@ BUILTIN: dict[str, Callable[[], Actuator]] = {
     "measure": _measure,  # trains for real, with tunebench's own worker (the native engine)
     "fms-hf-tuning": _measure_fms,  # trains for real through fms-hf-tuning at the entity's version
     "predict": _predict,  # the planner's predictions
-    "noop": lambda: noop,  # returns at once: store and scheduling overhead
+    "noop": lambda: NOOP,  # returns at once: store and scheduling overhead
 }
-# Actuators that never touch the entity's hardware: their tasks ask executors for no GPUs and no nodes
-# (the planner predicts a 64-GPU entity on a laptop). Any other actuator, module:function ones
-# included, gets the entity's number_gpus / number_nodes / gpu_model.
+# tunebench's actuators that never touch the entity's hardware (each one's needs_hardware=False, known
+# here without importing it): the planner predicts a 64-GPU entity on a laptop. Any other actuator,
+# plugins' included, gets the entity's number_gpus / number_nodes / gpu_model unless it says otherwise.
 HARDWARE_FREE = frozenset({"predict", "noop"})
+
+
+def needs_hardware(name: str, *, allow_import: bool = False) -> bool:
+    """Whether the actuator's tasks ask executors for the entity's GPUs and nodes."""
+    if name in BUILTIN:
+        return name not in HARDWARE_FREE
+    return resolve_actuator(name, allow_import=allow_import).needs_hardware
 
 
 def registered_actuators() -> dict[str, str | Callable[[], Actuator]]:
@@ -81,7 +122,7 @@ def _plugins() -> dict[str, str]:
 
 
 def resolve_actuator(name: str, *, allow_import: bool = False) -> Actuator:
-    """The function behind a registered actuator name, or (allow_import only) a module:function path;
+    """The Actuator behind a registered actuator name, or (allow_import only) a module:function path;
     InputError (field actuator.name) if there is none or it is not allowed."""
     registry = registered_actuators()
     target = registry.get(name)
@@ -111,15 +152,15 @@ def _import(name: str, path: str) -> Actuator:
             "actuator.name", f"actuator {name!r} needs module {module_name!r}, which cannot be imported: {exc}"
         ) from None
     fn = getattr(module, attr, None)
+    if isinstance(fn, Actuator):
+        return fn
     if not callable(fn):
         raise InputError("actuator.name", f"module {module_name!r} has no function {attr!r}")
-    return fn
+    return Actuator(name, fn)  # a plain function: one node, the entity's hardware, no option check
 
 
 def check_options(name: str, options: dict[str, Any], *, allow_import: bool = False) -> None:
-    """Let the actuator reject unknown or bad options before anything runs (InputError), through its
-    ``check_options(options)`` attribute if it has one."""
-    fn = resolve_actuator(name, allow_import=allow_import)
-    check = getattr(fn, "check_options", None)
-    if check is not None:
-        check({**options, "visible_devices": "", "output_dir": "."})  # with what the executor adds
+    """Let the actuator reject unknown or bad options before anything runs (InputError)."""
+    actuator = resolve_actuator(name, allow_import=allow_import)
+    if actuator.check_options is not None:
+        actuator.check_options({**options, "visible_devices": "", "output_dir": "."})  # with what the executor adds

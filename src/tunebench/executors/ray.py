@@ -19,11 +19,9 @@ STRICT_SPREAD (one bundle per distinct node). The rendezvous address is Ray's ow
 of bundle 0 (``ray.util.get_node_ip_address()`` in a task placed on that bundle) plus a port that
 task found free, so it works wherever Ray runs (bare metal, Slurm, Kubernetes) — the reference
 builds a Kubernetes pod DNS name instead (ado-sfttrainer.md §16 pitfall 4). The actuator does
-the rest through three attributes (the measuring actuator's are the defaults,
-tunebench.actuators.measure): ``plan_nodes(experiment, entity, options, ip, port) -> LaunchPlan``
-here, ``run_node(experiment, entity, options, node_plan, output_dir, ip) -> NodeResult`` on the
-node of each bundle, ``collect_nodes(experiment, entity, options, plan, node_results) -> Result``
-here. This module only schedules.
+the rest through its ``MultiNode`` steps (tunebench.actuators.registry): ``judge`` and ``plan`` here,
+``run`` on the node of each bundle, ``collect`` here; an actuator without them does not run
+multi-node entities (a failed result that says so). This module only schedules.
 """
 
 from __future__ import annotations
@@ -32,14 +30,12 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunebench.actuators.launch import LaunchPlan
 from tunebench.actuators.process import NodeResult
-from tunebench.actuators.registry import resolve_actuator
+from tunebench.actuators.registry import MultiNode, resolve_actuator
 from tunebench.errors import InputError
 from tunebench.executors.task import Finished, Task, run_task
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
@@ -67,25 +63,9 @@ def node_bundle(task: Task) -> dict[str, float]:
     return bundle
 
 
-@dataclass
-class MultiNodeHooks:
-    plan: Callable[..., LaunchPlan]
-    run: Callable[..., NodeResult]
-    collect: Callable[..., Result]
-    judge: Callable[..., list[str]] | None = None  # (experiment, entity) -> why it is not measured
-
-
-def multinode_hooks(actuator: str, allow_import: bool = False) -> MultiNodeHooks:
-    """The actuator's plan_nodes / run_node / collect_nodes attributes, else the measuring actuator's."""
-    from tunebench.actuators import measure
-
-    fn = resolve_actuator(actuator, allow_import=allow_import)
-    return MultiNodeHooks(
-        plan=getattr(fn, "plan_nodes", measure.plan_nodes),
-        run=getattr(fn, "run_node", measure.run_node),
-        collect=getattr(fn, "collect_nodes", measure.collect_nodes),
-        judge=getattr(fn, "judge_nodes", None),
-    )
+def multinode_steps(actuator: str, allow_import: bool = False) -> MultiNode | None:
+    """The actuator's multi-node steps; None if it runs entities on one node only."""
+    return resolve_actuator(actuator, allow_import=allow_import).multinode
 
 
 # ------------------------------------------------------------------------------------- in workers
@@ -117,9 +97,10 @@ def _node_on_worker(task: Task, rank: int, plan: LaunchPlan, output_dir: str, ma
     import ray
 
     experiment, entity = task.rebuild()
-    hooks = multinode_hooks(task.actuator, task.allow_import)
+    steps = multinode_steps(task.actuator, task.allow_import)
+    assert steps is not None  # _run_multinode placed the nodes only for an actuator with multi-node steps
     options = {**task.options, "visible_devices": ",".join(str(g) for g in ray.get_gpu_ids())}  # this bundle's GPUs
-    result = hooks.run(experiment, entity, options, plan.nodes[rank], output_dir, main_process_ip)
+    result = steps.run(experiment, entity, options, plan.nodes[rank], output_dir, main_process_ip)
     result.node_ip = ray.util.get_node_ip_address()
     result.node_id = ray.get_runtime_context().get_node_id()
     return result
@@ -247,9 +228,12 @@ class RayExecutor:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ray, nodes = self.ray, task.number_nodes
-        hooks = multinode_hooks(task.actuator, task.allow_import)
-        if hooks.judge is not None:  # judged before any node is placed (the measuring actuator's rules)
-            reasons = hooks.judge(*task.rebuild())
+        steps = multinode_steps(task.actuator, task.allow_import)
+        if steps is None:
+            return _failed(task, f"actuator {task.actuator!r} runs entities on one node only (it has no multi-node "
+                                 f"steps); number_nodes is {nodes}")
+        if steps.judge is not None:  # judged before any node is placed (the measuring actuator's rules)
+            reasons = steps.judge(*task.rebuild())
             if reasons:
                 return Result.invalid(task.experiment_id, task.entity_id, reasons, actuator=task.actuator)
         if task.number_gpus % nodes:
@@ -272,7 +256,7 @@ class RayExecutor:
 
             ip, port = ray.get(self._rendezvous.options(num_cpus=0, scheduling_strategy=on(0)).remote())
             experiment, entity = task.rebuild()
-            plan = hooks.plan(experiment, entity, dict(task.options), ip, port)
+            plan = steps.plan(experiment, entity, dict(task.options), ip, port)
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")
             refs = [
                 self._node.options(
@@ -290,7 +274,7 @@ class RayExecutor:
                 return _failed(
                     task, f"ray: a node of the measurement failed: {type(exc).__name__}: {_first_line(exc)}", str(exc)
                 )
-            result = hooks.collect(experiment, entity, dict(task.options), plan, node_results)
+            result = steps.collect(experiment, entity, dict(task.options), plan, node_results)
         finally:
             remove_placement_group(group)
         result.experiment_id, result.entity_id = task.experiment_id, task.entity_id

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunebench.actuators.registry import HARDWARE_FREE, resolve_actuator
+from tunebench.actuators.registry import needs_hardware, resolve_actuator
 from tunebench.spec.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
@@ -38,7 +38,7 @@ class Task:
     entity_id: str
     entity_values: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
-    number_gpus: int = 0  # what the task asks the executor for (0 for HARDWARE_FREE actuators)
+    number_gpus: int = 0  # what the task asks the executor for (0 for actuators that need no hardware)
     number_nodes: int = 1
     gpu_model: str | None = None
     allow_import: bool = False  # the actuator may be an unregistered module:function (explicit opt-in)
@@ -66,7 +66,7 @@ def make_task(
     allow_import: bool = False,
 ) -> Task:
     values = effective_values(experiment, entity)
-    hardware = actuator not in HARDWARE_FREE
+    hardware = needs_hardware(actuator, allow_import=allow_import)
     gpus = int(values["number_gpus"]) if hardware else 0
     # a CPU entity asks for one machine whatever its number_nodes: the measuring actuators judge number_nodes > 1
     # without GPUs before running (tunebench.engines.support), which an executor's refusal would hide

@@ -19,12 +19,14 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
-from tunebench.plan.predictor import PlanOptions, predict_values
 from tunebench.spec.validity import check_values
+
+if TYPE_CHECKING:  # the planner (numpy, torch when tracing) loads when a recommendation runs, not with --help
+    from tunebench.plan.predictor import PlanOptions
 
 METHOD_EXPERIMENTS = {
     "full": "finetune_full_benchmark-v1.0.0",
@@ -100,6 +102,8 @@ def evaluate(
 ) -> list[Candidate]:
     """Predict every variant (one vectorised pass); rule-breaking variants, and those whose
     out-of-memory probability exceeds max_oom_risk, count as not fitting."""
+    from tunebench.plan.predictor import predict_values
+
     cols = predict_values([(experiment.method, v) for v in variants], options)
     out = []
     for i, v in enumerate(variants):
@@ -199,6 +203,8 @@ def diagnose(
     batch = int(values["batch_size"])
     top = tried_counts(batch, gpus_per_node, max_gpus)[-1]
     v = _variant(values, top, rounded_batch(batch, top), gpus_per_node)
+    from tunebench.plan.predictor import predict_values
+
     cols = predict_values([(experiment.method, v)], options)
     breakdown = cols["breakdown"][0] or {}
     name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)

@@ -191,3 +191,4 @@ def read(engine: Engine) -> Iterator[Connection]:
         conn = conn.execution_options(tunebench_readonly=True)
         with conn.begin():
             yield conn
+

@@ -17,9 +17,9 @@ from rich.table import Table
 from tunebench.errors import InputError, parse_json
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
 from tunebench.inputs import parse
-from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
+from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.plan.options import DeployOptions, check_recommend
-from tunebench.plan.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
+from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -186,7 +186,8 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     entity = make_entity(exp, values)
     _require_gpu_model(effective_values(exp, entity))
     if compare:  # the store first: one that cannot be read fails before the planner runs (and caches)
-        from tunebench.plan.compare import compare_rows, measured_result, print_comparison
+        from tunebench.commands.compare import print_comparison
+        from tunebench.plan.compare import compare_rows, measured_result
 
         measured = measured_result(store, exp.id, entity.id)
     result = predict(exp, entity, **kw)
@@ -213,7 +214,8 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
     """plan --compare over every measured entity of the store, or of one space's exploration."""
-    from tunebench.plan.compare import compare_many, measured_rows, print_summary, summarise
+    from tunebench.commands.compare import print_summary
+    from tunebench.plan.compare import compare_many, measured_rows, summarise
 
     filters = {}
     if space is not None:
@@ -388,7 +390,7 @@ def deploy_spec(
 
 
 def register(app: typer.Typer) -> None:
-    from tunebench.plan.calibrate_cli import calibrate
+    from tunebench.commands.calibrate import calibrate
 
     """Add plan, recommend, deploy-spec and calibrate to a Typer app."""
     app.command("plan")(plan)

@@ -1,4 +1,4 @@
-"""The store's commands ``show``, ``import`` and ``export``, and ``open_store`` that every command uses.
+"""The store's commands ``show``, ``import``, ``export`` and ``operations``.
 
 ``register(app)`` adds the commands to tunebench's CLI. Input errors raise ``InputError``
 (tunebench's main prints one line and exits with code 2).
@@ -18,6 +18,7 @@ from tunebench.errors import InputError, one_of, suggest
 from tunebench.inputs import InputFile, Options, OutputFile, Text, TextFile, parse
 from tunebench.paths import atomic_path, output_errors
 from tunebench.secrets import mask_secrets
+from tunebench.store.open import open_store
 
 if TYPE_CHECKING:
     from tunebench.spec.experiments import Entity, Experiment
@@ -36,28 +37,6 @@ StoreOpt = Annotated[
 SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
 OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
 MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only), and every actuator
-
-
-def open_store(url: str | None, *, create: bool = True) -> Store:
-    """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError if it cannot be used.
-
-    create=False (commands that only read): the store is opened read-only; one that does not exist, or a
-    database without one (empty, or another program's tables), is an error, not a new empty store.
-    """
-    from sqlalchemy.exc import ArgumentError, DatabaseError
-
-    from tunebench.store import SchemaError, Store
-    from tunebench.store.db import check_location, store_url
-
-    target = store_url(url)
-    check_location(target, create=create)
-    try:
-        return Store(target, readonly=not create)
-    except (ArgumentError, DatabaseError, SchemaError) as exc:
-        why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
-        raise InputError("--store", f"cannot open the store {mask_secrets(target)}: {mask_secrets(why)}") from None
-    except ModuleNotFoundError as exc:  # e.g. a PostgreSQL URL without its driver
-        raise InputError("--store", f"the store's database driver is not installed: {exc}") from None
 
 
 class ShowOptions(Options):
@@ -116,7 +95,8 @@ def show(
     """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
     standard deviation): constitutive columns, actuator, measured columns."""
     from tunebench.store.query import select_rows
-    from tunebench.store.tables import build, render
+    from tunebench.commands.tables import render
+    from tunebench.store.tables import build
 
     parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
@@ -363,7 +343,7 @@ def operations(
     from rich.console import Console
 
     from tunebench.store import STATES
-    from tunebench.terminal import Column, print_table
+    from tunebench.commands.terminal import Column, print_table
 
     sample_store = open_store(store, create=False)
     try:

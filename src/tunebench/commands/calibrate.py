@@ -15,7 +15,7 @@ from tunebench.errors import InputError
 from tunebench.inputs import parse
 from tunebench.paths import check_writable, output_errors
 from tunebench.plan.options import CalibrateOptions
-from tunebench.plan.printing import echo_json, fmt
+from tunebench.commands.printing import echo_json, fmt
 from tunebench.secrets import mask_secrets
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]

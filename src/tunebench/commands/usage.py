@@ -2,7 +2,7 @@
 
 Typer parses the command line with click (typer >= 0.29: its own bundled copy, whose exceptions are
 not click's). Whichever copy raised, a usage error becomes an ``InputError`` naming the option,
-argument or command and what is allowed, so ``tunebench.cli.main`` ends every bad input the same
+argument or command and what is allowed, so ``tunebench.commands.main.main`` ends every bad input the same
 way: one line on stderr, exit code 2. The exceptions are recognised by their class names, which
 both copies share, so this works with either.
 """

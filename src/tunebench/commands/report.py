@@ -11,7 +11,7 @@ import typer
 from tunebench.errors import InputError
 from tunebench.inputs import Options, OutputFile, TextFile, parse
 from tunebench.paths import output_errors, write_atomic
-from tunebench.store.cli import StoreOpt
+from tunebench.commands.store import StoreOpt
 
 
 class ReportOptions(Options):
@@ -31,7 +31,7 @@ def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
-    from tunebench.store.cli import open_store
+    from tunebench.store.open import open_store
     from tunebench.report import build_report
 
     parse(ReportOptions, space=space, output=output)

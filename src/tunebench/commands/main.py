@@ -22,22 +22,22 @@ from rich.table import Table
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
-from tunebench.datasets.cli import app as datasets_app
+from tunebench.commands.datasets import app as datasets_app
 from tunebench.engines import NATIVE
-from tunebench.engines.cli import app as engines_app
+from tunebench.commands.engines import app as engines_app
 from tunebench.errors import InputError, one_line
 from tunebench.limits import MAX_CPU_PROCESSES
-from tunebench.explore.cli import register as register_explore
+from tunebench.commands.explore import register as register_explore
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
 from tunebench.inputs import Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
-from tunebench.plan.cli import register as register_plan
-from tunebench.report.cli import register as register_report
+from tunebench.commands.plan import register as register_plan
+from tunebench.commands.report import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
 from tunebench.secrets import mask_secrets
-from tunebench.store.cli import record_run, run_store
-from tunebench.store.cli import register as register_store
-from tunebench.terminal import Column, fit, print_table
-from tunebench.usage import is_help_request, is_usage_error, to_input_error
+from tunebench.commands.store import record_run, run_store
+from tunebench.commands.store import register as register_store
+from tunebench.commands.terminal import Column, fit, print_table
+from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
     help="Plan, measure and explore fine-tuning jobs: memory, OOM, GPU count, throughput, cost.",
@@ -358,9 +358,9 @@ def print_result(result: Any) -> None:
 
 def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any], engine: str = NATIVE) -> Any:
     """measure() showing its phase and the worker's step x/N, tokens/s, loss, elapsed and ETA on stderr
-    (tunebench.runprogress: a live line in a terminal, log lines elsewhere)."""
+    (tunebench.commands.runprogress: a live line in a terminal, log lines elsewhere)."""
     from tunebench.actuators.measure import measure
-    from tunebench.runprogress import RunProgress
+    from tunebench.commands.runprogress import RunProgress
 
     with RunProgress("measuring") as shown:
         return measure(exp, entity, options, engine=engine, progress=shown.phase, on_step=shown.step)

@@ -21,7 +21,7 @@ from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_d
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
 from tunebench.inputs import Count, Options, OutputDir, parse
 from tunebench.paths import output_errors
-from tunebench.terminal import Column, print_table
+from tunebench.commands.terminal import Column, print_table
 
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
 

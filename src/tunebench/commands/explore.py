@@ -14,7 +14,8 @@ import typer
 
 from tunebench.errors import InputError
 from tunebench.inputs import Count, NonNegativeInt, Options, Seconds, Text, TextFile, parse
-from tunebench.store.cli import StoreOpt, open_store
+from tunebench.commands.store import StoreOpt
+from tunebench.store.open import open_store
 
 if TYPE_CHECKING:
     from tunebench.explore.explorer import Settings, Summary
@@ -116,7 +117,7 @@ def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_addr
     from rich.console import Console
 
     from tunebench.explore.explorer import explore as run
-    from tunebench.explore.progress import ProgressDisplay, ProgressLog
+    from tunebench.commands.explore_progress import ProgressDisplay, ProgressLog
     from tunebench.logs import is_quiet
 
     sample_store = open_store(store)
