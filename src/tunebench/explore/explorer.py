@@ -33,12 +33,12 @@ from tunebench.actuators import check_options
 from tunebench.executors.task import Finished, Task, make_task
 from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.explore.samplers import check_points, sample
+from tunebench.explore.search import POLL_S, FixedPoints, Search
 from tunebench.explore.space import Space
 from tunebench.paths import home
 from tunebench.spec.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
-POLL_S = 0.2  # longest wait for a result before the loop looks at the store again
 REQUEUE_S = 1.0  # how often the loop looks for claims of dead explorers (at least twice per lease)
 
 
@@ -139,7 +139,8 @@ def explore(
                 store.requeue_stale(max_retries=settings.max_retries)  # a dead explorer's claims come back
                 last_requeue = now
 
-            claims = _claim(store, search, op_id, owner, settings.max_parallel - len(in_flight), settings, in_flight)
+            capacity = settings.max_parallel - len(in_flight)
+            claims = search.claim(owner, capacity, settings.lease_seconds, in_flight) if capacity > 0 else []
             for claim in claims:
                 in_flight[claim.request_id] = claim
                 error = _submit(executor, _task(claim, experiments, space, output_root, settings.allow_actuator_import))
@@ -154,7 +155,7 @@ def explore(
                 _refresh(store, op_id, progress, search, running=len(in_flight))
                 report(progress)
 
-            if not in_flight and not claims and _finished_or_wait(store, search, op_id):
+            if not in_flight and not claims and search.done():
                 break
     except KeyboardInterrupt:
         interrupted = True
@@ -170,7 +171,7 @@ def explore(
     summary = Summary(**asdict(progress))
     summary.elapsed_s = time.monotonic() - started
     summary.final = store.counts(op_id)
-    summary.best = search.best() if search is not None else _best(store, space)
+    summary.best = search.best()
     return summary
 
 
@@ -183,9 +184,9 @@ def _submit(executor: Executor, task: Task) -> str | None:
     return None
 
 
-def _register(space: Space, store: Store, settings: Settings, progress: Progress):
+def _register(space: Space, store: Store, settings: Settings, progress: Progress) -> Search:
     """Register the space's points (grid/random) or start the Optuna search (optimize); sets the
-    progress totals. Returns the search, or None when the points are all registered up front."""
+    progress totals. Returns the operation's search."""
     op_id, sampler = space.operation_id, space.operation.sampler
     if sampler == "optimize":
         from tunebench.explore.optimize import OptunaSearch
@@ -203,25 +204,10 @@ def _register(space: Space, store: Store, settings: Settings, progress: Progress
     progress.total = len(unique)
     progress.memoised = sum(r.origin == "memoised" for r in unique)
     progress.rules = sum(r.origin == "rules" for r in unique)
-    return None
+    return FixedPoints(space, store)
 
 
-def _claim(store: Store, search, op_id: str, owner: str, capacity: int, settings: Settings,
-           in_flight: dict[int, Claim]) -> list[Claim]:  # fmt: skip
-    """Up to capacity pending requests, claimed for this explorer (optimize: those the search proposes)."""
-    if capacity <= 0:
-        return []
-    if search is None:
-        return store.claim(op_id, owner, capacity, settings.lease_seconds)
-    search.check_watched()
-    search.propose(capacity - len(search.claimable(exclude=in_flight)))
-    wanted = search.claimable(exclude=in_flight)[:capacity]
-    claims = store.claim(op_id, owner, capacity, settings.lease_seconds, request_ids=wanted)
-    search.lost_race(set(wanted) - {c.request_id for c in claims})
-    return claims
-
-
-def _record(store: Store, search, finished: list, in_flight: dict[int, Claim], progress: Progress,
+def _record(store: Store, search: Search, finished: list, in_flight: dict[int, Claim], progress: Progress,
             settings: Settings, sampler: str) -> None:  # fmt: skip
     """Store each finished result (a failure may be requeued for a retry) and tell the search."""
     for fin in finished:
@@ -230,27 +216,8 @@ def _record(store: Store, search, finished: list, in_flight: dict[int, Claim], p
         progress.measured += 1
         progress.retried += status == PENDING
         progress.lost += status == "lost"
-        if search is not None and status in (VALID, INVALID, FAILED):
+        if status in (VALID, INVALID, FAILED, "lost"):
             search.tell(claim.request_id, status, fin.result.properties)
-        elif search is not None and status == "lost":
-            search.lost_race([claim.request_id])
-
-
-def _finished_or_wait(store: Store, search, op_id: str) -> bool:
-    """Nothing in flight here: True when the operation is done, else wait a little for other explorers."""
-    if search is not None:
-        if search.finished():
-            return True
-        if search.watched and not search.claimable():
-            time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
-        return False
-    counts = store.counts(op_id)
-    if not counts.get(PENDING, 0) and not counts.get(RUNNING, 0):
-        return True
-    # pending requests were claimed by someone else meanwhile, or other explorers hold claims: wait for
-    # their results or for their leases to expire (requeued by the loop)
-    time.sleep(POLL_S if counts.get(RUNNING, 0) else 0.05)
-    return False
 
 
 def screen_predicted_oom(points: list) -> tuple[list, list]:
@@ -277,7 +244,7 @@ def _task(
     return make_task(claim.request_id, claim.attempt, claim.actuator, experiment, entity, options, allow_import)
 
 
-def _refresh(store: Store, op_id: str, progress: Progress, search: Any, running: int = 0) -> None:
+def _refresh(store: Store, op_id: str, progress: Progress, search: Search, running: int = 0) -> None:
     """Progress counts from the store (shared with other explorers, so read, not tallied)."""
     counts = store.counts(op_id)
     progress.valid, progress.invalid, progress.failed = (
@@ -287,22 +254,6 @@ def _refresh(store: Store, op_id: str, progress: Progress, search: Any, running:
     )
     progress.running = running
     progress.elsewhere = max(0, counts.get(RUNNING, 0) - running)
-    if search is None:
-        progress.done = progress.valid + progress.invalid + progress.failed
-    else:
-        progress.done = min(search.evaluated - len(search.open), progress.total)
-        progress.memoised = search.memoised
-        progress.rules = search.rules
+    search.count(progress)
 
 
-def _best(store: Store, space: Space) -> dict[str, Any] | None:
-    """The best valid result of the operation by the operation's metric, if any were measured."""
-    metric, maximize = space.operation.metric, space.operation.direction == "maximize"
-    best = None
-    for row in store.rows(operation_id=space.operation_id, statuses=[VALID]):
-        value = (row["properties"] or {}).get(metric)
-        if not isinstance(value, (int, float)):
-            continue
-        if best is None or (value > best[metric] if maximize else value < best[metric]):
-            best = {"experiment": row["experiment_id"], "entity": row["entity"], metric: value}
-    return best

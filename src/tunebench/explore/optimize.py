@@ -19,20 +19,27 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable
-from typing import Any
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment
 from tunebench.explore.samplers import point
 from tunebench.explore.space import Space
+from tunebench.explore.search import POLL_S
 from tunebench.store import DONE, FAILED, INVALID, PENDING, RUNNING, VALID, Store
+
+if TYPE_CHECKING:
+    from tunebench.explore.explorer import Progress
+    from tunebench.store import Claim
 
 MAX_REPEATS = 20  # consecutive proposals of known points before a random unseen point is tried
 
 
 class OptunaSearch:
-    """Proposes points, registers them in the store, and learns from their results."""
+    """Proposes points, registers them in the store, and learns from their results (a
+    tunebench.explore.search.Search: claim, tell, done, count, best)."""
 
     def __init__(self, space: Space, store: Store, operation_id: str, *, remeasure: bool = False):
         try:
@@ -169,10 +176,38 @@ class OptunaSearch:
                 return params
         return None
 
+    # ------------------------------------------------------------------ what the explorer loop calls
+
+    def claim(self, owner: str, capacity: int, lease_seconds: float, in_flight: Mapping[int, Claim]) -> list[Claim]:
+        """Up to capacity of the requests the search proposes, claimed for this explorer."""
+        self.check_watched()
+        self.propose(capacity - len(self.claimable(exclude=in_flight)))
+        wanted = self.claimable(exclude=in_flight)[:capacity]
+        claims = self.store.claim(self.operation_id, owner, capacity, lease_seconds, request_ids=wanted)
+        self.lost_race(set(wanted) - {c.request_id for c in claims})
+        return claims
+
+    def done(self) -> bool:
+        if self.finished():
+            return True
+        if self.watched and not self.claimable():
+            time.sleep(POLL_S)  # only other explorers' measurements are left: wait for them
+        return False
+
+    def count(self, progress: Progress) -> None:
+        progress.total = self.budget
+        progress.done = min(self.evaluated - len(self.open), progress.total)
+        progress.memoised = self.memoised
+        progress.rules = self.rules
+
     # ---------------------------------------------------------------------------------- learning
 
     def tell(self, request_id: int, status: str, properties: dict[str, Any]) -> None:
-        """A final outcome (valid, invalid, or failed after retries) of an open request."""
+        """A final outcome (valid, invalid, or failed after retries) of an open request; "lost":
+        another explorer took it (watched until its result is in the store)."""
+        if status == "lost":
+            self.lost_race([request_id])
+            return
         key = self.open.pop(request_id, None)
         self.watched.discard(request_id)
         if key is None:
