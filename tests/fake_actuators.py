@@ -52,8 +52,12 @@ def throughput(entity: Entity, options: dict[str, Any]) -> float:
 
 
 def sleepy(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
-    """Sleeps options["sleep_s"], then returns a valid result with the made-up throughput."""
+    """Sleeps options["sleep_s"] (first waiting, up to 10 minutes, until the file options["hold_until"] exists,
+    when given: a test releases it), then returns a valid result with the made-up throughput."""
     _log(options, entity, experiment, "start")
+    hold, give_up = options.get("hold_until"), time.monotonic() + 600
+    while hold and not Path(hold).exists() and time.monotonic() < give_up:
+        time.sleep(0.05)
     time.sleep(float(options.get("sleep_s", 0.0)))
     props = {
         "dataset_tokens_per_second": throughput(entity, options),

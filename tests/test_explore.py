@@ -265,20 +265,25 @@ def test_a_claim_whose_lease_expires_is_reclaimed_within_the_survivors_run(tmp_p
 def test_kill_9_of_one_of_two_explorers_the_survivor_finishes_its_points(tmp_path):
     """Two explorers share a space; one is killed while it measures: the other, still running, reclaims
     the dead one's point (dead process on this host) and every point ends measured, none left running."""
-    log, db = tmp_path / "calls.jsonl", tmp_path / "s.db"
-    space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log), sleep_s=2.0)
+    log, db, release = tmp_path / "calls.jsonl", tmp_path / "s.db", tmp_path / "release"
+    # every measurement waits for the release file: neither explorer can finish before both measure
+    space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log), sleep_s=0.5,
+                       hold_until=str(release))  # fmt: skip
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     Store(db).close()
     victim = start_explorer(tmp_path / "space.yaml", db, "--max-parallel", "1")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # each phase its own generous deadline (a loaded 2-core machine)
     while time.monotonic() < deadline and not any(c["pid"] == victim.pid for c in calls(log)):
         time.sleep(0.05)
     survivor = start_explorer(tmp_path / "space.yaml", db, "--max-parallel", "1")
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len({c["pid"] for c in calls(log)}) < 2:
         time.sleep(0.05)  # both are measuring now, one point each: nothing is pending
+    assert len({c["pid"] for c in calls(log)}) == 2, "both explorers should be measuring"
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    out, err = survivor.communicate(timeout=120)
+    release.touch()
+    out, err = survivor.communicate(timeout=300)
     assert survivor.returncode == 0, err
     with Store(db) as store:
         assert store.counts(store.operations()[0]["id"]) == {"valid": 2}  # the dead explorer's point too
