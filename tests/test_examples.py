@@ -3,7 +3,7 @@
 Cheap check, no training: the first records of each measured entity's data set are tokenized with
 the model's counting tokenizer (tunebench.datasets.resolve, offline) and the marker must end before
 the entity's model_max_length, leaving label tokens to train on (a run that trains on none is
-invalid: tests/test_measure.py::test_run_that_trains_no_label_token_is_invalid).
+invalid: tests/actuators/test_measure.py::test_run_that_trains_no_label_token_is_invalid).
 """
 
 from __future__ import annotations

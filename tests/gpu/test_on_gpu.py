@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from test_worker_training import assert_rates_follow_from_tokens, run
+from worker.test_training import assert_rates_follow_from_tokens, run
 from worker_data import write_data
 
 pytestmark = pytest.mark.gpu

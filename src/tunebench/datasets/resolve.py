@@ -32,7 +32,7 @@ from tunebench.errors import InputError
 # uses int(1e30), VERY_LARGE_INTEGER).
 UNSET_MAX_LENGTH = 10**18
 # Fallback rule, measured on tunebench prose: 4.68 (Mistral v1) to 5.12 (Llama-3) characters per
-# token (tests/test_datasets_tokens.py); 4.5 errs towards more tokens.
+# token (tests/datasets/test_tokens.py); 4.5 errs towards more tokens.
 FALLBACK_CHARS_PER_TOKEN = 4.5
 _TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

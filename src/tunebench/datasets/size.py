@@ -6,7 +6,7 @@ costs from the id and refuses (InputError naming dataset_id, nothing written) wh
 does not have them.
 
 The estimates follow the generator (generate.py, entries.py, vision.py) with constants measured on
-its output (tunebench 0.1, generator version 2; tests/test_datasets_size.py checks them against real
+its output (tunebench 0.1, generator version 2; tests/datasets/test_size.py checks them against real
 files):
 
 - a news-chars entry is 2 N characters plus ~170 bytes of template and JSON;

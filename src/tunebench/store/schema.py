@@ -44,7 +44,7 @@ DONE = (VALID, INVALID)  # memoised outcomes (ado-sfttrainer.md §12.4: invalid 
 ENTITY_COLUMNS = ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model", "number_nodes")
 # Measured properties (spec/measured.py: the benchmark and stability experiments'), one real column
 # each in `results`; anything else an actuator measures goes to `results.extra_properties` (JSON). A
-# change to these lists changes the table: tests/test_store.py holds their fingerprint, so it fails
+# change to these lists changes the table: tests/store/test_store.py holds their fingerprint, so it fails
 # until a migration (store/migrations.py) is written with the new fingerprint.
 MEASURED_COLUMNS = tuple(p for p in (*BENCHMARK_MEASURED, *STABILITY_MEASURED) if p != "is_valid")
 

@@ -9,8 +9,9 @@ import pytest
 from tunebench.executors.local import LocalExecutor
 from tunebench.explore import Settings, explore, load_space
 from tunebench.store import Store
+from layout import REPO
 
-MINIMAL = Path(__file__).parent.parent / "examples" / "minimal-cpu-lora.yaml"
+MINIMAL = REPO / "examples" / "minimal-cpu-lora.yaml"
 
 
 @pytest.mark.slow

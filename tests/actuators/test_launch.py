@@ -16,8 +16,9 @@ import yaml
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.actuators.launch import build_launch_plan
+from layout import TESTS
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = TESTS / "golden"
 A100 = "NVIDIA-A100-80GB-PCIe"
 
 CASES = {

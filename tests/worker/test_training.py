@@ -332,7 +332,7 @@ def test_random_weights_rebuild_every_catalog_architecture():
     checked, tiny_types = 0, set()
     for spec in list_models():
         if spec.is_vision or spec.hidden_size is None or not spec.total_params:
-            continue  # vision models: tests/test_worker_vision.py; granite-8b-japanese has no shape
+            continue  # vision models: tests/worker/test_vision.py; granite-8b-japanese has no shape
         with torch.device("meta"):
             full = AutoModelForCausalLM.from_config(build_config(spec, False, 512, {}))
         assert sum(p.numel() for p in full.parameters()) == spec.total_params, spec.name

@@ -14,6 +14,7 @@ from tunebench.actuators.measure import collect_nodes
 from tunebench.actuators.process import NodeResult
 from tunebench.actuators.launch import build_launch_plan
 from tunebench.spec.experiments import get_experiment, make_entity
+from layout import SRC
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0")
 ENTITY = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 2, "number_nodes": 2,
@@ -62,7 +63,7 @@ def test_the_cli_and_the_registry_import_no_torch_transformers_or_ray():
         "assert resolve_actuator('measure').__module__ == 'tunebench.actuators.measure'\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC),
                                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -6,7 +6,7 @@ import pytest
 
 import ray
 
-from tunebench.explore.__main__ import main
+from tunebench.commands.main import main
 
 pytestmark = pytest.mark.ray
 

@@ -17,8 +17,9 @@ from tunebench.datasets import KNOWN_DATASET_IDS
 from tunebench.engines.versions import RELEASED
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.properties import PROPERTIES
+from layout import DATA
 
-SPEC = Path(__file__).parent / "data" / "spec" / "004_sfttrainer_experiments.txt"
+SPEC = DATA / "spec" / "004_sfttrainer_experiments.txt"
 
 # spec heading -> our id (the spec's README spells the GPTQ experiment "gtpq")
 SECTIONS = {

@@ -18,6 +18,7 @@ from tunebench.spec.results import Result
 from tunebench.store import SCHEMA_VERSION, SchemaError, Store, migrations, owner_id, store_url
 from tunebench.store.schema import TABLES, metadata, requests, results, schema_version
 from tunebench.store.store import Record
+from layout import DATA, SRC
 
 EXP = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2})
 
@@ -280,7 +281,7 @@ def _bounded() -> None:
 
 
 def _env() -> dict[str, str]:
-    src = str(Path(__file__).parent.parent / "src")
+    src = str(SRC)
     return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
 
 
@@ -291,7 +292,7 @@ def test_three_explorers_on_a_fresh_postgresql_database(postgres_server, tmp_pat
     import json
 
     import yaml
-    from test_explore import make_space
+    from explore.test_explorer import make_space
 
     log = tmp_path / "calls.jsonl"
     space = make_space("sleepy", lengths=tuple(range(64, 64 * 7, 64)), batches=(1, 2), call_log=str(log), sleep_s=0.2)
@@ -369,7 +370,7 @@ def test_a_database_server_that_never_answers_is_an_error_not_a_hang(tmp_path):
     thread.start()
     url = f"postgresql+psycopg://me:s3cret-pw@127.0.0.1:{listener.getsockname()[1]}/tunebench"
     try:
-        for argv in (["show", "--store", url], ["import", str(Path(__file__).parent / "data" /
+        for argv in (["show", "--store", url], ["import", str(DATA /
                      "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", url]):  # fmt: skip
             started = time.monotonic()
             proc = subprocess.run([sys.executable, "-m", "tunebench", *argv], capture_output=True, text=True,
@@ -436,7 +437,7 @@ def test_a_command_that_creates_a_store_may_add_it_to_another_programs_database(
     from tunebench.commands.main import main
 
     _foreign_sqlite(tmp_path / "app.db")
-    csv = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+    csv = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
     assert main(["import", str(csv), "--store", str(tmp_path / "app.db")]) == 0
     with Store(tmp_path / "app.db", readonly=True) as s, s.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT name FROM users").scalars().all() == ["ada"]

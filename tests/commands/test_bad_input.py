@@ -32,8 +32,9 @@ from tunebench.errors import InputError
 from tunebench.secrets import mask_secrets
 from tunebench.store import Store
 from tunebench.store.csvio import import_csv
+from layout import DATA, SRC
 
-ADO_CSV = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 FULL = "finetune_full_benchmark-v1.0.0"
@@ -533,7 +534,7 @@ def console_script() -> list[str]:
 @pytest.mark.parametrize("argv", SUBPROCESS, ids=[" ".join(a)[:80] for a in SUBPROCESS])
 def test_bad_input_in_a_real_process(workdir, argv):
     field = BY_ARGV[tuple(argv)]  # every one is a case of the table
-    src = str(Path(__file__).parent.parent / "src")
+    src = str(SRC)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     before = snapshot(workdir)
     proc = subprocess.run([*console_script(), *argv], capture_output=True, text=True, timeout=120, env=env)
@@ -566,7 +567,7 @@ def test_bad_environment_settings_are_named(workdir, capsys, monkeypatch, name, 
 
 
 def test_python_dash_m_tunebench_exits_with_the_commands_code(workdir):
-    src = str(Path(__file__).parent.parent / "src")
+    src = str(SRC)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "tunebench", "show", "--limit", "0"], capture_output=True, text=True,
                           timeout=120, env=env)  # fmt: skip
@@ -689,7 +690,7 @@ def on_a_full_disk(workdir: Path, name: str, argv: list[str]) -> tuple[int, str,
     full = workdir / "full"
     full.mkdir()
     argv = [*console_script(), *(a.replace("FULL", str(full)) for a in argv)]
-    src = str(Path(__file__).parent.parent / "src")
+    src = str(SRC)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
            "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
     if unshare_works() and not os.environ.get("TUNEBENCH_TEST_NO_UNSHARE"):

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from tunebench.errors import InputError
-from tunebench.explore.__main__ import main
+from tunebench.commands.main import main
 from tunebench.store import Store
 from tunebench.store.csvio import export_csv, import_csv, parse_entity_id, parse_experiment_id
+from layout import DATA
 
-DATA = Path(__file__).parent / "data"
+DATA = DATA
 ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"  # also shipped in src/tunebench/plan/data/measurements/ado/
 BENCH_CSV = DATA / "llmfinetuningbench_layout_sample.csv"  # LLMFineTuningBench's header, made-up rows
 

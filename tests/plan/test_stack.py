@@ -11,7 +11,7 @@ from tunebench.plan.predictor import predict
 from tunebench.plan.throughput import offload_seconds, optimizer_seconds, predict_throughput
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.validity import check_values
-from test_plan_memory import UNIT, states, workload
+from plan.test_memory import UNIT, states, workload
 
 GIB = 2**30
 N8 = {"number_gpus": 8, "batch_size": 8}

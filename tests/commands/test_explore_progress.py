@@ -16,8 +16,9 @@ from tunebench import __version__
 from tunebench.commands.main import main
 from tunebench.explore.explorer import Progress
 from tunebench.commands.explore_progress import ProgressLog
+from layout import SRC
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = SRC
 NOOP = {
     "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
     "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": [1, 2, 3]},

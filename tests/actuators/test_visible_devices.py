@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_measure import PARAMS
+from actuators.test_measure import PARAMS
 
 import tunebench.actuators.measure as measure_module
 import tunebench.actuators.process as process_module

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from test_measure import PARAMS, TINY_LLAMA, entity_of, opts
-from test_worker_training import run
+from actuators.test_measure import PARAMS, TINY_LLAMA, entity_of, opts
+from worker.test_training import run
 
 import tunebench.actuators.measure as measure_module
 from tunebench.actuators.launch import build_launch_plan

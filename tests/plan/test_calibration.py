@@ -13,6 +13,7 @@ from tunebench.plan.calibration import Batch, _log_sq, fit, scores
 from tunebench.plan.measurements import default_records, read_cases, read_csv, records_from_store, store_records
 from cli_app import invoke_plan as invoke
 from tunebench.plan.coefficients import DEFAULT_FILE, Calibration, Coefficients, default_calibration
+from layout import DATA
 
 # Rows in the fms-acceleration layout (refs_a100_80gb.csv / refs_a100_80gb_liger.csv).
 FMS_CSV = """bf16,epoch,fp16,framework_config,learning_rate,lora_alpha,lora_dropout,mem_nvidia_mem_reserved,mem_peak_torch_mem_alloc_in_bytes,mem_torch_mem_alloc_in_bytes,model_name_or_path,num_gpus,peft_method,per_device_train_batch_size,r,target_modules,torch_dtype,train_loss,train_runtime,train_samples_per_second,train_steps_per_second,train_tokens_per_second
@@ -168,7 +169,7 @@ def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
     reference = default_records()
     app = typer.Typer()
     register(app)
-    csv = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+    csv = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
     runner = CliRunner()
     out = runner.invoke(app, ["calibrate", "--from", str(csv), "--no-lomo", "--no-save", "--json"])
     assert out.exit_code == 0, out.output

@@ -10,8 +10,9 @@ import yaml
 from tunebench.errors import InputError
 from tunebench.explore.samplers import sample
 from tunebench.explore.space import load_space, parse_space
+from layout import REPO
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 MINIMAL = yaml.safe_load((EXAMPLES / "minimal-cpu-lora.yaml").read_text())
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.validity import check
+from layout import REPO
 
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
 BASE = {"model_name": "llama3.1-8b", "model_max_length": 1024, "number_gpus": 4, "batch_size": 8,
@@ -141,7 +142,7 @@ def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
     from pathlib import Path
 
-    docs = (Path(__file__).parents[1] / "docs" / "experiments.md").read_text()
+    docs = (REPO / "docs" / "experiments.md").read_text()
     section = docs.split("## Validity", 1)[1].split("###", 1)[0]
     assert "1. `batch_size % max(1, number_gpus) != 0`" in section
     assert "2. `number_gpus % number_nodes != 0`" in section and "max(1, number_gpus) % number_nodes" not in section

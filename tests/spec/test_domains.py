@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from test_worker_training import run
+from worker.test_training import run
 
 from tunebench.actuators.launch import build_launch_plan
 from tunebench.spec.experiments import get_experiment, make_entity

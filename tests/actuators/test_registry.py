@@ -17,6 +17,7 @@ from tunebench.executors.local import LocalExecutor
 from tunebench.actuators.registry import _plugins, registered_actuators, resolve_actuator
 from tunebench.explore import Settings, explore, parse_space
 from tunebench.store import Store
+from layout import SRC
 
 SPACE = {
     "experiments": [{"id": "finetune_lora_benchmark-v1.0.0"}],
@@ -78,7 +79,7 @@ def test_names_that_are_neither_registered_nor_a_path_are_unknown(name):
 def test_a_space_file_naming_os_system_runs_nothing_and_stores_nothing(tmp_path):
     space = {**SPACE, "actuator": {"name": "os:system"}}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC),
                                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "tunebench", "explore", "space.yaml", "--store", "s.db", "--quiet"],

@@ -9,6 +9,7 @@ import pytest
 
 from cli_app import invoke_plan as invoke
 from tunebench.plan.measurements import PUBLISHED
+from layout import REPO
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 FULL = "finetune_full_benchmark-v1.0.0"
@@ -245,7 +246,7 @@ def test_compare_over_one_spaces_exploration(tmp_path):
     from tunebench.store.csvio import import_csv
 
     db = str(tmp_path / "s.db")
-    space = Path(__file__).parents[1] / "examples" / "grid-cpu-noop.yaml"
+    space = REPO / "examples" / "grid-cpu-noop.yaml"
     assert main(["explore", str(space), "--store", db, "--max-parallel", "2"]) == 0
     with Store(db) as store:
         import_csv(store, CPU_EXAMPLE)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from tunebench.worker.progress import StepProgress, parse_step_line, step_line
+from layout import SRC
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = SRC
 TINY_LLAMA = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from tunebench.commands.main import main
+from layout import DATA
 
-DATA = Path(__file__).parent / "data"
+DATA = DATA
 
 
 def smollm2_135m_cpu_tokens_per_second(cpu_tflops: float, tokens: int) -> float:

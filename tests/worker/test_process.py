@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import worker_data
+from layout import SRC
 
 pytestmark = pytest.mark.slow  # subprocesses that train
 
 _WORDS = "market shares rose after the company reported strong quarterly earnings".split()  # this file's own records (worker_data.write_data)
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(SRC)
 TIMEOUT_S = 240  # a hung worker fails the test instead of hanging CI
 
 

@@ -18,6 +18,7 @@ from tunebench.executors.local import LocalExecutor
 from tunebench.explore import Settings, explore, parse_space
 from tunebench.commands.main import main
 from tunebench.store import Store
+from layout import SRC
 
 TESTING = "fake_actuators"
 
@@ -173,7 +174,7 @@ def test_unknown_actuator_is_an_input_error_before_anything_is_stored(tmp_path):
 def start_explorer(space_file: Path, db: Path, *extra: str) -> subprocess.Popen:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
     }
     command = [
         sys.executable,

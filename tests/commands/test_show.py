@@ -15,8 +15,9 @@ from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record
+from layout import DATA
 
-ADO_CSV = Path(__file__).parent / "data" / "ado_docs_example_smollm2_cpu_measurements.csv"
+ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
 EXP = get_experiment("finetune_full_benchmark-v1.0.0", {"stop_after_seconds": 30})
 
 
