@@ -1,11 +1,13 @@
-"""Command options as pydantic models: numbers, durations, ports, hosts and paths checked where they
-are parsed, before a command does anything.
+"""The types that check input values: numbers, durations, ports, hosts and paths checked where they
+are parsed, before anything runs.
 
-Typer turns the command line into Python values; ``parse(Model, name=value, ...)`` validates them
-against a model whose fields are named after the command's options and raises ``InputError`` naming
-the option (``--timeout``, or ``FILE`` for an argument), what is wrong and what is allowed. The types
-below are the vocabulary: no NaN or infinity anywhere, durations > 0, ports in [1, 65535], input
-files that exist and hold text, output files whose directory exists, nothing that reads as a flag.
+A command declares each of its values once with one of these types
+(``tunebench.commands.options.option(NonNegative, "--price-per-gpu-hour", ...)``): the value is checked
+as the command line is parsed. The Python API and actuator options validate keyword arguments with
+``parse(Model, name=value, ...)``, a model whose fields use the same types. Either way a bad value is
+an ``InputError`` naming the option (``--timeout``, or ``FILE`` for an argument), what is wrong and
+what is allowed. The vocabulary: no NaN or infinity anywhere, durations > 0, ports in [1, 65535],
+input files that exist and hold text, output files whose directory exists, nothing that reads as a flag.
 """
 
 from __future__ import annotations

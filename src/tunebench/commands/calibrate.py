@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.errors import InputError
-from tunebench.inputs import parse
+from tunebench.commands.options import option
+from tunebench.inputs import OutputFile
 from tunebench.paths import check_writable, output_errors
-from tunebench.plan.options import CalibrateOptions
+from tunebench.plan.options import MeasurementsFile
 from tunebench.commands.printing import echo_json, fmt
 from tunebench.secrets import mask_secrets
 
@@ -22,11 +23,11 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 
 
 def calibrate(
-    store: Annotated[str | None, typer.Option("--store", help="Results store URL to refit on (read only: a missing store is an error).")] = None,
+    store: Annotated[str | None, option(str, "--store", help="Results store URL to refit on (read only: a missing store is an error).")] = None,
     sources: Annotated[
-        list[Path] | None, typer.Option("--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
+        list[Path] | None, option(MeasurementsFile, "--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
     ] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Where to write the calibration JSON.")] = None,
+    output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Where to write the calibration JSON.")] = None,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
     lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
     replace: Annotated[
@@ -44,7 +45,6 @@ def calibrate(
     from tunebench.plan import calibration as cal
     from tunebench.plan.predictor import user_calibration_path
 
-    parse(CalibrateOptions, sources=sources, output=output)
     records, label = gather_records(store, sources, replace)
     target = output or user_calibration_path()
     # the default file lives in TUNEBENCH_HOME when that is set: an error there names the variable

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -19,7 +20,8 @@ from rich.progress import (
 from tunebench import paths
 from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
-from tunebench.inputs import Count, Options, OutputDir, parse
+from tunebench.commands.options import argument, option
+from tunebench.inputs import Count, OutputDir, Text
 from tunebench.paths import output_errors
 from tunebench.commands.terminal import Column, print_table
 
@@ -29,15 +31,8 @@ app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their to
 COLUMNS = (Column("id"), Column("kind", 4), Column("entries", 1, justify="right"),
            Column("each entry", 3, wrap=True, min_width=16), Column("file"))  # fmt: skip
 
-DirOption = typer.Option(None, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
-
-
-class DataDirOptions(Options):
-    """Options of the datasets commands: where the files go, how many tokens an entry keeps."""
-
-    NAMES = {"data_dir": "--dir"}
-    data_dir: OutputDir | None = None
-    max_len: Count | None = None
+DirOption = option(OutputDir, "--dir", help="Data directory (default: TUNEBENCH_DATA_DIR or <home>/data).")
+DatasetArg = Annotated[str, argument(str, "DATASET_ID", help="Data set id, e.g. news-tokens-16384plus-entries-4096.")]
 
 
 def describe(spec: DatasetId) -> str:
@@ -51,11 +46,10 @@ def describe(spec: DatasetId) -> str:
 
 @app.command("list")
 def list_cmd(
-    data_dir: Path | None = DirOption,
+    data_dir: Annotated[Path | None, DirOption] = None,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """The data set ids of the SFTTrainer spec and whether their files are in the data directory."""
-    parse(DataDirOptions, data_dir=data_dir)
     rows = []
     for ds_id in KNOWN_DATASET_IDS:
         spec = parse_dataset_id(ds_id)
@@ -79,12 +73,11 @@ def list_cmd(
 
 @app.command()
 def generate(
-    dataset_id: str = typer.Argument(..., help="Data set id, e.g. news-tokens-16384plus-entries-4096."),
-    data_dir: Path | None = DirOption,
+    dataset_id: DatasetArg,
+    data_dir: Annotated[Path | None, DirOption] = None,
     force: bool = typer.Option(False, "--force", help="Rewrite even if a valid file exists."),
 ) -> None:
     """Generate a data set (or verify the existing file) and print its manifest."""
-    parse(DataDirOptions, data_dir=data_dir)
     spec = parse_dataset_id(dataset_id)
     t0 = time.perf_counter()
     where = paths.data_dir(data_dir)
@@ -103,16 +96,15 @@ def generate(
 
 @app.command()
 def stats(
-    dataset_id: str = typer.Argument(..., help="Data set id."),
-    model: str = typer.Option(..., "--model", help="Catalog model name, or a local tokenizer/model directory."),
-    max_len: int | None = typer.Option(None, "--max-len", help="max_seq_length of the run in tokens."),
-    data_dir: Path | None = DirOption,
+    dataset_id: DatasetArg,
+    model: Annotated[str, option(Text, "--model", help="Catalog model name, or a local tokenizer/model directory.")],
+    max_len: Annotated[int | None, option(Count, "--max-len", help="max_seq_length of the run in tokens.")] = None,
+    data_dir: Annotated[Path | None, DirOption] = None,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Tokens per entry (min/avg/max) of a data set for a model, truncated at --max-len."""
     from tunebench.datasets.tokens import token_counts
 
-    parse(DataDirOptions, data_dir=data_dir, max_len=max_len)
     spec = parse_dataset_id(dataset_id)
     with _progress(f"counting tokens of {spec.id}") as update:
         counts = token_counts(spec, model, max_seq_length=max_len, data_dir=data_dir, progress=update)

@@ -12,12 +12,13 @@ from rich.table import Table
 from tunebench.engines import envs
 from tunebench.engines.versions import NEWEST, VERSIONS, check_version, exclude_newer
 from tunebench.errors import InputError
-from tunebench.inputs import Options, parse
+from tunebench.commands.options import argument, option
 
 app = typer.Typer(help="fms-hf-tuning environments: one per version, built with uv on first use.", no_args_is_help=True)
 console = Console(stderr=True)
 
-Versions = Annotated[list[str] | None, typer.Argument(help=f"fms-hf-tuning versions (default: {NEWEST}).")]
+# each version is checked against the spec's list by check_version (field fms_hf_tuning_version)
+Versions = Annotated[list[str] | None, argument(str, "VERSION...", help=f"fms-hf-tuning versions (default: {NEWEST}).")]
 Plugins = Annotated[bool, typer.Option("--plugins", help="With the fms-acceleration plugins (foak, moe, peft).")]
 
 
@@ -62,12 +63,6 @@ def list_cmd(
     Console().print(table if rows else f"no environments in {envs.root()} (tunebench engines install VERSION)")
 
 
-class InstallOptions(Options):
-    """Options of `engines install` (the versions are checked against the spec's list)."""
-
-    torch: Literal[envs.TORCH_MODES]  # type: ignore[valid-type]
-
-
 def _manifest(path) -> dict:
     try:
         return json.loads((path / envs.MANIFEST).read_text())
@@ -79,11 +74,10 @@ def _manifest(path) -> dict:
 def install(
     versions: Versions = None,
     plugins: Plugins = False,
-    torch: Annotated[str, typer.Option(help="host: the project's torch, linked in; pinned: the spec's pin (CUDA, GBs).")] = "host",
+    torch: Annotated[str, option(Literal[envs.TORCH_MODES], "--torch", help="host: the project's torch, linked in; pinned: the spec's pin (CUDA, GBs).")] = "host",  # type: ignore[valid-type]
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Remove and build again even if ready.")] = False,
 ) -> None:
     """Build (or check) the environment of each version; a broken one is rebuilt."""
-    torch = parse(InstallOptions, torch=torch).torch
     for version in _versions(versions, published=True):
         if rebuild:
             envs.remove(version, plugins)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from tunebench.errors import InputError
-from tunebench.inputs import Count, NonNegativeInt, Options, Seconds, Text, TextFile, parse
+from tunebench.commands.options import argument, option
+from tunebench.inputs import Count, NonNegativeInt, OutputFile, Seconds, Text, TextFile
 from tunebench.commands.store import StoreOpt
 from tunebench.store.open import open_store
 
@@ -22,44 +23,31 @@ if TYPE_CHECKING:
     from tunebench.explore.space import Space
 
 
-class ExploreOptions(Options):
-    """Options of `explore`."""
-
-    NAMES = {"space": "SPACE"}
-    space: TextFile
-    executor: Literal["local", "ray"] | None
-    max_parallel: Count | None
-    max_retries: NonNegativeInt | None
-    lease_seconds: Seconds | None
-    ray_address: Text | None
-    actuator: Text | None
-
-
 def explore(
-    space: Annotated[Path, typer.Argument(help="Space file (YAML): experiments, entity_space, actuator, operation.")],
+    space: Annotated[Path, argument(TextFile, "SPACE", help="Space file (YAML): experiments, entity_space, actuator, operation.")],
     executor: Annotated[
-        str | None, typer.Option("--executor", help="local or ray (default: the space file's, else local).")
+        str | None, option(Literal["local", "ray"], "--executor", help="local or ray (default: the space file's, else local).")
     ] = None,
     store: StoreOpt = None,
     max_parallel: Annotated[
-        int | None, typer.Option("--max-parallel", min=1, help="Measurements in flight at once.")
+        int | None, option(Count, "--max-parallel", help="Measurements in flight at once.")
     ] = None,
     remeasure: Annotated[
         bool, typer.Option("--remeasure", help="Measure again points that already have results.")
     ] = False,
     max_retries: Annotated[
-        int | None, typer.Option("--max-retries", min=0, help="Retries of a failed measurement.")
+        int | None, option(NonNegativeInt, "--max-retries", help="Retries of a failed measurement.")
     ] = None,
     ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="auto | ray://host:port (default: a local Ray).")
+        str | None, option(Text, "--ray-address", help="auto | ray://host:port (default: a local Ray).")
     ] = None,
     lease_seconds: Annotated[
-        float | None, typer.Option("--lease-seconds", min=1, help="Claim lease, renewed while measuring.")
+        float | None, option(Seconds, "--lease-seconds", help="Claim lease, renewed while measuring.")
     ] = None,
     actuator: Annotated[
         str | None,
-        typer.Option("--actuator", help="measure | predict (screen the space with the planner) | noop | a plugin's "
-                     "name | module:function (with --allow-actuator-import); default: the space file's."),
+        option(Text, "--actuator", help="measure | predict (screen the space with the planner) | noop | a plugin's "
+               "name | module:function (with --allow-actuator-import); default: the space file's."),
     ] = None,
     skip_predicted_oom: Annotated[
         bool, typer.Option("--skip-predicted-oom", help="Do not measure points the planner predicts will not fit.")
@@ -82,8 +70,6 @@ def explore(
     from tunebench.explore.explorer import Settings
     from tunebench.explore.space import load_space
 
-    parse(ExploreOptions, space=space, executor=executor, max_parallel=max_parallel, max_retries=max_retries,
-          lease_seconds=lease_seconds, ray_address=ray_address, actuator=actuator)  # fmt: skip
     spec = load_space(space)
     if actuator:
         spec = dataclasses.replace(spec, actuator=actuator)  # its own operation id: results never mix
@@ -164,12 +150,13 @@ space_app = typer.Typer(help="Space files: ado's resources as a tunebench space.
 
 @space_app.command("from-ado")
 def space_from_ado(
-    space: Annotated[Path, typer.Argument(help="ado discovery space (YAML): experiments, entitySpace.")],
-    operation: Annotated[Path | None, typer.Option("--operation", help="ado operation (YAML): random_walk and "
-                                                   "its parameters.")] = None,
-    actuator_config: Annotated[Path | None, typer.Option("--actuator-config", help="ado actuator configuration "
-                                                         "(YAML): data_directory, model_map.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the space file here (default stdout).")] = None,
+    # the files are read (and refused with their field) by read_text below
+    space: Annotated[Path, argument(Path, "SPACE", help="ado discovery space (YAML): experiments, entitySpace.")],
+    operation: Annotated[Path | None, option(Path, "--operation", help="ado operation (YAML): random_walk and "
+                                             "its parameters.")] = None,
+    actuator_config: Annotated[Path | None, option(Path, "--actuator-config", help="ado actuator configuration "
+                                                   "(YAML): data_directory, model_map.")] = None,
+    output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Write the space file here (default stdout).")] = None,
 ) -> None:
     """Convert ado's discovery space (with its operation and actuator configuration) to a tunebench space file."""
     import yaml

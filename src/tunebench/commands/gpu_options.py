@@ -14,23 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-
+from tunebench.commands.options import option
 from tunebench.errors import InputError
 
+# the file is read by catalog.user_gpus.read_catalog and the numbers checked together by
+# catalog.gpus.custom_gpu (field --gpu-*), which also serve the Python API
 GPUCatalog = Annotated[
-    Path | None, typer.Option("--gpu-catalog", help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
+    Path | None, option(Path, "--gpu-catalog", help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
                               "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).")  # fmt: skip
 ]
-GPUMemory = Annotated[float | None, typer.Option("--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
-GPUTflops = Annotated[float | None, typer.Option("--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
+GPUMemory = Annotated[float | None, option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
+GPUTflops = Annotated[float | None, option(float, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
 GPULink = Annotated[
-    float | None, typer.Option("--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
+    float | None, option(float, "--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
 ]
 GPUBandwidth = Annotated[
-    float | None, typer.Option("--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
+    float | None, option(float, "--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
 ]
-GPUName = Annotated[str | None, typer.Option("--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
+GPUName = Annotated[str | None, option(str, "--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
 
 # The command's parameter ("gpu_" + GPUOptions' field) -> its Typer declaration, in --help's order.
 GPU_PARAMETERS = {

@@ -28,8 +28,9 @@ from tunebench.commands.engines import app as engines_app
 from tunebench.errors import InputError, one_line
 from tunebench.limits import MAX_CPU_PROCESSES
 from tunebench.commands.explore import register as register_explore
+from tunebench.commands.options import OptionError, argument, option
 from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
-from tunebench.inputs import Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
+from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
 from tunebench.commands.plan import register as register_plan
 from tunebench.commands.report import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
@@ -51,13 +52,16 @@ console = Console(soft_wrap=True)  # long ids stay on one line (copy-pasteable)
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 Params = Annotated[
     list[str] | None,
-    typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable)."),
+    option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
 Wide = Annotated[bool, typer.Option("--wide", help="Every column in full, however wide the lines get.")]
-Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
+Props = Annotated[list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)]
+Experiment_ = Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")]
 EngineOpt = Annotated[
-    str, typer.Option("--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
+    str, option(Engine, "--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
 ]
+# the number of DDP processes of a CPU entity: each is a whole training process (tunebench.limits)
+CpuProcesses = Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)]
 
 
 # What each listing shows, most important first (priority 0 always; the highest is left out first on a
@@ -207,7 +211,7 @@ def describe_dict(experiment: Experiment) -> dict[str, Any]:
 
 @app.command()
 def describe(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: Experiment_,
     params: Params = None,
     as_json: Json = False,
 ) -> None:
@@ -235,7 +239,7 @@ def describe(
 
 @app.command()
 def validate(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: Experiment_,
     props: Props = None,
     params: Params = None,
     as_json: Json = False,
@@ -258,15 +262,18 @@ def validate(
 
 @app.command("launch-plan")
 def launch_plan(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: Experiment_,
     props: Props = None,
     params: Params = None,
-    data_dir: Annotated[str | None, typer.Option(help="Data-set directory (default: TUNEBENCH_DATA_DIR).")] = None,
-    weights: Annotated[str, typer.Option(help="auto | pretrained | random")] = "auto",
-    main_process_ip: Annotated[str | None, typer.Option(help="Rendezvous host of multi-node runs.")] = None,
-    port: Annotated[int, typer.Option(help="Rendezvous port.")] = 29500,
+    data_dir: Annotated[
+        str | None, option(Text, "--data-dir", help="Data-set directory (default: TUNEBENCH_DATA_DIR; printed only: it "
+                           "need not exist here).")
+    ] = None,
+    weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random")] = "auto",
+    main_process_ip: Annotated[str | None, option(Host, "--main-process-ip", help="Rendezvous host of multi-node runs.")] = None,
+    port: Annotated[int, option(Port, "--port", help="Rendezvous port.")] = 29500,
     nccl_env: Annotated[
-        list[str] | None, typer.Option(help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...).")
+        list[str] | None, option(str, "--nccl-env", help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...).")
     ] = None,
     engine: EngineOpt = NATIVE,
     as_json: Json = False,
@@ -275,12 +282,10 @@ def launch_plan(
     from tunebench.actuators.launch import build_launch_plan
     from tunebench.actuators.network import check_nccl_env
 
-    opts = parse(LaunchPlanOptions, data_dir=data_dir, weights=weights, main_process_ip=main_process_ip, port=port,
-                 engine=engine)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
-        exp, entity, data_directory=opts.data_dir, weights=opts.weights, main_process_ip=opts.main_process_ip,
-        main_process_port=opts.port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=opts.engine,
+        exp, entity, data_directory=data_dir, weights=weights, main_process_ip=main_process_ip,
+        main_process_port=port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=engine,
     )  # fmt: skip
     if as_json:
         _print_json(plan.to_dict())
@@ -298,28 +303,6 @@ def launch_plan(
         console.print("[bold]environment[/bold] " + " ".join(f"{k}={v!r}" for k, v in node.env.items()))
         console.print("[bold]command[/bold]")
         typer.echo(node.command_line)
-
-
-class RunOptions(Options):
-    """Options of `run`."""
-
-    weights: Weights
-    data_dir: OutputDir | None
-    output_dir: OutputDir | None
-    timeout: Seconds
-    cpu_processes: Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)]
-    host_memory_limit_gib: Positive | None
-    engine: Engine
-
-
-class LaunchPlanOptions(Options):
-    """Options of `launch-plan` (the data directory is only printed: it need not exist here)."""
-
-    data_dir: Text | None
-    weights: Weights
-    main_process_ip: Host | None
-    port: Port
-    engine: Engine
 
 
 def _pairs(items: list[str], field: str) -> dict[str, str]:
@@ -368,31 +351,29 @@ def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]
 
 @app.command()
 def run(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: Experiment_,
     props: Props = None,
     params: Params = None,
-    weights: Annotated[str, typer.Option(help="auto | pretrained | random (random: no download).")] = "auto",
-    data_dir: Annotated[str | None, typer.Option(help="Data-set directory.")] = None,
-    output_dir: Annotated[str | None, typer.Option(help="Where the run's logs and result files go.")] = None,
-    timeout: Annotated[float, typer.Option(help="Wall-clock limit of the run in seconds.")] = 3600.0,
-    cpu_processes: Annotated[int, typer.Option(help="DDP processes for a CPU entity (gloo).")] = 1,
+    weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random (random: no download).")] = "auto",
+    data_dir: Annotated[Path | None, option(OutputDir, "--data-dir", help="Data-set directory.")] = None,
+    output_dir: Annotated[Path | None, option(OutputDir, "--output-dir", help="Where the run's logs and result files go.")] = None,
+    timeout: Annotated[float, option(Seconds, "--timeout", help="Wall-clock limit of the run in seconds.")] = 3600.0,
+    cpu_processes: Annotated[int, option(CpuProcesses, "--cpu-processes", help="DDP processes for a CPU entity (gloo).")] = 1,
     host_memory_limit_gib: Annotated[
-        float | None, typer.Option(help="CPU runs: exceeding this host memory is out of memory.")
+        float | None, option(Positive, "--host-memory-limit-gib", help="CPU runs: exceeding this host memory is out of memory.")
     ] = None,
-    store: Annotated[str | None, typer.Option("--store", help="Store URL or SQLite file the result is kept in.")] = None,
+    store: Annotated[str | None, option(Text, "--store", help="Store URL or SQLite file the result is kept in.")] = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
     engine: EngineOpt = NATIVE,
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
-    opts = parse(RunOptions, weights=weights, data_dir=data_dir, output_dir=output_dir, timeout=timeout,
-                 cpu_processes=cpu_processes, host_memory_limit_gib=host_memory_limit_gib, engine=engine)  # fmt: skip
     exp, entity = resolve(experiment, params, props)
-    options = {"weights": opts.weights, "data_dir": _text(opts.data_dir), "output_dir": _text(opts.output_dir),
-               "timeout_seconds": opts.timeout, "cpu_processes": opts.cpu_processes,
-               "host_memory_limit_gib": opts.host_memory_limit_gib}  # fmt: skip
+    options = {"weights": weights, "data_dir": _text(data_dir), "output_dir": _text(output_dir),
+               "timeout_seconds": timeout, "cpu_processes": cpu_processes,
+               "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
     target = run_store(store, no_store)
-    result = _measure_with_progress(exp, entity, options, opts.engine)
+    result = _measure_with_progress(exp, entity, options, engine)
     if target:
         record_run(target, exp, entity, result)
     if as_json:
@@ -435,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=argv, standalone_mode=False, prog_name="tunebench")
     except InputError as exc:
         return _fail(str(exc), 2)
+    except OptionError as exc:  # a command-line value its declared type refused (tunebench.commands.options)
+        return _fail(str(exc.error), 2)
     except BrokenPipeError:  # the reader of the output went away (`| head`): nothing to report
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

@@ -16,33 +16,36 @@ from rich.table import Table
 
 from tunebench.errors import InputError, parse_json
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
-from tunebench.inputs import parse
 from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
-from tunebench.plan.options import DeployOptions, check_recommend
+from tunebench.commands.options import argument, option
+from tunebench.inputs import EnvName, NonNegative, Positive, Seconds, Text, TextFile
+from tunebench.plan.options import CalibrationFile, GpuCount, PostUrl, Probability, check_recommend
+from tunebench.plan.options import Currency as CurrencyCode
 from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
-    list[str] | None, typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).")
+    list[str] | None,
+    option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
-Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
-Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
-Currency = Annotated[str, typer.Option("--currency", help="Currency of --price-per-gpu-hour, printed with cost "
-                                      "(ISO 4217 code; nothing is converted).")]
+Props = Annotated[list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)]
+Price = Annotated[float | None, option(NonNegative, "--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+Currency = Annotated[str, option(CurrencyCode, "--currency", help="Currency of --price-per-gpu-hour, printed with cost "
+                                 "(ISO 4217 code; nothing is converted).")]
 MaxOomRisk = Annotated[
     float,
-    typer.Option("--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
-                 "planner's own 'fits' is <= 0.5).")
+    option(Probability, "--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
+           "planner's own 'fits' is <= 0.5).")
 ]
 CalibrationPath = Annotated[
-    Path | None, typer.Option("--calibration", help="Calibration JSON (default: your refit, else the shipped one).")
+    Path | None, option(CalibrationFile, "--calibration", help="Calibration JSON (default: your refit, else the shipped one).")
 ]
 Network = Annotated[
-    float | None, typer.Option("--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
+    float | None, option(Positive, "--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
 ]
 HostMemory = Annotated[
-    float | None, typer.Option("--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
+    float | None, option(Positive, "--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
 ]
 Compare = Annotated[
     bool,
@@ -132,10 +135,10 @@ def _require_gpu_model(values: dict[str, Any]) -> None:
 
 @with_gpu_options
 def plan(  # over 60 lines: 16 lines are Typer's option declarations
-    experiment: Annotated[str | None, typer.Argument(help="Experiment id (omit with --batch).", show_default=False)] = None,
+    experiment: Annotated[str | None, argument(str, "EXPERIMENT", help="Experiment id (omit with --batch).", show_default=False)] = None,
     props: Props = None,
     params: Params = None,
-    batch: Annotated[Path | None, typer.Option("--batch", help="JSON lines of {\"experiment\", \"entity\"}.")] = None,
+    batch: Annotated[Path | None, option(TextFile, "--batch", help="JSON lines of {\"experiment\", \"entity\"}.")] = None,
     as_json: Json = False,
     price: Price = None,
     calibration: CalibrationPath = None,
@@ -144,11 +147,11 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     compare: Compare = False,
     store: Annotated[
         str | None,
-        typer.Option("--store", help="Store URL or SQLite file for --compare (default: the user's); read only: a "
-                     "missing store is an error."),
+        option(str, "--store", help="Store URL or SQLite file for --compare (default: the user's); read only: a "
+               "missing store is an error."),
     ] = None,
     space: Annotated[
-        Path | None, typer.Option("--space", help="With --compare: only the entities this space file explored.")
+        Path | None, option(Path, "--space", help="With --compare: only the entities this space file explored.")
     ] = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
@@ -159,7 +162,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     The verdict says 'risky' where the job fits but its out-of-memory probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = planner_options(price, calibration, network, batch, host_memory, currency, max_oom_risk)
+    opts = planner_options(price, calibration, network, host_memory)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
@@ -232,11 +235,11 @@ def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_
 
 @with_gpu_options
 def recommend(
-    experiment: Annotated[str, typer.Argument(help="Experiment id.")],
+    experiment: Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")],
     props: Props = None,
     params: Params = None,
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")] = 8,
-    max_gpus: Annotated[int, typer.Option("--max-gpus", help="Largest GPU count to consider.")] = 64,
+    gpus_per_node: Annotated[int, option(GpuCount, "--gpus-per-node", help="GPUs per node.")] = 8,
+    max_gpus: Annotated[int, option(GpuCount, "--max-gpus", help="Largest GPU count to consider.")] = 64,
     as_json: Json = False,
     price: Price = None,
     calibration: CalibrationPath = None,
@@ -251,7 +254,7 @@ def recommend(
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = planner_options(price, calibration, network, currency=currency, max_oom_risk=max_oom_risk)
+    opts = planner_options(price, calibration, network)
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
@@ -337,24 +340,24 @@ def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any
 
 
 def deploy_spec(
-    model: Annotated[str | None, typer.Option("--model", help="Catalog model or config.json path.")] = None,
-    params_b: Annotated[float | None, typer.Option("--params-b", help="Parameters in billions.")] = None,
-    quantization: Annotated[str, typer.Option("--quantization", help="none | 4bit | 8bit")] = "none",
-    adapters: Annotated[int, typer.Option("--adapters", help="Number of LoRA adapters served.")] = 1,
-    adapter_size_gb: Annotated[float, typer.Option("--adapter-size-gb", help="Size of one adapter, GB.")] = 0.125,
-    gpu_memory_gb: Annotated[float, typer.Option("--gpu-memory-gb", help="Memory of one GPU, GB.")] = 80.0,
-    name: Annotated[str | None, typer.Option("--name", help="Hardware specification name.")] = None,
-    description: Annotated[str | None, typer.Option("--description", help="Hardware specification description.")] = None,
-    post: Annotated[str | None, typer.Option("--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")] = None,
-    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds for the whole POST, reply included.")] = 30.0,
+    # the sizing inputs are checked together by plan.deploy.deploy_spec (its Sizing model)
+    model: Annotated[str | None, option(Text, "--model", help="Catalog model or config.json path.")] = None,
+    params_b: Annotated[float | None, option(float, "--params-b", help="Parameters in billions.")] = None,
+    quantization: Annotated[str, option(str, "--quantization", help="none | 4bit | 8bit")] = "none",
+    adapters: Annotated[int, option(int, "--adapters", help="Number of LoRA adapters served.")] = 1,
+    adapter_size_gb: Annotated[float, option(float, "--adapter-size-gb", help="Size of one adapter, GB.")] = 0.125,
+    gpu_memory_gb: Annotated[float, option(float, "--gpu-memory-gb", help="Memory of one GPU, GB.")] = 80.0,
+    name: Annotated[str | None, option(str, "--name", help="Hardware specification name.")] = None,
+    description: Annotated[str | None, option(str, "--description", help="Hardware specification description.")] = None,
+    post: Annotated[str | None, option(PostUrl, "--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")] = None,
+    token_env: Annotated[str, option(EnvName, "--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
+    timeout: Annotated[float, option(Seconds, "--timeout", help="Seconds for the whole POST, reply included.")] = 30.0,
     as_json: Json = False,
 ) -> None:
     """Size a LoRA/QLoRA deployment by the watsonx.ai hardware-specification guide's formula and print (or POST) its hardware spec."""
     from tunebench.plan.deploy import deploy_spec as size
     from tunebench.plan.deploy import post_hardware_spec
 
-    parse(DeployOptions, post=post, token_env=token_env, timeout=timeout)
     if (model is None) == (params_b is None):
         raise InputError("--model", "give exactly one of --model NAME_OR_CONFIG or --params-b B")
     if model is not None:

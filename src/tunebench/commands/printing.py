@@ -11,8 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunebench.inputs import parse
-from tunebench.plan.options import PlannerOptions
 from tunebench.jsonvalues import finite
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
@@ -22,12 +20,11 @@ def echo_json(obj: Any, indent: int | None = 2) -> None:
     typer.echo(json.dumps(finite(obj), indent=indent, default=str, allow_nan=False))
 
 
-def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None,
-                    host_memory: float | None = None, currency: str = "USD", max_oom_risk: float = DEFAULT_MAX_OOM_RISK):  # fmt: skip
+def planner_options(price: float | None, calibration: Path | None, network: float | None,
+                    host_memory: float | None = None):  # fmt: skip
+    """The planner's settings of a command's (already checked) options."""
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
-    parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory,
-          currency=currency, max_oom_risk=max_oom_risk)  # fmt: skip
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
                        host_memory_gib=host_memory)  # fmt: skip
 

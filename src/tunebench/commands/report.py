@@ -9,32 +9,23 @@ from typing import Annotated
 import typer
 
 from tunebench.errors import InputError
-from tunebench.inputs import Options, OutputFile, TextFile, parse
+from tunebench.commands.options import argument, option
+from tunebench.inputs import OutputFile, TextFile
 from tunebench.paths import output_errors, write_atomic
 from tunebench.commands.store import StoreOpt
 
 
-class ReportOptions(Options):
-    """Options of `report`."""
-
-    NAMES = {"space": "SPACE"}
-    space: TextFile | None
-    output: OutputFile
-
-
 def report(
     space: Annotated[
-        Path | None,
-        typer.Argument(metavar="SPACE", help="Space file (YAML): report only its points (default: every result)."),
+        Path | None, argument(TextFile, "SPACE", help="Space file (YAML): report only its points (default: every result)."),
     ] = None,
     store: StoreOpt = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+    output: Annotated[Path, option(OutputFile, "--output", "-o", help="The HTML file to write.")] = Path("report.html"),
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
     from tunebench.store.open import open_store
     from tunebench.report import build_report
 
-    parse(ReportOptions, space=space, output=output)
     if importlib.util.find_spec("plotly") is None:
         raise InputError("report", "needs plotly, which is not installed: pip install 'tunebench[plot]'")
     sample_store = open_store(store, create=False)

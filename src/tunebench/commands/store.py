@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from tunebench.errors import InputError, one_of, suggest
-from tunebench.inputs import InputFile, Options, OutputFile, Text, TextFile, parse
+from tunebench.commands.options import argument, checked, option
+from tunebench.inputs import Count, InputFile, OutputFile, Text, TextFile
 from tunebench.paths import atomic_path, output_errors
 from tunebench.secrets import mask_secrets
 from tunebench.store.open import open_store
@@ -28,61 +29,41 @@ if TYPE_CHECKING:
 
 StoreOpt = Annotated[
     str | None,
-    typer.Option(
-        "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
+    option(
+        str, "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
         "Commands that only read (show, export, report) open it read-only and never create one: a missing store, "
         "or a database without one, is an error; explore, run and import create it.",
     ),
 ]
-SpaceOpt = Annotated[Path | None, typer.Option("--space", help="Rows matching the points of this space file.")]
-OperationOpt = Annotated[str | None, typer.Option("--operation", help="Rows of this operation (op-...).")]
+SpaceOpt = Annotated[Path | None, option(TextFile, "--space", help="Rows matching the points of this space file.")]
+OperationOpt = Annotated[str | None, option(Text, "--operation", help="Rows of this operation (op-...).")]
 MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only), and every actuator
-
-
-class ShowOptions(Options):
-    """Options of `show` (and, with its one format, of `export`)."""
-
-    NAMES = {"fmt": "--format"}
-    fmt: Literal["table", "csv", "json", "parquet"]
-    output: OutputFile | None
-    space: TextFile | None
-    operation: Text | None
-    actuator: Text | None
-
-
-class ExportOptions(ShowOptions):
-    fmt: Literal["ado-csv", "ado"]
-
-
-class ImportOptions(Options):
-    NAMES = {"file": "FILE"}
-    file: InputFile  # CSV text (read_import checks it) or ado's SQLite sample store
 
 
 def show(
     space: SpaceOpt = None,
     operation: OperationOpt = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table | csv | json | parquet")] = "table",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file.")] = None,
+    fmt: Annotated[str, option(Literal["table", "csv", "json", "parquet"], "--format", "-f", help="table | csv | json | parquet")] = "table",
+    output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Write to this file.")] = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, typer.Option("--actuator", help="Only results of this actuator (measure, predict, ...); all: "
-                                 "every actuator's (the default).")
+        str | None, option(Text, "--actuator", help="Only results of this actuator (measure, predict, ...); all: "
+                           "every actuator's (the default).")
     ] = None,
     where: Annotated[
         list[str] | None,
-        typer.Option("--where", "-w", help="Keep rows where NAME OP VALUE holds (OP: = != < <= > >=), e.g. "
+        option(str, "--where", "-w", help="Keep rows where NAME OP VALUE holds (OP: = != < <= > >=), e.g. "
                      "batch_size>=4, status=valid; repeatable (all must hold)."),
     ] = None,
     sort: Annotated[
-        str | None, typer.Option("--sort", "-s", help="Order rows by a column: NAME, NAME:asc or NAME:desc.")
+        str | None, option(str, "--sort", "-s", help="Order rows by a column: NAME, NAME:asc or NAME:desc.")
     ] = None,
     top: Annotated[
         int | None,
-        typer.Option("--top", min=1, help="Only the first N rows after sorting (default order: the highest "
+        option(Count, "--top", help="Only the first N rows after sorting (default order: the highest "
                      "dataset_tokens_per_second)."),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
+    limit: Annotated[int, option(Count, "--limit", help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
     show_all: Annotated[bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")] = False,
     every: Annotated[
         bool, typer.Option("--repeats", "-r", help="Every result as its own row (repeats, re-runs, imports), "
@@ -98,7 +79,6 @@ def show(
     from tunebench.commands.tables import render
     from tunebench.store.tables import build
 
-    parse(ShowOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
     if fmt == "parquet" and output is None:
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
     wanted = None if actuator == ALL else actuator
@@ -156,7 +136,7 @@ def _no_results(url: str, operation: str | None, space: Path | None, actuator: s
 
 def import_csv(
     file: Annotated[
-        Path, typer.Argument(help="CSV: ado's `show measurements -o csv` (either --property-format), or "
+        Path, argument(InputFile, "FILE", help="CSV: ado's `show measurements -o csv` (either --property-format), or "
                              "LLMFineTuningBench's ado-sfttrainer.csv; or ado's SQLite sample store (its local.db).")
     ],
     store: StoreOpt = None,
@@ -168,7 +148,6 @@ def import_csv(
     """Load measurements of the reference system; they count for memoisation and calibration."""
     from tunebench.store.csvio import read_import, write_import
 
-    parse(ImportOptions, file=file)
     records, summary = read_import(file, skip_bad_rows=skip_bad_rows)  # bad input: nothing is written
     sample_store = open_store(store)
     try:
@@ -191,17 +170,17 @@ def import_csv(
 
 def export(
     fmt: Annotated[
-        str, typer.Option("--format", "-f", help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
+        str, option(Literal["ado-csv", "ado"], "--format", "-f", help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
                           "folder ado loads: a discovery space and every result; docs/ado.md).")
     ] = "ado-csv",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file (default stdout); "
+    output: Annotated[Path | None, option(Path, "--output", "-o", help="Write to this file (default stdout); "
                                                 "--format ado: this folder.")] = None,
     space: SpaceOpt = None,
     operation: OperationOpt = None,
     store: StoreOpt = None,
     actuator: Annotated[
         str,
-        typer.Option("--actuator", help="Results of this actuator: measure (the default: measurements only), "
+        option(Text, "--actuator", help="Results of this actuator: measure (the default: measurements only), "
                      "predict, ..., or all. Each row names its actuator: the prefix of its experiment_id "
                      "(SFTTrainer. for measurements, as ado writes them; predict. for predictions)."),
     ] = MEASURE,
@@ -210,11 +189,10 @@ def export(
     from tunebench.store import INVALID, VALID
     from tunebench.store.tables import build, write_csv
 
-    if fmt == "ado":
-        parse(ExportOptions, fmt=fmt, output=None, space=space, operation=operation, actuator=actuator)
+    if fmt == "ado":  # --output is a folder
         _export_ado(output, space, operation, None if actuator == ALL else actuator, store)
         return
-    parse(ExportOptions, fmt=fmt, output=output, space=space, operation=operation, actuator=actuator)
+    checked(OutputFile, "--output")(output)  # ado-csv: --output is a file
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:

@@ -17,14 +17,11 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tunebench.inputs import (
-    EnvName,
     FiniteFloat,
     NonNegative,
     NonNegativeInt,
     Options,
-    OutputFile,
     Positive,
-    Seconds,
     TextFile,
     input_error,
     parse,
@@ -104,9 +101,13 @@ class PlannerOptions(Options):
     max_oom_risk: Probability = DEFAULT_MAX_OOM_RISK
 
 
+# A number of GPUs a command may ask about (recommend's --gpus-per-node and --max-gpus).
+GpuCount = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+
+
 class RecommendOptions(Options):
-    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS)]
-    max_gpus: Annotated[int, Field(ge=1, le=MAX_GPUS)]
+    gpus_per_node: GpuCount
+    max_gpus: GpuCount
 
 
 def check_recommend(gpus_per_node: int, max_gpus: int) -> None:
@@ -116,12 +117,8 @@ def check_recommend(gpus_per_node: int, max_gpus: int) -> None:
     check_memory("--max-gpus", candidates * CANDIDATE_BYTES, f"trying {candidates:,} GPU counts")
 
 
-class DeployOptions(Options):
-    """deploy-spec's own options (the sizing inputs are checked by plan.deploy.deploy_spec)."""
-
-    post: Annotated[str, AfterValidator(check_post_url)] | None = None
-    token_env: EnvName
-    timeout: Seconds
+# Where deploy-spec may POST a hardware specification (https, or http to this machine).
+PostUrl = Annotated[str, AfterValidator(check_post_url)]
 
 
 def _measurements_file(path: Path) -> Path:
@@ -143,7 +140,3 @@ def _measurements_file(path: Path) -> Path:
 MeasurementsFile = Annotated[TextFile, AfterValidator(_measurements_file)]
 
 
-class CalibrateOptions(Options):
-    NAMES = {"sources": "--from"}
-    sources: list[MeasurementsFile] | None = None
-    output: OutputFile | None = None

@@ -1,0 +1,84 @@
+"""Each command-line value is declared once: where the command declares it, with the type that checks it
+(tunebench.commands.options); no command keeps a second model of its options to validate them again."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+
+import click
+import pytest
+import typer
+
+import tunebench.commands
+from tunebench.commands.main import app
+from tunebench.commands.options import OptionError, checked
+from tunebench.inputs import Options
+
+
+def commands(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, click.Command]]:
+    out = []
+    for name, command in getattr(group, "commands", {}).items():
+        out += commands(command, (*path, name)) if hasattr(command, "commands") else [(" ".join((*path, name)), command)]
+    return out
+
+
+COMMANDS = commands(typer.main.get_command(app))
+
+
+def test_the_commands_are_all_found():
+    names = {name for name, _ in COMMANDS}
+    assert {"plan", "recommend", "run", "show", "export", "import", "explore", "report", "calibrate",
+            "datasets generate", "engines install", "launch-plan", "deploy-spec"} <= names, sorted(names)
+
+
+def declarations(command: click.Command) -> dict[str, object]:
+    """Parameter name -> its annotation, as the command's function declares it (typer reads the same)."""
+    signature = inspect.signature(command.callback, eval_str=True)
+    return {name: parameter.annotation for name, parameter in signature.parameters.items()}
+
+
+def is_flag(annotation: object) -> bool:
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    return base is bool
+
+
+@pytest.mark.parametrize("name, command", COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_value_is_checked_where_it_is_declared(name, command):
+    """Every option or argument that takes a value is declared by option()/argument() (its parser carries
+    the type that checks it); flags need none."""
+    unchecked = []
+    for param, annotation in declarations(command).items():
+        if is_flag(annotation):
+            continue
+        infos = [m for m in getattr(annotation, "__metadata__", ()) if isinstance(m, typer.models.ParameterInfo)]
+        if not infos or getattr(infos[0].parser, "kind", None) is None:
+            unchecked.append(param)
+    assert unchecked == [], f"{name}: declare {unchecked} with tunebench.commands.options.option/argument"
+
+
+def test_the_check_reads_what_typer_reads():
+    """The parameters found are the command's own: plan's include its --gpu-* options and --price-per-gpu-hour."""
+    plan = dict(COMMANDS)["plan"]
+    assert {"price", "gpu_memory", "gpu_catalog", "experiment", "as_json"} <= set(declarations(plan))
+    assert {p.name for p in plan.params} >= {"price", "gpu_memory", "experiment"}
+
+
+def test_no_command_module_keeps_a_second_model_of_its_options():
+    import importlib
+    import pkgutil
+
+    models = []
+    for info in pkgutil.iter_modules(tunebench.commands.__path__):
+        module = importlib.import_module(f"tunebench.commands.{info.name}")
+        models += [f"{info.name}.{n}" for n, v in vars(module).items()
+                   if inspect.isclass(v) and issubclass(v, Options) and v.__module__ == module.__name__]  # fmt: skip
+    assert models == []
+
+
+def test_a_bad_value_is_refused_with_its_flag_and_the_type_message():
+    parse = checked(__import__("tunebench.inputs", fromlist=["Seconds"]).Seconds, "--timeout")
+    assert parse("2.5") == 2.5
+    with pytest.raises(OptionError) as caught:
+        parse("0")
+    assert caught.value.error.field == "--timeout" and "must be > 0" in str(caught.value.error)
