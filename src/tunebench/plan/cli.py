@@ -27,9 +27,10 @@ Params = Annotated[
     list[str] | None, typer.Option("--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).")
 ]
 Props = Annotated[list[str] | None, typer.Argument(help="Entity properties as KEY=VALUE.", show_default=False)]
-Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+Price = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost (default: "
+                                            "the GPU catalog's on-demand list price in USD, where it has one).")]
 Currency = Annotated[str, typer.Option("--currency", help="Currency of --price-per-gpu-hour, printed with cost "
-                                      "(ISO 4217 code; nothing is converted).")]
+                                      "(ISO 4217 code; nothing is converted; not USD: give --price-per-gpu-hour).")]
 MaxOomRisk = Annotated[
     float,
     typer.Option("--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
@@ -196,7 +197,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
     out["max_oom_risk"] = max_oom_risk
     out["within_oom_risk"] = out["is_valid"] and (out.get("oom_probability") or 0.0) <= max_oom_risk
-    if price is not None:
+    if out.get("cost") is not None:
         out["currency"] = currency
     if compare:
         rows = compare_rows(out, measured)
@@ -260,7 +261,7 @@ def recommend(
     cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
     out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=max_oom_risk,
               cli_options=cli_options)  # fmt: skip
-    if price is not None:
+    if out.get("price_per_gpu_hour") is not None:
         out["currency"] = currency
     if as_json:
         echo_json(out)

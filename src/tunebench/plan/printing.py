@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tunebench.errors import InputError
 from tunebench.inputs import parse
 from tunebench.plan.options import PlannerOptions
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
@@ -37,6 +38,9 @@ def planner_options(price: float | None, calibration: Path | None, network: floa
 
     parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory,
           currency=currency, max_oom_risk=max_oom_risk)  # fmt: skip
+    if currency != "USD" and price is None:  # the catalog's prices are USD: nothing converts them
+        raise InputError("--currency", f"{currency} needs --price-per-gpu-hour in {currency} (the GPU catalog's "
+                         "prices are in USD)", allowed="USD, or --price-per-gpu-hour with the currency")  # fmt: skip
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
                        host_memory_gib=host_memory)  # fmt: skip
 
@@ -126,8 +130,10 @@ def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFA
     speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
     speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
     if out.get("cost") is not None:
-        speed.add_row("cost", cost_text(out["cost"], currency))
+        speed.add_row("cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)")
     console.print(speed)
     for note in out.get("notes") or []:
         console.print(f"note: {note}")
+    if out.get("price_source"):
+        console.print(f"[dim]price: {out['price_source']}[/dim]", highlight=False)
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
