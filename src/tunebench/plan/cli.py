@@ -45,6 +45,16 @@ Network = Annotated[
 HostMemory = Annotated[
     float | None, typer.Option("--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
 ]
+AvgTokens = Annotated[
+    float | None,
+    typer.Option("--avg-tokens", help="Mean tokens per sample of your data: time, throughput and cost use it (capped "
+                 "at model_max_length); peak memory still sizes model_max_length."),
+]
+Lengths = Annotated[
+    Path | None,
+    typer.Option("--lengths", help="JSON lines of your samples (\"output\", \"text\" or chat \"messages\"), "
+                 "counted with the model's tokenizer: time and cost use their mean, memory their longest."),
+]
 Compare = Annotated[
     bool,
     typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
@@ -153,6 +163,8 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     ] = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
+    avg_tokens: AvgTokens = None,
+    lengths: Lengths = None,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
@@ -160,15 +172,17 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     The verdict says 'risky' where the job fits but its out-of-memory probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = planner_options(price, calibration, network, batch, host_memory, currency, max_oom_risk)
+    opts = planner_options(price, calibration, network, batch, host_memory, currency, max_oom_risk, avg_tokens, lengths)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
         "network_gbps": opts.network_gbps,
         "host_memory_gib": opts.host_memory_gib,
+        "lengths": opts.lengths,
     }
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
+    count_lengths(opts.lengths, values.get("model_name"))
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
@@ -212,6 +226,17 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     print_plan(Console(), out, max_oom_risk, currency)
 
 
+def count_lengths(lengths: Any, model: Any) -> None:
+    """Count the --lengths file's tokens for the entity's model now, with a progress bar (the planner would
+    count them silently); nothing to do for --avg-tokens or a missing model (its own error comes later)."""
+    if lengths is None or lengths.texts is None or not model:
+        return
+    from tunebench.datasets.cli import ProgressBar
+
+    with ProgressBar(f"counting tokens of {lengths.path}") as update:
+        lengths.for_model(str(model), update)
+
+
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
     """plan --compare over every measured entity of the store, or of one space's exploration."""
     from tunebench.plan.compare import compare_many, measured_rows, print_summary, summarise
@@ -242,6 +267,8 @@ def recommend(
     network: Network = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
+    avg_tokens: AvgTokens = None,
+    lengths: Lengths = None,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method; a
@@ -250,14 +277,17 @@ def recommend(
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = planner_options(price, calibration, network, currency=currency, max_oom_risk=max_oom_risk)
+    opts = planner_options(price, calibration, network, currency=currency, max_oom_risk=max_oom_risk,
+                           avg_tokens=avg_tokens, lengths=lengths)  # fmt: skip
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
+    count_lengths(opts.lengths, values.get("model_name"))
     repeat = {"--gpus-per-node": gpus_per_node, "--max-gpus": max_gpus, "--max-oom-risk": max_oom_risk,
-              "--price-per-gpu-hour": price, "--currency": currency}  # fmt: skip
+              "--price-per-gpu-hour": price, "--currency": currency, "--avg-tokens": avg_tokens,
+              "--lengths": lengths}  # fmt: skip
     defaults = {"--gpus-per-node": 8, "--max-gpus": 64, "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
-                "--price-per-gpu-hour": None, "--currency": "USD"}  # fmt: skip
+                "--price-per-gpu-hour": None, "--currency": "USD", "--avg-tokens": None, "--lengths": None}  # fmt: skip
     cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
     out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=max_oom_risk,
               cli_options=cli_options)  # fmt: skip

@@ -31,6 +31,7 @@ from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved
 from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.host import CACHE_FILE, host_flops
+from tunebench.plan.lengths import UserLengths
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, group_key
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
@@ -68,6 +69,7 @@ class PlanOptions:
     price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost (None: the catalog's USD price)
     network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
     host_memory_gib: float | None = None  # host RAM per node, checked against what offload keeps there
+    lengths: UserLengths | None = None  # the user's sample lengths (--avg-tokens, --lengths), else the data set's
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
@@ -191,7 +193,8 @@ def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
 def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptions, model: ModelSpec | None) -> None:
     """Fill the columns of one group of rows (a Workload) in place."""
     method = rows[idx[0]][0]
-    w = build_workload(method, [rows[i][1] for i in idx], model=model)
+    lengths = opts.lengths.for_model(str(rows[idx[0]][1]["model_name"])) if opts.lengths is not None else None
+    w = build_workload(method, [rows[i][1] for i in idx], model=model, lengths=lengths)
     if w.method in ("lora", "qlora", "gptq-lora") and not w.lora_params_per_rank:
         leaves = sorted({lin.leaf for lin in w.structure.linears if lin.kind == "linear" and lin.part == "layers"})
         reason = (f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}: "
@@ -250,6 +253,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         notes.append(f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
                      f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
                      f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's")  # fmt: skip
+    if lengths is not None:
+        longest = (f"its longest sample ({max(lengths.counts):,} tokens, capped at model_max_length)"
+                   if lengths.longest_known else "model_max_length (a mean gives no longest sample)")  # fmt: skip
+        notes.append(f"samples as long as yours ({lengths.source}; mean {np.mean(lengths.counts):,.1f} tokens): "
+                     f"time, throughput and cost use them; peak memory is sized for {longest}")  # fmt: skip
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
     no_sync_notes = [*notes, "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from tunebench.errors import InputError
 from tunebench.inputs import parse
-from tunebench.plan.options import PlannerOptions
+from tunebench.plan.options import PlannerOptions, user_lengths
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 
@@ -33,16 +33,17 @@ def finite(obj: Any) -> Any:
 
 
 def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None,
-                    host_memory: float | None = None, currency: str = "USD", max_oom_risk: float = DEFAULT_MAX_OOM_RISK):  # fmt: skip
+                    host_memory: float | None = None, currency: str = "USD", max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
+                    avg_tokens: float | None = None, lengths: Path | None = None):  # fmt: skip
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
     parse(PlannerOptions, price=price, calibration=calibration, network=network, batch=batch, host_memory=host_memory,
-          currency=currency, max_oom_risk=max_oom_risk)  # fmt: skip
+          currency=currency, max_oom_risk=max_oom_risk, avg_tokens=avg_tokens, lengths=lengths)  # fmt: skip
     if currency != "USD" and price is None:  # the catalog's prices are USD: nothing converts them
         raise InputError("--currency", f"{currency} needs --price-per-gpu-hour in {currency} (the GPU catalog's "
                          "prices are in USD)", allowed="USD, or --price-per-gpu-hour with the currency")  # fmt: skip
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
-                       host_memory_gib=host_memory)  # fmt: skip
+                       host_memory_gib=host_memory, lengths=user_lengths(avg_tokens, lengths))  # fmt: skip
 
 
 def fmt(v: Any, digits: int = 1) -> str:
