@@ -112,13 +112,17 @@ def _by_precision(rows: pd.DataFrame, source: str, symbols: dict[str, str]) -> l
             if (rows["precision"] == name).any()]  # fmt: skip
 
 
-def _on_gpus(frame: pd.DataFrame, what: str) -> tuple[pd.DataFrame, str]:
+def _on_gpus(frame: pd.DataFrame, what: str, holding: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
     """The rows of runs on GPUs, and the caption's note on the CPU runs left out (they have no GPU memory:
-    drawn, they would sit at 0 GiB and lead every memory front)."""
+    drawn, they would sit at 0 GiB and lead every memory front); the note counts those holding every
+    property of holding (what the figure would have drawn)."""
     if "number_gpus" not in frame.columns:
         return frame, ""
     gpus = pd.to_numeric(frame["number_gpus"], errors="coerce") > 0
-    left = int((~gpus).sum())
+    drawn = pd.Series(True, index=frame.index)
+    for name in holding:
+        drawn &= frame[name].notna() if name in frame.columns else False
+    left = int((~gpus & drawn).sum())
     note = f" {left:,} CPU result{'s are' if left > 1 else ' is'} left out of the {what}: a run without GPUs " \
            "has no GPU memory." if left else ""  # fmt: skip
     return frame[gpus], note
@@ -190,7 +194,7 @@ def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]
         all_err = ((pairs[f"predicted_{name}"] - pairs[name]) / pairs[name] * 100).abs()
         cpu = ""
         if kind == "memory" and "number_gpus" in valid.columns:
-            cpu = _on_gpus(measured, "memory comparison")[1]
+            cpu = _on_gpus(measured, "memory comparison", (name,))[1]
         caption = (f"The planner's prediction (made now, current calibration) against the measurement of {name} "
                    f"for {len(pairs):,} measured entities; points on the dashed line are exact, colour is the "
                    f"absolute error{', symbol the precision' if len(symbols) > 1 else ''}. Median |error| "
@@ -220,6 +224,8 @@ def pareto(data: ReportData) -> Plot:
     key, title = "pareto", "Throughput vs peak memory"
     valid, cpu = _on_gpus(data.frame[data.frame["status"] == "valid"], "memory axis")
     mem, rate = _best_pair(valid)
+    if mem is not None and rate is not None:
+        cpu = _on_gpus(data.frame[data.frame["status"] == "valid"], "memory axis", (mem, rate))[1]
     if mem is None or rate is None:
         return Plot(key, title, f"Nothing to draw: no valid result on GPUs has both a peak memory and a "
                                 f"throughput.{cpu}")  # fmt: skip
@@ -338,7 +344,7 @@ def property_vs_dimensions(data: ReportData) -> list[Plot]:
         rows = frame[frame[prop].notna()] if prop in frame.columns else frame.iloc[0:0]
         cpu = ""
         if prop in MEMORY:  # GPU memory: a CPU run has none (its 0 would read as a perfect fit)
-            rows, cpu = _on_gpus(rows, "figure")
+            rows, cpu = _on_gpus(rows, "figure", (prop,))
         values = pd.to_numeric(rows[prop], errors="coerce") if not rows.empty else rows
         if rows.empty or values.nunique(dropna=True) < 2:
             constant.append(prop)
