@@ -54,24 +54,29 @@ class SampleLengths:
     longest_known: bool
 
     def real(self, limit: np.ndarray) -> np.ndarray:
-        """Mean tokens per sample after each is cut at limit (one value per entity)."""
+        """Mean tokens per sample after each is cut at limit (one value per entity; computed once per limit)."""
         counts = np.asarray(self.counts, dtype=float)
-        return np.array([np.minimum(counts, cap).mean() for cap in np.asarray(limit, dtype=float)])
+        caps, where = np.unique(np.asarray(limit, dtype=float), return_inverse=True)
+        return np.array([np.minimum(counts, cap).mean() for cap in caps])[where.reshape(-1)]
 
     def padded(self, limit: np.ndarray, per_device_batch: np.ndarray) -> np.ndarray:
         """Expected tokens of a micro-batch's longest sample (what each sample is padded to), per entity.
 
         For b samples drawn from the capped counts, P(longest <= v) = F(v)^b, so E[longest] =
         sum over the distinct values v_k of v_k (F(v_k)^b - F(v_(k-1))^b), F the counts' distribution.
+        Computed once per (limit, b) pair: a space of 100,000 entities has a few dozen.
         """
         counts = np.asarray(self.counts, dtype=float)
+        pairs = np.stack([np.asarray(limit, dtype=float), np.maximum(np.asarray(per_device_batch, dtype=float), 1.0)],
+                         axis=1)  # fmt: skip
+        distinct, where = np.unique(pairs, axis=0, return_inverse=True)
         out = []
-        for cap, b in zip(np.asarray(limit, dtype=float), np.asarray(per_device_batch, dtype=float), strict=True):
+        for cap, b in distinct:
             values, seen = np.unique(np.minimum(counts, cap), return_counts=True)
             cdf = np.cumsum(seen) / len(counts)
             below = np.concatenate(([0.0], cdf[:-1]))
-            out.append(float(np.sum(values * (cdf ** max(b, 1.0) - below ** max(b, 1.0)))))
-        return np.array(out)
+            out.append(float(np.sum(values * (cdf**b - below**b))))
+        return np.array(out)[where.reshape(-1)]
 
     def longest(self, limit: np.ndarray) -> np.ndarray:
         """Tokens of the longest sample after the cut (memory's length): limit when only a mean is known."""
@@ -83,7 +88,7 @@ class SampleLengths:
                 "max_tokens": max(self.counts) if self.longest_known else None, "source": self.source}  # fmt: skip
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: PlanOptions holds it
 class UserLengths:
     """--avg-tokens N, or the texts of --lengths FILE counted once per model's tokenizer (for_model)."""
 
