@@ -399,3 +399,15 @@ def test_cost_and_gpu_hours_are_drawn_gpu_against_gpu_and_method_against_method(
         if r["cost"] is not None:
             price = get_gpu(r["gpu_model"]).price_usd_per_gpu_hour
             assert r["cost"] == pytest.approx(r["gpu_hours"] * price, rel=1e-4), r
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [(("float32", False, "no"), "float32"), ((None, False, None), "bfloat16"), (("float32", True, "no"), "float32 + bf16 AMP"),
+     (("float32", False, "fp16"), "float32 + fp16 AMP"), (("bfloat16", True, "no"), "bfloat16"),
+     (("float16", False, "fp16"), "float16")],
+)  # fmt: skip
+def test_precision_names_the_dtype_and_the_autocast(values, expected):
+    from tunebench.report.data import precision
+
+    assert precision(*values) == expected

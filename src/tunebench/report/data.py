@@ -97,8 +97,8 @@ def with_report_columns(frame: pd.DataFrame) -> pd.DataFrame:
     methods, precisions = [], []
     for base_id, parameters, entity in zip(frame["base_id"], frame["_parameters"], frame["_entity"]):
         methods.append(defaults.method(base_id, parameters))
-        get = lambda name: entity[name] if name in entity else defaults.get(base_id, parameters, name)  # noqa: E731
-        precisions.append(precision(get("torch_dtype"), get("bf16"), get("accelerate_config_mixed_precision")))
+        values = [entity[n] if n in entity else defaults.get(base_id, parameters, n) for n in PRECISION_PROPERTIES]
+        precisions.append(precision(*values))
     frame = frame.assign(method=methods, precision=precisions)
     if "number_gpus" in frame.columns:
         cpu = pd.to_numeric(frame["number_gpus"], errors="coerce") == 0
@@ -107,12 +107,16 @@ def with_report_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+PRECISION_PROPERTIES = ("torch_dtype", "bf16", "accelerate_config_mixed_precision")  # precision()'s arguments
+
+
 def precision(torch_dtype: str | None, bf16: bool | None, mixed_precision: str | None) -> str:
     """What a run computes in: torch_dtype (the spec's default bfloat16), plus the autocast dtype under
     mixed precision (the bf16 flag, accelerate_config_mixed_precision), e.g. 'float32 + bf16 AMP'."""
     dtype = torch_dtype or "bfloat16"
     amp = "bf16" if bf16 else (mixed_precision if mixed_precision not in (None, "no") else None)
-    return f"{dtype} + {amp} AMP" if amp else dtype
+    same = {"bf16": "bfloat16", "fp16": "float16"}.get(amp or "") == dtype  # autocast to the weights' own dtype
+    return f"{dtype} + {amp} AMP" if amp and not same else dtype
 
 
 def outcome(status: str, reasons: Sequence[str], error: str | None) -> str:
