@@ -125,3 +125,55 @@ def predicted_store(tmp: Path) -> str:
     store = f"sqlite:///{tmp / 'predicted.db'}"
     explore(tmp, store, PREDICT_SPACE, "predict.yaml")
     return store
+
+
+# What a newcomer's first store holds: the planner's LoRA and full fine-tuning of one model on two GPUs in
+# bf16 and fp32, noop results (measuring nothing) on one of them, and measured CPU runs (no GPU memory: 0).
+NEWCOMER_GPUS = ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3")
+NEWCOMER_PREDICT = f"""
+experiments:
+  - id: finetune_lora_benchmark-v1.0.0
+  - id: finetune_full_benchmark-v1.0.0
+entity_space:
+  model_name: [smollm2-135m]
+  number_gpus: 1
+  gpu_model: [{", ".join(NEWCOMER_GPUS)}]
+  torch_dtype: [bfloat16, float32]
+  model_max_length: [512, 2048, 4096]
+  batch_size: [1, 2, 4]
+actuator: {{name: predict}}
+operation: {{sampler: grid}}
+"""
+NOOP_SPACE = f"""
+experiments:
+  - id: finetune_lora_benchmark-v1.0.0
+entity_space:
+  model_name: [smollm2-135m]
+  number_gpus: 1
+  gpu_model: {NEWCOMER_GPUS[0]}
+  model_max_length: [512, 2048]
+  batch_size: [1, 2]
+actuator: {{name: noop}}
+operation: {{sampler: grid}}
+"""
+
+
+def cpu_rows() -> list[dict[str, object]]:
+    """ado-layout measurements of full fine-tuning on the CPU: GPU memory 0, as the worker records it there."""
+    rows = []
+    for i, (length, batch) in enumerate([(512, 1), (512, 2), (1024, 1), (1024, 2)]):
+        rows.append({"identifier": f"model_name.smollm2-135m-number_gpus.0-model_max_length.{length}-batch_size.{batch}",
+                     "generatorid": "explicit_grid_sample_generator",
+                     "experiment_id": "SFTTrainer.finetune_full_benchmark-v1.0.0", "model_name": "smollm2-135m",
+                     "number_gpus": 0, "model_max_length": length, "batch_size": batch,
+                     "gpu_memory_utilization_peak": 0.0, "train_runtime": 30.0 + i,
+                     "dataset_tokens_per_second": 2000.0 + 500 * i, "is_valid": 1})  # fmt: skip
+    return rows
+
+
+def newcomer_store(tmp: Path) -> str:
+    store = f"sqlite:///{tmp / 'newcomer.db'}"
+    explore(tmp, store, NEWCOMER_PREDICT, "predict.yaml")
+    explore(tmp, store, NOOP_SPACE, "noop.yaml")
+    import_rows(tmp, store, cpu_rows(), "cpu.csv")
+    return store

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"  # full fine-tuning: plan's default, stated in its signature
 # what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit)
 PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
-                "peak_phase", "step_seconds", "steps", "mfu", "gpu_hours", "cost", "host_memory_gib")  # fmt: skip
+                "peak_phase", "step_seconds", "steps", "mfu", "tokens_per_sample", "gpu_hours", "cost", "host_memory_gib")  # fmt: skip
 
 
 def plan(
@@ -42,6 +42,8 @@ def plan(
     price_per_gpu_hour: float | None = None,
     network_gbps: float | None = None,
     host_memory_gib: float | None = None,
+    avg_tokens: float | None = None,
+    lengths: str | Path | None = None,
 ) -> pd.DataFrame:
     """The planner's prediction of every entity (a row of KEY=VALUE properties), as a DataFrame.
 
@@ -52,7 +54,11 @@ def plan(
     keeps the input's index and columns and adds: experiment_id, entity_id, status (valid | invalid),
     is_valid, reasons (``; ``-joined), every predicted property (tunebench.plan.PREDICTED: peak
     memory in GiB per GPU, tokens/s, runtime s, ...) whether or not the job fits, and PLAN_DETAILS.
-    Vectorised (predict_many): 100,000 rows take seconds.
+    Cost is in USD at the GPU catalog's list price unless price_per_gpu_hour is given. Your data's sample
+    lengths (tunebench.plan.lengths): avg_tokens (mean tokens per sample) or lengths (a JSON-lines file
+    of samples, counted with each model's tokenizer) set time, throughput and cost; peak memory still
+    sizes the longest sample (model_max_length with avg_tokens). Vectorised (predict_many): 100,000 rows
+    take seconds.
     """
     import pandas as pd
 
@@ -62,7 +68,7 @@ def plan(
 
     frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
     options: dict[str, Any] = {"price_per_gpu_hour": price_per_gpu_hour, "network_gbps": network_gbps,
-                               "host_memory_gib": host_memory_gib}  # fmt: skip
+                               "host_memory_gib": host_memory_gib, "lengths": _lengths(avg_tokens, lengths)}  # fmt: skip
     if calibration is not None:
         options["calibration"] = load_calibration(calibration)
     experiments: dict[str, Any] = {experiment: get_experiment(experiment, dict(parameters or {}))}
@@ -101,6 +107,8 @@ def recommend(
     calibration: str | Path | None = None,
     price_per_gpu_hour: float | None = None,
     network_gbps: float | None = None,
+    avg_tokens: float | None = None,
+    lengths: str | Path | None = None,
 ) -> dict[str, Any]:
     """What `tunebench recommend --json` prints, as a dict: the fewest GPUs that fit (``minimum``), the
     ``fastest`` and ``cheapest`` (batch, GPUs), the fastest on the largest GPU count (``largest``) and a
@@ -109,7 +117,8 @@ def recommend(
 
     entity: property -> value (gpu_model needed). A configuration fits when its out-of-memory
     probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
-    Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour.
+    Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour (default: the GPU
+    catalog's list price, USD). avg_tokens / lengths: your data's sample lengths, as in plan().
     """
     from tunebench.inputs import parse
     from tunebench.plan import load_calibration
@@ -124,10 +133,26 @@ def recommend(
     check_recommend(gpus_per_node, max_gpus)
     parse(PlannerOptions, price=price_per_gpu_hour, network=network_gbps, max_oom_risk=risk)
     options = PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price_per_gpu_hour,
-                          network_gbps=network_gbps)  # fmt: skip
+                          network_gbps=network_gbps, lengths=_lengths(avg_tokens, lengths))  # fmt: skip
     exp = get_experiment(experiment, dict(parameters or {}))
     out = run(exp, dict(entity), options, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=risk)
     return finite(out)
+
+
+def _lengths(avg_tokens: float | None, lengths: str | Path | None) -> Any:
+    """plan.lengths.UserLengths of avg_tokens or a lengths file (InputError naming avg_tokens / lengths)."""
+    from tunebench.errors import InputError
+    from tunebench.inputs import parse
+    from tunebench.plan.options import PlannerOptions, user_lengths
+
+    path = Path(lengths) if lengths is not None else None
+    try:
+        parse(PlannerOptions, avg_tokens=avg_tokens, lengths=path)
+        return user_lengths(avg_tokens, path)
+    except InputError as exc:  # named as this function's arguments, not as the command's options
+        field = exc.field.replace("--avg-tokens", "avg_tokens").replace("--lengths", "lengths")
+        raise InputError(field, exc.message.replace("--avg-tokens", "avg_tokens").replace("--lengths", "lengths"),
+                         exc.allowed) from None  # fmt: skip
 
 
 def _plan_columns(predicted: Iterable[str]) -> list[str]:
@@ -209,7 +234,7 @@ def results(
 ) -> pd.DataFrame:
     """The store's results as a DataFrame: one row per stored outcome (entity x experiment x actuator).
 
-    Columns: request_id, experiment_id, base_id, entity_id, actuator, source (measured | predicted),
+    Columns: request_id, experiment_id, base_id, entity_id, actuator, source (measured | predicted | test),
     status, outcome (fits | out of memory | invalid by rule | invalid | failed), reason, one column per
     entity property (an experiment's default where the entity left it out), one per measured
     property. Filters: an operation id (op-...), a space file's points, an actuator, statuses.

@@ -162,7 +162,6 @@ def test_shipped_calibration_reproduces_its_recorded_accuracy():
 
 def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
     """A refit on a few local runs keeps the reference runs (the GPU coefficients stay informed)."""
-    from pathlib import Path
 
     from tunebench.commands.plan import register
 

@@ -17,7 +17,7 @@ import pytest
 
 from tunebench.errors import InputError
 from cli_app import invoke_plan as invoke
-from tunebench.plan.deploy import deploy_spec, post_hardware_spec
+from tunebench.plan.deploy import deploy_spec
 
 
 

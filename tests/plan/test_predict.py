@@ -16,7 +16,7 @@ from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.plan import PREDICTED, plan_json, predict, predict_many
 from tunebench.commands.plan import register
 from tunebench.plan.coefficients import Calibration, Coefficients
-from tunebench.plan.predictor import _effective_values
+from tunebench.plan.predictor import PREDICTED_COST, _effective_values
 from tunebench.plan.throughput import flops_per_token, predict_throughput
 from tunebench.plan.workload import build_workload
 
@@ -49,7 +49,7 @@ def test_valid_result_predicts_the_measured_properties():
     spec_names = set(BENCHMARK_MEASURED) | {"gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
                                            "gpu_memory_peak_gib"}  # fmt: skip
     assert set(PREDICTED) <= spec_names
-    assert set(r.properties) == set(PREDICTED) | {"is_valid"}
+    assert set(r.properties) == set(PREDICTED) | set(PREDICTED_COST) | {"is_valid"}
     p = r.properties
     assert p["train_tokens_per_second"] == pytest.approx(2 * p["train_tokens_per_gpu_per_second"])
     assert p["dataset_tokens_per_second_per_gpu"] == pytest.approx(p["dataset_tokens_per_second"] / 2)
@@ -397,3 +397,40 @@ def test_recommend_nearest_fit_spreads_a_larger_batch_over_more_gpus():
     assert out["nearest"]["change"] == "batch_size=2 over more GPUs"
     assert out["nearest"]["candidate"]["number_gpus"] == 2 and out["nearest"]["candidate"]["batch_size"] == 2
     assert "batch_size=2" in out["nearest"]["command"]
+
+
+def test_cost_uses_the_catalogs_price_unless_one_is_given_and_is_stored_with_the_prediction():
+    from tunebench.catalog import get_gpu, list_gpus
+
+    a100 = get_gpu("A100-80GB")
+    assert a100.price_usd_per_gpu_hour == pytest.approx(0.00076 * 3600) and "RunPod" in a100.price_source
+    priced = [g for g in list_gpus() if g.price_usd_per_gpu_hour is not None]
+    assert len(priced) >= 15 and all(g.price_usd_per_gpu_hour > 0 and "$" in g.price_source for g in priced)
+    r = predict(LORA, BASE)  # 2 A100s, no price given: the catalog's
+    hours = r.properties["train_runtime"] / 3600 * 2
+    assert r.properties["gpu_hours"] == pytest.approx(hours)
+    assert r.properties["cost"] == pytest.approx(hours * a100.price_usd_per_gpu_hour)
+    assert r.metadata["price_source"].startswith("GPU catalog, USD: ")
+    own = predict(LORA, BASE, price_per_gpu_hour=1.0)
+    assert own.properties["cost"] == pytest.approx(hours) and own.metadata["price_source"] == "--price-per-gpu-hour"
+    unpriced = predict(LORA, {**BASE, "gpu_model": "H20"})  # no list price found: GPU-hours, no cost
+    assert "cost" not in unpriced.properties and unpriced.properties["gpu_hours"] > 0
+    assert "cost" not in unpriced.metadata
+    cpu = predict(LORA, {"model_name": "smollm2-135m", "model_max_length": 128, "number_gpus": 0, "batch_size": 1})
+    assert not {"gpu_hours", "cost"} & set(cpu.properties) and cpu.metadata["gpu_hours"] is None
+
+
+def test_plan_prints_the_catalog_price_and_refuses_another_currency_without_a_price():
+    args = ("plan", LORA.id, *[f"{k}={v}" for k, v in BASE.items()])
+    out = json.loads(invoke(*args, "--json").stdout)
+    assert out["cost"] == pytest.approx(out["gpu_hours"] * 2.736, rel=1e-3) and out["currency"] == "USD"
+    assert "RunPod" in out["price_source"]
+    text = " ".join(invoke(*args).output.split())
+    assert "USD (2.74 per GPU-hour)" in text and "price: GPU catalog, USD:" in text
+    res = invoke(*args, "--currency", "EUR")
+    assert isinstance(res.exception, InputError) and res.exception.field == "--currency"
+    assert "EUR needs --price-per-gpu-hour" in str(res.exception)
+    rec = json.loads(invoke("recommend", LORA.id, *[f"{k}={v}" for k, v in BASE.items()], "--max-gpus", "2",
+                            "--json").stdout)  # fmt: skip
+    assert rec["price_per_gpu_hour"] == pytest.approx(2.736) and rec["currency"] == "USD"
+    assert rec["cheapest"]["cost"] == pytest.approx(rec["cheapest"]["gpu_hours"] * 2.736, rel=1e-3)

@@ -30,7 +30,7 @@ FIGURES_JS = """() => Array.from(document.querySelectorAll('figure')).map(f => {
   return {id: f.id, plot: f.classList.contains('plot'), caption: f.querySelector('figcaption').textContent,
           svgs: gd ? gd.querySelectorAll('.main-svg').length : 0,
           points: traces.reduce((n, t) => n + (t.x || []).filter(v => v !== null).length, 0),
-          drawn: gd ? gd.querySelectorAll('.scatterlayer .point, .barlayer .point').length : 0,
+          drawn: gd ? gd.querySelectorAll('.scatterlayer .point, .barlayer .point, .boxlayer .point').length : 0,
           names: traces.map(t => t.name), texts: traces.map(t => t.text || []),
           lines: traces.filter(t => (t.mode || '').includes('lines')).map(t => ({name: t.name, y: t.y}))};
 })"""
@@ -117,7 +117,9 @@ def test_report_of_a_mixed_store_renders_every_plot_in_chromium(mixed, browser, 
         texts = figures[key]["texts"][0]
         errors_gpu = [abs(float(re.search(r"error ([-+\d.]+)%", t).group(1))) for t in texts if "number_gpus=1" in t]
         assert len(errors_gpu) == 15 and max(errors_gpu) <= 25.0 and max(errors_gpu) >= 10.0, (key, errors_gpu)
-    assert "for 24 measured entities" in figures["predicted-vs-measured-throughput"]["caption"]
+    # the test actuator's CPU results are tests, not measurements: only the 15 imported A100 rows are compared
+    assert "for 15 measured entities" in figures["predicted-vs-measured-throughput"]["caption"]
+    assert "9 valid results of test actuators" in figures["predicted-vs-measured-throughput"]["caption"]
     assert "for 15 measured entities" in figures["predicted-vs-measured-memory"]["caption"]
     # the table: every row, sortable, filterable
     total = len(table_data(out)["rows"])
@@ -176,10 +178,10 @@ def test_large_figures_are_subsampled_and_say_so(mixed, monkeypatch):
     monkeypatch.setattr(plots, "MAX_POINTS", 8)
     with Store(mixed[1]) as store:
         text = build_report(store)
-    # the A100 boundary group (30 results) and the throughput comparison (24 pairs), each down to 8 points
+    # the A100 boundary group (30 results) and the throughput comparison (15 pairs), each down to 8 points
     assert "(30 results, 15 out of memory)" in text
     assert "Showing 8 of 30 points (one in every 4, evenly subsampled)." in text
-    assert "for 24 measured entities" in text and "Showing 8 of 24 points (one in every 3, evenly subsampled)." in text
+    assert "for 15 measured entities" in text and "Showing 8 of 15 points (one in every 2, evenly subsampled)." in text
     plot = re.search(r"plot-predicted-vs-measured-throughput.*?Plotly.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", text, re.S)
     assert len(json.loads(plot.group(1))[0]["x"]) == 8
 
@@ -261,5 +263,151 @@ def test_an_empty_store_gives_a_report_that_says_so(tmp_path):
     assert main(["report", "--store", str(tmp_path / "empty.db"), "-o", str(out)]) == 0
     text = out.read_text()
     assert "0 results (no results)" in text and "class='plot'" not in text
-    assert text.count("Nothing to draw") == 4 and "the store has no measurements yet" in text
+    assert text.count("Nothing to draw") == 6 and "the store has no measurements yet" in text  # cost: 2
     assert table_data(out)["rows"] == []
+
+
+# every trace of every figure: its name, type, marker symbol and values (what the reader sees per point)
+TRACES_JS = """() => Object.fromEntries(Array.from(document.querySelectorAll('figure.plot')).map(f => {
+  const gd = f.querySelector('.js-plotly-plot');
+  return [f.id, gd.data.map(t => ({name: t.name, type: t.type, symbol: (t.marker || {}).symbol || null,
+                                   x: t.x || [], y: t.y || [], xaxis: t.xaxis || 'x'}))];
+}))"""
+# every x axis of a figure: title, type, tick labels and the points drawn in its panel
+AXES_JS = """(id) => { const gd = document.querySelector('#' + id + ' .js-plotly-plot'); const out = {};
+  for (const [k, ax] of Object.entries(gd._fullLayout)) if (/^[xy]axis\\d*$/.test(k)) out[ax.title.text] = {
+    type: ax.type, ticks: Array.from(gd.querySelectorAll('g.' + ax._id + 'tick text')).map(t => t.textContent),
+    points: gd.querySelectorAll('.subplot.' + ax._id + 'y .point').length};
+  return out; }"""
+# each figure's title against its drawing: the title's left and right edges and the figure's
+TITLES_JS = """() => Array.from(document.querySelectorAll('figure.plot')).map(f => {
+  const svg = f.querySelector('.main-svg').getBoundingClientRect(), t = f.querySelector('.gtitle').getBBox();
+  const r = f.querySelector('.gtitle').getBoundingClientRect();
+  return {id: f.id, text: f.querySelector('.gtitle').textContent, left: r.left - svg.left, right: svg.right - r.right};
+})"""
+
+
+@pytest.fixture(scope="module")
+def newcomer(tmp_path_factory, browser):
+    """The report of a newcomer's store (report_data.newcomer_store) open in Chromium: (page, traces, text, html path)."""
+    tmp = tmp_path_factory.mktemp("report-newcomer")
+    store = report_data.newcomer_store(tmp)
+    out = tmp / "newcomer.html"
+    done = report(store, out)
+    assert done.returncode == 0, done.stderr
+    page, errors, remote = open_report(browser, out)
+    assert errors == [] and remote == []
+    yield page, page.evaluate(TRACES_JS), out.read_text(), out
+    page.close()
+
+
+def test_noop_results_are_labelled_test_never_measured(newcomer):
+    page, traces, text, out = newcomer
+    assert "4 test valid" in text and "4 measured valid" in text  # noop's 4, the 4 imported CPU runs
+    boundary = {k: v for k, v in traces.items() if k.startswith("oom-boundary")}
+    a100 = next(t for t in boundary.values() if any(x.get("name") == "test: fits" for x in t))
+    assert not any(t["name"].startswith("measured") for t in a100)
+    caption = page.locator("#predicted-vs-measured-throughput figcaption").text_content()
+    assert "for 4 measured entities" in caption and "4 valid results of test actuators" in caption
+    table = table_data(out)
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert {r["source"] for r in rows if r["actuator"] == "noop"} == {"test"}
+    assert {r["source"] for r in rows if r["actuator"] == "measure"} == {"measured"}
+
+
+def test_bf16_and_fp32_runs_differ_in_symbol(newcomer):
+    _, traces, _, _ = newcomer
+    for key in ("pareto", "property-dataset_tokens_per_second"):
+        symbols = {t["name"]: t["symbol"] for t in traces[key] if t["name"].startswith("predicted, ")}
+        assert set(symbols) == {"predicted, bfloat16", "predicted, float32"}, key
+        assert len(set(symbols.values())) == 2, symbols
+
+
+def test_the_gpu_model_panel_draws_every_gpu_and_the_cpu(newcomer):
+    page, traces, _, _ = newcomer
+    axes = page.evaluate(AXES_JS, "property-dataset_tokens_per_second")
+    panel = axes["gpu_model"]
+    rows = sum(len([v for v in t["y"] if v is not None]) for t in traces["property-dataset_tokens_per_second"]
+               if t["xaxis"] == "x")  # every row is drawn once per panel
+    assert panel["type"] == "category" and panel["points"] == rows == axes["batch_size"]["points"] > 70
+    assert set(panel["ticks"]) == {*report_data.NEWCOMER_GPUS, "CPU"}
+
+
+def test_integer_axes_label_integers_and_log_axes_full_numbers(newcomer):
+    page, traces, _, _ = newcomer
+    axes = page.evaluate(AXES_JS, "property-dataset_tokens_per_second")
+    assert axes["batch_size"]["ticks"] == ["1", "2", "4"] and axes["number_gpus"]["ticks"] == ["0", "1"]
+    assert axes["model_max_length"]["ticks"] == ["512", "1024", "2048", "4096"]
+    for key in (k for k in traces if k.startswith("oom-boundary")):
+        axes = page.evaluate(AXES_JS, key)
+        assert axes["batch_size"]["type"] == "log" and axes["batch_size"]["ticks"] in (["1", "2"], ["1", "2", "4"])
+        lengths = axes["model_max_length (tokens)"]["ticks"]
+        assert lengths in (["512", "2048"], ["512", "1024"]), lengths
+
+
+def test_log_axes_label_thousands_in_full(mixed, browser, tmp_path):
+    out = tmp_path / "mixed.html"
+    assert report(mixed[1], out).returncode == 0
+    page, _, _ = open_report(browser, out)
+    figures = page.evaluate(FIGURES_JS)
+    a100 = next(f["id"] for f in figures if f["id"].startswith("oom-boundary") and "A100" in f["caption"])
+    axes = page.evaluate(AXES_JS, a100)
+    assert axes["model_max_length (tokens)"]["ticks"] == [str(n) for n in report_data.LENGTHS]
+    assert axes["batch_size"]["ticks"] == [str(n) for n in report_data.BATCHES]
+    page.close()
+
+
+def test_titles_fit_in_a_narrow_window(newcomer, browser):
+    page = browser.new_page()
+    page.set_viewport_size({"width": 720, "height": 900})
+    page.goto(newcomer[3].as_uri())
+    page.wait_for_function("() => window.Plotly !== undefined && document.querySelectorAll('.gtitle').length > 3")
+    page.wait_for_timeout(300)
+    titles = page.evaluate(TITLES_JS)
+    assert any("Out-of-memory boundary: model_name=smollm2-135m" in t["text"] for t in titles)
+    for t in titles:
+        assert t["left"] >= -1 and t["right"] >= -1, t  # nothing cut at either end
+    page.close()
+
+
+def test_cpu_runs_never_sit_at_0_gib_of_gpu_memory(newcomer):
+    page, traces, _, _ = newcomer
+    points = [t for t in traces["pareto"] if not t["name"].startswith("Pareto front")]
+    assert points and all(x is not None and x > 0 for t in points for x in t["x"])
+    assert all(x > 0 for t in traces["pareto"] for x in t["x"])  # nor on the front
+    # the memory the most measured runs on GPUs hold: the CPU runs' 0 % utilization no longer chooses it
+    assert "gpu_memory_peak_gib" in page.locator("#pareto figcaption").text_content()
+    utilization = traces["property-gpu_memory_utilization_peak"]
+    assert all(y is None or y > 0 for t in utilization for y in t["y"])
+    assert "4 CPU results are left out" in page.locator("#property-gpu_memory_utilization_peak figcaption").text_content()
+
+
+def test_cost_and_gpu_hours_are_drawn_gpu_against_gpu_and_method_against_method(newcomer):
+    from tunebench.catalog import get_gpu
+
+    page, traces, _, out = newcomer
+    for key, name in (("cost", "cost"), ("gpu-hours", "gpu_hours")):
+        boxes = traces[key]
+        assert {t["type"] for t in boxes} == {"box"} and {t["name"] for t in boxes} == {"predicted"}
+        assert set(boxes[0]["x"]) == set(report_data.NEWCOMER_GPUS) and set(boxes[1]["x"]) == {"full", "lora"}
+        assert len(boxes[0]["y"]) == len(boxes[1]["y"]) > 40
+        caption = page.locator(f"#{key} figcaption").text_content()
+        assert "Median per run: gpu_model: NVIDIA-A100-SXM4-80GB" in caption and "method: full" in caption
+    assert "USD at the GPU catalog's on-demand list price" in page.locator("#cost figcaption").text_content()
+    table = table_data(out)
+    for r in (dict(zip(table["columns"], r)) for r in table["rows"]):  # cost = GPU-hours x the GPU's list price
+        if r["cost"] is not None:
+            price = get_gpu(r["gpu_model"]).price_usd_per_gpu_hour
+            assert r["cost"] == pytest.approx(r["gpu_hours"] * price, rel=1e-4), r
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [(("float32", False, "no"), "float32"), ((None, False, None), "bfloat16"), (("float32", True, "no"), "float32 + bf16 AMP"),
+     (("float32", False, "fp16"), "float32 + fp16 AMP"), (("bfloat16", True, "no"), "bfloat16"),
+     (("float16", False, "fp16"), "float16")],
+)  # fmt: skip
+def test_precision_names_the_dtype_and_the_autocast(values, expected):
+    from tunebench.report.data import precision
+
+    assert precision(*values) == expected

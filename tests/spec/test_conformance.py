@@ -8,7 +8,6 @@ domains, model lists, hardcoded LoRA target modules and measured properties with
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 

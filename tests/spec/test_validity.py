@@ -140,7 +140,6 @@ def test_validate_and_plan_print_the_platform_notes():
 
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
-    from pathlib import Path
 
     docs = (REPO / "docs" / "experiments.md").read_text()
     section = docs.split("## Validity", 1)[1].split("###", 1)[0]

@@ -52,6 +52,8 @@ class GPUSpec:
     confidence: str = "datasheet"  # or "unverified"
     notes: str = ""
     source: tuple[str, ...] = ()
+    price_usd_per_gpu_hour: float | None = None  # on-demand list price of one GPU for an hour (PRICES); None: none found
+    price_source: str = ""  # who lists that price, for which offer, and when
 
     @property
     def memory_bytes(self) -> int:
@@ -81,9 +83,43 @@ def load_gpus() -> dict[str, GPUSpec]:
         entry = dict(entry)
         entry["aliases"] = tuple(entry.get("aliases", ()))
         entry["source"] = tuple(entry.get("source", ()))
-        spec = GPUSpec(**entry)
+        price, price_source = PRICES.get(entry["name"], (None, ""))
+        spec = GPUSpec(**entry, price_usd_per_gpu_hour=price, price_source=price_source)
         gpus[spec.name] = spec
     return gpus
+
+
+# On-demand list price of one GPU for one hour, USD: (price, source). Published cloud prices change; these are
+# what the named page listed on the named date. --price-per-gpu-hour (and the predict actuator's
+# price_per_gpu_hour) overrides them. A price per instance is divided by its GPUs, and includes that
+# instance's CPUs, memory and disk. None of the sources found lists the GPUs that are left out (V100 PCIe,
+# A100 PCIe 40GB, H100 NVL, H200 NVL, A800, H800, H20, RTX PRO 6000, GB200, MI300X, MI325X): they have no
+# price, and cost needs --price-per-gpu-hour. A MIG slice has none either (mig_slice).
+_RUNPOD = "RunPod Serverless flex-worker list price (docs.runpod.io/serverless/pricing, stored copy read 2026-11-25)"
+_LAMBDA = "Lambda on-demand list price (lambda.ai/pricing as quoted by techbytes.app, verified 2026-05-07)"
+_AWS = "AWS EC2 On-Demand list price, us-east-1, Linux (aws.amazon.com/ec2/pricing/on-demand; unchanged since 2024, not re-read here)"
+PRICES: dict[str, tuple[float, str]] = {
+    "Tesla-V100-SXM2-16GB": (3.06, f"p3.2xlarge (1 GPU) $3.06/h: {_AWS}"),
+    "Tesla-V100-SXM2-32GB": (3.9015, f"p3dn.24xlarge (8 GPUs) $31.212/h: {_AWS}"),
+    "Tesla-T4": (0.526, f"g4dn.xlarge (1 GPU) $0.526/h: {_AWS}"),
+    "NVIDIA-A10G": (1.006, f"g5.xlarge (1 GPU) $1.006/h: {_AWS}; also quoted for June 2026 by an EC2 pricing guide"),
+    "NVIDIA-A10": (0.86, f"1x A10 (24 GB PCIe) $0.86/h: {_LAMBDA}"),
+    "NVIDIA-GeForce-RTX-3090": (0.684, f"'L4, A5000, 3090' $0.00019/s: {_RUNPOD}"),
+    "NVIDIA-RTX-A6000": (1.224, f"'A6000, A40' $0.00034/s: {_RUNPOD}"),
+    "NVIDIA-A100-SXM4-40GB": (1.48, f"1x A100 (40 GB SXM4) $1.48/h: {_LAMBDA}"),
+    # RunPod's 'A100 80 GB' tier does not say PCIe or SXM: both get it
+    "NVIDIA-A100-80GB-PCIe": (2.736, f"'A100 80 GB' $0.00076/s: {_RUNPOD}"),
+    "NVIDIA-A100-SXM4-80GB": (2.736, f"'A100 80 GB' $0.00076/s: {_RUNPOD}"),
+    "NVIDIA-L4": (0.684, f"'L4, A5000, 3090' $0.00019/s: {_RUNPOD}"),
+    "NVIDIA-GeForce-RTX-4090": (1.116, f"'4090 PRO' $0.00031/s: {_RUNPOD}"),
+    "NVIDIA-L40": (1.908, f"'L40, L40S, 6000 Ada PRO' $0.00053/s: {_RUNPOD}"),
+    "NVIDIA-L40S": (1.908, f"'L40, L40S, 6000 Ada PRO' $0.00053/s: {_RUNPOD}"),
+    "NVIDIA-RTX-6000-Ada-Generation": (1.908, f"'L40, L40S, 6000 Ada PRO' $0.00053/s: {_RUNPOD}"),
+    "NVIDIA-H100-PCIe": (2.86, f"1x H100 (80 GB PCIe) $2.86/h: {_LAMBDA}"),
+    "NVIDIA-H100-80GB-HBM3": (3.78, f"1x H100 (80 GB SXM5) $3.78/h: {_LAMBDA}"),
+    "NVIDIA-H200": (5.58, f"'H200 PRO 141 GB' $0.00155/s: {_RUNPOD}"),
+    "NVIDIA-B200": (8.64, f"'B200 180 GB' $0.00240/s: {_RUNPOD}"),
+}
 
 
 @functools.cache

@@ -81,7 +81,7 @@ def generate(
     spec = parse_dataset_id(dataset_id)
     t0 = time.perf_counter()
     where = paths.data_dir(data_dir)
-    with output_errors(paths.data_dir_source(data_dir), where), _progress(f"generating {spec.id}") as update:
+    with output_errors(paths.data_dir_source(data_dir), where), ProgressBar(f"generating {spec.id}") as update:
         if force:
             generate_dataset(spec, data_dir, update)
         else:
@@ -106,7 +106,7 @@ def stats(
     from tunebench.datasets.tokens import token_counts
 
     spec = parse_dataset_id(dataset_id)
-    with _progress(f"counting tokens of {spec.id}") as update:
+    with ProgressBar(f"counting tokens of {spec.id}") as update:
         counts = token_counts(spec, model, max_seq_length=max_len, data_dir=data_dir, progress=update)
     s = counts.summary()
     if as_json:
@@ -121,7 +121,7 @@ def stats(
                f"{'from cache' if counts.from_cache else 'counted'} in {counts.seconds:.2f} s")
 
 
-class _progress:
+class ProgressBar:
     """A rich progress bar fed by (done, total) callbacks: entries done of all, their rate, elapsed time and
     ETA; it appears once the work has taken SHOW_AFTER_S (quick calls print nothing), on a terminal only."""
 

@@ -19,6 +19,7 @@ from tunebench.spec.experiments import effective_values, get_experiment, make_en
 from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.commands.options import argument, option
 from tunebench.inputs import EnvName, NonNegative, Positive, Seconds, Text, TextFile
+from tunebench.plan.options import AvgTokens as AvgTokenCount
 from tunebench.plan.options import CalibrationFile, GpuCount, PostUrl, Probability, check_recommend
 from tunebench.plan.options import Currency as CurrencyCode
 from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
@@ -30,9 +31,10 @@ Params = Annotated[
     option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
 Props = Annotated[list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)]
-Price = Annotated[float | None, option(NonNegative, "--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+Price = Annotated[float | None, option(NonNegative, "--price-per-gpu-hour", help="Price of one GPU-hour, for cost (default: "
+                                      "the GPU catalog's on-demand list price in USD, where it has one).")]
 Currency = Annotated[str, option(CurrencyCode, "--currency", help="Currency of --price-per-gpu-hour, printed with cost "
-                                 "(ISO 4217 code; nothing is converted).")]
+                                 "(ISO 4217 code; nothing is converted; not USD: give --price-per-gpu-hour).")]
 MaxOomRisk = Annotated[
     float,
     option(Probability, "--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
@@ -46,6 +48,16 @@ Network = Annotated[
 ]
 HostMemory = Annotated[
     float | None, option(Positive, "--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
+]
+AvgTokens = Annotated[
+    float | None,
+    option(AvgTokenCount, "--avg-tokens", help="Mean tokens per sample of your data: time, throughput and cost use it (capped "
+                 "at model_max_length); peak memory still sizes model_max_length."),
+]
+Lengths = Annotated[
+    Path | None,
+    option(TextFile, "--lengths", help="JSON lines of your samples (\"output\", \"text\" or chat \"messages\"), "
+                 "counted with the model's tokenizer: time and cost use their mean, memory their longest."),
 ]
 Compare = Annotated[
     bool,
@@ -155,6 +167,8 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     ] = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
+    avg_tokens: AvgTokens = None,
+    lengths: Lengths = None,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
@@ -162,15 +176,17 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     The verdict says 'risky' where the job fits but its out-of-memory probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
 
-    opts = planner_options(price, calibration, network, host_memory)
+    opts = planner_options(price, calibration, network, host_memory, currency, avg_tokens, lengths)
     kw = {
         "calibration": opts.calibration,
         "price_per_gpu_hour": opts.price_per_gpu_hour,
         "network_gbps": opts.network_gbps,
         "host_memory_gib": opts.host_memory_gib,
+        "lengths": opts.lengths,
     }
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
+    count_lengths(opts.lengths, values.get("model_name"))
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
@@ -200,7 +216,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
     out["max_oom_risk"] = max_oom_risk
     out["within_oom_risk"] = out["is_valid"] and (out.get("oom_probability") or 0.0) <= max_oom_risk
-    if price is not None:
+    if out.get("cost") is not None:
         out["currency"] = currency
     if compare:
         rows = compare_rows(out, measured)
@@ -213,6 +229,17 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
         echo_json(out)
         return
     print_plan(Console(), out, max_oom_risk, currency)
+
+
+def count_lengths(lengths: Any, model: Any) -> None:
+    """Count the --lengths file's tokens for the entity's model now, with a progress bar (the planner would
+    count them silently); nothing to do for --avg-tokens or a missing model (its own error comes later)."""
+    if lengths is None or lengths.texts is None or not model:
+        return
+    from tunebench.commands.datasets import ProgressBar
+
+    with ProgressBar(f"counting tokens of {lengths.path}") as update:
+        lengths.for_model(str(model), update)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -246,6 +273,8 @@ def recommend(
     network: Network = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
+    avg_tokens: AvgTokens = None,
+    lengths: Lengths = None,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Fewest GPUs (and nodes) that fit, fastest and cheapest (batch, GPUs), and a table per method; a
@@ -254,18 +283,20 @@ def recommend(
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = planner_options(price, calibration, network)
+    opts = planner_options(price, calibration, network, currency=currency, avg_tokens=avg_tokens, lengths=lengths)
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
+    count_lengths(opts.lengths, values.get("model_name"))
     repeat = {"--gpus-per-node": gpus_per_node, "--max-gpus": max_gpus, "--max-oom-risk": max_oom_risk,
-              "--price-per-gpu-hour": price, "--currency": currency}  # fmt: skip
+              "--price-per-gpu-hour": price, "--currency": currency, "--avg-tokens": avg_tokens,
+              "--lengths": lengths}  # fmt: skip
     defaults = {"--gpus-per-node": 8, "--max-gpus": 64, "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
-                "--price-per-gpu-hour": None, "--currency": "USD"}  # fmt: skip
+                "--price-per-gpu-hour": None, "--currency": "USD", "--avg-tokens": None, "--lengths": None}  # fmt: skip
     cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
     out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=max_oom_risk,
               cli_options=cli_options)  # fmt: skip
-    if price is not None:
+    if out.get("price_per_gpu_hour") is not None:
         out["currency"] = currency
     if as_json:
         echo_json(out)

@@ -11,7 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tunebench.errors import InputError
 from tunebench.jsonvalues import finite
+from tunebench.plan.options import user_lengths
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
 
@@ -21,12 +23,16 @@ def echo_json(obj: Any, indent: int | None = 2) -> None:
 
 
 def planner_options(price: float | None, calibration: Path | None, network: float | None,
-                    host_memory: float | None = None):  # fmt: skip
+                    host_memory: float | None = None, currency: str = "USD", avg_tokens: float | None = None,
+                    lengths: Path | None = None):  # fmt: skip
     """The planner's settings of a command's (already checked) options."""
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
+    if currency != "USD" and price is None:  # the catalog's prices are USD: nothing converts them
+        raise InputError("--currency", f"{currency} needs --price-per-gpu-hour in {currency} (the GPU catalog's "
+                         "prices are in USD)", allowed="USD, or --price-per-gpu-hour with the currency")  # fmt: skip
     return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
-                       host_memory_gib=host_memory)  # fmt: skip
+                       host_memory_gib=host_memory, lengths=user_lengths(avg_tokens, lengths))  # fmt: skip
 
 
 def fmt(v: Any, digits: int = 1) -> str:
@@ -114,8 +120,10 @@ def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFA
     speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
     speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
     if out.get("cost") is not None:
-        speed.add_row("cost", cost_text(out["cost"], currency))
+        speed.add_row("cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)")
     console.print(speed)
     for note in out.get("notes") or []:
         console.print(f"note: {note}")
+    if out.get("price_source"):
+        console.print(f"[dim]price: {out['price_source']}[/dim]", highlight=False)
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")

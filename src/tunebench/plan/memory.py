@@ -194,7 +194,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     under multi-GPU FSDP, the vision tower, and one 4-bit weight dequantised to 16 bits.
     """
     m = w.structure
-    _, padded = w.sample_tokens()
+    padded = w.memory_tokens()  # the longest sample (plan.lengths); time uses the mean
     batch = w.per_device_batch
     tokens = batch * padded
     impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:

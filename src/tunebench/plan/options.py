@@ -26,7 +26,9 @@ from tunebench.inputs import (
     input_error,
     parse,
 )
+from tunebench.errors import InputError
 from tunebench.limits import check_memory
+from tunebench.plan.lengths import MAX_AVG_TOKENS, UserLengths, from_file, from_mean
 from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
@@ -88,10 +90,15 @@ Currency = Annotated[str, AfterValidator(_currency)]
 Probability = Annotated[float, Field(ge=0, le=1)]
 
 
+# Mean tokens per sample of the user's data (plan.lengths): at least one token, at most plan.lengths.MAX_AVG_TOKENS.
+AvgTokens = Annotated[float, Field(ge=1, le=MAX_AVG_TOKENS, allow_inf_nan=False)]
+
+
 class PlannerOptions(Options):
     """Options plan and recommend share (and plan's --batch file)."""
 
-    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps", "host_memory": "--host-memory-gib"}
+    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps", "host_memory": "--host-memory-gib",
+             "avg_tokens": "--avg-tokens", "lengths": "--lengths"}  # fmt: skip
     price: NonNegative | None = None
     calibration: CalibrationFile | None = None
     network: Positive | None = None
@@ -99,6 +106,18 @@ class PlannerOptions(Options):
     batch: TextFile | None = None
     currency: Currency = "USD"
     max_oom_risk: Probability = DEFAULT_MAX_OOM_RISK
+    avg_tokens: AvgTokens | None = None
+    lengths: TextFile | None = None
+
+
+def user_lengths(avg_tokens: float | None, lengths: Path | None) -> UserLengths | None:
+    """The user's sample lengths from --avg-tokens or --lengths (checked: not both; the file read and its
+    lines checked here, tokenised per model when planned), None for the data set's."""
+    if avg_tokens is not None and lengths is not None:
+        raise InputError("--avg-tokens", "give --avg-tokens N or --lengths FILE, not both")
+    if avg_tokens is not None:
+        return from_mean(avg_tokens)
+    return from_file(lengths) if lengths is not None else None
 
 
 # A number of GPUs a command may ask about (recommend's --gpus-per-node and --max-gpus).

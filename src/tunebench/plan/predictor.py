@@ -31,6 +31,7 @@ from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved
 from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.host import CACHE_FILE, host_flops
+from tunebench.plan.lengths import UserLengths
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, group_key
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
@@ -65,9 +66,10 @@ class PlanOptions:
     """Options of a prediction that are not entity properties."""
 
     calibration: Calibration | None = None
-    price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost
+    price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost (None: the catalog's USD price)
     network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
     host_memory_gib: float | None = None  # host RAM per node, checked against what offload keeps there
+    lengths: UserLengths | None = None  # the user's sample lengths (--avg-tokens, --lengths), else the data set's
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
@@ -153,10 +155,12 @@ def predict_values(
     opts = options or PlanOptions()
     cal = opts.calibration or load_calibration()
     n = len(rows)
-    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, *_META, "flops_per_token", "padded_tokens_per_sample")}
+    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, *_META, *_PRICE, "flops_per_token",
+                                                           "padded_tokens_per_sample")}  # fmt: skip
     out["fits"] = np.ones(n, dtype=bool)
     out["peak_phase"] = np.full(n, "", dtype=object)
     out["breakdown"] = [None] * n
+    out["price_source"] = [""] * n
     out["notes"] = [[] for _ in range(n)]
     out["reasons"] = [[] for _ in range(n)]
     out["errors"] = [None] * n
@@ -172,15 +176,25 @@ def predict_values(
         except InputError as err:
             for i in idx:
                 out["errors"][i] = err
-    if opts.price_per_gpu_hour is not None:
-        out["cost"] = out["gpu_hours"] * opts.price_per_gpu_hour
+    out["cost"] = out["gpu_hours"] * out["price_per_gpu_hour"]
     return out
+
+
+def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
+    """(price of one GPU-hour, where it comes from): the caller's price (--price-per-gpu-hour), else the
+    GPU catalog's on-demand list price in USD (catalog.gpus.PRICES), else None (no cost)."""
+    if override is not None:
+        return override, "--price-per-gpu-hour"
+    if gpu is None or gpu.price_usd_per_gpu_hour is None:
+        return None, ""
+    return gpu.price_usd_per_gpu_hour, f"GPU catalog, USD: {gpu.price_source}"
 
 
 def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptions, model: ModelSpec | None) -> None:
     """Fill the columns of one group of rows (a Workload) in place."""
     method = rows[idx[0]][0]
-    w = build_workload(method, [rows[i][1] for i in idx], model=model)
+    lengths = opts.lengths.for_model(str(rows[idx[0]][1]["model_name"])) if opts.lengths is not None else None
+    w = build_workload(method, [rows[i][1] for i in idx], model=model, lengths=lengths)
     if w.method in ("lora", "qlora", "gptq-lora") and not w.lora_params_per_rank:
         leaves = sorted({lin.leaf for lin in w.structure.linears if lin.kind == "linear" and lin.part == "layers"})
         reason = (f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}: "
@@ -212,7 +226,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         "per_device_batch": w.per_device_batch,
         "tokens_per_sample": real * np.ones(w.size),
         "padded_tokens_per_sample": padded * np.ones(w.size),
-        "gpu_hours": t.train_runtime / 3600 * w.gpus,
+        "gpu_hours": np.where(w.gpus >= 1, t.train_runtime / 3600 * w.gpus, np.nan),  # a CPU run uses none
         "host_memory_gib": m.host_gib,
         "nvme_gib": m.nvme_gib,
     }
@@ -222,6 +236,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         cols["required_gib"] = m.required_gib
         cols["headroom_gib"] = m.usable_gib - m.required_gib
         cols["oom_probability"] = m.oom_probability
+    price, source = gpu_price(w.gpu, opts.price_per_gpu_hour)
+    if price is not None and w.on_gpu:
+        cols["price_per_gpu_hour"] = np.full(w.size, price)
+        for i in idx:
+            out["price_source"][i] = source
     for k, v in cols.items():
         out[k][idx] = v
     out["fits"][idx] = m.fits
@@ -234,6 +253,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         notes.append(f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
                      f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
                      f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's")  # fmt: skip
+    if lengths is not None:
+        longest = (f"its longest sample ({max(lengths.counts):,} tokens, capped at model_max_length)"
+                   if lengths.longest_known else "model_max_length (a mean gives no longest sample)")  # fmt: skip
+        notes.append(f"samples as long as yours ({lengths.source}; mean {np.mean(lengths.counts):,.1f} tokens): "
+                     f"time, throughput and cost use them; peak memory is sized for {longest}")  # fmt: skip
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
     no_sync_notes = [*notes, "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
@@ -246,6 +270,10 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
 
 _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",
          "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours", "host_memory_gib", "nvme_gib")  # fmt: skip
+_PRICE = ("cost", "price_per_gpu_hour")  # cost = gpu_hours x price_per_gpu_hour (NaN: a CPU run, or no price)
+# What a prediction stores beside PREDICTED (the measuring actuator's names): GPU-hours of the run (GPU runs
+# only) and its cost (where a price is known), so a store of predictions compares GPUs and methods by cost.
+PREDICTED_COST = ("gpu_hours", "cost")
 
 
 def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
@@ -280,14 +308,13 @@ def _group_notes(w) -> list[str]:
 
 def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: PlanOptions) -> list[Result]:
     """Columns -> one Result per entity (column-wise .tolist(), NaN as None: fast for large spaces)."""
-    extra = ("cost",) if "cost" in cols else ()
     lists = {  # NaN -> None (v != v only for NaN)
         k: [None if v != v else v for v in np.asarray(cols[k], dtype=float).tolist()]
-        for k in (*PREDICTED, *_META, *extra)
+        for k in (*PREDICTED, *_META, *_PRICE)
     }
     pred_lists = [lists[k] for k in PREDICTED]
-    meta_lists = [lists[k] for k in (*_META, *extra)]
-    meta_names = (*_META, *extra)
+    meta_lists = [lists[k] for k in (*_META, *_PRICE)]
+    meta_names = (*_META, *_PRICE)
     fits = cols["fits"].tolist()
     phase = cols["peak_phase"].tolist()
     out = []
@@ -305,8 +332,10 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
         meta["fits"] = fits[i]
         meta["calibration"] = cols["calibration"]
         meta["notes"] = cols["notes"][i]
-        if extra:
-            meta["price_per_gpu_hour"] = opts.price_per_gpu_hour
+        if meta["cost"] is None:
+            del meta["cost"], meta["price_per_gpu_hour"]
+        else:
+            meta["price_source"] = cols["price_source"][i]
         reasons = list(rule_reasons) + cols["reasons"][i]
         if not fits[i] and (meta.get("oom_probability") or 0) > 0.5:
             reasons.append(oom_reason(meta))
@@ -314,6 +343,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
             out.append(Result.invalid(experiment_id, entity_id, reasons, metadata=meta, actuator="predict"))
         else:
             props = {k: v for k, v in predicted.items() if v is not None}
+            props.update((k, meta[k]) for k in PREDICTED_COST if meta.get(k) is not None)
             out.append(Result.valid(experiment_id, entity_id, props, metadata=meta, actuator="predict"))
     return out
 
@@ -347,7 +377,8 @@ def plan_json(result: Result) -> dict[str, Any]:
         out[key] = _round(pred.get(key))
     for key in ("fits", "oom_probability", "headroom_gib", "peak_phase", "capacity_gib", "usable_gib",
                 "required_gib", "step_seconds", "steps", "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours",
-                "host_memory_gib", "nvme_gib", "cost", "price_per_gpu_hour", "calibration", "notes"):  # fmt: skip
+                "host_memory_gib", "nvme_gib", "cost", "price_per_gpu_hour", "price_source", "calibration",
+                "notes"):  # fmt: skip
         if key in meta:
             out[key] = _round(meta[key])
     return out

@@ -108,7 +108,7 @@ def evaluate(
     out = []
     for i, v in enumerate(variants):
         valid = check_values(v, single_node_only=experiment.single_node_only)
-        cost = cols["cost"][i] if "cost" in cols else None
+        cost = float(cols["cost"][i]) if math.isfinite(cols["cost"][i]) else None  # NaN: no price for this GPU
         p_oom = float(cols["oom_probability"][i]) if math.isfinite(cols["oom_probability"][i]) else 0.0
         out.append(
             Candidate(
@@ -124,7 +124,7 @@ def evaluate(
                 dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
                 train_runtime=float(cols["train_runtime"][i]),
                 gpu_hours=float(cols["gpu_hours"][i]),
-                cost=None if cost is None else float(cost),
+                cost=cost,
                 notes=list(valid.reasons),
             )
         )
@@ -344,7 +344,7 @@ def recommend(
         "batch_size": int(values["batch_size"]),
         "max_gpus_tried": tried[-1],
         "max_oom_risk": max_oom_risk,
-        "price_per_gpu_hour": options.price_per_gpu_hour,
+        **_price(values["gpu_model"], options.price_per_gpu_hour),
         "minimum": None if minimum is None else minimum.to_dict(),
         "fastest": None if speed["fastest"] is None else speed["fastest"].to_dict(),
         "cheapest": None if speed["cheapest"] is None else speed["cheapest"].to_dict(),
@@ -357,3 +357,12 @@ def recommend(
         out["nearest"] = nearest_fit(experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk,
                                      cli_options)  # fmt: skip
     return out
+
+
+def _price(gpu_model: str, override: float | None) -> dict[str, Any]:
+    """The price of one GPU-hour recommend's costs use, and its source (None: no cost)."""
+    from tunebench.catalog import get_gpu
+    from tunebench.plan.predictor import gpu_price
+
+    price, source = gpu_price(get_gpu(gpu_model), override)
+    return {"price_per_gpu_hour": price, "price_source": source or None}

@@ -20,6 +20,7 @@ from tunebench.catalog import GPUSpec, ModelSpec, get_gpu, get_model
 from tunebench.datasets import parse_dataset_id
 from tunebench.datasets.ids import DatasetId
 from tunebench.errors import InputError
+from tunebench.plan.lengths import SampleLengths
 from tunebench.plan.structure import Structure, image_tiles, structure_of
 from tunebench.plan.trace import ActivationProfile, TraceRequest, profile
 from tunebench.spec.properties import SPEC_TORCH_DTYPES
@@ -78,6 +79,7 @@ class Workload:
     lora_params_per_rank: int = 0
     unmatched_target_modules: tuple[str, ...] = ()
     derived: dict[str, np.ndarray] = field(default_factory=dict)
+    lengths: SampleLengths | None = None  # the user's own sample lengths (plan.lengths), else the data set's
 
     # --- settings --------------------------------------------------------------------------------
     @property
@@ -305,6 +307,12 @@ class Workload:
         """
         if "real" in self.derived:
             return self.derived["real"], self.derived["padded"]
+        limit = self.length_limit()
+        virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
+        if self.lengths is not None:  # the user's samples: their mean, padded to a micro-batch's longest
+            real, padded = self.lengths.real(limit), self.lengths.padded(limit, self.per_device_batch) + virtual
+            self.derived["real"], self.derived["padded"] = real, padded
+            return real, padded
         ds = self.dataset
         if ds.kind == "tokens":
             entry = TOKENS_PER_WORD * ds.min_tokens + TEMPLATE_TOKENS
@@ -315,16 +323,27 @@ class Workload:
         else:  # vision: text of the chat + the image's visual tokens
             entry = TOKENS_PER_WORD * (ds.min_tokens + VISION_USER_WORDS) + self.image_tokens()
             pad = 1.0
-        cap = self.tokenizer_max_length()
-        limit = self.max_length if cap is None else np.minimum(self.max_length, cap)
         real = np.minimum(limit, entry)
         if self.method == "pt":
-            virtual = self.settings.get("num_virtual_tokens") or 8
             padded = np.minimum(limit, entry) * pad + virtual  # prompt tuning prepends virtual tokens
         else:
             padded = np.minimum(limit, entry * pad)
         self.derived["real"], self.derived["padded"] = real, padded
         return real, padded
+
+    def length_limit(self) -> np.ndarray:
+        """Tokens a sample is cut at: model_max_length, or the tokenizer's own limit when smaller."""
+        cap = self.tokenizer_max_length()
+        return self.max_length if cap is None else np.minimum(self.max_length, cap)
+
+    def memory_tokens(self) -> np.ndarray:
+        """Padded tokens per sample that peak memory is sized for: sample_tokens' padded length, except with
+        the user's own lengths (plan.lengths), whose mean sets time but whose longest sample (unknown with a
+        mean only: model_max_length) sets the peak."""
+        if self.lengths is None:
+            return self.sample_tokens()[1]
+        virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
+        return self.lengths.longest(self.length_limit()) + virtual
 
     def image_tokens(self) -> float:
         """Visual tokens of the row's image in the language sequence (LLaVA-NeXT anyres tiles)."""
@@ -352,9 +371,10 @@ def _hashable(v: Any) -> Any:
 
 
 def build_workload(
-    method: str, rows: list[Mapping[str, Any]], model: ModelSpec | None = None
+    method: str, rows: list[Mapping[str, Any]], model: ModelSpec | None = None, lengths: SampleLengths | None = None
 ) -> Workload:
-    """One Workload from effective-value dicts that share group_key (the first row's settings)."""
+    """One Workload from effective-value dicts that share group_key (the first row's settings); lengths: the
+    user's own sample lengths for this model's tokenizer (plan.lengths), None for the data set's."""
     first = rows[0]
     spec = model or get_model(first["model_name"])
     structure = structure_of(spec)
@@ -393,6 +413,7 @@ def build_workload(
         lora_params_per_rank=per_rank,
         unmatched_target_modules=unmatched,
         derived=_known_tokens(rows),
+        lengths=lengths,
     )
 
 

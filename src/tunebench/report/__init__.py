@@ -39,6 +39,7 @@ def build_report(store: Store, *, space: str | Path | None = None) -> str:
         ("Out-of-memory boundary", plots.oom_boundaries(data)),
         ("Each property against each swept dimension", plots.property_vs_dimensions(data)),
         ("Stability", [plots.stability(data)]),
+        ("Cost", [plots.cost(data, "cost"), plots.cost(data, "gpu_hours")]),
     ]
     return page(data, sections, version=__version__)
 

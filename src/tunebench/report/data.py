@@ -1,10 +1,13 @@
 """The report's data: a store's results as one tidy table (a row per stored outcome) plus where they ran.
 
 Columns of ``ReportData.frame``: request_id, experiment_id, base_id, entity_id, actuator, source
-(``measured`` for any actuator but the planner, ``predicted`` for ``predict``), status, outcome
-(fits | out of memory | invalid by rule | invalid | failed), reason, the entity's values (one column
-per property, an experiment's default filled in where the entity left it out) and the measured
-properties (one column each). ``_entity`` holds each row's own entity values (for the planner).
+(``predicted`` for ``predict``, ``test`` for ``noop`` and module:function actuators, ``measured`` for
+the others: tunebench.actuators.registry.result_source), status, outcome (fits | out of memory |
+invalid by rule | invalid | failed), reason, the entity's values (one column per property, an
+experiment's default filled in where the entity left it out) and the measured properties (one column
+each). ``_entity`` holds each row's own entity values (for the planner). The report's own columns
+(``load``): method (full, lora, ...), precision (torch_dtype, with the AMP dtype under mixed
+precision), and gpu_model "CPU" for a run without GPUs.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any
 
 import pandas as pd
 
+from tunebench.actuators.registry import result_source
 from tunebench.spec.experiments import ID_ORDER, get_experiment
 from tunebench.spec.measured import MEMORY_GIB, REPORT_ORDER
 from tunebench.store import Store
 
-PREDICT = "predict"  # the planner's actuator name; every other actuator measured (or imported) its rows
+PREDICT = "predict"  # the planner's actuator name
+SOURCES = ("measured", "predicted", "test")  # what a row is (result_source), in the order figures draw them
+CPU = "CPU"  # gpu_model of a run without GPUs, in the report's figures and table
 ENV_SAMPLES_PER_ACTUATOR = 10  # results whose metadata the environment table reads, per actuator
 OUTCOMES = ("fits", "out of memory", "invalid by rule", "invalid", "failed")
 
@@ -44,7 +50,7 @@ def load(store: Store, *, points: set[tuple[str, str]] | None = None, dims: Sequ
     rows = store.rows()
     if points is not None:
         rows = [r for r in rows if (r["experiment_id"], r["entity_id"]) in points]
-    frame = tidy(rows)
+    frame = with_report_columns(tidy(rows))
     constitutive = [c for c in _constitutive(rows) if c in frame.columns]
     swept = [d for d in dims if d in frame.columns] if dims else _swept(frame, constitutive)
     props = [c for c in _property_names(rows) if c in frame.columns and frame[c].notna().any()]
@@ -61,7 +67,7 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rec: dict[str, Any] = {
             "request_id": r["request_id"], "experiment_id": r["experiment_id"], "base_id": r["base_id"],
             "entity_id": r["entity_id"], "actuator": r["actuator"],
-            "source": "predicted" if r["actuator"] == PREDICT else "measured",
+            "source": result_source(r["actuator"]),
             "status": r["status"], "outcome": outcome(r["status"], r.get("reasons") or [], r.get("error")),
             "reason": r.get("error") or "; ".join(r.get("reasons") or []) or None,
         }  # fmt: skip
@@ -80,6 +86,37 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame(columns=["request_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
                                      "status", "outcome", "reason", "_entity", "_parameters"])  # fmt: skip
     return pd.DataFrame.from_records(records)
+
+
+def with_report_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """frame with the report's own columns: method, precision, and gpu_model "CPU" where number_gpus is 0
+    (no gpu_model: validity rule 5 needs one only with GPUs), so CPU runs are a category of their own."""
+    if frame.empty:
+        return frame.assign(method=[], precision=[])
+    defaults = _Defaults()
+    methods, precisions = [], []
+    for base_id, parameters, entity in zip(frame["base_id"], frame["_parameters"], frame["_entity"]):
+        methods.append(defaults.method(base_id, parameters))
+        values = [entity[n] if n in entity else defaults.get(base_id, parameters, n) for n in PRECISION_PROPERTIES]
+        precisions.append(precision(*values))
+    frame = frame.assign(method=methods, precision=precisions)
+    if "number_gpus" in frame.columns:
+        cpu = pd.to_numeric(frame["number_gpus"], errors="coerce") == 0
+        column = frame["gpu_model"] if "gpu_model" in frame.columns else pd.Series(None, index=frame.index)
+        frame["gpu_model"] = column.astype(object).where(~cpu | column.notna(), CPU)
+    return frame
+
+
+PRECISION_PROPERTIES = ("torch_dtype", "bf16", "accelerate_config_mixed_precision")  # precision()'s arguments
+
+
+def precision(torch_dtype: str | None, bf16: bool | None, mixed_precision: str | None) -> str:
+    """What a run computes in: torch_dtype (the spec's default bfloat16), plus the autocast dtype under
+    mixed precision (the bf16 flag, accelerate_config_mixed_precision), e.g. 'float32 + bf16 AMP'."""
+    dtype = torch_dtype or "bfloat16"
+    amp = "bf16" if bf16 else (mixed_precision if mixed_precision not in (None, "no") else None)
+    same = {"bf16": "bfloat16", "fp16": "float16"}.get(amp or "") == dtype  # autocast to the weights' own dtype
+    return f"{dtype} + {amp} AMP" if amp and not same else dtype
 
 
 def outcome(status: str, reasons: Sequence[str], error: str | None) -> str:
@@ -129,12 +166,22 @@ class _Defaults:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], Any] = {}
 
+    def method(self, base_id: str, parameters: dict[str, Any]) -> str:
+        """The experiment's method (full, lora, qlora, ...), or its base id when tunebench does not know it."""
+        key = (base_id + repr(sorted((parameters or {}).items())), "")
+        if key not in self._cache:
+            try:
+                self._cache[key] = get_experiment(base_id, dict(parameters or {})).method
+            except Exception:  # an imported experiment tunebench does not know
+                self._cache[key] = base_id
+        return self._cache[key]
+
     def get(self, base_id: str, parameters: dict[str, Any], name: str) -> Any:
         key = (base_id + repr(sorted((parameters or {}).items())), name)
         if key not in self._cache:
             try:
                 experiment = get_experiment(base_id, dict(parameters or {}))
-                value = experiment.default(name) if name in experiment.optional else None
+                value = experiment.default(name) if name in experiment.optional else experiment.hardcoded.get(name)
             except Exception:  # an imported experiment tunebench does not know: no default
                 value = None
             self._cache[key] = value

@@ -19,6 +19,10 @@ from tunebench.report.data import ReportData
 from tunebench.report.plots import Plot
 
 TABLE_PAGE = 200  # rows the table shows at once (it sorts and filters all of them)
+# Figure titles: at most TITLE_LINES lines of TITLE_CHARS characters (plotly's 17 px title font is ~8.5 px a
+# character: 70 fit a figure 640 px wide, a phone turned sideways), each line TITLE_LINE_PX more top margin.
+TITLE_CHARS, TITLE_LINES, TITLE_LINE_PX = 70, 2, 22
+LEGEND_PER_LINE = 3  # legend entries a line holds in a figure ~640 px wide (each line one TITLE_LINE_PX more)
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
 LAYOUT = {"margin": {"t": 90, "b": 50}, "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
           "hovermode": "closest"}  # fmt: skip
@@ -112,19 +116,49 @@ def _figure(plot: Plot, first: bool) -> str:
         return f"<figure id='{plot.key}' class='empty'><h3>{html.escape(plot.title)}</h3>{caption}</figure>"
     import plotly.io as pio
 
-    figure = {"data": plot.figure["data"], "layout": {**LAYOUT, "title": {"text": plot.title}, **plot.figure["layout"]}}
+    title = fit_title(plot.title)
+    entries = sum(1 for t in plot.figure["data"] if t.get("showlegend", True) and t.get("name"))
+    legend_lines = max(1, math.ceil(entries / LEGEND_PER_LINE))  # the legend sits above the plot, below the title
+    margin = {**LAYOUT["margin"],
+              "t": LAYOUT["margin"]["t"] + TITLE_LINE_PX * (title.count("<br>") + legend_lines - 1)}
+    figure = {"data": plot.figure["data"],
+              "layout": {**LAYOUT, "margin": margin, "title": {"text": title}, **plot.figure["layout"]}}
     # validate=False: the figures are plain dicts in plotly.js's schema (validating 10,000s of values takes seconds)
     div = pio.to_html(figure, full_html=False, include_plotlyjs=bool(first), div_id=f"plot-{plot.key}",
                       config=PLOTLY_CONFIG, validate=False)  # fmt: skip
     return f"<figure id='{plot.key}' class='plot'>{div}{caption}</figure>"
 
 
+def fit_title(text: str, width: int = TITLE_CHARS, lines: int = TITLE_LINES) -> str:
+    """A figure title that fits: wrapped at blanks into lines of at most width characters (plotly's <br>),
+    at most lines of them; a longer title is shortened in the middle with an ellipsis first. plotly centres
+    a title and clips what passes either edge of the figure."""
+    if len(text) > width * lines:
+        keep = width * lines - 3  # the ellipsis and its blanks
+        text = f"{text[: keep - keep // 2]} … {text[len(text) - keep // 2:]}"
+    out, line = [], ""
+    for word in text.split(" "):
+        while len(word) > width:  # a word longer than a line (a long id) is cut across lines
+            if line:
+                out.append(line)
+                line = ""
+            out.append(word[:width])
+            word = word[width:]
+        if line and len(line) + 1 + len(word) > width:
+            out.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    out.append(line)
+    return "<br>".join(out)
+
+
 def table_columns(data: ReportData) -> list[str]:
     """The table's columns: who and what, the entity's values, every measured property, the reason."""
     frame = data.frame
-    fixed = ["experiment_id", "actuator", "status", "outcome"]
+    fixed = ["experiment_id", "actuator", "source", "status", "outcome"]
     entity = [c for c in frame.columns if c not in fixed and not c.startswith("_") and c not in
-              ("request_id", "base_id", "entity_id", "source", "reason") and c not in data.properties]
+              ("request_id", "base_id", "entity_id", "reason") and c not in data.properties]
     return [*fixed, *entity, *data.properties, "reason"]
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tunebench.report.data import ReportData
+from tunebench.report.data import CPU, SOURCES, ReportData
 from tunebench.report.planner import boundary
+from tunebench.spec.properties import PROPERTIES
 
 MAX_POINTS = 1_500  # points per figure: ~150 kB of HTML each; more make the file heavy and the browser slow
 MAX_BOUNDARY_GROUPS = 4  # OOM-boundary figures: the groups with the most points
@@ -26,9 +27,16 @@ THROUGHPUT = ("dataset_tokens_per_second", "train_tokens_per_second")
 UNITS = {"gpu_memory_peak_gib": "GiB per GPU", "gpu_memory_reserved_peak_gib": "GiB per GPU",
          "gpu_memory_allocated_peak_gib": "GiB per GPU", "gpu_memory_utilization_peak": "% of GPU memory",
          "dataset_tokens_per_second": "tokens/s", "train_tokens_per_second": "tokens/s",
-         "train_runtime": "s"}  # fmt: skip
-COLORS = {"measured": "#1f77b4", "predicted": "#ff7f0e", "fits": "#2ca02c", "out of memory": "#d62728",
-          "invalid by rule": "#7f7f7f", "invalid": "#9467bd", "failed": "#000000"}  # fmt: skip
+         "train_runtime": "s", "gpu_hours": "GPU-hours", "cost": "USD at catalog prices"}  # fmt: skip
+COLORS = {"measured": "#1f77b4", "predicted": "#ff7f0e", "test": "#8c564b", "fits": "#2ca02c",
+          "out of memory": "#d62728", "invalid by rule": "#7f7f7f", "invalid": "#9467bd",
+          "failed": "#000000"}  # fmt: skip
+# Marker symbols of the precisions a figure holds (data.precision), in the order of their names: bfloat16 and
+# float32 runs of one source share its colour and differ in symbol.
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star-triangle-up", "hexagon", "pentagon")
+MAX_TICKS = 12  # tick labels on an axis of integers: its values when they are this few, else evenly spaced ones
+TEST_NOTE = (" Results of test actuators (noop, which measures nothing, and module:function actuators) are labelled "
+             "'test', never 'measured'.")  # fmt: skip
 ERROR_SCALE = [[0.0, "#1a9850"], [0.2, "#91cf60"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # |error| 0 .. 50 %
 STABILITY = (("f_no_error", "no error", "#2ca02c"), ("f_gpu_oom", "GPU out of memory", "#d62728"),
              ("f_other_error", "other error", "#7f7f7f"))  # fmt: skip
@@ -89,9 +97,75 @@ def _r(values: Any) -> list[Any]:
     return out
 
 
+def _symbols(frame: pd.DataFrame) -> dict[str, str]:
+    """Precision -> marker symbol, for the precisions of frame's rows (SYMBOLS in the order of their names)."""
+    names = sorted({str(p) for p in frame["precision"].dropna()}) if "precision" in frame.columns else []
+    return {name: SYMBOLS[i % len(SYMBOLS)] for i, name in enumerate(names)}
+
+
+def _by_precision(rows: pd.DataFrame, source: str, symbols: dict[str, str]) -> list[tuple[str, pd.DataFrame, str]]:
+    """(trace name, rows, marker symbol) per precision of a source's rows; the name is the source alone when
+    the figure holds one precision."""
+    if len(symbols) <= 1 or "precision" not in rows.columns:
+        return [(source, rows, next(iter(symbols.values()), "circle"))]
+    return [(f"{source}, {name}", rows[rows["precision"] == name], symbol) for name, symbol in symbols.items()
+            if (rows["precision"] == name).any()]  # fmt: skip
+
+
+def _on_gpus(frame: pd.DataFrame, what: str, holding: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
+    """The rows of runs on GPUs, and the caption's note on the CPU runs left out (they have no GPU memory:
+    drawn, they would sit at 0 GiB and lead every memory front); the note counts those holding every
+    property of holding (what the figure would have drawn)."""
+    if "number_gpus" not in frame.columns:
+        return frame, ""
+    gpus = pd.to_numeric(frame["number_gpus"], errors="coerce") > 0
+    drawn = pd.Series(True, index=frame.index)
+    for name in holding:
+        drawn &= frame[name].notna() if name in frame.columns else False
+    left = int((~gpus & drawn).sum())
+    note = f" {left:,} CPU result{'s are' if left > 1 else ' is'} left out of the {what}: a run without GPUs " \
+           "has no GPU memory." if left else ""  # fmt: skip
+    return frame[gpus], note
+
+
+def is_integer(name: str) -> bool:
+    """Whether a property takes integers (the spec's kind int): its axis gets integer ticks."""
+    return name in PROPERTIES and PROPERTIES[name].kind == "int"
+
+
+def integer_ticks(values: Any, log: bool = False) -> dict[str, Any]:
+    """Axis settings that label integers in full: the values themselves when at most MAX_TICKS, else
+    MAX_TICKS - 2 evenly spaced (geometrically on a log axis) integers, no 1.5 or 2.5 between them, no
+    log axis's '2 5' shorthand for 2,000 and 5,000."""
+    nums = sorted({int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna() if v >= (1 if log
+                                                                                                         else 0)})
+    if not nums:
+        return {}
+    if len(nums) > MAX_TICKS:
+        spaced = np.geomspace(nums[0], nums[-1], MAX_TICKS - 2) if log else np.linspace(nums[0], nums[-1], MAX_TICKS - 2)
+        nums = sorted({min(nums, key=lambda n, t=t: abs(n - t)) for t in spaced})
+    return {"tickmode": "array", "tickvals": nums, "ticktext": [str(n) for n in nums]}
+
+
+def _axis_values(frame: pd.DataFrame, dim: str) -> tuple[list[Any], dict[str, Any]]:
+    """A dimension's values for an x axis and the axis settings: integers with integer ticks, numbers as
+    they are, everything else (GPU models, dtypes, flags) as categories, a missing value named 'None'."""
+    values = frame[dim].tolist()
+    numeric = PROPERTIES[dim].kind in ("int", "float") if dim in PROPERTIES else all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None)  # fmt: skip
+    if numeric:
+        xs = [None if v is None or v != v else v for v in values]
+        return xs, integer_ticks(xs) if is_integer(dim) else {}
+    return ["None" if v is None or v != v else str(v) for v in values], {"type": "category"}
+
+
 def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]:
     """Predicted (x) against measured (y) peak memory and throughput, y = x drawn, error in the hover."""
-    measured = data.frame[(data.frame["source"] == "measured") & (data.frame["status"] == "valid")]
+    valid = data.frame[data.frame["status"] == "valid"]
+    measured = valid[valid["source"] == "measured"]
+    tests = int((valid["source"] == "test").sum())
+    test_note = (f" {tests:,} valid result{'s' if tests > 1 else ''} of test actuators (noop, module:function) "
+                 "are not measurements and are left out.") if tests else ""  # fmt: skip
     out = []
     for kind, names in (("memory", MEMORY), ("throughput", THROUGHPUT)):
         key, title = f"predicted-vs-measured-{kind}", f"Predicted vs measured {kind}"
@@ -99,24 +173,33 @@ def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]
         if pairs is None:
             why = ("the store has no measurements yet (predictions only)" if measured.empty else
                    f"no measured {kind} property ({', '.join(names)}) has a planner prediction")  # fmt: skip
-            out.append(Plot(key, title, f"Nothing to compare: {why}."))
+            out.append(Plot(key, title, f"Nothing to compare: {why}.{test_note}"))
             continue
         shown, note = _subsample(pairs)
-        x, y = _r(shown[f"predicted_{name}"]), _r(shown[name])
         error = (shown[f"predicted_{name}"] - shown[name]) / shown[name] * 100
         hover = [f"{h}<br>error {e:+.1f}%" for h, e in zip(_hover(shown, data.dims), error.tolist())]
-        points = _scatter(x, y, "measurements", text=hover, hoverinfo="text+x+y",
-                          marker={"color": _r(error.abs()), "colorscale": ERROR_SCALE, "cmin": 0, "cmax": 50,
-                                  "colorbar": {"title": {"text": "|error| %"}}, "size": 8})  # fmt: skip
+        shown = shown.assign(_hover=hover, _error=error)
+        symbols = _symbols(shown)
+        points = [_scatter(_r(part[f"predicted_{name}"]), _r(part[name]),
+                           label.replace("measured", "measurements", 1),
+                           text=part["_hover"].tolist(), hoverinfo="text+x+y",
+                           marker={"color": _r(part["_error"].abs()), "colorscale": ERROR_SCALE, "cmin": 0, "cmax": 50,
+                                   "colorbar": {"title": {"text": "|error| %"}}, "size": 8, "symbol": symbol,
+                                   "showscale": i == 0})
+                  for i, (label, part, symbol) in enumerate(_by_precision(shown, "measured", symbols))]  # fmt: skip
         top = float(max(pairs[name].max(), pairs[f"predicted_{name}"].max()))
         diagonal = _scatter([0, top], [0, top], "prediction = measurement", mode="lines",
                             line={"dash": "dash", "color": "#7f7f7f"})  # fmt: skip
-        fig = _figure([points, diagonal], f"predicted {_label(name)}", f"measured {_label(name)}")
+        fig = _figure([*points, diagonal], f"predicted {_label(name)}", f"measured {_label(name)}")
         all_err = ((pairs[f"predicted_{name}"] - pairs[name]) / pairs[name] * 100).abs()
+        cpu = ""
+        if kind == "memory" and "number_gpus" in valid.columns:
+            cpu = _on_gpus(measured, "memory comparison", (name,))[1]
         caption = (f"The planner's prediction (made now, current calibration) against the measurement of {name} "
                    f"for {len(pairs):,} measured entities; points on the dashed line are exact, colour is the "
-                   f"absolute error. Median |error| {all_err.median():.1f}%, 90th percentile "
-                   f"{all_err.quantile(0.9):.1f}%.{note}")  # fmt: skip
+                   f"absolute error{', symbol the precision' if len(symbols) > 1 else ''}. Median |error| "
+                   f"{all_err.median():.1f}%, 90th percentile {all_err.quantile(0.9):.1f}%.{note}{cpu}"
+                   f"{test_note}")  # fmt: skip
         out.append(Plot(key, title, caption, fig))
     return out
 
@@ -139,28 +222,35 @@ def _pairs(measured: pd.DataFrame, planned: pd.DataFrame, names: tuple[str, ...]
 def pareto(data: ReportData) -> Plot:
     """Throughput against peak memory per valid row, and the front of what no other row beats on both."""
     key, title = "pareto", "Throughput vs peak memory"
-    valid = data.frame[data.frame["status"] == "valid"]
+    valid, cpu = _on_gpus(data.frame[data.frame["status"] == "valid"], "memory axis")
     mem, rate = _best_pair(valid)
+    if mem is not None and rate is not None:
+        cpu = _on_gpus(data.frame[data.frame["status"] == "valid"], "memory axis", (mem, rate))[1]
     if mem is None or rate is None:
-        return Plot(key, title, "Nothing to draw: no valid result has both a peak memory and a throughput.")
+        return Plot(key, title, f"Nothing to draw: no valid result on GPUs has both a peak memory and a "
+                                f"throughput.{cpu}")  # fmt: skip
     traces, notes = [], []
-    for source in ("measured", "predicted"):
+    symbols = _symbols(valid[valid[mem].notna() & valid[rate].notna()])
+    for source in SOURCES:
         rows = valid[(valid["source"] == source) & valid[mem].notna() & valid[rate].notna()]
         if rows.empty:
             continue
         front = pareto_front(rows[mem].to_numpy(float), rows[rate].to_numpy(float))
         shown, note = _subsample(rows)
         notes.append(note)
-        traces.append(_scatter(_r(shown[mem]), _r(shown[rate]), source, text=_hover(shown, data.dims),
-                               marker={"color": COLORS[source], "opacity": 0.6}))  # fmt: skip
+        for name, part, symbol in _by_precision(shown, source, symbols):
+            traces.append(_scatter(_r(part[mem]), _r(part[rate]), name, text=_hover(part, data.dims),
+                                   legendgroup=source, marker={"color": COLORS[source], "opacity": 0.6,
+                                                               "symbol": symbol}))  # fmt: skip
         best = rows.iloc[front]
         traces.append(_scatter(_r(best[mem]), _r(best[rate]), f"Pareto front ({source}, {len(best)})",
                                mode="lines+markers", line={"color": COLORS[source], "width": 3, "shape": "hv"},
                                text=_hover(best, data.dims), marker={"size": 10, "symbol": "star"}))  # fmt: skip
     fig = _figure(traces, f"peak {_label(mem)}", _label(rate))
+    precisions = f" Symbols tell the precision ({', '.join(symbols)})." if len(symbols) > 1 else ""
     caption = (f"Each valid result's {rate} against its {mem}; the line joins the Pareto front: results that no "
-               f"other result beats with both less memory and more throughput (measured and predicted results "
-               f"have separate fronts).{''.join(notes)}")  # fmt: skip
+               f"other result beats with both less memory and more throughput (measured, predicted and test "
+               f"results have separate fronts).{precisions}{''.join(notes)}{cpu}")  # fmt: skip
     return Plot(key, title, caption, fig)
 
 
@@ -194,8 +284,9 @@ def oom_boundaries(data: ReportData) -> list[Plot]:
     needed = {"batch_size", "model_max_length", "model_name", "number_gpus"}
     if frame.empty or not needed <= set(frame.columns):
         return [Plot("oom-boundary", "Out-of-memory boundary", "Nothing to draw: the store has no results.")]
-    source = "measured" if (frame["source"] == "measured").any() else "predicted"
-    rows = frame[(frame["source"] == source) & frame["status"].isin(["valid", "invalid"])]
+    # what ran (measured or test rows, each labelled as such) where the store has any, else the predictions
+    ran = frame["source"] != "predicted"
+    rows = frame[(ran if ran.any() else ~ran) & frame["status"].isin(["valid", "invalid"])]
     group_cols = [c for c in ("experiment_id", "model_name", "number_gpus", "gpu_model") if c in rows.columns]
     texts = [[_text(v) for v in rows[c].tolist()] for c in group_cols]
     keys = pd.Series([", ".join(f"{c}={t}" for c, t in zip(group_cols, parts) if t and c != "experiment_id")
@@ -205,18 +296,21 @@ def oom_boundaries(data: ReportData) -> list[Plot]:
     if len(groups) == 0:
         return [Plot("oom-boundary", "Out-of-memory boundary",
                      "Nothing to draw: no model and GPU setting has two or more results.")]  # fmt: skip
-    return [_boundary_plot(rows[keys == g], g, n, source, data.dims) for n, g in enumerate(groups)]
+    return [_boundary_plot(rows[keys == g], g, n, data.dims) for n, g in enumerate(groups)]
 
 
-def _boundary_plot(rows: pd.DataFrame, group: str, n: int, source: str, dims: list[str]) -> Plot:
+def _boundary_plot(rows: pd.DataFrame, group: str, n: int, dims: list[str]) -> Plot:
     traces = []
     shown, note = _subsample(rows)
-    for kind in ("fits", "out of memory", "invalid by rule", "invalid"):
-        part = shown[shown["outcome"] == kind]
-        if not part.empty:
-            traces.append(_scatter(_r(part["batch_size"]), _r(part["model_max_length"]), f"{source}: {kind}",
-                                   text=_hover(part, dims), marker={"color": COLORS[kind], "size": 11,
-                                                                    "symbol": "circle" if kind == "fits" else "x"}))
+    sources = [s for s in SOURCES if (rows["source"] == s).any()]
+    for source in sources:
+        for kind in ("fits", "out of memory", "invalid by rule", "invalid"):
+            part = shown[(shown["outcome"] == kind) & (shown["source"] == source)]
+            if not part.empty:
+                symbol = "circle" if kind == "fits" else "x"
+                traces.append(_scatter(_r(part["batch_size"]), _r(part["model_max_length"]), f"{source}: {kind}",
+                                       text=_hover(part, dims), marker={"color": COLORS[kind], "size": 11,
+                                       "symbol": symbol if source != "test" else f"{symbol}-open"}))  # fmt: skip
     first = rows.iloc[0]
     others = {k: v for k, v in first["_entity"].items() if k not in ("batch_size", "model_max_length")}
     batches = sorted({int(b) for b in pd.to_numeric(rows["batch_size"]).tolist() if b >= 1})  # 0 breaks a rule
@@ -227,12 +321,15 @@ def _boundary_plot(rows: pd.DataFrame, group: str, n: int, source: str, dims: li
                                mode="lines+markers", line={"color": "#ff7f0e", "width": 3, "dash": "dot",
                                                            "shape": "hvh"}))  # fmt: skip
     fig = _figure(traces, "batch_size", "model_max_length (tokens)")
-    fig["layout"]["xaxis"]["type"] = fig["layout"]["yaxis"]["type"] = "log"
+    fig["layout"]["xaxis"].update(type="log", **integer_ticks(batches, log=True))
+    fig["layout"]["yaxis"].update(type="log", **integer_ticks(lengths, log=True))
     oom = int((rows["outcome"] == "out of memory").sum())
-    caption = (f"{group}: the {source} outcome of each (batch_size, model_max_length) of this experiment, model and "
+    what = " and ".join(sources)
+    test = TEST_NOTE if "test" in sources else ""
+    caption = (f"{group}: the {what} outcome of each (batch_size, model_max_length) of this experiment, model and "
                f"GPU setting ({len(rows)} results, {oom} out of memory); the dotted line is the largest "
                f"model_max_length the planner predicts fits at each batch size (points above it are predicted "
-               f"not to fit).{note}")  # fmt: skip
+               f"not to fit).{test}{note}")  # fmt: skip
     return Plot(f"oom-boundary-{n}", f"Out-of-memory boundary: {group}", caption, fig)
 
 
@@ -245,27 +342,35 @@ def property_vs_dimensions(data: ReportData) -> list[Plot]:
     out, constant = [], []
     for prop in data.properties:
         rows = frame[frame[prop].notna()] if prop in frame.columns else frame.iloc[0:0]
+        cpu = ""
+        if prop in MEMORY:  # GPU memory: a CPU run has none (its 0 would read as a perfect fit)
+            rows, cpu = _on_gpus(rows, "figure", (prop,))
         values = pd.to_numeric(rows[prop], errors="coerce") if not rows.empty else rows
         if rows.empty or values.nunique(dropna=True) < 2:
             constant.append(prop)
             continue
         traces, notes = [], []
-        for source in ("measured", "predicted"):
+        axes = {dim: _axis_values(rows, dim)[1] for dim in dims}  # ticks of every row's values
+        symbols = _symbols(rows)
+        for source in SOURCES:
             part = rows[rows["source"] == source]
             if part.empty:
                 continue
             shown, note = _subsample(part, max(1, MAX_POINTS // len(dims)))
             notes.append(note)
-            y, hover = _r(shown[prop]), _hover(shown, dims)
-            for col, dim in enumerate(dims, start=1):
-                x = [v if isinstance(v, str) else (None if v != v else v) for v in shown[dim].tolist()]
-                traces.append(_scatter(x, y, source, legendgroup=source, showlegend=col == 1, text=hover,
-                                       xaxis=f"x{col if col > 1 else ''}", yaxis="y",
-                                       marker={"color": COLORS[source], "opacity": 0.6}))  # fmt: skip
+            for name, group, symbol in _by_precision(shown, source, symbols):
+                y, hover = _r(group[prop]), _hover(group, dims)
+                for col, dim in enumerate(dims, start=1):
+                    x = _axis_values(group, dim)[0]
+                    traces.append(_scatter(x, y, name, legendgroup=name, showlegend=col == 1, text=hover,
+                                           xaxis=f"x{col if col > 1 else ''}", yaxis="y",
+                                           marker={"color": COLORS[source], "opacity": 0.6, "symbol": symbol}))  # fmt: skip
         fig = _figure(traces, dims[0], _label(prop))
-        fig["layout"].update(_panels(dims))
-        caption = (f"{prop} of each result against each swept dimension ({', '.join(dims)}), measured and "
-                   f"predicted results in their own colours.{''.join(dict.fromkeys(notes))}")  # fmt: skip
+        fig["layout"].update(_panels(dims, axes))
+        precisions = f", precisions in their own symbols ({', '.join(symbols)})" if len(symbols) > 1 else ""
+        caption = (f"{prop} of each result against each swept dimension ({', '.join(dims)}), measured, predicted "
+                   f"and test results in their own colours{precisions}. Runs without GPUs have gpu_model "
+                   f"{CPU}.{''.join(dict.fromkeys(notes))}{cpu}")  # fmt: skip
         out.append(Plot(f"property-{prop}", f"{prop} against the swept dimensions", caption, fig))
     if constant:
         out.append(Plot("property-constant", "Properties with one value",
@@ -273,15 +378,53 @@ def property_vs_dimensions(data: ReportData) -> list[Plot]:
     return out
 
 
-def _panels(dims: list[str], gap: float = 0.03) -> dict[str, Any]:
-    """Side-by-side x axes sharing one y axis (what plotly's make_subplots writes), one per dimension."""
+def _panels(dims: list[str], settings: dict[str, dict[str, Any]] | None = None, gap: float = 0.03) -> dict[str, Any]:
+    """Side-by-side x axes sharing one y axis (what plotly's make_subplots writes), one per dimension, each
+    with its settings (an axis's type and ticks: _axis_values). A categorical axis is typed explicitly:
+    plotly guesses a type from the first trace on it, and a first trace of CPU runs (no gpu_model) made
+    the gpu_model panel a number axis that drew none of the GPU models."""
     width = (1 - gap * (len(dims) - 1)) / len(dims)
     axes = {}
     for i, dim in enumerate(dims):
         start = i * (width + gap)
         axes[f"xaxis{i + 1 if i else ''}"] = {"domain": [start, start + width], "anchor": "y",
-                                               "title": {"text": dim}, "automargin": True}  # fmt: skip
+                                               "title": {"text": dim}, "automargin": True,
+                                               **(settings or {}).get(dim, {})}  # fmt: skip
     return axes
+
+
+def cost(data: ReportData, name: str = "cost") -> Plot:
+    """The cost (or GPU-hours) of each run, GPU model against GPU model and method against method."""
+    key, what = ("cost", "Cost") if name == "cost" else ("gpu-hours", "GPU-hours")
+    title = f"{what} per run: GPU vs GPU, method vs method"
+    frame = data.frame
+    rows = frame[(frame["status"] == "valid") & frame[name].notna()] if name in frame.columns else frame.iloc[0:0]
+    if rows.empty:
+        return Plot(key, title, f"Nothing to draw: no result holds {name}. Predictions store gpu_hours for runs on "
+                                "GPUs and cost where there is a price (the GPU catalog's, or the predict "
+                                "actuator's price_per_gpu_hour option).")  # fmt: skip
+    traces = []
+    for source in SOURCES:
+        part = rows[rows["source"] == source]
+        for col, dim in enumerate(("gpu_model", "method"), start=1):
+            if not part.empty:
+                traces.append({"type": "box", "x": part[dim].astype(str).tolist(), "y": _r(part[name]),
+                               "name": source, "legendgroup": source, "showlegend": col == 1,
+                               "boxpoints": "all", "jitter": 0.4, "pointpos": 0, "text": _hover(part, data.dims),
+                               "marker": {"color": COLORS[source], "size": 5}, "line": {"color": COLORS[source]},
+                               "xaxis": f"x{col if col > 1 else ''}", "yaxis": "y"})  # fmt: skip
+    fig = _figure(traces, "gpu_model", _label(name), boxmode="group")
+    fig["layout"].update(_panels(["gpu_model", "method"], {"gpu_model": {"type": "category"},
+                                                           "method": {"type": "category"}}, gap=0.08))  # fmt: skip
+    medians = "; ".join(f"{dim}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows.groupby(dim)[name].median().items())
+                        for dim in ("gpu_model", "method"))  # fmt: skip
+    unit = ("in USD at the GPU catalog's on-demand list price; in the currency of the predict actuator's "
+            "price_per_gpu_hour option where a space gave one" if name == "cost" else
+            "train_runtime x number_gpus / 3600")  # fmt: skip
+    caption = (f"The {name} of each of {len(rows):,} valid results ({unit}), by GPU model (left) and by method "
+               f"(right): each point a run, the box its quartiles. Median per run: {medians}. Measured results "
+               f"store no {name}; the planner's predictions do.")  # fmt: skip
+    return Plot(key, title, caption, fig)
 
 
 def stability(data: ReportData) -> Plot:

@@ -1,0 +1,140 @@
+"""Your data's sample lengths in the planner (plan.lengths): --avg-tokens and --lengths on plan and
+recommend, api.plan(avg_tokens=, lengths=); time and cost follow the mean, peak memory the longest."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from tunebench import api
+from tunebench.cli import main
+from tunebench.datasets import offline
+from tunebench.errors import InputError
+from tunebench.plan.lengths import SampleLengths
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+# the default data set's entries have 16,384+ tokens: at model_max_length 4096 every sample is 4096 long
+ENTITY = ["model_name=llama3.1-8b", "number_gpus=1", "gpu_model=A100-80GB", "batch_size=8", "model_max_length=4096"]
+SMALL = ["model_name=smollm2-135m", "number_gpus=1", "gpu_model=A100-80GB", "batch_size=8"]
+
+
+def plan_json(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(["plan", LORA, *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_avg_tokens_shortens_time_and_cost_as_the_throughput_model_says(capsys):
+    from tunebench.plan.predictor import _effective_values
+    from tunebench.plan.throughput import flops_per_token
+    from tunebench.plan.workload import build_workload
+    from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
+
+    full = plan_json(capsys, *ENTITY)
+    short = plan_json(capsys, *ENTITY, "--avg-tokens", "256")
+    one = plan_json(capsys, *ENTITY, "--avg-tokens", "1")
+    assert full["tokens_per_sample"] == 4096 and short["tokens_per_sample"] == 256
+    # the same samples and steps (only their lengths change): time is steps x step time
+    assert short["steps"] == full["steps"]
+    ratio = short["train_runtime"] / full["train_runtime"]
+    assert ratio == pytest.approx(short["step_seconds"] / full["step_seconds"], rel=1e-3)
+    assert short["cost"] / full["cost"] == pytest.approx(ratio, rel=1e-3)  # one GPU, one price: cost follows time
+    # A step's compute is tokens x FLOPs per token (attention's share grows with the length) plus costs per step
+    # that do not shrink with the samples (optimizer step, per-layer launches). So the time is at least the
+    # tokens' share scaled by the FLOPs per token, and at most the tokens' share plus the fixed part, which the
+    # same plan at 1 token per sample measures.
+    experiment = get_experiment(LORA)
+    _, values = _effective_values(experiment, make_entity(experiment, parse_assignments(ENTITY)), {})
+    fpt = {n: flops_per_token(build_workload("lora", [values], lengths=SampleLengths((n,), "", False)))[0]
+           for n in (256, 4096)}  # fmt: skip
+    assert fpt[256] < fpt[4096]
+    assert ratio >= 256 / 4096 * fpt[256] / fpt[4096]
+    assert ratio <= 256 / 4096 + one["step_seconds"] / full["step_seconds"]
+    assert 0.0625 < ratio < 0.1  # here: the time of 1/16 of the tokens is 6.3-10 % of the time
+    assert short["dataset_tokens_per_second"] < full["dataset_tokens_per_second"]  # fixed costs per fewer tokens
+    # peak memory is sized for model_max_length: a mean says nothing of the longest sample
+    assert short["gpu_memory_peak_gib"] == full["gpu_memory_peak_gib"]
+    assert any("peak memory is sized for model_max_length" in n for n in short["notes"])
+
+
+def test_recommend_and_the_api_take_the_lengths_too(capsys):
+    capsys.readouterr()
+    args = ["recommend", LORA, *ENTITY, "--max-gpus", "2", "--json"]
+    assert main(args) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert main([*args, "--avg-tokens", "256"]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert short["cheapest"]["train_runtime"] < 0.1 * full["cheapest"]["train_runtime"]
+    row = dict(a.split("=") for a in ENTITY)
+    plans = api.plan([row, row], LORA, avg_tokens=256)
+    assert plans["tokens_per_sample"].tolist() == [256, 256]
+    assert plans["train_runtime"].iloc[0] == pytest.approx(plan_json(capsys, *ENTITY, "--avg-tokens", "256")
+                                                         ["train_runtime"], rel=1e-3)  # fmt: skip
+    rec = api.recommend(LORA, row, max_gpus=2, avg_tokens=256)
+    assert rec["cheapest"]["train_runtime"] == pytest.approx(short["cheapest"]["train_runtime"], rel=1e-3)
+    with pytest.raises(InputError) as err:
+        api.plan([row], LORA, avg_tokens=0)
+    assert err.value.field == "avg_tokens"
+
+
+def write_samples(path, texts: list[str]) -> None:
+    rows = [{"output": t} for t in texts[:-2]] + [{"text": texts[-2]}]
+    rows.append({"messages": [{"role": "user", "content": texts[-1]}]})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+
+
+def test_a_jsonl_file_gives_its_mean_and_memory_its_longest(tmp_path, capsys):
+    texts = [" ".join(f"word{i}" for i in range(n)) for n in (5, 30, 60, 120, 90, 7)]
+    write_samples(tmp_path / "data.jsonl", texts)
+    tok = offline.load("smollm2")  # smollm2-135m's own tokenizer, offline
+    counts = [len(tok.encode(t).ids) for t in texts]
+    assert len(set(counts)) == 6 and max(counts) < 2048
+    out = plan_json(capsys, *SMALL, "model_max_length=2048", "--lengths", str(tmp_path / "data.jsonl"))
+    assert out["tokens_per_sample"] == pytest.approx(np.mean(counts), rel=1e-4)
+    capped = plan_json(capsys, *SMALL, "model_max_length=64", "--lengths", str(tmp_path / "data.jsonl"))
+    assert capped["tokens_per_sample"] == pytest.approx(np.mean(np.minimum(counts, 64)), rel=1e-4)
+    # memory: the longest sample, as the data set's samples cut at that length; a mean alone sizes 2048
+    longest = plan_json(capsys, *SMALL, f"model_max_length={max(counts)}")
+    assert out["gpu_memory_peak_gib"] == pytest.approx(longest["gpu_memory_peak_gib"], rel=1e-4)
+    mean_only = plan_json(capsys, *SMALL, "model_max_length=2048", "--avg-tokens", str(np.mean(counts)))
+    assert mean_only["gpu_memory_allocated_peak_gib"] > out["gpu_memory_allocated_peak_gib"]
+    # padding to the longest of each micro-batch of 8: more time than samples of the mean length
+    assert out["train_runtime"] > mean_only["train_runtime"]
+    assert any(f"longest sample ({max(counts)} tokens" in n and "exact" in n for n in out["notes"])
+    assert api.plan([dict(a.split("=") for a in [*SMALL, "model_max_length=2048"])], LORA, lengths=tmp_path / "data.jsonl")[
+        "tokens_per_sample"].iloc[0] == pytest.approx(np.mean(counts), rel=1e-4)  # fmt: skip
+
+
+def test_padding_is_the_expected_longest_of_a_micro_batch():
+    lengths = SampleLengths((100, 200, 200, 400), "", True)
+    for b in (1, 2, 3):  # every ordered draw of b samples, equally likely
+        draws = list(itertools.product(lengths.counts, repeat=b))
+        expected = np.mean([max(d) for d in draws])
+        assert lengths.padded(np.array([4096.0]), np.array([float(b)]))[0] == pytest.approx(expected)
+    assert lengths.padded(np.array([150.0]), np.array([2.0]))[0] == pytest.approx(150 - 50 / 16)  # cut at 150
+    assert lengths.real(np.array([150.0]))[0] == pytest.approx((100 + 150 * 3) / 4)
+    assert lengths.longest(np.array([300.0, 8192.0])).tolist() == [300, 400]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [(["--avg-tokens", "0"], "--avg-tokens"), (["--avg-tokens", "nan"], "--avg-tokens"),
+     (["--avg-tokens", "many"], "--avg-tokens"), (["--avg-tokens", "256", "--lengths", "{ok}"], "--avg-tokens"),
+     (["--lengths", "{tmp}/missing.jsonl"], "--lengths"), (["--lengths", "{tmp}/empty.jsonl"], "--lengths"),
+     (["--lengths", "{tmp}/notjson.jsonl"], "--lengths notjson.jsonl line 2"),
+     (["--lengths", "{tmp}/notext.jsonl"], "--lengths notext.jsonl line 1")],
+)  # fmt: skip
+@pytest.mark.parametrize("command", ["plan", "recommend"])
+def test_bad_lengths_are_one_line_exit_2(tmp_path, capsys, args, field, command):
+    (tmp_path / "ok.jsonl").write_text('{"output": "a b c"}\n')
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    (tmp_path / "notjson.jsonl").write_text('{"output": "a"}\n{"output": \n')
+    (tmp_path / "notext.jsonl").write_text('{"output": 3}\n')
+    args = [a.format(tmp=tmp_path, ok=tmp_path / "ok.jsonl") for a in args]
+    capsys.readouterr()
+    assert main([command, LORA, *ENTITY, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {field}:"), err
