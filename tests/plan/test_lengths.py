@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tunebench import api
-from tunebench.cli import main
+from tunebench.commands.main import main
 from tunebench.datasets import offline
 from tunebench.errors import InputError
 from tunebench.plan.lengths import SampleLengths

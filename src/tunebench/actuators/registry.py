@@ -101,7 +101,6 @@ BUILTIN: dict[str, Callable[[], Actuator]] = {
 # here without importing it): the planner predicts a 64-GPU entity on a laptop. Any other actuator,
 # plugins' included, gets the entity's number_gpus / number_nodes / gpu_model unless it says otherwise.
 HARDWARE_FREE = frozenset({"predict", "noop"})
-PREDICT, NOOP = "predict", "noop"
 
 
 def result_source(name: str) -> str:
@@ -109,9 +108,9 @@ def result_source(name: str) -> str:
     module:function actuator runs whatever code was opted in with --allow-actuator-import, tunebench's
     tests' fakes among them, so its numbers are not vouched for), else "measured" (measure,
     fms-hf-tuning, a plugin's entry point, and imported measurements, stored under measure)."""
-    if name == PREDICT:
+    if name == "predict":
         return "predicted"
-    if name == NOOP or _PATH.match(name):
+    if name == "noop" or _PATH.match(name):
         return "test"
     return "measured"
 
