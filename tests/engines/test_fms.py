@@ -177,9 +177,10 @@ def test_the_store_keeps_each_engines_results_apart(tmp_path, capsys):
     from tunebench.actuators.registry import resolve_actuator
     from tunebench.actuators.measure import measure_fms
     from tunebench.spec.results import Result
-    from tunebench.commands.store import open_store, record_run
+    from tunebench.commands.store import record_run
+    from tunebench.store.open import open_store
 
-    assert resolve_actuator(FMS) is measure_fms
+    assert resolve_actuator(FMS).run is measure_fms
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "3.2.2"})
     entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 384, "number_gpus": 0, "batch_size": 2})
     url = str(tmp_path / "s.db")
