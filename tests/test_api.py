@@ -47,6 +47,7 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
     assert plans.loc["too big", "gpu_memory_peak_gib"] > plans.loc["too big", "usable_gib"]
 
 
+@pytest.mark.slow
 def test_plan_reads_gaps_floats_and_an_experiment_column():
     frame = pd.DataFrame({
         "model_name": ["smollm2-135m", "smollm2-135m"], "number_gpus": [0, 0], "model_max_length": [512.0, 1024.0],

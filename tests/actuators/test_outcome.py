@@ -60,7 +60,7 @@ def test_the_cli_and_the_registry_import_no_torch_transformers_or_ray():
     code = (
         "import sys, tunebench, tunebench.commands.main, tunebench.executors\n"
         "from tunebench.actuators import resolve_actuator\n"
-        "assert resolve_actuator('measure').__module__ == 'tunebench.actuators.measure'\n"
+        "assert resolve_actuator('measure').run.__module__ == 'tunebench.actuators.measure'\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC),

@@ -79,6 +79,7 @@ def _space(tmp_path: Path, body: dict) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
     store = str(tmp_path / "store.db")
     space = _space(tmp_path, {
@@ -123,6 +124,7 @@ def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
     assert summary["best"]["dataset_tokens_per_second"] == best["dataset_tokens_per_second"]
 
 
+@pytest.mark.slow
 def test_skip_predicted_oom_measures_only_what_fits(tmp_path, capsys):
     store = str(tmp_path / "store.db")
     space = _space(tmp_path, {

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tunebench import __version__
@@ -49,6 +50,7 @@ class Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@pytest.mark.slow
 def test_explore_logs_a_line_per_finished_measurement_outside_a_terminal(tmp_path):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(NOOP))
     proc = tunebench(tmp_path, "explore", "space.yaml", "--store", "s.db")
@@ -115,6 +117,7 @@ def test_calibrate_shows_progress(tmp_path, capsys):
     assert "held out" not in err and "--no-lomo" not in err, err
 
 
+@pytest.mark.slow
 def test_calibrate_eta_counts_down_the_refits_left():
     """The ETA of leave-one-model-out: before the first refit, the full fit's time per refit; then the mean
     refit time so far times the refits left."""

@@ -28,6 +28,7 @@ def test_the_published_configs_are_shipped():
     assert len(CONFIGS) == 23
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
 def test_plan_works_on_every_published_config(config: Path):
     out = plan_json(FULL, f"model_name={config}", "model_max_length=512", "number_gpus=4", "batch_size=4",
@@ -37,6 +38,7 @@ def test_plan_works_on_every_published_config(config: Path):
     assert out["is_valid"] == (out["oom_probability"] <= 0.5)
 
 
+@pytest.mark.slow
 def test_remote_code_config_is_planned_with_its_assumptions(tmp_path):
     qwen = {"model_type": "qwen", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
             "intermediate_size": 11008, "vocab_size": 151936, "kv_channels": 128, "seq_length": 8192}  # fmt: skip
@@ -115,6 +117,7 @@ def test_a_user_gpu_catalog_file(tmp_path):
     assert res.exception.field.startswith("--gpu-catalog")
 
 
+@pytest.mark.slow
 def test_compare_over_a_whole_store(tmp_path):
     """plan --compare with no entity: every measured entity of the store beside a fresh prediction."""
     import csv

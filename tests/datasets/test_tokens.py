@@ -69,6 +69,7 @@ def _sample(ds: str, idx: tuple[int, ...]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", KEYS)
 def test_16384plus_bound_with_real_tokenizers(toks, key):
     tok = toks[key]

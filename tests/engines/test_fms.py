@@ -20,6 +20,8 @@ from tunebench.engines.versions import NEWEST
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
 
+pytestmark = pytest.mark.engines  # builds environments from the package index with uv
+
 DATASET = "news-chars-512-entries-4096"  # records of 390+ tiny-tokenizer tokens, response within the first 384
 LENGTH = 384
 BATCH, STEPS = 2, 2

@@ -93,8 +93,8 @@ def test_actuator_errors_become_failed_results(tmp_path):
 
 
 def test_actuator_names():
-    assert resolve_actuator("noop").__name__ == "noop"
-    assert resolve_actuator("fake_actuators:sleepy", allow_import=True).__name__ == "sleepy"
+    assert resolve_actuator("noop").name == "noop"
+    assert resolve_actuator("fake_actuators:sleepy", allow_import=True).run.__name__ == "sleepy"
 
 
 def fake_nvml(names: list, calls: list) -> SimpleNamespace:

@@ -81,6 +81,7 @@ def test_records_from_store_triples():
     assert recs[0].values["target_modules"] == ("q_proj", "v_proj") and recs[0].values["r"] == 4
 
 
+@pytest.mark.slow
 def test_fit_lowers_the_log_error_and_stays_in_bounds(fms_csv):
     recs = read_csv(fms_csv)
     start = Coefficients()
@@ -145,6 +146,7 @@ def test_published_cases_become_records_with_their_memory_kinds():
     assert not any(r.fit for r in recs if r.origin in ("peft", "torchtitan"))  # requests unlike the runs: evaluated only
 
 
+@pytest.mark.slow
 def test_shipped_calibration_reproduces_its_recorded_accuracy():
     """The metrics stored with the shipped coefficients are what the current planner computes: a change
     to the predictor that is not followed by a refit fails here."""
@@ -160,6 +162,7 @@ def test_shipped_calibration_reproduces_its_recorded_accuracy():
     assert lomo["peak_mdape_pct"] <= 10 and lomo["throughput_mdape_pct"] <= 20
 
 
+@pytest.mark.slow
 def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
     """A refit on a few local runs keeps the reference runs (the GPU coefficients stay informed)."""
 

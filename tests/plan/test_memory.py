@@ -133,6 +133,7 @@ def test_lora_adapter_parameters_by_hand():
     assert b["gradients"][0] == pytest.approx(4 * n_t)
 
 
+@pytest.mark.slow
 def test_qlora_and_gptq_bases_by_hand():
     m = structure_of(get_model("smollm2-135m"))
     assert NF4_DQ_BYTES == pytest.approx((4 + 8 / 64 + 32 / (64 * 256)) / 8)
@@ -172,6 +173,7 @@ def test_fused_loss_kernels_keep_less_of_the_loss():
     assert liger["activations"][0] + liger["loss"][0] < hf["activations"][0] + hf["loss"][0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "granite-4.0-h-tiny", "granite-34b-code-base"])
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_more_gpus_with_fsdp_never_raise_per_gpu_model_states(model, method):
@@ -187,6 +189,7 @@ def test_more_gpus_with_fsdp_never_raise_per_gpu_model_states(model, method):
             previous = now
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama3.1-8b", "granite-4.0-h-micro", "granite-vision-3.2-2b", "smollm2-135m"])
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_longer_sequences_never_lower_activation_memory(model, checkpointing):
@@ -219,6 +222,7 @@ def test_oom_probability_is_the_normal_error_of_the_log_ratio():
     assert oom_probability(np.array([80.0 * np.exp(-0.1)]), usable, 0.1)[0] == pytest.approx(0.158655, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_config_json_models_plan_like_their_catalog_twin(tmp_path):
     spec = get_model("llama3.2-1b")
     cfg = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,

@@ -71,6 +71,7 @@ def test_rule_breaks_and_out_of_memory_are_invalid_with_reasons():
     assert oom.metadata["predicted"]["gpu_memory_utilization_peak"] > 100
 
 
+@pytest.mark.slow
 def test_batch_equals_single():
     entities = [
         (FULL, {**BASE, "number_gpus": g, "batch_size": 8 * g, "model_max_length": ml})
@@ -157,6 +158,7 @@ def test_roce_speeds_up_multi_node():
     assert fast > slow
 
 
+@pytest.mark.slow
 def test_cpu_entities_plan_without_a_gpu():
     r = predict(LORA, {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2})
     assert r.status == "valid" and r.properties["gpu_memory_utilization_peak"] == 0
@@ -230,6 +232,7 @@ def test_cli_plan_input_error():
     assert isinstance(res.exception, InputError) and res.exception.field == "model_max_length"
 
 
+@pytest.mark.slow
 def test_cli_recommend():
     res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8",
                  "gpu_model=A100-80GB", "--max-gpus", "8", "--json", "--price-per-gpu-hour", "1.5")  # fmt: skip
@@ -250,6 +253,7 @@ README_70B = ["model_name=llama3.1-70b", "model_max_length=4096", "batch_size=16
 RISKY = ["model_name=llama3.1-8b", "model_max_length=4096", "batch_size=8", "gpu_model=A100-80GB"]
 
 
+@pytest.mark.slow
 def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
     res = invoke("recommend", FULL.id, *README_70B, "--max-gpus", "64")
     assert res.exit_code == 0, res.output
@@ -367,6 +371,7 @@ def test_cpu_prediction_is_this_hosts_rate_within_a_factor_of_3(tmp_path):
     assert any(n.startswith("CPU: this host trains at") and "GFLOP/s (float32" in n for n in planned.metadata["notes"])
 
 
+@pytest.mark.slow
 def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     from tunebench.plan import host
 
@@ -387,6 +392,7 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     assert any(f"{first / 1e9:.3g} GFLOP/s" in n for n in r.metadata["notes"])
 
 
+@pytest.mark.slow
 def test_recommend_nearest_fit_spreads_a_larger_batch_over_more_gpus():
     # a batch of 1 runs on one GPU (rule 1); 32,000 tokens of full fine-tuning need the model sharded over two:
     # the nearest change is a batch of 2, one sample on each of 2 GPUs

@@ -134,6 +134,7 @@ def test_adapter_dtype_gives_trainable_weights_in_that_dtype(tmp_path):
     assert r["metadata"]["trainable_dtypes"] == ["float32"]  # peft's default
 
 
+@pytest.mark.slow
 def test_torch_compile_compiles_the_model(tmp_path):
     """TrainingArguments(torch_compile=True) on the CPU (inductor + the C compiler): ~20 s for one step (each new
     batch shape compiles again: 2 steps of varied length took 100 s on a 2-core CPU)."""
@@ -152,6 +153,7 @@ def test_worker_refuses_flash_attention_and_fused_linear_on_the_cpu(tmp_path):
 # ------------------------------------------------------------------ through the measuring actuator
 
 
+@pytest.mark.slow
 def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny):
     exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
     entity = entity_of(exp, tiny, attn_implementation="eager", loss_implementation="chunked",
@@ -167,6 +169,7 @@ def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny
         assert command[command.index(flag) + 1] == value
 
 
+@pytest.mark.slow
 def test_default_measurement_records_sdpa_and_upcast(tmp_path, tiny):
     exp = get_experiment(FULL, {**PARAMS, "max_steps": 1})
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path))

@@ -110,6 +110,7 @@ def test_unmatched_lora_targets_are_reported(tmp_path):
     assert per_rank == 2 * (64 + 64) and unmatched == ("c_attn",)
 
 
+@pytest.mark.slow
 def test_every_catalog_model_counts_its_parameters_exactly():
     checked = 0
     for spec in list_models():

@@ -33,6 +33,7 @@ LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "n
     [("lora", False, "flash"), ("lora", True, "flash"), ("full", False, "flash"), ("full", True, "sdpa"),
      ("lora", False, "eager")],
 )  # fmt: skip
+@pytest.mark.slow
 def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, checkpointing, attention):
     s = small_model(tmp_path, "llama", LLAMA)
     req = request(s, method, checkpointing, attention)
@@ -45,6 +46,7 @@ def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, check
             assert predicted == pytest.approx(whole[m][0], rel=0.02, abs=64 * 1024), (m, length)
 
 
+@pytest.mark.slow
 def test_hybrid_layers_extrapolate_per_kind(tmp_path):
     cfg = {"model_type": "granitemoehybrid", "hidden_size": 64, "intermediate_size": 32, "shared_intermediate_size": 128,
            "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500,
@@ -79,6 +81,7 @@ def test_eager_attention_grows_with_the_square_of_the_length(tmp_path):
     assert eager.a2 >= 6 * 4 * 2
 
 
+@pytest.mark.slow
 def test_lora_dropout_and_more_targets_cost_activations(tmp_path):
     s = small_model(tmp_path, "llama", LLAMA)
     few = profile(s, request(s, targets=("q_proj",))).moments["head"].a1

@@ -17,6 +17,8 @@ from ado_env import Ado, ado_bin, build_with_tunebench
 from tunebench.commands.main import main
 from tunebench.store.ado_export import LOADER
 
+pytestmark = pytest.mark.engines  # builds environments from the package index with uv
+
 SPACE = """\
 experiments:
 - actuatorIdentifier: SFTTrainer

@@ -347,6 +347,7 @@ def test_postgresql_sessions_have_timeouts(postgres_server):
         assert conn.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "on"
 
 
+@pytest.mark.slow
 def test_a_database_server_that_never_answers_is_an_error_not_a_hang(tmp_path):
     """A server that accepts connections and never answers: every command fails within the connect
     timeout, on one line naming the store (its password masked), instead of hanging."""

@@ -119,7 +119,10 @@ def needs_hardware(name: str, *, allow_import: bool = False) -> bool:
     """Whether the actuator's tasks ask executors for the entity's GPUs and nodes."""
     if name in BUILTIN:
         return name not in HARDWARE_FREE
-    return resolve_actuator(name, allow_import=allow_import).needs_hardware
+    try:
+        return resolve_actuator(name, allow_import=allow_import).needs_hardware
+    except InputError:  # cannot be imported: the task asks for the hardware and fails when it runs, saying why
+        return True
 
 
 def registered_actuators() -> dict[str, str | Callable[[], Actuator]]:

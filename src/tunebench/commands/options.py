@@ -31,6 +31,10 @@ class OptionError(Exception):
         super().__init__(str(error))
         self.error = error
 
+    @property
+    def field(self) -> str:
+        return self.error.field
+
 
 def checked(kind: Any, name: str) -> Callable[[Any], Any]:
     """A parser of one command-line value: kind's validation, OptionError naming name on a bad value."""
