@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast install clean
+.PHONY: demo test test-fast lint install clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST) -m "not (slow or engines or postgres or browser or ray or gpu)"
+
+# the formatter and the linter configured in pyproject.toml ([tool.ruff]); tests/test_style.py runs the same
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache
