@@ -209,7 +209,8 @@ def results(
 ) -> pd.DataFrame:
     """The store's results as a DataFrame: one row per stored outcome (entity x experiment x actuator).
 
-    Columns: request_id, experiment_id, base_id, entity_id, actuator, source (measured | predicted),
+    Columns: request_id, result_id (the latest result of the request: ``series(result_id)`` reads its time
+    series), experiment_id, base_id, entity_id, actuator, source (measured | predicted),
     status, outcome (fits | out of memory | invalid by rule | invalid | failed), reason, one column per
     entity property (an experiment's default where the entity left it out), one per measured
     property. Filters: an operation id (op-...), a space file's points, an actuator, statuses.

@@ -1,6 +1,6 @@
 """The report's data: a store's results as one tidy table (a row per stored outcome) plus where they ran.
 
-Columns of ``ReportData.frame``: request_id, experiment_id, base_id, entity_id, actuator, source
+Columns of ``ReportData.frame``: request_id, result_id (the latest result: its time series), experiment_id, base_id, entity_id, actuator, source
 (``measured`` for any actuator but the planner, ``predicted`` for ``predict``), status, outcome
 (fits | out of memory | invalid by rule | invalid | failed), reason, the entity's values (one column
 per property, an experiment's default filled in where the entity left it out) and the measured
@@ -59,7 +59,8 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         entity = r["entity"]
         rec: dict[str, Any] = {
-            "request_id": r["request_id"], "experiment_id": r["experiment_id"], "base_id": r["base_id"],
+            "request_id": r["request_id"], "result_id": r["result_id"], "experiment_id": r["experiment_id"],
+            "base_id": r["base_id"],
             "entity_id": r["entity_id"], "actuator": r["actuator"],
             "source": "predicted" if r["actuator"] == PREDICT else "measured",
             "status": r["status"], "outcome": outcome(r["status"], r.get("reasons") or [], r.get("error")),
@@ -77,7 +78,7 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rec["_parameters"] = r["parameters"]
         records.append(rec)
     if not records:
-        return pd.DataFrame(columns=["request_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
+        return pd.DataFrame(columns=["request_id", "result_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
                                      "status", "outcome", "reason", "_entity", "_parameters"])  # fmt: skip
     return pd.DataFrame.from_records(records)
 

@@ -37,6 +37,9 @@ class Result:
     error: str | None = None
     log_tail: str | None = None
     actuator: str = "measure"  # measure | predict | import
+    # the time series the measured properties reduce (tunebench.worker.series: per GPU, process, step);
+    # None: none recorded (predictions, imports, runs that never started)
+    series: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -7,7 +7,8 @@ columns (entity id order: model_name, number_gpus, model_max_length, batch_size,
 alphabetically), then the measured columns that any row has, in the reference's order with
 ``is_valid`` last. ``show`` adds ``actuator`` after ``experiment_id`` (measure, predict, noop...: a
 prediction never passes for a measurement) and appends ``status`` (valid, invalid, failed, or
-pending/running for a point being retried) and ``reason`` (why it is invalid or failed).
+pending/running for a point being retried), ``reason`` (why it is invalid or failed) and ``result_id``
+(the stored result the row shows: ``show --series RESULT_ID`` prints its time series).
 An entity measured more than once (ado's repeats, a re-run, an import beside a measurement) is one row
 with ``repeats`` (its valid and invalid results), each measured column the mean over its valid
 results and ``<name>-std`` beside it (the sample standard deviation; ado's name for that aggregate);
@@ -139,8 +140,8 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     if not ado:
         reasons = [e or (None if r in (None, "[]") else "; ".join(json.loads(r) if isinstance(r, str) else r))
                    for e, r in zip(cols["error"], cols["reasons"])]  # fmt: skip
-        columns += ["status", "reason"]
-        data += [cols["status"], reasons]
+        columns += ["status", "reason", "result_id"]  # result_id: the latest result's (show --series RESULT_ID)
+        data += [cols["status"], reasons, cols["result_id"]]
     first = 3 + len(head)
     if repeats is not None:
         at = first + len(const)
@@ -303,6 +304,7 @@ def print_table(
     wanted += [n for n in ("is_valid", *measured) if n in cols]
     if wide or "reason" in cols and any(table.data[cols.index("reason")][:shown]):
         wanted.append("reason")  # no reason column when no row has one
+    wanted.append("result_id")  # what show --series takes
     index = [cols.index(n) for n in wanted if n in cols]
     columns = [_column(cols[i], cols[i] in keys[1:5]) for i in index]
     rows = [[_short(row[i]) for i in index] for row in zip(*(column[:shown] for column in table.data))]
@@ -316,7 +318,7 @@ def print_table(
 
 
 # what show leaves out first on a narrow terminal (0: never): spreads and flags, then memory and time
-SHOW_PRIORITY = {"experiment_id": 1, "actuator": 2, "reason": 2, "is_valid": 5, f"{TABLE_MEASURED[0]}-std": 4,
+SHOW_PRIORITY = {"experiment_id": 1, "actuator": 2, "reason": 2, "result_id": 2, "is_valid": 5, f"{TABLE_MEASURED[0]}-std": 4,
                  "train_runtime": 3, "cpu_memory_utilization": 4, "gpu_memory_utilization_peak": 4}  # fmt: skip
 
 
