@@ -10,6 +10,7 @@
                         "gpu_model": "H100"})                    # as `tunebench recommend --json`
     summary = api.explore("space.yaml", store="runs.db")       # the explorer, as `tunebench explore`
     frame = api.results("runs.db", operation=summary.operation_id)
+    curves = api.series(int(frame["result_id"].iloc[0]), store="runs.db")  # per GPU, process and step
 
 Bad input raises tunebench.errors.InputError naming the field (and, for plan, the row). See docs/api.md.
 """
@@ -229,6 +230,27 @@ def results(
         rows = [r for r in rows if (r["experiment_id"], r["entity_id"]) in points]
     frame = tidy(rows)
     return frame.drop(columns=[c for c in frame.columns if c.startswith("_")])
+
+
+def series(result_id: int, *, store: str | Store | None = None) -> pd.DataFrame:
+    """The time series of one stored result in long format: columns series (gpu0.compute_utilization,
+    gpu0.memory_used_gib, process.cpu_percent, train.loss, ...: docs/report.md lists them), step (the
+    training step of train.* series, else <NA>), time_s (s since the run's first sample) and value.
+
+    result_id: the result_id column of ``results()``. A result without series (a prediction, an import)
+    gives an empty frame; an id the store does not hold raises InputError naming result_id.
+    """
+    from tunebench.errors import InputError
+    from tunebench.store.series import UnknownResult, read_series
+
+    opened = _open(store, create=False)
+    try:
+        return read_series(opened, result_id)
+    except UnknownResult as exc:
+        raise InputError("result_id", f"no result {result_id!r} in the store", allowed=exc.allowed()) from None
+    finally:
+        if opened is not store:
+            opened.close()
 
 
 def _open(store: str | Store | None, *, create: bool) -> Store:

@@ -231,6 +231,11 @@ class Reads(StoreBase):
                 raise UnknownResult(result_id, _id_range(conn))
         return found
 
+    def series_result_ids(self) -> list[int]:
+        """The ids of the results that have a time series (the series table's keys alone: no blob is read)."""
+        with db.read(self.engine) as conn:
+            return list(conn.execute(select(series.c.result_id).order_by(series.c.result_id)).scalars())
+
     def results_of(self, request_id: int) -> list[Result]:
         """Every result stored for a request, oldest first (retries, remeasurements, imports)."""
         with db.read(self.engine) as conn:
