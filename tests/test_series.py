@@ -285,6 +285,21 @@ def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend
         assert [r["result_id"] for r in store.rows()] == [result_id]
 
 
+def test_a_diverged_loss_is_kept_in_the_store_and_null_in_strict_json(tmp_path):
+    """NaN in a series: the store's blob keeps it (a diverged run is a measurement too); `run --json` writes
+    strict JSON, with null in its place (json.dumps(allow_nan=False) raised on it)."""
+    experiment = get_experiment(FULL, PARAMS)
+    entity = make_entity(experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
+                                      "batch_size": 1})  # fmt: skip
+    result = Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, series=_series())
+    printed = json.loads(result.to_json())
+    assert printed["series"]["series"]["train.loss"]["value"] == [2.5, None]
+    with Store(tmp_path / "s.db") as store:
+        result_id = store.record_one(Record(experiment, entity, result))
+        frame = read_series(store, result_id)
+    assert frame["value"].iloc[0] == 2.5 and frame["value"].isna().iloc[1]
+
+
 def _series() -> dict:
     return {"format": "tunebench.series/1", "warmup_steps": 0, "warmup_end_s": None, "gpus": [],
             "series": {"train.loss": {"step": [1, 2], "time_s": [0.5, 1.0], "value": [2.5, float("nan")]}}}

@@ -66,11 +66,23 @@ class Result:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=_jsonable, allow_nan=False)
+        """Strict JSON: a NaN or infinite float (a diverged loss in the series) is written as null."""
+        return json.dumps(_finite(self.to_dict()), default=_jsonable, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _finite(value: Any) -> Any:
+    """value with every non-finite float (at any depth of dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:
