@@ -183,6 +183,8 @@ def test_the_api_reads_a_results_series_as_a_dataframe(measured):
     with pytest.raises(InputError) as error:
         api.series(result_id + 100, store=measured.url)
     assert error.value.field == "result_id" and "no result" in error.value.message
+    with pytest.raises(InputError, match="^result_id: '7' is not a result id"):
+        api.series("7", store=measured.url)
 
 
 def test_the_report_draws_utilisation_memory_with_the_predicted_peak_and_the_loss(measured, tmp_path):

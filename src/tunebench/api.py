@@ -234,7 +234,7 @@ def results(
 
 def series(result_id: int, *, store: str | Store | None = None) -> pd.DataFrame:
     """The time series of one stored result in long format: columns series (gpu0.compute_utilization,
-    gpu0.memory_used_gib, process.cpu_percent, train.loss, ...: docs/report.md lists them), step (the
+    gpu0.memory_used_gib, process.cpu_percent, train.loss, ...: docs/explore.md lists them), step (the
     training step of train.* series, else <NA>), time_s (s since the run's first sample) and value.
 
     result_id: the result_id column of ``results()``. A result without series (a prediction, an import)
@@ -243,6 +243,8 @@ def series(result_id: int, *, store: str | Store | None = None) -> pd.DataFrame:
     from tunebench.errors import InputError
     from tunebench.store.series import UnknownResult, read_series
 
+    if isinstance(result_id, bool) or not hasattr(result_id, "__index__"):
+        raise InputError("result_id", f"{result_id!r} is not a result id", allowed="an integer (results()'s result_id)")
     opened = _open(store, create=False)
     try:
         return read_series(opened, result_id)
