@@ -116,10 +116,10 @@ def recommend(
     from tunebench.plan import load_calibration
     from tunebench.plan.options import PlannerOptions, check_recommend
     from tunebench.plan.predictor import PlanOptions
-    from tunebench.plan.printing import finite
     from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
     from tunebench.plan.recommend import recommend as run
     from tunebench.spec.experiments import get_experiment
+    from tunebench.spec.results import finite
 
     risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     check_recommend(gpus_per_node, max_gpus)

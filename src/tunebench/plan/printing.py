@@ -14,21 +14,12 @@ from rich.table import Table
 from tunebench.inputs import parse
 from tunebench.plan.options import PlannerOptions
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+from tunebench.spec.results import finite
 
 
 def echo_json(obj: Any, indent: int | None = 2) -> None:
     """Strict JSON: a metric that could not be computed (NaN, inf) is null."""
     typer.echo(json.dumps(finite(obj), indent=indent, default=str, allow_nan=False))
-
-
-def finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
 
 
 def planner_options(price: float | None, calibration: Path | None, network: float | None, batch: Path | None = None,

@@ -67,21 +67,22 @@ class Result:
 
     def to_json(self) -> str:
         """Strict JSON: a NaN or infinite float (a diverged loss in the series) is written as null."""
-        return json.dumps(_finite(self.to_dict()), default=_jsonable, allow_nan=False)
+        return json.dumps(finite(self.to_dict()), default=_jsonable, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-def _finite(value: Any) -> Any:
-    """value with every non-finite float (at any depth of dicts and lists) replaced by None."""
+def finite(value: Any) -> Any:
+    """value with every non-finite float (at any depth of dicts, lists and tuples) replaced by None: what
+    strict JSON (allow_nan=False) writes for a number that could not be computed or diverged."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
 
 
