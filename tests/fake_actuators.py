@@ -18,6 +18,7 @@ Properties are deterministic functions of the entity, so tests know the best poi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -88,11 +89,28 @@ def crashing(experiment: Experiment, entity: Entity, options: dict[str, Any]) ->
 
 
 def oom_above(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
-    """Invalid (as if out of memory) when batch_size > options["max_batch"], else like sleepy."""
+    """Invalid (as if out of memory) when batch_size > options["max_batch"], else like sleepy, with made-up
+    time series (made_up_series)."""
     if entity.values["batch_size"] > int(options.get("max_batch", 4)):
         _log(options, entity, experiment, "oom")
         return Result.invalid(experiment.id, entity.id, ["simulated out of memory"], actuator="testing")
-    return sleepy(experiment, entity, options)
+    return dataclasses.replace(sleepy(experiment, entity, options), series=made_up_series(entity))
+
+
+def made_up_series(entity: Entity, steps: int = 5) -> dict[str, Any]:
+    """Time series in tunebench.worker.series's form, a deterministic function of the entity: a CPU run of
+    `steps` steps sampled every 0.5 s (CPU %, resident GiB growing with the batch) and its loss falling."""
+    times = [0.5 * i for i in range(2 * steps + 1)]
+    batch = entity.values["batch_size"]
+    return {
+        "format": "tunebench.series/1", "warmup_steps": 0, "warmup_end_s": None, "gpus": [],
+        "series": {
+            "process.cpu_percent": {"time_s": times[1:], "value": [90.0 + i % 3 for i in range(len(times) - 1)]},
+            "process.rss_gib": {"time_s": times, "value": [0.5 + 0.1 * batch * min(i, 2) for i in range(len(times))]},
+            "train.loss": {"step": list(range(1, steps + 1)), "time_s": [float(s) for s in range(1, steps + 1)],
+                           "value": [4.0 / s for s in range(1, steps + 1)]},
+        },
+    }  # fmt: skip
 
 
 def in_subprocess(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:

@@ -20,7 +20,7 @@ SRC = Path(tunebench.__file__).parent
 # Lowest first: a unit may import units of its own layer or of a layer above it in this list.
 # Same as the diagram in docs/architecture.md ("Packages and the two data paths").
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("__init__", "errors", "units", "paths", "secrets", "inputs", "limits", "yamlfile", "logs", "jsonvalues"),
+    ("__init__", "errors", "units", "paths", "secrets", "inputs", "limits", "yamlfile", "logs"),
     ("catalog",),
     ("datasets",),
     ("spec",),

@@ -10,6 +10,7 @@
                         "gpu_model": "H100"})                    # as `tunebench recommend --json`
     summary = api.explore("space.yaml", store="runs.db")       # the explorer, as `tunebench explore`
     frame = api.results("runs.db", operation=summary.operation_id)
+    curves = api.series(int(frame["result_id"].iloc[0]), store="runs.db")  # per GPU, process and step
 
 Bad input raises tunebench.errors.InputError naming the field (and, for plan, the row). See docs/api.md.
 """
@@ -124,10 +125,10 @@ def recommend(
     from tunebench.plan import load_calibration
     from tunebench.plan.options import PlannerOptions, check_recommend
     from tunebench.plan.predictor import PlanOptions
-    from tunebench.jsonvalues import finite
     from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
     from tunebench.plan.recommend import recommend as run
     from tunebench.spec.experiments import get_experiment
+    from tunebench.spec.results import finite
 
     risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     check_recommend(gpus_per_node, max_gpus)
@@ -234,7 +235,8 @@ def results(
 ) -> pd.DataFrame:
     """The store's results as a DataFrame: one row per stored outcome (entity x experiment x actuator).
 
-    Columns: request_id, experiment_id, base_id, entity_id, actuator, source (measured | predicted | test),
+    Columns: request_id, result_id (the latest result of the request: ``series(result_id)`` reads its time
+    series), experiment_id, base_id, entity_id, actuator, source (measured | predicted | test),
     status, outcome (fits | out of memory | invalid by rule | invalid | failed), reason, one column per
     entity property (an experiment's default where the entity left it out), one per measured
     property. Filters: an operation id (op-...), a space file's points, an actuator, statuses.
@@ -253,6 +255,29 @@ def results(
         rows = [r for r in rows if (r["experiment_id"], r["entity_id"]) in points]
     frame = tidy(rows)
     return frame.drop(columns=[c for c in frame.columns if c.startswith("_")])
+
+
+def series(result_id: int, *, store: str | Store | None = None) -> pd.DataFrame:
+    """The time series of one stored result in long format: columns series (gpu0.compute_utilization,
+    gpu0.memory_used_gib, process.cpu_percent, train.loss, ...: docs/explore.md lists them), step (the
+    training step of train.* series, else <NA>), time_s (s since the run's first sample) and value.
+
+    result_id: the result_id column of ``results()``. A result without series (a prediction, an import)
+    gives an empty frame; an id the store does not hold raises InputError naming result_id.
+    """
+    from tunebench.errors import InputError
+    from tunebench.store.series import UnknownResult, read_series
+
+    if isinstance(result_id, bool) or not hasattr(result_id, "__index__"):
+        raise InputError("result_id", f"{result_id!r} is not a result id", allowed="an integer (results()'s result_id)")
+    opened = _open(store, create=False)
+    try:
+        return read_series(opened, result_id)
+    except UnknownResult as exc:
+        raise InputError("result_id", f"no result {result_id!r} in the store", allowed=exc.allowed()) from None
+    finally:
+        if opened is not store:
+            opened.close()
 
 
 def _open(store: str | Store | None, *, create: bool) -> Store:

@@ -30,7 +30,7 @@ FIGURES_JS = """() => Array.from(document.querySelectorAll('figure')).map(f => {
   return {id: f.id, plot: f.classList.contains('plot'), caption: f.querySelector('figcaption').textContent,
           svgs: gd ? gd.querySelectorAll('.main-svg').length : 0,
           points: traces.reduce((n, t) => n + (t.x || []).filter(v => v !== null).length, 0),
-          drawn: gd ? gd.querySelectorAll('.scatterlayer .point, .barlayer .point, .boxlayer .point').length : 0,
+          drawn: gd ? gd.querySelectorAll('.scatterlayer .point, .barlayer .point, .boxlayer .point, .scatterlayer .js-line').length : 0,
           names: traces.map(t => t.name), texts: traces.map(t => t.text || []),
           lines: traces.filter(t => (t.mode || '').includes('lines')).map(t => ({name: t.name, y: t.y}))};
 })"""
@@ -98,7 +98,8 @@ def test_report_of_a_mixed_store_renders_every_plot_in_chromium(mixed, browser, 
     figures = {f["id"]: f for f in page.evaluate(FIGURES_JS)}
     expected = {"predicted-vs-measured-memory", "predicted-vs-measured-throughput", "pareto", "oom-boundary-0",
                 "oom-boundary-1", "stability", "property-dataset_tokens_per_second",
-                "property-train_tokens_per_second", "property-gpu_memory_utilization_peak"}  # fmt: skip
+                "property-train_tokens_per_second", "property-gpu_memory_utilization_peak",
+                "series-utilisation", "series-memory", "series-loss"}  # fmt: skip
     assert expected <= {k for k, f in figures.items() if f["plot"]}, sorted(figures)
     for f in figures.values():
         assert f["caption"].strip(), f["id"]
@@ -106,6 +107,14 @@ def test_report_of_a_mixed_store_renders_every_plot_in_chromium(mixed, browser, 
             assert f["svgs"] > 0 and f["points"] > 0 and f["drawn"] > 0, f
     assert {k for k, f in figures.items() if not f["plot"]} <= {"property-constant"}
     assert errors == [] and remote == []
+    # the time series of the latest result that has them (the test actuator's made-up ones), drawn as sampled,
+    # and the planner's predicted peak over the memory curve
+    memory = figures["series-memory"]
+    assert [t["name"] for t in memory["lines"]][0] == "process.rss_gib"
+    (peak,) = [t["y"] for t in memory["lines"] if t["name"].startswith("planner: predicted peak")]
+    assert peak[0] == peak[1] > 0
+    (loss,) = figures["series-loss"]["lines"]
+    assert loss["name"] == "train.loss" and loss["y"] == [4.0, 2.0, float(f"{4 / 3:.6g}"), 1.0, 0.8]
     # the planner's boundary is drawn over the measured A100 outcomes, and it has a value somewhere
     a100 = next(f for f in figures.values() if f["id"].startswith("oom-boundary") and "A100" in f["caption"])
     line = next(t for t in a100["lines"] if t["name"] == "planner: largest length that fits")
@@ -264,6 +273,7 @@ def test_an_empty_store_gives_a_report_that_says_so(tmp_path):
     text = out.read_text()
     assert "0 results (no results)" in text and "class='plot'" not in text
     assert text.count("Nothing to draw") == 6 and "the store has no measurements yet" in text  # cost: 2
+    assert "no result of this report has time series" in text
     assert table_data(out)["rows"] == []
 
 

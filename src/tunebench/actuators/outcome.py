@@ -10,6 +10,9 @@
   failed with the reason and the log tail;
 - else valid, with the properties (and metadata ``trained_tokens``) rank 0 computed from every rank's records
   (``tunebench.worker.results.properties_from_results``, run once, in the worker).
+
+Every outcome whose ranks wrote records carries the time series they sampled (``Result.series``,
+tunebench.worker.series): an out-of-memory run's memory curve included.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tunebench.actuators.memwatch import MemoryEvidence, oom_kill_reason
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
 from tunebench.worker.results import no_trained_tokens_reason, outcome
+from tunebench.worker.series import run_series
 
 
 @dataclass
@@ -47,12 +51,14 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
             log_tail=tail, metadata=meta,
         )  # fmt: skip
     status, reason = outcome(run.ranks, world_size=run.world_size)
+    series = {"series": run_series(run.ranks)}
     if run.ranks:
         engine = meta.get("engine") or {}  # the actuator's view (environment, notes) + the worker's (what ran)
         meta.update(_run_metadata(run.ranks))
         meta["engine"] = {**engine, **(meta.get("engine") or {})}
     if status == "invalid":
-        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail)
+        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail,
+                              **series)  # fmt: skip
     if status == "valid" and run.returncode != 0:
         status, reason = "failed", f"worker exited with code {run.returncode} after writing its results"
     if status == "valid" and run.aggregate is None:
@@ -60,22 +66,23 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
     if run.memory is not None:
         meta["host_memory"] = run.memory.to_dict()
     if status == "failed" and (oom := oom_kill_reason(run.returncode, tail, run.memory)):
-        return Result.invalid(experiment.id, entity.id, [oom], metadata=meta, log_tail=tail)
+        return Result.invalid(experiment.id, entity.id, [oom], metadata=meta, log_tail=tail, **series)
     if status == "failed":
         if run.returncode < 0:
             name = signal.Signals(-run.returncode).name
             reason = f"worker killed by signal {name}" + (f" ({reason})" if run.ranks else "")
         elif not run.ranks:
             reason = f"worker exited with code {run.returncode} and wrote no result"
-        return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta)
+        return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta,
+                             **series)  # fmt: skip
     tokens = run.aggregate.get("trained_tokens")
     meta["trained_tokens"] = tokens
     if tokens == 0:
         r0 = min(run.ranks, key=lambda r: r.get("rank", 0))
         template = (r0.get("args") or {}).get("response_template") or "\n### Response:"
         reason = no_trained_tokens_reason(r0.get("data"), template)
-        return Result.invalid(experiment.id, entity.id, [reason], metadata=meta, log_tail=tail)
-    return Result.valid(experiment.id, entity.id, dict(run.aggregate["properties"]), metadata=meta)
+        return Result.invalid(experiment.id, entity.id, [reason], metadata=meta, log_tail=tail, **series)
+    return Result.valid(experiment.id, entity.id, dict(run.aggregate["properties"]), metadata=meta, **series)
 
 
 def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.errors import InputError
-from tunebench.jsonvalues import finite
 from tunebench.plan.options import user_lengths
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+from tunebench.spec.results import finite
 
 
 def echo_json(obj: Any, indent: int | None = 2) -> None:

@@ -10,9 +10,10 @@ import typer
 
 from tunebench.errors import InputError
 from tunebench.commands.options import argument, option
-from tunebench.inputs import OutputFile, TextFile
+from tunebench.inputs import Count, OutputFile, TextFile
 from tunebench.paths import output_errors, write_atomic
 from tunebench.commands.store import StoreOpt
+from tunebench.secrets import mask_secrets
 
 
 def report(
@@ -21,16 +22,25 @@ def report(
     ] = None,
     store: StoreOpt = None,
     output: Annotated[Path, option(OutputFile, "--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+    series: Annotated[
+        int | None,
+        option(Count, "--series", metavar="RESULT_ID", help="Draw this result's time series (utilisation, memory "
+               "with the predicted peak, loss); default: the latest result of the report that has them."),
+    ] = None,
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""
-    from tunebench.store.open import open_store
     from tunebench.report import build_report
+    from tunebench.store.open import open_store
+    from tunebench.store.series import UnknownResult
 
     if importlib.util.find_spec("plotly") is None:
         raise InputError("report", "needs plotly, which is not installed: pip install 'tunebench[plot]'")
     sample_store = open_store(store, create=False)
     try:
-        text = build_report(sample_store, space=space)  # bad input raises before anything is written
+        text = build_report(sample_store, space=space, series=series)  # bad input raises before anything is written
+    except UnknownResult as exc:
+        raise InputError("--series", f"no result {series} in {mask_secrets(sample_store.url)}",
+                         allowed=exc.allowed()) from None  # fmt: skip
     finally:
         sample_store.close()
     with output_errors("--output", output):

@@ -7,17 +7,18 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from tunebench.errors import InputError, one_of, suggest
 from tunebench.commands.options import argument, checked, option
 from tunebench.inputs import Count, InputFile, OutputFile, Text, TextFile
-from tunebench.paths import atomic_path, output_errors
+from tunebench.paths import atomic_path, output_errors, write_atomic
 from tunebench.secrets import mask_secrets
 from tunebench.store.open import open_store
 
@@ -72,6 +73,12 @@ def show(
     wide: Annotated[
         bool, typer.Option("--wide", help="Every column in full (a table fits the terminal's width otherwise).")
     ] = False,
+    series: Annotated[
+        int | None,
+        option(Count, "--series", metavar="RESULT_ID", help="The time series of one result (per GPU, process and "
+                     "training step; the result_id column of --format csv|json): a line per series at the "
+                     "terminal, every point with --format csv|json."),
+    ] = None,
 ) -> None:
     """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
     standard deviation): constitutive columns, actuator, measured columns."""
@@ -79,6 +86,11 @@ def show(
     from tunebench.commands.tables import render
     from tunebench.store.tables import build
 
+    if series is not None:
+        others = {"--space": space, "--operation": operation, "--actuator": actuator, "--where": where,
+                  "--sort": sort, "--top": top, "--repeats": every}  # fmt: skip
+        _show_series(store, series, fmt, output, wide, [name for name, value in others.items() if value])
+        return
     if fmt == "parquet" and output is None:
         raise InputError("--output", "parquet needs a file: --output FILE.parquet")
     wanted = None if actuator == ALL else actuator
@@ -101,6 +113,63 @@ def show(
         render(table, fmt, output, limit=None if show_all else limit, title=title, empty=empty, wide=wide)
     if not len(table) and (fmt != "table" or output):  # a file or csv/json of headers only: say why
         typer.echo(empty, err=True)
+
+
+def _show_series(store: str | None, result_id: int, fmt: str, output: Path | None, wide: bool,
+                 others: list[str]) -> None:  # fmt: skip
+    """`show --series RESULT_ID`: the library reads (tunebench.store.series); this prints."""
+    from tunebench.store import series as store_series
+
+    if others:
+        raise InputError(others[0], f"--series shows one result's time series, not a selection of rows: leave out "
+                         f"{', '.join(others)}", allowed="--store, --format, --output, --wide")  # fmt: skip
+    if fmt == "parquet":
+        raise InputError("--format", "--series writes a table, csv or json, not parquet", allowed="table, csv, json")
+    sample_store = open_store(store, create=False)
+    try:
+        info = sample_store.result_info(result_id)
+        frame = store_series.read_series(sample_store, result_id)
+    except store_series.UnknownResult as exc:
+        raise InputError("--series", f"no result {result_id} in {mask_secrets(sample_store.url)}",
+                         allowed=exc.allowed()) from None  # fmt: skip
+    finally:
+        sample_store.close()
+    empty = store_series.no_series_reason(info) if frame.empty else None
+    buffer = io.StringIO()
+    if fmt in ("csv", "json"):
+        store_series.write(frame, fmt, buffer)
+    elif empty is None:
+        _print_series(frame, info, buffer if output else None, wide)
+    if output:
+        with output_errors("--output", output):
+            write_atomic(output, buffer.getvalue() or (empty + "\n"))
+    else:
+        sys.stdout.write(buffer.getvalue())
+    if empty is not None:
+        typer.echo(empty, err=fmt != "table" or output is not None)
+
+
+def _print_series(frame: Any, info: dict[str, Any], file: io.StringIO | None, wide: bool) -> None:
+    """One line per series: points, time span, min, mean, max and last value."""
+    from rich.console import Console
+
+    from tunebench.store.series import summary
+    from tunebench.terminal import Column, print_table
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:.6g}"
+
+    columns = [Column("series", breaks=True, min_width=20), Column("points", 1, justify="right"),
+               Column("from_s", 4, justify="right"), Column("to_s", 2, justify="right"),
+               *(Column(name, {"min": 1, "mean": 0, "max": 1, "last": 3}[name], justify="right")
+                 for name in ("min", "mean", "max", "last"))]  # fmt: skip
+    rows = [[r["series"], f"{r['points']:,}", *(number(r[c.header]) for c in columns[2:])] for r in summary(frame)]
+    title = (f"result {info['result_id']} ({info['actuator']}, {info['status']}): {info['experiment_id']} "
+             f"{info['entity_id']}")  # fmt: skip
+    console = Console(file=file) if file is not None else Console()
+    print_table(console, columns, rows, title=title, wide=wide, more="--wide or --format csv|json shows them")
+    console.print(f"{len(frame):,} points in {len(rows)} series; --format csv|json lists every point",
+                  highlight=False)  # fmt: skip
 
 
 def _other_actuators(store: Store, space: Path | None, operation: str | None, actuator: str | None,
@@ -305,8 +374,11 @@ def record_run(url: str, experiment: Experiment, entity: Entity, result: Result)
     from tunebench.store.rows import Record
 
     with open_store(url) as sample_store:
-        sample_store.record_many([Record(experiment, entity, result, actuator=result.actuator, generator="run")])
-    typer.echo(f"stored in {mask_secrets(url)} (tunebench show --store ...; --no-store skips this)", err=True)
+        result_id = sample_store.record_one(Record(experiment, entity, result, actuator=result.actuator,
+                                                   generator="run"))  # fmt: skip
+    series = f"; tunebench show --series {result_id} shows its time series" if result.series else ""
+    typer.echo(f"stored in {mask_secrets(url)} as result {result_id} (tunebench show --store ...{series}; "
+               "--no-store skips this)", err=True)  # fmt: skip
 
 
 def operations(

@@ -52,6 +52,7 @@ def print_table(
     wanted += [n for n in ("is_valid", *measured) if n in cols]
     if wide or "reason" in cols and any(table.data[cols.index("reason")][:shown]):
         wanted.append("reason")  # no reason column when no row has one
+    wanted.append("result_id")  # what show --series takes
     index = [cols.index(n) for n in wanted if n in cols]
     columns = [_column(cols[i], cols[i] in keys[1:5]) for i in index]
     rows = [[_short(row[i]) for i in index] for row in zip(*(column[:shown] for column in table.data))]
@@ -65,7 +66,7 @@ def print_table(
 
 
 # what show leaves out first on a narrow terminal (0: never): spreads and flags, then memory and time
-SHOW_PRIORITY = {"experiment_id": 1, "actuator": 2, "reason": 2, "is_valid": 5, f"{TABLE_MEASURED[0]}-std": 4,
+SHOW_PRIORITY = {"experiment_id": 1, "actuator": 2, "reason": 2, "result_id": 2, "is_valid": 5, f"{TABLE_MEASURED[0]}-std": 4,
                  "train_runtime": 3, "cpu_memory_utilization": 4, "gpu_memory_utilization_peak": 4}  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """The report's data: a store's results as one tidy table (a row per stored outcome) plus where they ran.
 
-Columns of ``ReportData.frame``: request_id, experiment_id, base_id, entity_id, actuator, source
+Columns of ``ReportData.frame``: request_id, result_id (the latest result: its time series), experiment_id, base_id, entity_id, actuator, source
 (``predicted`` for ``predict``, ``test`` for ``noop`` and module:function actuators, ``measured`` for
 the others: tunebench.actuators.registry.result_source), status, outcome (fits | out of memory |
 invalid by rule | invalid | failed), reason, the entity's values (one column per property, an
@@ -65,7 +65,8 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         entity = r["entity"]
         rec: dict[str, Any] = {
-            "request_id": r["request_id"], "experiment_id": r["experiment_id"], "base_id": r["base_id"],
+            "request_id": r["request_id"], "result_id": r["result_id"], "experiment_id": r["experiment_id"],
+            "base_id": r["base_id"],
             "entity_id": r["entity_id"], "actuator": r["actuator"],
             "source": result_source(r["actuator"]),
             "status": r["status"], "outcome": outcome(r["status"], r.get("reasons") or [], r.get("error")),
@@ -83,7 +84,7 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rec["_parameters"] = r["parameters"]
         records.append(rec)
     if not records:
-        return pd.DataFrame(columns=["request_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
+        return pd.DataFrame(columns=["request_id", "result_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
                                      "status", "outcome", "reason", "_entity", "_parameters"])  # fmt: skip
     return pd.DataFrame.from_records(records)
 

@@ -154,12 +154,12 @@ def fit_title(text: str, width: int = TITLE_CHARS, lines: int = TITLE_LINES) -> 
 
 
 def table_columns(data: ReportData) -> list[str]:
-    """The table's columns: who and what, the entity's values, every measured property, the reason."""
+    """The table's columns: who and what, the entity's values, every measured property, the reason, the result id."""
     frame = data.frame
     fixed = ["experiment_id", "actuator", "source", "status", "outcome"]
     entity = [c for c in frame.columns if c not in fixed and not c.startswith("_") and c not in
-              ("request_id", "base_id", "entity_id", "reason") and c not in data.properties]
-    return [*fixed, *entity, *data.properties, "reason"]
+              ("request_id", "result_id", "base_id", "entity_id", "reason") and c not in data.properties]
+    return [*fixed, *entity, *data.properties, "reason", "result_id"]  # result_id: `report --series RESULT_ID`
 
 
 def table_payload(data: ReportData) -> dict[str, Any]:

@@ -110,3 +110,31 @@ def _fits(experiment: Experiment, values: dict[str, Any], points: list[tuple[int
     for i, result in zip(index, predict_many(items) if items else []):
         out[i] = result.status != "failed" and bool(result.metadata.get("fits"))
     return out
+
+
+PEAK = "gpu_memory_peak_gib"  # the planner's peak memory per GPU, GiB (what nvidia-smi would show)
+PREDICT = "predict"  # the planner's actuator
+
+
+def predicted_peak_gib(store: Any, info: dict[str, Any]) -> tuple[float | None, str]:
+    """(the planner's predicted peak memory per GPU in GiB, where it comes from) for a stored result
+    (Store.result_info): the predict actuator's stored prediction of the same experiment and entity,
+    else the planner run on the entity now; (None, why) when neither has one."""
+    point = (info["experiment_id"], info["entity_id"])
+    request = store.request_ids([point], actuator=PREDICT).get(point)
+    stored = store.results_of(request) if request is not None else []
+    if stored and stored[-1].properties.get(PEAK) is not None:
+        return float(stored[-1].properties[PEAK]), f"stored prediction of the {PREDICT} actuator"
+    from tunebench.plan import predict_many
+
+    experiment = Experiments().get(info["base_id"], info["parameters"])
+    if experiment is None:
+        return None, "an experiment the planner does not know"
+    try:
+        (result,) = predict_many([(experiment, make_entity(experiment, info["entity"]))])
+    except Exception:  # a model the planner cannot size (a config.json path it cannot read, ...)
+        return None, "an entity the planner cannot size"
+    value = (result.metadata.get("predicted") or {}).get(PEAK)
+    if result.status == "failed" or value is None:
+        return None, "an entity the planner cannot size"
+    return float(value), "planner, run now"

@@ -37,6 +37,9 @@ class Result:
     error: str | None = None
     log_tail: str | None = None
     actuator: str = "measure"  # measure | predict | import
+    # the time series the measured properties reduce (tunebench.worker.series: per GPU, process, step);
+    # None: none recorded (predictions, imports, runs that never started)
+    series: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -63,11 +66,24 @@ class Result:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=_jsonable, allow_nan=False)
+        """Strict JSON: a NaN or infinite float (a diverged loss in the series) is written as null."""
+        return json.dumps(finite(self.to_dict()), default=_jsonable, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Result:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def finite(value: Any) -> Any:
+    """value with every non-finite float (at any depth of dicts, lists and tuples) replaced by None: what
+    strict JSON (allow_nan=False) writes for a number that could not be computed or diverged."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:

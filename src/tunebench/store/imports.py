@@ -16,6 +16,7 @@ from tunebench.store import db
 from tunebench.store.base import StoreBase
 from tunebench.store.rows import CHUNK, Record, entity_row, experiment_row, id_hash, result_row
 from tunebench.store.schema import PENDING, RUNNING, entities, experiments, requests, results
+from tunebench.store.series import insert_series
 
 RequestKey = tuple[int, int, str]  # (experiment pk, entity pk, actuator): one request
 
@@ -39,7 +40,7 @@ class Imports(StoreBase):
                 keys = [(exp_pks[id_hash(r.experiment.id)], ent_pks[id_hash(r.entity.id)], r.actuator) for r in records]
                 req_ids = _requests(conn, keys, now)
                 seen = _stored_source_keys(conn, [r.source_key for r in records if r.source_key])
-                rows = []
+                rows, series = [], []
                 for record, key in zip(records, keys):
                     if record.source_key and (record.source_key in seen):
                         continue
@@ -47,14 +48,26 @@ class Imports(StoreBase):
                         seen.add(record.source_key)
                     rows.append(result_row(req_ids[key], record.result, record.generator, record.source_key,
                                            record.source_identifier, record.source_experiment_id, now))  # fmt: skip
+                    series.append(record.result.series)
                 if not rows:
                     return 0, len(records)
-                conn.execute(insert(results), rows)
+                _insert(conn, rows, series)
                 _follow_latest(conn, sorted({row["request_id"] for row in rows}), now)
         except Exception:
             self._forget_new_keys()
             raise
         return len(rows), len(records) - len(rows)
+
+    def record_one(self, record: Record) -> int | None:
+        """Store one finished result (`tunebench run`'s) and its time series; returns the result's id
+        (None: a result with its source_key is already stored)."""
+        added, _ = self.record_many([record])
+        if not added:
+            return None
+        point = (record.experiment.id, record.entity.id)
+        request_id = self.request_ids([point], actuator=record.actuator)[point]
+        with db.read(self.engine) as conn:
+            return conn.execute(select(func.max(results.c.id)).where(results.c.request_id == request_id)).scalar()
 
     def _bulk_pks(self, conn: Connection, table: Table, objects: dict[str, Any]) -> dict[str, int]:
         """hash -> pk for experiments or entities, inserting the missing ones."""
@@ -70,6 +83,18 @@ class Imports(StoreBase):
             conn.execute(insert(table), rows)
             found.update(_pks(conn, table, missing))
         return found
+
+
+def _insert(conn: Connection, rows: list[dict[str, Any]], series: list[dict[str, Any] | None]) -> None:
+    """Insert result rows in their order: in one statement, or one by one where a row has a time series
+    (its blob is keyed by the result's id; imports have none, measurements recorded by `run` one)."""
+    if not any(series):
+        conn.execute(insert(results), rows)
+        return
+    for row, data in zip(rows, series):
+        result_id = conn.execute(insert(results).values(row)).inserted_primary_key[0]
+        if data:
+            insert_series(conn, result_id, data)
 
 
 def _pks(conn: Connection, table: Table, hashes: list[str]) -> dict[str, int]:

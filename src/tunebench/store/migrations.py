@@ -21,14 +21,23 @@ import time
 from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine, func, inspect, select
+from sqlalchemy.schema import CreateTable
 
 from tunebench.store import db
-from tunebench.store.schema import metadata, schema_version
+from tunebench.store.schema import metadata, schema_version, series
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-# version -> (description, step that upgrades a store at version - 1). Empty: 1 is the first schema.
-UPGRADES: dict[int, tuple[str, Callable[[Connection], None]]] = {}
+
+def _add_series(conn: Connection) -> None:
+    """Version 2: the ``series`` table (a measurement's time series, one compressed blob per result)."""
+    conn.execute(CreateTable(series))
+
+
+# version -> (description, step that upgrades a store at version - 1); 1 is the first schema.
+UPGRADES: dict[int, tuple[str, Callable[[Connection], None]]] = {
+    2: ("series: the time series of each measurement", _add_series),
+}
 
 
 class SchemaError(RuntimeError):

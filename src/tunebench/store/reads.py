@@ -8,6 +8,7 @@ each, not once per row; the cyclic garbage collector is paused while the rows ar
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,8 +31,9 @@ from tunebench.store.rows import (
     properties_of,
 )
 from tunebench.store.schema import (
-    DONE, ENTITY_COLUMNS, MEASURED_COLUMNS, VALID, entities, experiments, operation_points, requests, results,
+    DONE, ENTITY_COLUMNS, MEASURED_COLUMNS, VALID, entities, experiments, operation_points, requests, results, series,
 )  # fmt: skip
+from tunebench.store.series import UnknownResult, stored_series
 
 
 class Reads(StoreBase):
@@ -106,7 +108,7 @@ class Reads(StoreBase):
     ) -> list[dict[str, Any]]:
         """Stored outcomes, one per request that has a result, in sampling (or insertion) order.
 
-        Each row: request_id, status, actuator, experiment_id, base_id, parameters, entity_id,
+        Each row: request_id, result_id, status, actuator, experiment_id, base_id, parameters, entity_id,
         entity (values), properties, reasons, error, generator, source_identifier, source_experiment_id
         (+ origin: new | memoised | rules, with operation_id). Decoded JSON values may be shared
         between rows: treat them as read-only.
@@ -193,6 +195,47 @@ class Reads(StoreBase):
                 out.setdefault(rid, Repeats(n, valid, {}))
         return out
 
+    def result_info(self, result_id: int) -> dict[str, Any]:
+        """What one result is: result_id, request_id, actuator, status, experiment_id, base_id, parameters,
+        entity_id, entity (values), properties, series_points (values in its time series; 0: none).
+        UnknownResult (tunebench.store.series) when the store has no result with that id."""
+        with db.read(self.engine) as conn:
+            row = conn.execute(
+                select(results.c.id, results.c.request_id, results.c.actuator, results.c.status,
+                       experiments.c.id.label("experiment_id"), experiments.c.base_id,
+                       as_text(experiments.c.parameters).label("parameters"), entities.c.id.label("entity_id"),
+                       as_text(entities.c.properties).label("entity"), series.c.points, *PROPERTY_COLUMNS)
+                .join(requests, requests.c.id == results.c.request_id)
+                .join(experiments, experiments.c.pk == requests.c.experiment_pk)
+                .join(entities, entities.c.pk == requests.c.entity_pk)
+                .outerjoin(series, series.c.result_id == results.c.id)
+                .where(results.c.id == _result_key(result_id))
+            ).first()  # fmt: skip
+            if row is None:
+                raise UnknownResult(result_id, _id_range(conn))
+        n = len(PROPERTY_COLUMNS)
+        return {
+            "result_id": row.id, "request_id": row.request_id, "actuator": row.actuator, "status": row.status,
+            "experiment_id": row.experiment_id, "base_id": row.base_id, "parameters": json_value(row.parameters),
+            "entity_id": row.entity_id, "entity": json_value(row.entity), "series_points": row.points or 0,
+            "properties": properties_of(row[-n], row[-n + 1 : -1], row[-1]),
+        }  # fmt: skip
+
+    def series_of(self, result_id: int) -> dict[str, Any] | None:
+        """The time series stored with a result (tunebench.worker.series's dict; None: it has none);
+        UnknownResult when the store has no result with that id."""
+        with db.read(self.engine) as conn:
+            key = _result_key(result_id)
+            found = stored_series(conn, key)
+            if found is None and conn.execute(select(results.c.id).where(results.c.id == key)).first() is None:
+                raise UnknownResult(result_id, _id_range(conn))
+        return found
+
+    def series_result_ids(self) -> list[int]:
+        """The ids of the results that have a time series (the series table's keys alone: no blob is read)."""
+        with db.read(self.engine) as conn:
+            return list(conn.execute(select(series.c.result_id).order_by(series.c.result_id)).scalars())
+
     def results_of(self, request_id: int) -> list[Result]:
         """Every result stored for a request, oldest first (retries, remeasurements, imports)."""
         with db.read(self.engine) as conn:
@@ -219,11 +262,25 @@ class Reads(StoreBase):
         ]  # fmt: skip
 
 
+def _result_key(result_id: Any) -> int:
+    """A result id as the 64-bit integer the key holds (numpy integers too); an id out of that range is one
+    that no result has (0). TypeError for anything that is not an integer."""
+    key = operator.index(result_id)
+    return key if -(2**63) <= key < 2**63 else 0
+
+
+def _id_range(conn: Any) -> tuple[int, int, int] | None:
+    """(smallest, largest, count) of the store's result ids; None without results."""
+    low, high, count = conn.execute(select(func.min(results.c.id), func.max(results.c.id), func.count())).one()
+    return None if not count else (int(low), int(high), int(count))
+
+
 def outcomes_query(selection: Selection) -> Select:
     """The outcomes of requests that have a result: an operation's in sampling order, else all by request id
     (the caller picks selection.request_ids, in chunks).
 
-    Columns: request_id, status, actuator, experiment_pk, entity_id, only_columns, entity (the JSON
+    Columns: request_id, result_id (the result shown: the latest, or each with every_result), status,
+    actuator, experiment_pk, entity_id, only_columns, entity (the JSON
     of the values only where the real columns do not hold them all), reasons, error, generator,
     source_identifier, source_experiment_id, every ENTITY_COLUMNS, PROPERTY_COLUMNS (+ origin with
     an operation).
@@ -231,7 +288,8 @@ def outcomes_query(selection: Selection) -> Select:
     status = results.c.status if selection.every_result else requests.c.status
     query = (
         select(
-            requests.c.id.label("request_id"), status.label("status"), requests.c.actuator, requests.c.experiment_pk,
+            requests.c.id.label("request_id"), results.c.id.label("result_id"), status.label("status"),
+            requests.c.actuator, requests.c.experiment_pk,
             entities.c.id.label("entity_id"), entities.c.only_columns,
             case((entities.c.only_columns == 1, None), else_=as_text(entities.c.properties)).label("entity"),
             as_text(results.c.reasons).label("reasons"), results.c.error, results.c.generator,

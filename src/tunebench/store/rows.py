@@ -21,6 +21,7 @@ from sqlalchemy import ColumnElement, Connection, Text, cast, insert
 from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS, results
+from tunebench.store.series import insert_series
 
 CHUNK = 500  # ids per IN (...) list: well under SQLite's 32766 variable limit
 
@@ -246,4 +247,8 @@ def properties_of(is_valid: Any, measured: Sequence[Any], extra: Any) -> dict[st
 
 
 def insert_result(conn: Connection, request_id: int, result: Result, *, generator: str | None = None) -> int:
-    return conn.execute(insert(results).values(result_row(request_id, result, generator))).inserted_primary_key[0]
+    """Insert one result (and its time series, if it has one); returns its id."""
+    result_id = conn.execute(insert(results).values(result_row(request_id, result, generator))).inserted_primary_key[0]
+    if result.series:
+        insert_series(conn, result_id, result.series)
+    return result_id

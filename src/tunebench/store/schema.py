@@ -11,7 +11,9 @@ text and made unique through a SHA-256 hash column (MySQL cannot index a 2 kB VA
 timestamps are Double epoch seconds (UTC; MySQL FLOAT would keep only ~7 digits); JSON columns use
 SQLAlchemy's portable JSON type. The constitutive properties every entity has and every measured
 property of the SFTTrainer spec are real columns, queryable without JSON functions (and read without JSON
-decoding: ``tunebench show`` over 100,000 results stays well under 2 s).
+decoding: ``tunebench show`` over 100,000 results stays well under 2 s). A measurement's time series
+(the samples its properties reduce) are one compressed blob per result in their own table, ``series``,
+which no listing reads or joins (tunebench.store.series).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.dialects import mysql
 
 from tunebench.spec.measured import BENCHMARK_MEASURED, STABILITY_MEASURED
 
@@ -141,6 +145,16 @@ results = Table(
     Column("created_at", Double, nullable=False),
 )
 
+series = Table(
+    "series",
+    metadata,
+    Column("result_id", Integer, ForeignKey("results.id"), primary_key=True),
+    Column("format", String(64), nullable=False),  # tunebench.store.series.ENCODING: how data is encoded
+    Column("points", Integer, nullable=False),  # values in all its series (what `show --series` would list)
+    # zlib-compressed JSON (SQLite BLOB, PostgreSQL BYTEA; MySQL's BLOB stops at 64 kB: LONGBLOB)
+    Column("data", LargeBinary().with_variant(mysql.LONGBLOB(), "mysql"), nullable=False),
+)
+
 operation_points = Table(
     "operation_points",
     metadata,
@@ -151,4 +165,4 @@ operation_points = Table(
     Index("ix_operation_points_seq", "operation_id", "seq"),
 )
 
-TABLES = (schema_version, experiments, entities, operations, requests, results, operation_points)
+TABLES = (schema_version, experiments, entities, operations, requests, results, series, operation_points)

@@ -6,7 +6,8 @@ an unnamed index column, ``identifier``, ``generatorid``, ``experiment_id``, the
 columns (entity id order: model_name, number_gpus, model_max_length, batch_size, then the rest
 alphabetically), then the measured columns that any row has, in the reference's order with
 ``is_valid`` last. ``show`` adds ``actuator`` after ``experiment_id`` (measure, predict, noop...: a
-prediction never passes for a measurement) and appends ``status`` (valid, invalid, failed, or
+prediction never passes for a measurement) and appends ``result_id`` (the stored result the row shows:
+``show --series RESULT_ID`` prints its time series), ``status`` (valid, invalid, failed, or
 pending/running for a point being retried) and ``reason`` (why it is invalid or failed).
 An entity measured more than once (ado's repeats, a re-run, an import beside a measurement) is one row
 with ``repeats`` (its valid and invalid results), each measured column the mean over its valid
@@ -137,8 +138,8 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     if not ado:
         reasons = [e or (None if r in (None, "[]") else "; ".join(json.loads(r) if isinstance(r, str) else r))
                    for e, r in zip(cols["error"], cols["reasons"])]  # fmt: skip
-        columns += ["status", "reason"]
-        data += [cols["status"], reasons]
+        columns += ["result_id", "status", "reason"]  # result_id: the latest result's (show --series RESULT_ID)
+        data += [cols["result_id"], cols["status"], reasons]
     first = 3 + len(head)
     if repeats is not None:
         at = first + len(const)

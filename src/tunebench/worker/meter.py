@@ -62,6 +62,7 @@ class StepMeter:
         self.stopped_by: str | None = None
         self.total_steps: int | None = None  # the Trainer's max_steps (from the epochs when max_steps <= 0)
         self.last_loss: float | None = None  # the last training loss the Trainer logged
+        self.log: list[dict[str, float]] = []  # per logged step: step, loss, learning_rate (the Trainer's logs)
         self.begin_monotonic: float | None = None
         self.begin_wall: float | None = None
         self.end_wall: float | None = None
@@ -187,6 +188,10 @@ class MeasureCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and isinstance(logs.get("loss"), (int, float)):  # logging_steps 1 (the spec): every step
             self.meter.last_loss = float(logs["loss"])
+            entry = {"step": int(state.global_step), "loss": float(logs["loss"])}
+            if isinstance(logs.get("learning_rate"), (int, float)):
+                entry["learning_rate"] = float(logs["learning_rate"])
+            self.meter.log.append(entry)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.meter.end()

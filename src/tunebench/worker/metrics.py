@@ -5,8 +5,8 @@ takes one sample at start, one every ``interval_s`` seconds (default 1 s; the re
 tracker used 10 s) and one at stop, so even a sub-second run has two samples. A sample holds:
 
 - per GPU used on this node, through NVML (nvidia-ml-py's ``pynvml``): utilisation % (NVML
-  ``utilization.gpu``), memory used/total % (NVML, i.e. everything reserved on the device including
-  the CUDA context), power in W and power as % of the *enforced* power limit;
+  ``utilization.gpu``), memory used/total % and memory used in GiB (NVML, i.e. everything reserved on
+  the device including the CUDA context), power in W and power as % of the *enforced* power limit;
 - ``cpu_percent``: CPU use of the training process *and its child processes* (dataloader workers,
   compile workers) over the interval since the previous sample, 100 = one core (can exceed 100);
   its time-average is Σ CPU seconds / Σ interval seconds.
@@ -21,7 +21,8 @@ Reductions (the SFTTrainer spec notes 1-2, ado-sfttrainer.md §7.2): each series
 (the mean of its samples, which are evenly spaced but for the final stop sample); GPU properties
 are then the min / mean / max **across GPUs** of each GPU's time-average, and
 ``gpu_memory_utilization_peak`` the max over GPUs of each GPU's largest sample. All GPU properties
-are 0.0 when no GPU is used. Samples taken inside an auto-stop warm-up window are dropped.
+are 0.0 when no GPU is used. Samples taken inside an auto-stop warm-up window are dropped from the
+reductions; the summary keeps every sample (``samples``) for the run's time series (tunebench.worker.series).
 
 This module imports neither torch nor pynvml at import time.
 """
@@ -52,6 +53,7 @@ class GpuSample:
     memory_utilization: float | None = None  # % of total device memory in use
     power_watts: float | None = None  # W
     power_percent: float | None = None  # % of the enforced power limit
+    memory_used_gib: float | None = None  # GiB of device memory in use (NVML memory info "used")
 
 
 @dataclass
@@ -114,7 +116,8 @@ def read_gpu(nvml: Any, handle: Any, gpu_id: str) -> GpuSample:
     watts = _try(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)  # NVML reports mW
     limit = _try(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0)  # mW
     percent = 100.0 * watts / limit if watts is not None and limit else None
-    return GpuSample(gpu_id, util, _try(mem_percent), watts, percent)
+    used = _try(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB)  # NVML reports bytes
+    return GpuSample(gpu_id, util, _try(mem_percent), watts, percent, used)
 
 
 def gpu_names(nvml: Any | None, gpu_ids: Sequence[str]) -> dict[str, str]:
@@ -313,10 +316,10 @@ def _cpu_average(samples: Sequence[Sample]) -> float | None:
 
 
 def summarize(samples: Sequence[Sample], drop_before: float | None = None, interval_s: float | None = None) -> dict:
-    """Per-node summary of samples: time-averages (and maxima) per series, per GPU.
+    """Per-node summary of samples: time-averages (and maxima) per series, per GPU, and every sample.
 
-    drop_before: monotonic time of the end of the auto-stop warm-up; earlier samples are dropped
-    (the stop sample always remains, so the summary is never empty).
+    drop_before: monotonic time of the end of the auto-stop warm-up; earlier samples are left out of
+    the reductions (the stop sample always remains, so they are never empty) but kept in ``samples``.
     """
     kept = [s for s in samples if drop_before is None or s.t >= drop_before]
     if not kept and samples:
@@ -341,7 +344,8 @@ def summarize(samples: Sequence[Sample], drop_before: float | None = None, inter
         "cpu_memory_utilization": _mean(s.node_memory_percent for s in kept),  # node RAM %
         "process_rss_gib_max": _max(s.process_rss_gib for s in kept),
         "gpus": per_gpu,
-        "series": [asdict(s) for s in kept],
+        "warmup_end": drop_before,  # monotonic s; None: no warm-up dropped
+        "samples": [asdict(s) for s in samples],  # every sample, warm-up included (the run's time series)
     }
 
 

@@ -137,7 +137,7 @@ def trained_tokens(rank_results: Sequence[dict[str, Any]]) -> int | None:
     None when the records do not count them."""
     if not rank_results or any("trained_tokens" not in (r.get("steps") or {}).get("local", {}) for r in rank_results):
         return None
-    return int(sum(_global_steps(rank_results)["trained_tokens"]))
+    return int(sum(global_steps(rank_results)["trained_tokens"]))
 
 
 NO_TRAINED_TOKENS = "no label tokens trained"  # the start of that invalid reason
@@ -158,7 +158,7 @@ def no_trained_tokens_reason(data: dict[str, Any] | None, template: str = "\n###
     )
 
 
-def _global_steps(rank_results: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+def global_steps(rank_results: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
     """Per-step durations and global counts: rank 0's all-reduced values, else the sum of the ranks' own."""
     r0 = min(rank_results, key=lambda r: r.get("rank", 0))
     steps = r0["steps"]
@@ -209,7 +209,7 @@ def properties_from_results(
         raise ValueError(f"rank {bad[0].get('rank')} did not succeed: {bad[0].get('reason')}")
     per_gpu = max(1, int(number_gpus))
     r0 = min(rank_results, key=lambda r: r.get("rank", 0))
-    steps = _global_steps(rank_results)
+    steps = global_steps(rank_results)
     warmup = int(r0["steps"].get("warmup", 0))
     post = slice(warmup, None)
     runtime = float(sum(steps["durations_s"][post]))

@@ -240,7 +240,9 @@ def _record_partial(record: dict[str, Any], state: RunState) -> None:
         meters.sampler.stop()
         record["system"] = meters.sampler.summary()
     if meters is not None:
-        record["steps"] = {"total": len(meters.meter.durations), "durations_s": meters.meter.durations}
+        meter = meters.meter
+        record["steps"] = {"total": len(meter.durations), "durations_s": meter.durations,
+                           "end_monotonic": meter.step_end_times, "log": meter.log}  # fmt: skip
     if "torch" in sys.modules:
         from tunebench.worker.metrics import torch_peak_memory_gib
 

@@ -422,6 +422,8 @@ def finish(meters: Meters) -> dict[str, Any]:
             "warmup": warmup,
             "durations_s": meter.durations,
             "local_durations_s": meter.local_durations,
+            "end_monotonic": meter.step_end_times,  # this process's clock, the sampler's (the time series)
+            "log": meter.log,  # the Trainer's per-step loss and learning rate
             "local": {
                 "samples": meter.samples,
                 "non_pad_tokens": meter.non_pad_tokens,
