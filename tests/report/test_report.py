@@ -272,7 +272,7 @@ def test_an_empty_store_gives_a_report_that_says_so(tmp_path):
     assert main(["report", "--store", str(tmp_path / "empty.db"), "-o", str(out)]) == 0
     text = out.read_text()
     assert "0 results (no results)" in text and "class='plot'" not in text
-    assert text.count("Nothing to draw") == 6 and "the store has no measurements yet" in text  # cost: 2
+    assert text.count("Nothing to draw") == 7 and "the store has no measurements yet" in text  # cost: 2, series: 1
     assert "no result of this report has time series" in text
     assert table_data(out)["rows"] == []
 

@@ -310,7 +310,7 @@ def _series() -> dict:
 def test_gpu_series_are_numbered_over_nodes_from_the_samplers_readings():
     """Two nodes, each sampler reading two GPUs (NVML faked: no GPU here): gpu0..gpu3 in node order, every
     GPU value kept (a missing power limit leaves power_percent out), the other node's process series named."""
-    from test_metrics import FakeNvml
+    from worker.test_metrics import FakeNvml
 
     records = []
     for node in (0, 1):

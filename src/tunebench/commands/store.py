@@ -154,7 +154,7 @@ def _print_series(frame: Any, info: dict[str, Any], file: io.StringIO | None, wi
     from rich.console import Console
 
     from tunebench.store.series import summary
-    from tunebench.terminal import Column, print_table
+    from tunebench.commands.terminal import Column, print_table
 
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.6g}"
