@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -28,10 +28,13 @@ from tunebench.inputs import (
 )
 from tunebench.errors import InputError
 from tunebench.limits import check_memory
-from tunebench.plan.lengths import MAX_AVG_TOKENS, UserLengths, from_file, from_mean
 from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
+from tunebench.plan.lengths import MAX_AVG_TOKENS
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+
+if TYPE_CHECKING:
+    from tunebench.plan.lengths import UserLengths
 
 # Peak memory of `recommend` per GPU count it tries (it predicts several batch sizes for each):
 # measured with tracemalloc at about 25 kB (512 and 4,096 counts, smollm2-135m); rounded up.
@@ -115,6 +118,8 @@ def user_lengths(avg_tokens: float | None, lengths: Path | None) -> UserLengths 
     lines checked here, tokenised per model when planned), None for the data set's."""
     if avg_tokens is not None and lengths is not None:
         raise InputError("--avg-tokens", "give --avg-tokens N or --lengths FILE, not both")
+    from tunebench.plan.lengths import from_file, from_mean  # numpy: loaded when a plan runs, not with --help
+
     if avg_tokens is not None:
         return from_mean(avg_tokens)
     return from_file(lengths) if lengths is not None else None
