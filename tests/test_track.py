@@ -77,11 +77,20 @@ class Held:
         values = {n: self.row["entity"].get(n, exp.default(n) if n in exp.optional else None) for n in names}
         return {**values, "experiment_id": self.row["experiment_id"]}
 
-    def predicted(self) -> dict:
-        exp = get_experiment(self.row["base_id"], self.row["parameters"])
-        from tunebench.plan import predict
+    def predicted(self, home: Path) -> dict:
+        """The planner's prediction of the entity as a process with that tunebench home makes it: a CPU entity's
+        rate is this host's training rate, measured once per home (plan.host's cache), so that home's is used."""
+        from tunebench.plan import host, predict
 
-        found = predict(exp, make_entity(exp, self.row["entity"])).metadata["predicted"]
+        exp = get_experiment(self.row["base_id"], self.row["parameters"])
+        saved = dict(host._MEMO)
+        host._MEMO.clear()
+        host._MEMO.update(json.loads((home / host.CACHE_FILE).read_text()))
+        try:
+            found = predict(exp, make_entity(exp, self.row["entity"])).metadata["predicted"]
+        finally:
+            host._MEMO.clear()
+            host._MEMO.update(saved)
         return {f"predicted_{k}": v for k, v in found.items() if v is not None and math.isfinite(v)}
 
 
@@ -135,9 +144,10 @@ def aim_metrics(run) -> dict[str, pd.DataFrame]:
     return {m.name: m.dataframe().sort_values("step") for m in run.metrics()}
 
 
-def check_mlflow_run(uri: str, h: Held, *, predicted: bool, experiment: str = "tunebench run",
+def check_mlflow_run(uri: str, h: Held, *, predicted: Path | None, experiment: str = "tunebench run",
                      series: dict[str, list[tuple[int, float]]] | None = None) -> None:  # fmt: skip
-    """The MLflow run of a stored result holds its params, metrics, tags, series and worker log."""
+    """The MLflow run of a stored result holds its params, metrics, tags, series and worker log (predicted: the
+    home of the process that sent it with the planner's prediction; None: sent without)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -148,7 +158,7 @@ def check_mlflow_run(uri: str, h: Held, *, predicted: bool, experiment: str = "t
     measured = {k: v for k, v in run.data.metrics.items() if "." not in k and not k.startswith("predicted_")}
     assert measured == pytest.approx({k: float(v) for k, v in props.items()})
     if predicted:
-        expected = h.predicted()
+        expected = h.predicted(predicted)
         assert expected and {k: run.data.metrics[k] for k in expected} == pytest.approx(expected)
     else:
         assert not [k for k in run.data.metrics if k.startswith("predicted_")]
@@ -158,7 +168,7 @@ def check_mlflow_run(uri: str, h: Held, *, predicted: bool, experiment: str = "t
     assert run.info.status == "FINISHED"
     for name, points in (series or {}).items():
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
-        assert history == pytest.approx(points)
+        assert_points(history, points)
     log = Path(h.metadata["output_dir"]) / "worker.log"
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["worker.log"]
     local = client.download_artifacts(run.info.run_id, "worker.log", dst_path=str(log.parent.parent / "dl"))
@@ -178,10 +188,16 @@ def check_aim_run(run, h: Held, *, experiment: str = "tunebench run",
         assert metrics[name]["value"].tolist() == pytest.approx([float(value)]), name
     for name, points in (series or {}).items():
         frame = metrics[name]
-        assert list(zip(frame["step"].astype(int), frame["value"])) == pytest.approx(points)
+        assert_points(list(zip(frame["step"].astype(int).tolist(), frame["value"].tolist())), points)
     artifact = run.artifacts["worker.log"]
     log = Path(h.metadata["output_dir"]) / "worker.log"
     assert Path(artifact.uri.removeprefix("file://")).read_text() == log.read_text()
+
+
+def assert_points(found: list[tuple[int, float]], expected: list[tuple[int, float]]) -> None:
+    """The same steps, the same values (as floats)."""
+    assert [s for s, _ in found] == [s for s, _ in expected]
+    assert [v for _, v in found] == pytest.approx([v for _, v in expected])
 
 
 def losses(h: Held) -> list[tuple[int, float]]:
@@ -261,7 +277,7 @@ def test_run_is_in_the_embedded_mlflow_store(measured, monkeypatch):
     assert default_location("mlflow") == measured.mlflow_uri  # `--track mlflow`: the store under tunebench's home
     assert (measured.home / "mlflow" / "mlflow.db").is_file()
     assert "tracked in mlflow:sqlite:///" in measured.stderr and "experiment 'tunebench run'" in measured.stderr
-    check_mlflow_run(measured.mlflow_uri, h, predicted=True, series={"train.loss": losses(h)})
+    check_mlflow_run(measured.mlflow_uri, h, predicted=measured.home, series={"train.loss": losses(h)})
 
 
 @pytest.mark.slow
@@ -270,7 +286,7 @@ def test_run_is_in_the_aim_repository(measured):
     (run,) = aim_runs(measured.aim)
     check_aim_run(run, h, series={"train.loss": losses(h)})
     metrics = aim_metrics(run)
-    expected = h.predicted()
+    expected = h.predicted(measured.home)
     assert {k: metrics[k]["value"].iloc[-1] for k in expected} == pytest.approx(expected)
 
 
@@ -306,7 +322,7 @@ def test_series_of_the_run_go_in_at_their_steps(measured, tmp_path, monkeypatch)
     for _ in range(2):
         assert main(["track", "export", "--to", "mlflow", "--uri", uri, "--store", str(measured.store)]) == 0
         assert main(["track", "export", "--to", "aim", "--uri", str(aim), "--store", str(measured.store)]) == 0
-    check_mlflow_run(uri, h, predicted=False, series=series)
+    check_mlflow_run(uri, h, predicted=None, series=series)
     from mlflow.tracking import MlflowClient
 
     (run,) = mlflow_runs(uri, "tunebench run")
@@ -326,7 +342,7 @@ def test_mlflow_tracking_server(measured, mlflow_server):
                    "--predicted", home=measured.home)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"mlflow:{mlflow_server}: {created}"
-    check_mlflow_run(mlflow_server, h, predicted=True, series={"train.loss": losses(h)})
+    check_mlflow_run(mlflow_server, h, predicted=measured.home, series={"train.loss": losses(h)})
 
 
 # ---------------------------------------------------------------- explore: every result, failures (slow)
@@ -355,7 +371,7 @@ def test_explore_tracks_each_result_to_a_server_and_aim(tmp_path, mlflow_server)
     stored = held(tmp_path / "s.db")
     assert len(stored) == 2
     for h in stored:
-        check_mlflow_run(mlflow_server, h, predicted=True, experiment=f"tunebench {op}")
+        check_mlflow_run(mlflow_server, h, predicted=tmp_path / "home", experiment=f"tunebench {op}")
     runs = {r["tunebench"]["result_id"]: r for r in aim_runs(tmp_path / "aim")}
     assert sorted(runs) == sorted(str(h.result_id) for h in stored)
     for h in stored:
@@ -392,7 +408,7 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
         str(h.result_id) for h in stored)  # fmt: skip
     assert sorted(r["tunebench"]["result_id"] for r in aim_runs(aim)) == sorted(str(h.result_id) for h in stored)
     for h in stored:
-        check_mlflow_run(uri, h, predicted=True, experiment=f"tunebench {op}")
+        check_mlflow_run(uri, h, predicted=None, experiment=f"tunebench {op}")  # export's default: no prediction
 
 
 # ------------------------------------------------------------------------------ bad input (fast)
