@@ -26,8 +26,11 @@ from tunebench.track.runs import PREFIX, TrackedRun, series_points
 from tunebench.track.targets import Target
 
 KEY_TAG, COMPLETE_TAG = PREFIX + "result_key", PREFIX + "complete"
-CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}  # the check fails fast
-WRITE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}  # a dead server: ~15 s
+# MLflow's settings while tunebench calls it: the check fails fast; a server that dies mid-run costs ~15 s per
+# result, not minutes of retries; no "View run ... at" lines on stdout (it carries tunebench's own output, JSON)
+QUIET = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", **QUIET}
+WRITE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60", **QUIET}
 PAGE = 1000  # runs per search page while reading which results an experiment already holds
 
 
