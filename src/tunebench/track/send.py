@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunebench.errors import one_line
-from tunebench.logs import get
+from tunebench.logs import duration, get, heartbeat
 from tunebench.secrets import mask_secrets
 from tunebench.track.runs import TrackedRun, tracked_run
 from tunebench.track.targets import Target, default_location, require
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from tunebench.store.base import StoreBase
 
 log = get(__name__)
+CHECK_HEARTBEAT_S = 5.0  # a check that takes longer says so (the embedded store's first use creates its tables)
 
 
 @dataclass
@@ -118,8 +119,9 @@ def open_trackers(targets: Sequence[Target], *, predicted: bool = True, kind_fie
             writer = writer_of(target, location_field)
             writers.append(writer)
             started = time.monotonic()
-            log.info(f"track: checking {target}")
-            writer.check()
+            waited = lambda: f"track: checking {target}, {duration(time.monotonic() - started)} elapsed"  # noqa: E731
+            with heartbeat(log, waited, CHECK_HEARTBEAT_S):  # quiet when quick: an error stays one line
+                writer.check()
             log.debug(f"track: {target} ready in {time.monotonic() - started:.1f} s")
     except BaseException:
         for writer in writers:
