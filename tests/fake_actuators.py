@@ -213,3 +213,22 @@ def _measure_run_node(*args: Any, **kwargs: Any):
 # actuator's run_node (a process with the plan's environment).
 GLOO_ALLREDUCE = Actuator("gloo_allreduce", gloo_allreduce,
                           multinode=MultiNode(plan=_gloo_plan, run=_measure_run_node, collect=_gloo_collect))
+
+
+def logs_and_blocks(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
+    """Writes a worker.log in its output directory and, while it "measures", puts a regular file where each
+    directory of options["block_paths"] is (a tracker that writes there fails after its check passed);
+    then valid like sleepy, with the output directory in its metadata (what the measure actuator records)."""
+    out = Path(options["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "worker.log").write_text(f"training {entity.id}\n")
+    for path in options.get("block_paths") or ():
+        target = Path(path)
+        if target.is_dir():
+            import shutil
+
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("not a directory")
+    props = {"dataset_tokens_per_second": throughput(entity, options), "train_runtime": 1.0}
+    return Result.valid(experiment.id, entity.id, props, actuator="testing", metadata={"output_dir": str(out)})

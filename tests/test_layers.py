@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plan",),
     ("actuators",),
     ("executors",),
+    ("track",),
     ("explore",),
     ("report",),
     ("api",),

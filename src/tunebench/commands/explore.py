@@ -17,10 +17,12 @@ from tunebench.commands.options import argument, option
 from tunebench.inputs import Count, NonNegativeInt, OutputFile, Seconds, Text, TextFile
 from tunebench.commands.store import StoreOpt
 from tunebench.store.open import open_store
+from tunebench.commands.track import TrackOpt
 
 if TYPE_CHECKING:
     from tunebench.explore.explorer import Settings, Summary
     from tunebench.explore.space import Space
+    from tunebench.track import Trackers
 
 
 def explore(
@@ -57,6 +59,7 @@ def explore(
         typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
                      "registered one (it imports and runs that code)."),
     ] = False,
+    track: TrackOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress (live or logged).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> int:
@@ -69,10 +72,15 @@ def explore(
     from tunebench.explore.samplers import check_points
     from tunebench.explore.explorer import Settings
     from tunebench.explore.space import load_space
+    from tunebench.track import Trackers, open_trackers
 
     spec = load_space(space)
     if actuator:
         spec = dataclasses.replace(spec, actuator=actuator)  # its own operation id: results never mix
+    if track:
+        from tunebench.track import parse_targets
+
+        spec = dataclasses.replace(spec, track=parse_targets(track))  # instead of the space file's track:
     if skip_predicted_oom and spec.operation.sampler == "optimize":
         raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
     execution = spec.execution
@@ -86,7 +94,10 @@ def explore(
     )
     check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
     check_points(spec)
-    summary = _run(spec, settings, store, executor or execution.executor, ray_address or execution.ray_address, quiet)
+    field = "--track" if track else "track"  # trackers out of reach: an error before the store is opened
+    with open_trackers(spec.track, kind_field=field, location_field=field) if spec.track else Trackers([]) as trackers:
+        summary = _run(spec, settings, store, executor or execution.executor, ray_address or execution.ray_address,
+                       quiet, trackers)  # fmt: skip
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
@@ -98,7 +109,8 @@ def explore(
     return 0
 
 
-def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_address: str | None, quiet: bool) -> Summary:
+def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_address: str | None, quiet: bool,
+         trackers: Trackers) -> Summary:  # fmt: skip
     """Explore spec with the executor of kind on the store at the URL store, showing progress."""
     from rich.console import Console
 
@@ -123,7 +135,7 @@ def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_addr
         display = ProgressLog()
     try:
         with display:
-            return run(spec, sample_store, runner, settings, on_progress=display.update)
+            return run(spec, sample_store, runner, settings, on_progress=display.update, trackers=trackers)
     finally:
         sample_store.close()
 

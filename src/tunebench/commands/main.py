@@ -38,6 +38,8 @@ from tunebench.secrets import mask_secrets
 from tunebench.commands.store import record_run, run_store
 from tunebench.commands.store import register as register_store
 from tunebench.commands.terminal import Column, fit, print_table
+from tunebench.commands.track import TrackOpt, open_for_run, track_run
+from tunebench.commands.track import register as register_track
 from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
 
 app = typer.Typer(
@@ -365,6 +367,7 @@ def run(
     store: Annotated[str | None, option(Text, "--store", help="Store URL or SQLite file the result is kept in.")] = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
     engine: EngineOpt = NATIVE,
+    track: TrackOpt = None,
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
@@ -373,9 +376,12 @@ def run(
                "timeout_seconds": timeout, "cpu_processes": cpu_processes,
                "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
     target = run_store(store, no_store)
+    trackers = open_for_run(track, target)  # a missing extra, a tracker out of reach: an error before training
     result = _measure_with_progress(exp, entity, options, engine)
     if target:
         record_run(target, exp, entity, result)
+    if trackers:
+        track_run(trackers, target, exp, entity, result.actuator)
     if as_json:
         typer.echo(result.to_json())
     else:
@@ -395,13 +401,14 @@ def demo() -> int:
 
 
 # Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,
-# calibrate; explore; show, import, export; report.
+# calibrate; explore; show, import, export; report; track.
 app.add_typer(datasets_app, name="datasets", help="Generate and inspect the artificial data sets.")
 app.add_typer(engines_app, name="engines", help="fms-hf-tuning environments: list, install, remove.")
 register_plan(app)
 register_explore(app)
 register_store(app)
 register_report(app)
+register_track(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,10 @@ One pass:
 Every store write is its own transaction, so the loop can be killed anywhere: re-running the same
 space resumes (done points are memoised, claims of the dead explorer are re-queued). Ctrl-C gives the
 in-flight claims back before stopping.
+
+Trackers (the space's ``track:``, tunebench.track) are checked before anything is stored, and each result
+is sent to them right after the store keeps it, read back from the store: a tracker that fails is a warning
+kept with the result, never a lost measurement.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tunebench.actuators import check_options
 from tunebench.executors.task import Finished, Task, make_task
@@ -35,10 +39,13 @@ from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.explore.samplers import check_points, sample
 from tunebench.explore.search import POLL_S, FixedPoints, Search
 from tunebench.explore.space import Space
+from tunebench.logs import get as get_logger
 from tunebench.paths import home
 from tunebench.spec.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
+if TYPE_CHECKING:
+    from tunebench.track import Trackers
 REQUEUE_S = 1.0  # how often the loop looks for claims of dead explorers (at least twice per lease)
 
 
@@ -105,12 +112,25 @@ def explore(
     executor: Executor,
     settings: Settings | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    trackers: Trackers | None = None,
 ) -> Summary:  # over 60 lines: the scheduling loop (claim, submit, poll, record, stop) reads in one place
-    """Run (or resume) the space's operation to completion; returns what happened."""
+    """Run (or resume) the space's operation to completion; returns what happened.
+
+    trackers: where each stored result goes (open, checked); None: the space's ``track:`` trackers, opened
+    and checked here and closed at the end."""
     settings = settings or Settings()
     # fail fast on a bad actuator, before anything is stored
     check_options(space.actuator, space.options, allow_import=settings.allow_actuator_import)
     check_points(space)
+    if trackers is None and space.track:
+        from tunebench.track import open_trackers
+
+        with open_trackers(space.track, kind_field="track", location_field="track") as opened:
+            return explore(space, store, executor, settings, on_progress, opened)
+    if trackers and space.actuator == "predict":  # trackers take measurements; the planner's are in the store
+        get_logger(__name__).warning("track: the predict actuator measures nothing: no result is sent to "
+                                     + ", ".join(str(w.target) for w in trackers.writers))  # fmt: skip
+        trackers = None
     started = time.monotonic()
     op_id = space.operation_id
     sampler = space.operation.sampler
@@ -147,10 +167,11 @@ def explore(
                 if error:
                     in_flight.pop(claim.request_id)
                     failed = Result.failed(claim.experiment_id, claim.entity_id, error)
-                    store.complete(claim, failed, max_retries=settings.max_retries, generator=sampler)
+                    status = store.complete(claim, failed, max_retries=settings.max_retries, generator=sampler)
+                    _track(trackers, store, claim, status)
 
             finished = executor.poll(timeout=POLL_S if in_flight else 0.0)
-            _record(store, search, finished, in_flight, progress, settings, sampler)
+            _record(store, search, finished, in_flight, progress, settings, sampler, trackers)
             if claims or finished:
                 _refresh(store, op_id, progress, search, running=len(in_flight))
                 report(progress)
@@ -208,16 +229,24 @@ def _register(space: Space, store: Store, settings: Settings, progress: Progress
 
 
 def _record(store: Store, search: Search, finished: list, in_flight: dict[int, Claim], progress: Progress,
-            settings: Settings, sampler: str) -> None:  # fmt: skip
-    """Store each finished result (a failure may be requeued for a retry) and tell the search."""
+            settings: Settings, sampler: str, trackers: Trackers | None = None) -> None:  # fmt: skip
+    """Store each finished result (a failure may be requeued for a retry), send it to the trackers and tell
+    the search."""
     for fin in finished:
         claim = in_flight.pop(fin.request_id)
         status = store.complete(claim, fin.result, max_retries=settings.max_retries, generator=sampler)
+        _track(trackers, store, claim, status)
         progress.measured += 1
         progress.retried += status == PENDING
         progress.lost += status == "lost"
         if status in (VALID, INVALID, FAILED, "lost"):
             search.tell(claim.request_id, status, fin.result.properties)
+
+
+def _track(trackers: Trackers | None, store: Store, claim: Claim, status: str) -> None:
+    """Send the result a claim's completion just stored (a lost claim's result is history: not sent)."""
+    if trackers and status != "lost":
+        trackers.send_requests(store, [claim.request_id])
 
 
 def screen_predicted_oom(points: list) -> tuple[list, list]:

@@ -33,12 +33,14 @@ In the spirit of ado's discovery space + operation resources (ado-sfttrainer.md 
       max_retries: 2
       ray_address: null                    # auto | ray://host:port | null = a local Ray started on demand
       lease_seconds: 60
+    track: mlflow                          # optional: send each measurement to a tracker once stored (a list
+                                           # for several): mlflow, mlflow:URI, aim, aim:REPO (docs/tracking.md)
 
 Errors name the field (``entity_space.batch_size[2]: ...``) and raise ``InputError``.
 
 The operation id is a hash of what the operation measures (experiment ids, entity space, actuator
-name, operation), so running the same file again resumes the same operation; actuator options and
-execution settings are not part of it (changing a timeout does not start a new operation).
+name, operation), so running the same file again resumes the same operation; actuator options,
+execution settings and trackers are not part of it (changing a timeout does not start a new operation).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from tunebench.errors import InputError
 from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
 from tunebench.inputs import FiniteFloat, Printable, Seconds, input_error, read_text
 from tunebench.spec.properties import render_value
+from tunebench.track.targets import Target, parse_targets
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
 
@@ -140,6 +143,7 @@ class SpaceFile(_Strict):
     actuator: ActuatorSpec = Field(default_factory=ActuatorSpec)
     operation: OperationSpec = Field(default_factory=OperationSpec)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    track: Any = None  # a tracker or a list: tunebench.track.targets.parse_targets (mlflow[:URI], aim[:REPO])
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ class Space:
     execution: ExecutionSpec
     name: str | None = None
     source: dict[str, Any] = field(default_factory=dict)  # the file's content, validated
+    track: tuple[Target, ...] = ()  # trackers each stored measurement is sent to
 
     @property
     def size(self) -> int:
@@ -235,7 +240,8 @@ def parse_space(raw: Any) -> Space:
         operation=spec.operation,
         execution=spec.execution,
         name=spec.name,
-        source=spec.model_dump(mode="json"),
+        source=spec.model_dump(mode="json", exclude={"track"}),  # a tracker URI may hold a password: not stored
+        track=parse_targets(spec.track, "track"),
     )
     if space.size > MAX_GRID_POINTS:
         raise InputError("entity_space", f"has {space.size:,} entities; at most {MAX_GRID_POINTS:,} are supported")

@@ -1,0 +1,96 @@
+"""Where measurements are sent: ``mlflow[:URI]`` or ``aim[:REPO]``, as ``--track`` and a space file's ``track:`` say.
+
+- ``mlflow``: the embedded store ``sqlite:///<home>/mlflow/mlflow.db`` (no server; its artifacts beside it
+  in ``<home>/mlflow/artifacts``); ``mlflow:URI``: any MLflow tracking URI, an ``http(s)://`` tracking
+  server or another ``sqlite:///`` file included;
+- ``aim``: the Aim repository ``<home>/aim``; ``aim:REPO``: a repository directory (made if missing) or
+  a remote one (``aim://host:port``, an ``aim server``).
+
+Each kind needs its tracker's own client library, an extra of tunebench (``pip install 'tunebench[mlflow]'``);
+``require`` says so in one line. Parsing imports neither library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tunebench.errors import InputError, one_of, shown, suggest
+from tunebench.paths import home
+from tunebench.secrets import mask_secrets
+
+KINDS = ("mlflow", "aim")
+ALLOWED = ("mlflow, mlflow:URI (http(s)://host:port, sqlite:///file.db, ...), aim, aim:REPO (a directory, "
+           "aim://host:port)")
+# the module each kind imports, and the extra of pyproject.toml that installs it
+MODULES = {"mlflow": "mlflow", "aim": "aim"}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One tracker: its kind and where it is (an MLflow tracking URI; an Aim repository path or aim:// URL)."""
+
+    kind: str
+    location: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{mask_secrets(self.location)}"
+
+    @property
+    def remote(self) -> bool:
+        """Whether the tracker is a server reached over the network (checked before any training)."""
+        return self.location.split("://", 1)[0].lower() in ("http", "https", "aim")
+
+
+def parse_target(text: str, field: str = "--track") -> Target:
+    """``mlflow``, ``mlflow:URI``, ``aim`` or ``aim:REPO`` as a Target; InputError naming field otherwise."""
+    if not isinstance(text, str):
+        raise InputError(field, f"{shown(text)} is not text", allowed=ALLOWED)
+    kind, sep, location = text.strip().partition(":")
+    if kind not in KINDS:
+        hint = suggest(kind, KINDS)
+        raise InputError(field, f"unknown tracker {shown(kind)}.{hint}".rstrip("."), allowed=ALLOWED)
+    if sep and not location:
+        raise InputError(field, f"{text!r} names no location after '{kind}:'", allowed=ALLOWED)
+    return Target(kind, _location(kind, location) if location else default_location(kind))
+
+
+def parse_targets(values: Any, field: str = "--track") -> tuple[Target, ...]:
+    """A list of target texts (or one text, or None) as Targets, each kind once."""
+    if values is None:
+        return ()
+    items = [values] if isinstance(values, str) else values
+    if not isinstance(items, (list, tuple)):
+        raise InputError(field, f"{shown(values)} is neither a tracker nor a list of trackers", allowed=ALLOWED)
+    indexed = len(items) > 1 and not field.startswith("--")  # a space file's list: track[1]; an option: --track
+    targets = [parse_target(item, f"{field}[{i}]" if indexed else field) for i, item in enumerate(items)]
+    kinds = [t.kind for t in targets]
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if twice:
+        raise InputError(field, f"{twice[0]} is given twice (one location per tracker)", allowed=one_of(KINDS))
+    return tuple(targets)
+
+
+def default_location(kind: str) -> str:
+    """The tracker of a bare ``mlflow`` or ``aim``: a store under tunebench's home, needing no server."""
+    if kind == "mlflow":
+        return f"sqlite:///{(home() / 'mlflow' / 'mlflow.db').absolute()}"
+    return str((home() / "aim").absolute())
+
+
+def _location(kind: str, location: str) -> str:
+    """An Aim repository path made absolute (``~`` expanded); an MLflow URI as given (MLflow reads it)."""
+    if kind == "aim" and "://" not in location:
+        return str(Path(location).expanduser().absolute())
+    return location
+
+
+def require(kind: str, field: str = "--track") -> ModuleType:
+    """The tracker's client library; InputError naming the extra that installs it when it is missing."""
+    try:
+        return importlib.import_module(MODULES[kind])
+    except ImportError:
+        raise InputError(field, f"{kind} is not installed: pip install 'tunebench[{kind}]'") from None
