@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from tunebench.errors import InputError
-from tunebench.inputs import Options, Text, parse
-from tunebench.commands.store import StoreOpt, open_store
+from tunebench.commands.options import option
+from tunebench.commands.store import StoreOpt
+from tunebench.inputs import Text
+from tunebench.store.open import open_store
 
 if TYPE_CHECKING:
     from tunebench.spec.experiments import Entity, Experiment
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 TrackOpt = Annotated[
     list[str] | None,
-    typer.Option("--track", help="Send each measurement to a tracker after it is stored: mlflow (a local store "
+    option(str, "--track", help="Send each measurement to a tracker after it is stored: mlflow (a local store "
                  "under tunebench's home, no server), mlflow:URI (http(s)://host:port, sqlite:///file.db), aim "
                  "(a local repository), aim:REPO; repeatable. Checked before any training."),
 ]
@@ -51,22 +53,15 @@ def track_run(trackers: Trackers, store_url: str, experiment: Experiment, entity
         typer.echo(f"tracked in {names} (experiment 'tunebench run')", err=True)
 
 
-class ExportOptions(Options):
-    """Options of `track export`."""
-
-    to: Literal["mlflow", "aim"]
-    uri: Text | None
-
-
 track_app = typer.Typer(help="Experiment trackers (MLflow, Aim): send stored measurements.", no_args_is_help=True)
 
 
 @track_app.command("export")
 def export(
-    to: Annotated[str, typer.Option("--to", help="mlflow | aim")],
+    to: Annotated[str, option(Literal["mlflow", "aim"], "--to", help="mlflow | aim")],
     uri: Annotated[
         str | None,
-        typer.Option("--uri", help="MLflow tracking URI (http(s)://host:port, sqlite:///file.db) or Aim repository "
+        option(Text, "--uri", help="MLflow tracking URI (http(s)://host:port, sqlite:///file.db) or Aim repository "
                      "(a directory, aim://host:port); default: the local one under tunebench's home."),
     ] = None,
     store: StoreOpt = None,
@@ -82,7 +77,6 @@ def export(
     from tunebench.track import export as send
     from tunebench.track.targets import default_location, parse_target
 
-    parse(ExportOptions, to=to, uri=uri)
     target = parse_target(f"{to}:{uri}", "--uri") if uri else Target(to, default_location(to))
     log, started, last = get(__name__), time.monotonic(), [0.0]
 
