@@ -19,6 +19,7 @@ from pydantic import Field
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
@@ -39,7 +40,37 @@ from tunebench.store.cli import register as register_store
 from tunebench.terminal import Column, fit, print_table
 from tunebench.usage import is_help_request, is_usage_error, to_input_error
 
+
+def bare_flags(command: Any) -> None:
+    """Show each boolean flag of command and of its subcommands as the flag alone (``--wide``,
+    ``--lomo/--no-lomo``): typer's help prints a ``<bool>`` value type beside flags, which take no value.
+    An empty metavar is what its help prints in the place of the type; --help itself is made on demand."""
+    for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    make_help_option = command.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        option = make_help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        bare_flags(sub)
+
+
+class FlagGroup(TyperGroup):
+    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        bare_flags(self)
+
+
 app = typer.Typer(
+    cls=FlagGroup,
     help="Plan, measure and explore fine-tuning jobs: memory, OOM, GPU count, throughput, cost.",
     no_args_is_help=True,
     add_completion=False,
