@@ -29,7 +29,15 @@ from tunebench.engines.cli import app as engines_app
 from tunebench.errors import InputError, one_line
 from tunebench.limits import MAX_CPU_PROCESSES
 from tunebench.explore.cli import register as register_explore
-from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.spec.experiments import (
+    Experiment,
+    effective_values,
+    get_experiment,
+    list_experiments,
+    make_entity,
+    parse_assignments,
+)
+from tunebench.spec.measured import shown_columns
 from tunebench.inputs import Engine, Host, Options, OutputDir, Port, Positive, Seconds, Text, Weights, parse
 from tunebench.plan.cli import register as register_plan
 from tunebench.report.cli import register as register_report
@@ -368,8 +376,9 @@ def _text(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def print_result(result: Any) -> None:
-    """A Result as a readable table (properties, then why it is invalid or failed)."""
+def print_result(result: Any, number_gpus: int | None = None) -> None:
+    """A Result as a readable table (properties, then why it is invalid or failed); a run on the CPU
+    (number_gpus 0) without the GPUs' properties (spec.measured.shown_columns)."""
     colour = {"valid": "green", "invalid": "yellow", "failed": "red"}[result.status]
     console.print(f"[bold]{result.experiment_id}[/bold]\n{result.entity_id}: [{colour}]{result.status}[/{colour}]")
     for reason in result.reasons:
@@ -382,7 +391,8 @@ def print_result(result: Any) -> None:
         table = Table(show_header=True)
         table.add_column("property")
         table.add_column("value", justify="right")
-        for name, value in result.properties.items():
+        for name in shown_columns(list(result.properties), [number_gpus] if number_gpus is not None else []):
+            value = result.properties[name]
             table.add_row(name, f"{value:,.4g}" if isinstance(value, float) else str(value))
         console.print(table)
 
@@ -429,7 +439,7 @@ def run(
     if as_json:
         typer.echo(result.to_json())
     else:
-        print_result(result)
+        print_result(result, effective_values(exp, entity).get("number_gpus"))
     return 1 if result.status == "failed" else 0
 
 

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from tunebench.errors import InputError
 from tunebench.plan.printing import fmt, print_plan
+from tunebench.spec.measured import shown_columns
 
 # Properties both actuators produce, compared line by line.
 COMPARED = (
@@ -125,7 +126,10 @@ def print_comparison(console: Console, predicted: dict, measured: dict | None, r
     table = Table(title="predicted vs measured")
     for col in ("property", "predicted", "measured", "error %"):
         table.add_column(col, justify="left" if col == "property" else "right")
+    shown = shown_columns([r["property"] for r in rows], [(measured.get("entity") or {}).get("number_gpus")])
     for r in rows:
+        if r["property"] not in shown:
+            continue
         table.add_row(r["property"], fmt(r["predicted"]), fmt(r["measured"]),
                       "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
     console.print(table)

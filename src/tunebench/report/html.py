@@ -17,6 +17,7 @@ import pandas as pd
 
 from tunebench.report.data import ReportData
 from tunebench.report.plots import Plot
+from tunebench.spec.measured import shown_columns
 
 TABLE_PAGE = 200  # rows the table shows at once (it sorts and filters all of them)
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
@@ -120,12 +121,14 @@ def _figure(plot: Plot, first: bool) -> str:
 
 
 def table_columns(data: ReportData) -> list[str]:
-    """The table's columns: who and what, the entity's values, every measured property, the reason."""
+    """The table's columns: who and what, the entity's values, every measured property (without the GPUs'
+    where every row ran on the CPU: spec.measured.shown_columns), the reason."""
     frame = data.frame
     fixed = ["experiment_id", "actuator", "status", "outcome"]
     entity = [c for c in frame.columns if c not in fixed and not c.startswith("_") and c not in
               ("request_id", "base_id", "entity_id", "source", "reason") and c not in data.properties]
-    return [*fixed, *entity, *data.properties, "reason"]
+    gpus = frame["number_gpus"] if "number_gpus" in frame.columns else ()
+    return [*fixed, *entity, *shown_columns(data.properties, gpus), "reason"]
 
 
 def table_payload(data: ReportData) -> dict[str, Any]:

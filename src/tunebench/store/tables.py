@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
-from tunebench.spec.measured import REPORT_ORDER
+from tunebench.spec.measured import REPORT_ORDER, shown_columns
 from tunebench.spec.properties import render_value
 from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 from tunebench.store.rows import Outcomes, Repeats, no_gc
@@ -300,7 +300,8 @@ def print_table(
     title = " — ".join(t for t in (title, fixed) if t) or None
     measured = (TABLE_MEASURED[0], f"{TABLE_MEASURED[0]}-std", *TABLE_MEASURED[1:])  # the throughput's spread too
     wanted = [n for n in keys if n not in same] + ["status"]
-    wanted += [n for n in ("is_valid", *measured) if n in cols]
+    gpus = table.data[cols.index("number_gpus")][:shown] if "number_gpus" in cols else ()
+    wanted += shown_columns([n for n in ("is_valid", *measured) if n in cols], gpus)
     if wide or "reason" in cols and any(table.data[cols.index("reason")][:shown]):
         wanted.append("reason")  # no reason column when no row has one
     index = [cols.index(n) for n in wanted if n in cols]
