@@ -444,14 +444,38 @@ def run(
 
 
 @app.command()
-def demo() -> int:
-    """The main job on the CPU: measure a small LoRA fine-tuning of smollm2-135m (random weights)."""
-    exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2, "dataset_id": "news-chars-512-entries-4096"})
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 256, "number_gpus": 0, "batch_size": 2})
-    console.print(f"[bold]experiment[/bold] {exp.id}\n[bold]entity[/bold]     {entity.id}\n")
-    result = _measure_with_progress(exp, entity, {"weights": "random", "timeout_seconds": 600})
-    print_result(result)
-    return 1 if result.status == "failed" else 0
+def demo(
+    folder: Annotated[Path, typer.Option("--dir", help="Where the demo's store, run files and report go.")] = Path(
+        "demo"
+    ),
+) -> int:
+    """The product in five commands: plan a GPU job, recommend GPUs, measure a tiny job on this CPU,
+    compare the prediction with the measurement, write the HTML report (tunebench.demo)."""
+    import shlex
+    import time
+
+    from tunebench import demo as script
+
+    opts = parse(DemoOptions, folder=folder)
+    script.fresh_store(opts.folder)
+    started = time.monotonic()
+    for n, (what, argv) in enumerate(script.steps(opts.folder), start=1):
+        console.rule(f"{n}. {what}", align="left")
+        console.print("$ tunebench " + shlex.join(argv), highlight=False, markup=False)
+        code = main(argv)
+        if code:
+            return code
+    console.rule()
+    console.print(f"demo done in {time.monotonic() - started:.0f} s: its store, run and report are in "
+                  f"{opts.folder}/ (open {opts.folder / script.REPORT})", highlight=False, markup=False)  # fmt: skip
+    return 0
+
+
+class DemoOptions(Options):
+    """Options of `demo`."""
+
+    NAMES = {"folder": "--dir"}
+    folder: OutputDir
 
 
 # Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,
