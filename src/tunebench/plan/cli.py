@@ -21,6 +21,7 @@ from tunebench.plan.gpu_options import GPUOptions, with_gpu_options
 from tunebench.plan.options import DeployOptions, check_recommend
 from tunebench.plan.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+from tunebench.terminal import Column, print_table
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
@@ -431,20 +432,26 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     diagnosis = out.get("diagnosis")
     if diagnosis:
         _print_diagnosis(console, diagnosis, out.get("nearest"))
-    table = Table(title=f"Per method on {out['gpu_model']}")
-    cols = ("method", "GPUs", "nodes", "peak GiB/GPU", "P(OOM)", "tokens/s", "data set time", "GPU-hours",
-            f"cost ({currency})", "notes")  # fmt: skip
-    for col in cols:
-        table.add_column(col)
+    rows = []
     for row in out["methods"]:
         if not row.get("fits", True) or "number_gpus" not in row:
-            table.add_row(row["method"], *["-"] * 8, "; ".join(row.get("notes", [])))
+            rows.append([row["method"], *["-"] * 8, "; ".join(row.get("notes", []))])
             continue
-        table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
-                      fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
-                      duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
-                      "; ".join(row.get("notes", [])))  # fmt: skip
-    console.print(table)
+        rows.append([row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
+                     fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
+                     duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
+                     "; ".join(row.get("notes", []))])  # fmt: skip
+    print_table(console, method_columns(currency), rows, title=f"Per method on {out['gpu_model']}",
+                more="--json shows them")  # fmt: skip
+
+
+def method_columns(currency: str) -> list[Column]:
+    """recommend's per-method table, the columns left out first on a narrow terminal last."""
+    return [Column("method"), Column("GPUs", justify="right"), Column("nodes", 4, justify="right"),
+            Column("peak GiB/GPU", justify="right", min_width=6), Column("P(OOM)", justify="right"),
+            Column("tokens/s", 2, justify="right"), Column("data set time", 1, justify="right", min_width=6),
+            Column("GPU-hours", 3, justify="right", min_width=6), Column(f"cost ({currency})", 2, justify="right"),
+            Column("notes", 1, wrap=True, min_width=16)]  # fmt: skip
 
 
 def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
