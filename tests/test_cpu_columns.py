@@ -73,6 +73,8 @@ def test_show_of_cpu_runs_has_no_gpu_columns(tmp_path, capsys, monkeypatch):
     assert main(["show", "--store", url]) == 0
     out = capsys.readouterr().out
     assert "dataset_tokens_per_second" in out and "gpu_memory" not in out
+    assert main(["show", "--store", url, "--wide"]) == 0  # every column
+    assert "gpu_memory_peak_gib" in capsys.readouterr().out
     url = _store_gpu(tmp_path)
     assert main(["show", "--store", url]) == 0
     assert "gpu_memory_peak_gib" in capsys.readouterr().out

@@ -300,8 +300,8 @@ def print_table(
     title = " — ".join(t for t in (title, fixed) if t) or None
     measured = (TABLE_MEASURED[0], f"{TABLE_MEASURED[0]}-std", *TABLE_MEASURED[1:])  # the throughput's spread too
     wanted = [n for n in keys if n not in same] + ["status"]
-    gpus = table.data[cols.index("number_gpus")][:shown] if "number_gpus" in cols else ()
-    wanted += shown_columns([n for n in ("is_valid", *measured) if n in cols], gpus)
+    gpus = table.data[cols.index("number_gpus")][:shown] if "number_gpus" in cols and not wide else ()
+    wanted += shown_columns([n for n in ("is_valid", *measured) if n in cols], gpus)  # wide: every column
     if wide or "reason" in cols and any(table.data[cols.index("reason")][:shown]):
         wanted.append("reason")  # no reason column when no row has one
     index = [cols.index(n) for n in wanted if n in cols]
