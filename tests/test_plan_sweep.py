@@ -166,3 +166,10 @@ def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), captured.err
     assert captured.out == ""
+
+
+def test_a_probability_next_to_the_threshold_prints_with_the_digits_that_tell_them_apart():
+    from tunebench.plan.printing import risk
+
+    assert risk(0.05, 0.1) == "0.050" and risk(0.1002, 0.1) == "0.10020" and risk(0.0999, 0.1) == "0.09990"
+    assert risk(0.1, 0.1) == "0.100" and risk(None, 0.1) == "-"

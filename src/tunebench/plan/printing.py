@@ -181,7 +181,7 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
     console.print(f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= "
                   f"{out['max_oom_risk']:g})", highlight=False)  # fmt: skip
     console.print(f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(at['headroom_gib'])} "
-                  f"GiB, out-of-memory probability {fmt(at['oom_probability'], 3)}; "
+                  f"GiB, out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
                   f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
                   highlight=False)  # fmt: skip
     if out["next"] is None:
@@ -195,5 +195,12 @@ def _why_not(out: dict[str, Any]) -> str:
     nxt = out["at_next"]
     if nxt["notes"]:
         return f"{out['next_verdict']}: " + "; ".join(nxt["notes"])
-    return (f"{out['next_verdict']}, out-of-memory probability {fmt(nxt['oom_probability'], 3)} (peak "
-            f"{fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)")
+    return (f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
+            f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)")
+
+
+def risk(p: float | None, threshold: float) -> str:
+    """An out-of-memory probability to 3 decimals, to 5 where 3 would print it equal to the threshold it is
+    judged against (0.10003 above 0.1 is not '0.100')."""
+    text = fmt(p, 3)
+    return fmt(p, 5) if p is not None and p != threshold and text == fmt(threshold, 3) else text
