@@ -59,3 +59,14 @@ def test_a_default_store_without_measurements_fits_the_reference_runs(home, caps
     records, label = gather_records(None, None, replace=False)
     assert label == DEFAULT_SOURCE and len(records) == len(default_records())
     assert "holds no measurement: the reference runs alone" in capsys.readouterr().err
+
+
+def test_no_store_fits_the_reference_runs_alone(home, capsys):
+    """What refitting the shipped calibration needs: the reference runs, whatever the default store holds."""
+    assert main(["import", str(CPU_EXAMPLE)]) == 0
+    capsys.readouterr()
+    records, label = gather_records(None, None, replace=False, default=False)
+    assert label == DEFAULT_SOURCE and len(records) == len(default_records())
+    assert "default store" not in capsys.readouterr().err
+    assert main(["calibrate", "--no-store", "--store", str(home / "store.db")]) == 2
+    assert "error: --no-store:" in capsys.readouterr().err

@@ -39,6 +39,11 @@ def calibrate(
         typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
                      "default calibration is fitted on."),
     ] = False,
+    no_store: Annotated[
+        bool,
+        typer.Option("--no-store", help="Without --store or --from: the reference runs alone, not the default "
+                     "store (what the shipped calibration is fitted on)."),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Refit the planner's coefficients on measurements; report leave-one-model-out error.
@@ -50,7 +55,9 @@ def calibrate(
     from tunebench.plan.predictor import user_calibration_path
 
     parse(CalibrateOptions, sources=sources, output=output)
-    records, label = gather_records(store, sources, replace)
+    if no_store and store:
+        raise InputError("--no-store", "give --store URL or --no-store, not both")
+    records, label = gather_records(store, sources, replace, default=not no_store)
     target = output or user_calibration_path()
     # the default file lives in TUNEBENCH_HOME when that is set: an error there names the variable
     field = "TUNEBENCH_HOME" if output is None and os.environ.get("TUNEBENCH_HOME") else "--output"
@@ -75,16 +82,16 @@ DEFAULT_SOURCE = ("fms-acceleration runs + published runs (litgpt, PEFT, torchti
                   "Liger-Kernel, Qwen) + ado CPU example")
 
 
-def default_store(store: str | None, sources: list[Path] | None) -> tuple[str | None, str | None]:
-    """(the store calibrate reads, a note saying which): --store; with neither --store nor --from, the
-    default store (TUNEBENCH_STORE, else the user's: where `tunebench import`, `run` and `explore` write
-    without --store), or None while it does not exist yet."""
+def default_store(store: str | None, sources: list[Path] | None, default: bool = True) -> tuple[str | None, str | None]:
+    """(the store calibrate reads, a note saying which): --store; with neither --store nor --from (nor
+    default False: --no-store), the default store (TUNEBENCH_STORE, else the user's: where `tunebench
+    import`, `run` and `explore` write without --store), or None while it does not exist yet."""
     from tunebench.store.db import check_location, sqlite_file, store_url
 
     if store:
         check_location(store_url(store), create=False)
         return store, None
-    if sources:
+    if sources or not default:
         return None, None
     url = store_url(None)
     path = sqlite_file(url)
@@ -93,14 +100,15 @@ def default_store(store: str | None, sources: list[Path] | None) -> tuple[str | 
     return url, f"reading the measurements of the default store {mask_secrets(url)} (--store picks another)"
 
 
-def gather_records(store: str | None, sources: list[Path] | None, replace: bool) -> tuple[list[Any], str]:
+def gather_records(store: str | None, sources: list[Path] | None, replace: bool,
+                   default: bool = True) -> tuple[list[Any], str]:  # fmt: skip
     """The runs to fit and a label of where they come from: the reference runs, plus (or, with
     replace, instead of) the store's measurements and the CSV files given. store None: the default
-    store (default_store), said on stderr."""
+    store (default_store; default False: none), said on stderr."""
     from tunebench.logs import get
     from tunebench.plan import measurements
 
-    store, note = default_store(store, sources)
+    store, note = default_store(store, sources, default)
     log = get(__name__)
     if note:
         log.info(f"calibrate: {note}")
