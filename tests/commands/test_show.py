@@ -29,7 +29,8 @@ def records(actuator: str, n: int, *, start: int = 0, memory: bool = False) -> l
     """n valid results of actuator: batch sizes start+1.., throughput 1000 + 10 * batch size."""
     out = []
     for i in range(start, start + n):
-        entity = make_entity(EXP, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 128,
+        gpu = {"number_gpus": 1, "gpu_model": "A100-80GB"} if memory else {"number_gpus": 0}  # GPU memory: a GPU run
+        entity = make_entity(EXP, {"model_name": "smollm2-135m", **gpu, "model_max_length": 128,
                                    "batch_size": i + 1})  # fmt: skip
         props = {"dataset_tokens_per_second": 1000.0 + 10 * (i + 1), "train_runtime": 3.0, "is_valid": 1}
         if memory:

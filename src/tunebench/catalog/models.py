@@ -85,8 +85,19 @@ class ModelSpec:
         return ",".join(classes) or None
 
 
+# Short names people type for catalog models, beyond the catalog's names, HF ids and their last part
+# (which are aliases already): the one table of them. Each maps to the catalog model it means; a base
+# model is never resolved to an instruct one (granite-3.1-8b is suggested granite-3.1-8b-instruct).
+SHORT_NAMES = {
+    "mistral-7b": "mistral-7b-v0.1",  # the SFTTrainer spec's Mistral-7B, the catalog's only one
+    "llama-2-70b": "llama2-70b",
+    "llama-3-8b": "llama3-8b",
+    "llama-3-70b": "llama3-70b",
+}
+
+
 def _aliases(name: str, hf_id: str | None) -> tuple[str, ...]:
-    out = {name.lower()}
+    out = {name.lower(), *(short for short, target in SHORT_NAMES.items() if target == name)}
     if hf_id:
         out |= {hf_id.lower(), hf_id.split("/")[-1].lower()}
     return tuple(sorted(out))
@@ -251,8 +262,32 @@ def _looks_like_path(value: str) -> bool:
     return value.endswith(".json") or value.startswith((".", "/", "~")) or os.path.exists(value)
 
 
-def load_config_model(value: str) -> ModelSpec:
-    """A model given as a config.json path or a folder holding one."""
+def hf_cached_config(repo_id: str) -> Path | None:
+    """The config.json of a Hugging Face model id in the local Hugging Face cache (HF_HUB_CACHE, else
+    HF_HOME/hub), found by huggingface_hub's try_to_load_from_cache: local files only, never the network.
+    None when the cache does not hold it (or repo_id is no valid id)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # huggingface_hub comes with transformers; without it there is no cache to read
+        return None
+    try:
+        hit = try_to_load_from_cache(repo_id, "config.json")  # its cache_dir: constants.HF_HUB_CACHE
+    except ValueError:  # huggingface_hub's HFValidationError: not a repo id ("a b", "x/y/z")
+        return None
+    return Path(hit) if isinstance(hit, str) and Path(hit).is_file() else None
+
+
+def _hf_cache() -> str:
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return "(huggingface_hub is not installed)"
+    return constants.HF_HUB_CACHE
+
+
+def load_config_model(value: str, name: str | None = None) -> ModelSpec:
+    """A model given as a config.json path or a folder holding one; name: what to call it (default:
+    the config's absolute path)."""
     path = Path(value).expanduser()
     if path.is_dir():
         path = path / "config.json"
@@ -267,11 +302,13 @@ def load_config_model(value: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise InputError("model_name", f"{str(path)!r} is not a JSON object", allowed="a Hugging Face config.json")
     resolved = str(path.resolve())
-    return spec_from_config(cfg, name=resolved, config_path=resolved)
+    return spec_from_config(cfg, name=name or resolved, config_path=resolved)
 
 
 def get_model(value: str) -> ModelSpec:
-    """Look a model up by short name, case-insensitive alias, HF id, or config.json path."""
+    """Look a model up by short name, case-insensitive alias (SHORT_NAMES among them), HF id of a catalog
+    model, config.json path, or any Hugging Face id whose config.json is in the local Hugging Face cache
+    (named by that id)."""
     text = str(value).strip()
     models = load_models()
     if text in models:
@@ -281,10 +318,15 @@ def get_model(value: str) -> ModelSpec:
         return models[name]
     if _looks_like_path(text):
         return load_config_model(text)
+    cached = hf_cached_config(text)
+    if cached is not None:
+        return load_config_model(str(cached), name=text)
     raise InputError(
         "model_name",
-        f"unknown model {text!r}." + suggest(text, models),
-        allowed="a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
+        f"unknown model {text!r}: not in the catalog, and no config.json of it in the Hugging Face cache "
+        f"{_hf_cache()}." + suggest(text, models),
+        allowed="a name from `tunebench models`, a Hugging Face id in the local cache (HF_HUB_CACHE or HF_HOME), "
+        "or a path to a config.json",
     )
 
 

@@ -23,7 +23,12 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 
 
 def calibrate(
-    store: Annotated[str | None, option(str, "--store", help="Results store URL to refit on (read only: a missing store is an error).")] = None,
+    store: Annotated[
+        str | None,
+        option(str, "--store", help="Results store URL to refit on (read only: a missing store is an error); default, "
+               "without --from: the default store that import, run and explore write to (TUNEBENCH_STORE or "
+               "the user's), said on stderr."),
+    ] = None,
     sources: Annotated[
         list[Path] | None, option(MeasurementsFile, "--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
     ] = None,
@@ -35,6 +40,11 @@ def calibrate(
         typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
                      "default calibration is fitted on."),
     ] = False,
+    no_store: Annotated[
+        bool,
+        typer.Option("--no-store", help="Without --store or --from: the reference runs alone, not the default "
+                     "store (what the shipped calibration is fitted on)."),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Refit the planner's coefficients on measurements; report leave-one-model-out error.
@@ -45,7 +55,9 @@ def calibrate(
     from tunebench.plan import calibration as cal
     from tunebench.plan.predictor import user_calibration_path
 
-    records, label = gather_records(store, sources, replace)
+    if no_store and store:
+        raise InputError("--no-store", "give --store URL or --no-store, not both")
+    records, label = gather_records(store, sources, replace, default=not no_store)
     target = output or user_calibration_path()
     # the default file lives in TUNEBENCH_HOME when that is set: an error there names the variable
     field = "TUNEBENCH_HOME" if output is None and os.environ.get("TUNEBENCH_HOME") else "--output"
@@ -70,15 +82,36 @@ DEFAULT_SOURCE = ("fms-acceleration runs + published runs (litgpt, PEFT, torchti
                   "Liger-Kernel, Qwen) + ado CPU example")
 
 
-def gather_records(store: str | None, sources: list[Path] | None, replace: bool) -> tuple[list[Any], str]:
-    """The runs to fit and a label of where they come from: the reference runs, plus (or, with
-    replace, instead of) the store's measurements and the CSV files given."""
-    from tunebench.plan import measurements
+def default_store(store: str | None, sources: list[Path] | None, default: bool = True) -> tuple[str | None, str | None]:
+    """(the store calibrate reads, a note saying which): --store; with neither --store nor --from (nor
+    default False: --no-store), the default store (TUNEBENCH_STORE, else the user's: where `tunebench
+    import`, `run` and `explore` write without --store), or None while it does not exist yet."""
+    from tunebench.store.db import check_location, sqlite_file, store_url
 
     if store:
-        from tunebench.store.db import check_location, store_url
-
         check_location(store_url(store), create=False)
+        return store, None
+    if sources or not default:
+        return None, None
+    url = store_url(None)
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
+        return None, f"no store at {path} yet (tunebench import, run and explore write there): the reference runs alone"
+    return url, f"reading the measurements of the default store {mask_secrets(url)} (--store picks another)"
+
+
+def gather_records(store: str | None, sources: list[Path] | None, replace: bool,
+                   default: bool = True) -> tuple[list[Any], str]:  # fmt: skip
+    """The runs to fit and a label of where they come from: the reference runs, plus (or, with
+    replace, instead of) the store's measurements and the CSV files given. store None: the default
+    store (default_store; default False: none), said on stderr."""
+    from tunebench.logs import get
+    from tunebench.plan import measurements
+
+    store, note = default_store(store, sources, default)
+    log = get(__name__)
+    if note:
+        log.info(f"calibrate: {note}")
     records: list[Any] = []
     if store:
         try:
@@ -93,6 +126,9 @@ def gather_records(store: str | None, sources: list[Path] | None, replace: bool)
         if not path.is_file():
             raise InputError("--from", f"no file {str(path)!r}")
         records += measurements.read_csv(path)
+    if store and note and not records:  # the default store, without a measurement yet
+        log.info(f"calibrate: {mask_secrets(store)} holds no measurement: the reference runs alone")
+        store = None
     label = DEFAULT_SOURCE
     if not store and not sources:
         records = measurements.default_records()

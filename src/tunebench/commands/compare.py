@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.commands.printing import fmt, print_plan
+from tunebench.spec.measured import shown_columns
 
 
 def print_comparison(console: Console, predicted: dict, measured: dict | None, rows: list[dict]) -> None:
@@ -22,7 +23,10 @@ def print_comparison(console: Console, predicted: dict, measured: dict | None, r
     table = Table(title="predicted vs measured")
     for col in ("property", "predicted", "measured", "error %"):
         table.add_column(col, justify="left" if col == "property" else "right")
+    shown = shown_columns([r["property"] for r in rows], [(measured.get("entity") or {}).get("number_gpus")])
     for r in rows:
+        if r["property"] not in shown:
+            continue
         table.add_row(r["property"], fmt(r["predicted"]), fmt(r["measured"]),
                       "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
     console.print(table)

@@ -19,6 +19,7 @@ from pydantic import Field
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
@@ -29,7 +30,15 @@ from tunebench.errors import InputError, one_line
 from tunebench.limits import MAX_CPU_PROCESSES
 from tunebench.commands.explore import register as register_explore
 from tunebench.commands.options import OptionError, argument, option
-from tunebench.spec.experiments import Experiment, get_experiment, list_experiments, make_entity, parse_assignments
+from tunebench.spec.experiments import (
+    Experiment,
+    effective_values,
+    get_experiment,
+    list_experiments,
+    make_entity,
+    parse_assignments,
+)
+from tunebench.spec.measured import shown_columns
 from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
 from tunebench.commands.plan import register as register_plan
 from tunebench.commands.report import register as register_report
@@ -42,7 +51,37 @@ from tunebench.commands.track import TrackOpt, open_for_run, track_run
 from tunebench.commands.track import register as register_track
 from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
 
+
+def bare_flags(command: Any) -> None:
+    """Show each boolean flag of command and of its subcommands as the flag alone (``--wide``,
+    ``--lomo/--no-lomo``): typer's help prints a ``<bool>`` value type beside flags, which take no value.
+    An empty metavar is what its help prints in the place of the type; --help itself is made on demand."""
+    for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    make_help_option = command.get_help_option
+
+    def get_help_option(ctx: Any) -> Any:
+        option = make_help_option(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    for sub in getattr(command, "commands", {}).values():
+        bare_flags(sub)
+
+
+class FlagGroup(TyperGroup):
+    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        bare_flags(self)
+
+
 app = typer.Typer(
+    cls=FlagGroup,
     help="Plan, measure and explore fine-tuning jobs: memory, OOM, GPU count, throughput, cost.",
     no_args_is_help=True,
     add_completion=False,
@@ -322,8 +361,9 @@ def _text(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-def print_result(result: Any) -> None:
-    """A Result as a readable table (properties, then why it is invalid or failed)."""
+def print_result(result: Any, number_gpus: int | None = None) -> None:
+    """A Result as a readable table (properties, then why it is invalid or failed); a run on the CPU
+    (number_gpus 0) without the GPUs' properties (spec.measured.shown_columns)."""
     colour = {"valid": "green", "invalid": "yellow", "failed": "red"}[result.status]
     console.print(f"[bold]{result.experiment_id}[/bold]\n{result.entity_id}: [{colour}]{result.status}[/{colour}]")
     for reason in result.reasons:
@@ -336,7 +376,8 @@ def print_result(result: Any) -> None:
         table = Table(show_header=True)
         table.add_column("property")
         table.add_column("value", justify="right")
-        for name, value in result.properties.items():
+        for name in shown_columns(list(result.properties), [number_gpus] if number_gpus is not None else []):
+            value = result.properties[name]
             table.add_row(name, f"{value:,.4g}" if isinstance(value, float) else str(value))
         console.print(table)
 
@@ -385,19 +426,33 @@ def run(
     if as_json:
         typer.echo(result.to_json())
     else:
-        print_result(result)
+        print_result(result, effective_values(exp, entity).get("number_gpus"))
     return 1 if result.status == "failed" else 0
 
 
 @app.command()
-def demo() -> int:
-    """The main job on the CPU: measure a small LoRA fine-tuning of smollm2-135m (random weights)."""
-    exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2, "dataset_id": "news-chars-512-entries-4096"})
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 256, "number_gpus": 0, "batch_size": 2})
-    console.print(f"[bold]experiment[/bold] {exp.id}\n[bold]entity[/bold]     {entity.id}\n")
-    result = _measure_with_progress(exp, entity, {"weights": "random", "timeout_seconds": 600})
-    print_result(result)
-    return 1 if result.status == "failed" else 0
+def demo(
+    folder: Annotated[Path, option(OutputDir, "--dir", help="Where the demo's store, run files and report go.")] = Path("demo"),
+) -> int:
+    """The product in five commands: plan a GPU job, recommend GPUs, measure a tiny job on this CPU,
+    compare the prediction with the measurement, write the HTML report (tunebench.commands.demo)."""
+    import shlex
+    import time
+
+    from tunebench.commands import demo as script
+
+    script.fresh_store(folder)
+    started = time.monotonic()
+    for n, (what, argv) in enumerate(script.steps(folder), start=1):
+        console.rule(f"{n}. {what}", align="left")
+        console.print("$ tunebench " + shlex.join(argv), highlight=False, markup=False)
+        code = main(argv)
+        if code:
+            return code
+    console.rule()
+    console.print(f"demo done in {time.monotonic() - started:.0f} s: its store, run and report are in "
+                  f"{folder}/ (open {folder / script.REPORT})", highlight=False, markup=False)  # fmt: skip
+    return 0
 
 
 # Commands whose modules own them, each group registered once: datasets; plan, recommend, deploy-spec,

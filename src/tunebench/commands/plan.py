@@ -24,6 +24,7 @@ from tunebench.plan.options import CalibrationFile, GpuCount, PostUrl, Probabili
 from tunebench.plan.options import Currency as CurrencyCode
 from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+from tunebench.commands.terminal import Column, print_table
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
@@ -169,12 +170,20 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     currency: Currency = "USD",
     avg_tokens: AvgTokens = None,
     lengths: Lengths = None,
+    grid: Annotated[
+        list[str] | None,
+        option(str, "--grid", help="KEY=V1,V2,... or KEY=LOW..HIGH (the powers of two between): plan every point "
+                     "of the grid, one row each (repeatable; a KEY=LOW..HIGH argument is a dimension too)."),
+    ] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="--grid: every column in full.")] = False,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
-    or of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed).
-    The verdict says 'risky' where the job fits but its out-of-memory probability exceeds --max-oom-risk."""
+    of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed), or of
+    every point of a --grid. The verdict says 'risky' where the job fits but its out-of-memory
+    probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
+    from tunebench.plan.sweep import is_range
 
     opts = planner_options(price, calibration, network, host_memory, currency, avg_tokens, lengths)
     kw = {
@@ -187,6 +196,16 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     count_lengths(opts.lengths, values.get("model_name"))
+    ranges = [f"{k}={v}" for k, v in values.items() if is_range(v)]
+    if grid or ranges:
+        if batch is not None or compare:
+            raise InputError("--grid", "plans a grid alone: not with --batch or --compare")
+        if experiment is None:
+            raise InputError("experiment", "missing: give an experiment id before the KEY=VALUE properties")
+        exp = get_experiment(experiment, parse_assignments(params or []))
+        fixed = {k: v for k, v in values.items() if not is_range(v)}
+        plan_grid_command(exp, fixed, [*(grid or []), *ranges], opts, max_oom_risk, currency, as_json, wide)
+        return
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
@@ -240,6 +259,24 @@ def count_lengths(lengths: Any, model: Any) -> None:
 
     with ProgressBar(f"counting tokens of {lengths.path}") as update:
         lengths.for_model(str(model), update)
+
+
+def plan_grid_command(exp: Any, fixed: dict[str, str], items: list[str], opts: Any, max_oom_risk: float,
+                      currency: str, as_json: bool, wide: bool) -> None:  # fmt: skip
+    """plan --grid: every point of the grid (tunebench.plan.sweep), as JSON lines or one table row each."""
+    from tunebench.commands.printing import print_grid
+    from tunebench.plan.sweep import parse_grid, plan_grid
+
+    dims = parse_grid(exp, items)
+    for name in dims:
+        if name in fixed:
+            raise InputError(name, "given both as a value and as a --grid dimension")
+    points = [p.to_dict() for p in plan_grid(exp, fixed, dims, opts, max_oom_risk)]
+    if as_json:
+        echo_json({"experiment_id": exp.id, "fixed": fixed, "swept": list(dims), "max_oom_risk": max_oom_risk,
+                   "points": points})  # fmt: skip
+        return
+    print_grid(Console(), exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -304,6 +341,101 @@ def recommend(
     print_recommendation(Console(), out, currency)
 
 
+Model = Annotated[
+    str, argument(str, "MODEL", help="The model: a catalog name, a short name (mistral-7b), a Hugging Face id in the "
+                  "local cache, or a config.json path.", show_default=False)
+]
+# entity values: checked with the entity (its properties' domains and validity rules), named by property
+GPUModel = Annotated[str, option(str, "--gpu-model", help="The GPU (a name from `tunebench gpus`).", show_default=False)]
+Method = Annotated[str, option(str, "--method", help="full | lora | qlora (the benchmark experiment of the method).")]
+GPUs = Annotated[int, option(int, "--number-gpus", help="GPUs the job runs on.")]
+
+
+@with_gpu_options
+def max_batch(
+    model: Model,
+    props: Props = None,
+    gpu_model: GPUModel = ...,  # type: ignore[assignment]
+    method: Method = "lora",
+    number_gpus: GPUs = 1,
+    model_max_length: Annotated[int, option(int, "--model-max-length", help="Tokens per sequence.")] = 4096,
+    max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
+    price: Price = None,
+    currency: Currency = "USD",
+    calibration: CalibrationPath = None,
+    as_json: Json = False,
+    gpu: GPUOptions = GPUOptions(),
+) -> None:
+    """The largest batch_size that fits (out-of-memory probability at most --max-oom-risk), a multiple of
+    --number-gpus; with its memory, speed and time, and why the next batch up does not fit. More
+    properties as KEY=VALUE (gradient_checkpointing=false, ...)."""
+    largest_command("batch_size", model, props, gpu_model, method, number_gpus, {"model_max_length": model_max_length},
+                    max_oom_risk, price, currency, calibration, as_json, gpu)  # fmt: skip
+
+
+@with_gpu_options
+def max_length(
+    model: Model,
+    props: Props = None,
+    gpu_model: GPUModel = ...,  # type: ignore[assignment]
+    method: Method = "lora",
+    number_gpus: GPUs = 1,
+    batch_size: Annotated[
+        int | None, option(int, "--batch-size", help="Sequences per step (default: one per GPU).")
+    ] = None,
+    max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
+    price: Price = None,
+    currency: Currency = "USD",
+    calibration: CalibrationPath = None,
+    as_json: Json = False,
+    gpu: GPUOptions = GPUOptions(),
+) -> None:
+    """The largest model_max_length (tokens per sequence) that fits (out-of-memory probability at most
+    --max-oom-risk); with its memory, speed and time, and why one token more does not fit. More
+    properties as KEY=VALUE (gradient_checkpointing=false, ...)."""
+    largest_command("model_max_length", model, props, gpu_model, method, number_gpus,
+                    {"batch_size": batch_size or max(1, number_gpus)}, max_oom_risk, price, currency, calibration,
+                    as_json, gpu)  # fmt: skip
+
+
+def largest_command(name: str, model: str, props: list[str] | None, gpu_model: str, method: str, number_gpus: int,
+                    fixed: dict[str, Any], max_oom_risk: float, price: float | None, currency: str,
+                    calibration: Path | None, as_json: bool, gpu: GPUOptions) -> None:  # fmt: skip
+    """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output."""
+    from tunebench.commands.printing import print_largest
+    from tunebench.plan.sweep import largest, method_job, padded_tokens
+
+    opts = planner_options(price, calibration, None, currency=currency, max_oom_risk=max_oom_risk)
+    gpu.register(gpu_model)
+    raw = parse_assignments(props or [])
+    given = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
+    for key in given:
+        if key in raw:
+            raise InputError(key, "given twice: as an option and as KEY=VALUE")
+    start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
+    exp, values, notes = method_job(method, {**given, name: start[name], **raw})
+    found = largest(exp, values, name, opts, max_oom_risk)
+    out = found.to_dict(max_oom_risk)
+    if name == "model_max_length" and found.value:
+        padded = padded_tokens(exp, {**values, name: found.value}, opts)
+        if padded < found.value:
+            notes.append(f"the samples of {values['dataset_id']} are about {padded:,.0f} tokens once padded: past "
+                         "that a longer model_max_length takes no more memory; dataset_id=news-tokens-128kplus-"
+                         "entries-320 (131,072+ tokens a sample) plans longer sequences")
+    out["job"] = {"model_name": values["model_name"], "method": method, "gpu_model": values["gpu_model"],
+                  "number_gpus": number_gpus, **{k: values[k] for k in fixed}, **raw}  # fmt: skip
+    out["notes"] = notes
+    if price is not None:
+        out["currency"] = currency
+    if as_json:
+        echo_json(out)
+        return
+    console = Console()
+    print_largest(console, out, currency)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
+
+
 def _config(c: dict[str, Any], currency: str) -> str:
     """One recommended configuration on one line: GPUs, batch, memory and its risk, speed, time, cost."""
     cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
@@ -337,20 +469,26 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     diagnosis = out.get("diagnosis")
     if diagnosis:
         _print_diagnosis(console, diagnosis, out.get("nearest"))
-    table = Table(title=f"Per method on {out['gpu_model']}")
-    cols = ("method", "GPUs", "nodes", "peak GiB/GPU", "P(OOM)", "tokens/s", "data set time", "GPU-hours",
-            f"cost ({currency})", "notes")  # fmt: skip
-    for col in cols:
-        table.add_column(col)
+    rows = []
     for row in out["methods"]:
         if not row.get("fits", True) or "number_gpus" not in row:
-            table.add_row(row["method"], *["-"] * 8, "; ".join(row.get("notes", [])))
+            rows.append([row["method"], *["-"] * 8, "; ".join(row.get("notes", []))])
             continue
-        table.add_row(row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
-                      fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
-                      duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
-                      "; ".join(row.get("notes", [])))  # fmt: skip
-    console.print(table)
+        rows.append([row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
+                     fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
+                     duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
+                     "; ".join(row.get("notes", []))])  # fmt: skip
+    print_table(console, method_columns(currency), rows, title=f"Per method on {out['gpu_model']}",
+                more="--json shows them")  # fmt: skip
+
+
+def method_columns(currency: str) -> list[Column]:
+    """recommend's per-method table, the columns left out first on a narrow terminal last."""
+    return [Column("method"), Column("GPUs", justify="right"), Column("nodes", 4, justify="right"),
+            Column("peak GiB/GPU", justify="right", min_width=6), Column("P(OOM)", justify="right"),
+            Column("tokens/s", 2, justify="right"), Column("data set time", 1, justify="right", min_width=6),
+            Column("GPU-hours", 3, justify="right", min_width=6), Column(f"cost ({currency})", 2, justify="right"),
+            Column("notes", 1, wrap=True, min_width=16)]  # fmt: skip
 
 
 def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
@@ -426,8 +564,10 @@ def deploy_spec(
 def register(app: typer.Typer) -> None:
     from tunebench.commands.calibrate import calibrate
 
-    """Add plan, recommend, deploy-spec and calibrate to a Typer app."""
+    """Add plan, recommend, deploy-spec, max-batch, max-length and calibrate to a Typer app."""
     app.command("plan")(plan)
     app.command("recommend")(recommend)
     app.command("deploy-spec")(deploy_spec)
+    app.command("max-batch")(max_batch)
+    app.command("max-length")(max_length)
     app.command("calibrate")(calibrate)

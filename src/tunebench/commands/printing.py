@@ -127,3 +127,76 @@ def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFA
     if out.get("price_source"):
         console.print(f"[dim]price: {out['price_source']}[/dim]", highlight=False)
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
+
+
+def _point_cells(c: dict[str, Any], currency: str) -> list[str]:
+    """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost."""
+    return [fmt(c.get("oom_probability"), 3), fmt(c.get("gpu_memory_peak_gib")), fmt(c.get("headroom_gib")),
+            fmt(c.get("dataset_tokens_per_second"), 0), duration(c.get("train_runtime")),
+            cost_text(c.get("cost"), currency)]  # fmt: skip
+
+
+def point_columns() -> list[Any]:
+    """The columns of _point_cells, most important first (tunebench.commands.terminal: the last go on a narrow terminal)."""
+    from tunebench.commands.terminal import Column
+
+    return [Column("P(OOM)", justify="right"), Column("peak GiB/GPU", 1, justify="right", min_width=6),
+            Column("headroom GiB", 3, justify="right", min_width=6), Column("tokens/s", 1, justify="right"),
+            Column("data set time", 2, justify="right", min_width=6), Column("cost", 2, justify="right")]  # fmt: skip
+
+
+def print_grid(console: Console, experiment_id: str, fixed: dict[str, Any], swept: list[str],
+               points: list[dict[str, Any]], max_oom_risk: float, currency: str = "USD", wide: bool = False) -> None:  # fmt: skip
+    """plan --grid: one row per point (the swept values, the verdict, the numbers), fitted to the terminal;
+    fixed: the values given once (named in the title)."""
+    from tunebench.commands.terminal import Column, print_table
+
+    columns = [*(Column(n, breaks=True, min_width=6) for n in swept), Column("verdict"), *point_columns()]
+    has_cost = any(p.get("cost") is not None for p in points)
+    if not has_cost:
+        columns = columns[:-1]
+    rows = [[str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency)[: len(columns) - len(swept) - 1]
+            for p in points]  # fmt: skip
+    given = ", ".join(f"{k} {v}" for k, v in fixed.items())
+    fits = sum(p["verdict"] == "fits" for p in points)
+    title = (f"{experiment_id}: {given} — {fits} of {len(points)} points fit (out-of-memory probability "
+             f"<= {max_oom_risk:g}, --max-oom-risk)")  # fmt: skip
+    print_table(console, columns, rows, title=title, wide=wide, more="--wide or --json shows them")
+
+
+def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") -> None:
+    """max-batch / max-length: the largest value that fits, its numbers, and why the next one up does not."""
+    name, value = out["property"], out["largest"]
+    console.print(f"[bold]{out['experiment_id']}[/bold]", highlight=False)
+    console.print(", ".join(f"{k} {v}" for k, v in out["job"].items()), highlight=False)
+    if value is None:
+        console.print(f"nothing fits: at {name} {out['next']:,}, {_why_not(out)}", highlight=False)
+        return
+    at = out["at_largest"]
+    cost = f", {cost_text(at['cost'], currency)}" if at.get("cost") is not None else ""
+    console.print(f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= "
+                  f"{out['max_oom_risk']:g})", highlight=False)  # fmt: skip
+    console.print(f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(at['headroom_gib'])} "
+                  f"GiB, out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
+                  f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
+                  highlight=False)  # fmt: skip
+    if out["next"] is None:
+        console.print(f"  larger values were not tried: {out['limited_by']}", highlight=False)
+    else:
+        console.print(f"  at {out['next']:,}: {_why_not(out)}", highlight=False)
+
+
+def _why_not(out: dict[str, Any]) -> str:
+    """Why the next value up does not fit: the validity rule, or its out-of-memory probability."""
+    nxt = out["at_next"]
+    if nxt["notes"]:
+        return f"{out['next_verdict']}: " + "; ".join(nxt["notes"])
+    return (f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
+            f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)")
+
+
+def risk(p: float | None, threshold: float) -> str:
+    """An out-of-memory probability to 3 decimals, to 5 where 3 would print it equal to the threshold it is
+    judged against (0.10003 above 0.1 is not '0.100')."""
+    text = fmt(p, 3)
+    return fmt(p, 5) if p is not None and p != threshold and text == fmt(threshold, 3) else text

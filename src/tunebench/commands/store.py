@@ -226,7 +226,8 @@ def import_csv(
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1))
         return
-    repeats = f" holding {summary.results} results (ado's repeats, one each)" if summary.results != summary.rows else ""
+    read = summary.rows - sum(summary.skipped.values())
+    repeats = f" holding {summary.results} results (ado's repeats, one each)" if summary.results != read else ""
     typer.echo(
         f"{file.name}: {summary.rows} rows{repeats}, {summary.added} added ({summary.valid} valid, {summary.invalid} "
         f"invalid in the file), {summary.already_present} already in the store"

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tunebench.commands.terminal import Column
 from tunebench.commands.terminal import print_table as print_fitted
-from tunebench.spec.measured import REPORT_ORDER
+from tunebench.spec.measured import REPORT_ORDER, shown_columns
 from tunebench.store.tables import TABLE_MEASURED, Table, cell_text, write_csv, write_json, write_parquet
 
 
@@ -49,7 +49,8 @@ def print_table(
     title = " — ".join(t for t in (title, fixed) if t) or None
     measured = (TABLE_MEASURED[0], f"{TABLE_MEASURED[0]}-std", *TABLE_MEASURED[1:])  # the throughput's spread too
     wanted = [n for n in keys if n not in same] + ["status"]
-    wanted += [n for n in ("is_valid", *measured) if n in cols]
+    gpus = table.data[cols.index("number_gpus")][:shown] if "number_gpus" in cols and not wide else ()
+    wanted += shown_columns([n for n in ("is_valid", *measured) if n in cols], gpus)  # wide: every column
     if wide or "reason" in cols and any(table.data[cols.index("reason")][:shown]):
         wanted.append("reason")  # no reason column when no row has one
     wanted.append("result_id")  # what show --series takes

@@ -82,7 +82,7 @@ def _needs(column: Column, cells: list[str]) -> tuple[int, int]:
     elif column.shrink:
         values = min(column.min_width, natural)
     elif column.breaks:
-        values = max(min(column.min_width, natural), *(len(p.strip()) for line in lines for p in _pieces(line)))
+        values = max([min(column.min_width, natural), *(len(p.strip()) for line in lines for p in _pieces(line))])
     else:
         values = max(len(line) for line in lines)
     return min(natural, max(header_need, values)), natural

@@ -165,26 +165,32 @@ def read_fms_csv(path: str | Path) -> list[Record]:
     that of the successful runs of the same model in the same file (same data, same tokenizer).
     """
     path = Path(path)
-    gpu = "NVIDIA-L40" if "l40" in path.name.lower() else "NVIDIA-A100-SXM4-80GB"
-    unpacked = "orca" in path.name or "moe" in path.name
     with path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
+    return [rec for rec in fms_row_records(rows, path.name) if rec is not None]
+
+
+def fms_row_records(rows: list[Mapping[str, str]], file_name: str) -> list[Record | None]:
+    """One Record per row of an fms-acceleration CSV named file_name (its name says the GPU: l40 -> NVIDIA-L40,
+    else the A100-SXM4-80GB of the refs; orca / moe -> unpacked runs), None for a row the planner cannot use:
+    a model whose architecture it lacks (UNKNOWN_ARCHITECTURES, or not in FMS_MODELS / EXTRA_MODELS), an
+    unpacked run whose tokens per sample nothing in the file tells."""
+    gpu = "NVIDIA-L40" if "l40" in file_name.lower() else "NVIDIA-A100-SXM4-80GB"
+    unpacked = "orca" in file_name or "moe" in file_name
     tokens: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         tps, sps = _f(row, "train_tokens_per_second"), _f(row, "train_steps_per_second")
         if unpacked and tps and sps:
             per_sample = tps / sps / (_f(row, "gradient_accumulation_steps") or 1) / (_f(row, "per_device_train_batch_size") or 1)
-            tokens[_fms_model(row, path.name)].append(per_sample)
+            tokens[fms_model(row, file_name)].append(per_sample)
     out = []
     for row in rows:
-        known = tokens.get(_fms_model(row, path.name))
-        rec = _fms_row(row, gpu, sum(known) / len(known) if (unpacked and known) else None, path.name)
-        if rec is not None:
-            out.append(rec)
+        known = tokens.get(fms_model(row, file_name))
+        out.append(_fms_row(row, gpu, sum(known) / len(known) if (unpacked and known) else None, file_name))
     return out
 
 
-def _fms_model(row: Mapping[str, str], source: str) -> str:
+def fms_model(row: Mapping[str, str], source: str) -> str:
     model = (row.get("model_name_or_path") or "").strip()
     return model or ("mistralai/Mistral-7B-v0.1" if "orca" in source else "")  # orca multipack omits it
 
@@ -199,7 +205,7 @@ def _fms_method(row: Mapping[str, str]) -> tuple[str, str]:
 
 
 def _fms_row(row: Mapping[str, str], gpu: str, tokens_per_sample: float | None, source: str) -> Record | None:
-    model = _fms_model(row, source)
+    model = fms_model(row, source)
     if model in UNKNOWN_ARCHITECTURES or (model not in EXTRA_MODELS and model not in FMS_MODELS):
         return None
     method, framework = _fms_method(row)

@@ -17,6 +17,7 @@ import pandas as pd
 
 from tunebench.report.data import ReportData
 from tunebench.report.plots import Plot
+from tunebench.spec.measured import shown_columns
 
 TABLE_PAGE = 200  # rows the table shows at once (it sorts and filters all of them)
 # Figure titles: at most TITLE_LINES lines of TITLE_CHARS characters (plotly's 17 px title font is ~8.5 px a
@@ -154,12 +155,14 @@ def fit_title(text: str, width: int = TITLE_CHARS, lines: int = TITLE_LINES) -> 
 
 
 def table_columns(data: ReportData) -> list[str]:
-    """The table's columns: who and what, the entity's values, every measured property, the reason, the result id."""
+    """The table's columns: who and what, the entity's values, every measured property (without the GPUs'
+    where every row ran on the CPU: spec.measured.shown_columns), the reason, the result id."""
     frame = data.frame
     fixed = ["experiment_id", "actuator", "source", "status", "outcome"]
     entity = [c for c in frame.columns if c not in fixed and not c.startswith("_") and c not in
               ("request_id", "result_id", "base_id", "entity_id", "reason") and c not in data.properties]
-    return [*fixed, *entity, *data.properties, "reason", "result_id"]  # result_id: `report --series RESULT_ID`
+    gpus = frame["number_gpus"] if "number_gpus" in frame.columns else ()
+    return [*fixed, *entity, *shown_columns(data.properties, gpus), "reason", "result_id"]  # result_id: `report --series RESULT_ID`
 
 
 def table_payload(data: ReportData) -> dict[str, Any]:

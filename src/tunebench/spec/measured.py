@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 # the SFTTrainer spec "Measured properties" of the benchmark experiments, in the spec's order.
 BENCHMARK_MEASURED = (
     "gpu_compute_utilization_min", "gpu_compute_utilization_avg", "gpu_compute_utilization_max",
@@ -33,3 +36,16 @@ REPORT_ORDER = (
     "dataset_tokens_per_second", "dataset_tokens_per_second_per_gpu",
     "f_gpu_oom", "f_other_error", "f_no_error",
 )  # fmt: skip
+# The measured properties only GPUs produce (their utilisation, power and memory): a run on the CPU
+# (number_gpus 0) records them as 0, or not at all.
+GPU_ONLY = tuple(name for name in (*BENCHMARK_MEASURED, *MEMORY_GIB) if name.startswith("gpu_"))
+
+
+def shown_columns(columns: Sequence[str], number_gpus: Iterable[Any]) -> list[str]:
+    """The columns a table of results shows: all of them, without GPU_ONLY where every row ran on the CPU
+    (number_gpus 0 in each: a column of zeros says nothing; a row whose number_gpus is unknown keeps them).
+    For tables people read: files (CSV, JSON, ado's layout) keep every column."""
+    gpus = list(number_gpus)
+    if gpus and all(n == 0 for n in gpus):
+        return [c for c in columns if c not in GPU_ONLY]
+    return list(columns)

@@ -66,6 +66,7 @@ from tunebench.spec.experiments import (
 )
 from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.spec.properties import PROPERTIES
+from tunebench.store.fms_csv import is_fms_layout
 from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check
@@ -442,6 +443,8 @@ def read_import(
     if is_sqlite(path):
         return read_ado_store(path, summary, skip_bad_rows=skip_bad_rows), summary
     columns, rows = read_csv_rows(path, "FILE")
+    if is_fms_layout(columns):
+        return _read_fms(path, columns, rows, skip_bad_rows, actuator, summary)
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
     lines = list(range(2, len(rows) + 2))  # each row's line in the file (line 1 is the header)
@@ -463,13 +466,38 @@ def read_import(
         raise InputError(f"{path.name}: {exc.field}", exc.message, exc.allowed) from None
     summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in measured and c not in BOOKKEEPING]
     if "experiment_id" not in columns and "method" not in columns:
-        raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column")
+        raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column (nor the "
+                         "fms-acceleration benchmark columns framework_config, model_name_or_path)")  # fmt: skip
     for number, row in zip(lines, rows):
         summary.rows += 1
         try:
             records += row_to_records(row, actuator=actuator, source=f"{path.name}:{number}", columns=measured)
         except InputError as exc:
             errors.append((number, exc))
+    return _checked(path, records, errors, skip_bad_rows, summary)
+
+
+def _read_fms(path: Path, columns: list[str], rows: list[dict[str, str]], skip_bad_rows: bool, actuator: str,
+              summary: ImportSummary) -> tuple[list[Record], ImportSummary]:  # fmt: skip
+    """read_import of fms-acceleration's benchmark layout (tunebench.store.fms_csv)."""
+    from tunebench.store.fms_csv import USED, fms_converter
+
+    summary.ignored_columns = [c for c in columns if c not in USED]
+    convert = fms_converter(rows, path.name, actuator)
+    records: list[Record] = []
+    errors: list[tuple[int, InputError]] = []
+    for index in range(len(rows)):
+        summary.rows += 1
+        try:
+            records += convert(index)
+        except InputError as exc:
+            errors.append((index + 2, exc))
+    return _checked(path, records, errors, skip_bad_rows, summary)
+
+
+def _checked(path: Path, records: list[Record], errors: list[tuple[int, InputError]], skip_bad_rows: bool,
+             summary: ImportSummary) -> tuple[list[Record], ImportSummary]:  # fmt: skip
+    """The records, or the InputError of the first bad row (skip_bad_rows: the bad rows counted by reason)."""
     if errors and not skip_bad_rows:
         number, first = errors[0]
         raise InputError(

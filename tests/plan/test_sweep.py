@@ -1,0 +1,175 @@
+"""Quick sweeps without a space file: plan --grid, max-batch and max-length (tunebench.plan.sweep)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunebench.commands.main import main
+from tunebench.errors import InputError
+from tunebench.plan.predictor import PlanOptions
+from tunebench.plan.recommend import evaluate
+from tunebench.plan.sweep import grid_values, largest, method_job, parse_grid, plan_grid
+from tunebench.spec.experiments import get_experiment
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+JOB = ["model_name=llama3.1-8b", "number_gpus=1", "gpu_model=L40S"]
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [("512..8192", ["512", "1024", "2048", "4096", "8192"]), ("500..600", ["512"]), ("1..1", ["1"]),
+     ("3..20", ["4", "8", "16"]), ("1,2,4", ["1", "2", "4"]), ("true,false", ["true", "false"])],
+)  # fmt: skip
+def test_grid_values(text, values):
+    assert grid_values("batch_size", text) == values
+
+
+@pytest.mark.parametrize(("text", "message"), [("600..1000", "no power of two"), ("8..4", "runs backwards"),
+                                               ("1,,2", "empty value")])  # fmt: skip
+def test_grid_values_refused(text, message):
+    with pytest.raises(InputError) as info:
+        grid_values("batch_size", text)
+    assert info.value.field == "batch_size" and message in str(info.value)
+
+
+def test_parse_grid_names_the_spec_property():
+    exp = get_experiment(LORA)
+    assert parse_grid(exp, ["batch_size=1,2", "model_max_length=512..1024"]) == {
+        "batch_size": ["1", "2"], "model_max_length": ["512", "1024"]}  # fmt: skip
+    with pytest.raises(InputError) as info:
+        parse_grid(exp, ["seq_len=512..1024"])
+    assert info.value.field == "seq_len" and "Did you mean 'model_max_length'" in str(info.value)
+    with pytest.raises(InputError) as info:
+        parse_grid(exp, ["batch_size=1", "batch_size=2"])
+    assert info.value.field == "batch_size"
+    with pytest.raises(InputError) as info:
+        parse_grid(exp, ["batch_size=1..65536", "model_max_length=1..65536", "r=1..65536", "lora_alpha=1..65536"])
+    assert info.value.field == "--grid" and "points" in str(info.value)
+
+
+def test_plan_grid_judges_every_point_in_order():
+    exp = get_experiment(LORA)
+    base = {"model_name": "llama3.1-8b", "number_gpus": 1, "gpu_model": "L40S"}
+    points = plan_grid(exp, base, {"batch_size": ["1", "16"], "model_max_length": ["512", "8192"]}, PlanOptions())
+    assert [(p.values["batch_size"], p.values["model_max_length"]) for p in points] == [
+        (1, 512), (1, 8192), (16, 512), (16, 8192)]  # fmt: skip
+    verdicts = [p.verdict for p in points]
+    assert verdicts[0] == "fits" and verdicts[-1] == "OOM"  # 16 x 8192 tokens of an 8 B model on 48 GB
+    assert points[-1].candidate.oom_probability > 0.5 > points[0].candidate.oom_probability
+
+
+def _fits(exp, values, name, n):
+    return evaluate(exp, [{**values, name: n}], PlanOptions())[0].fits
+
+
+@pytest.mark.parametrize(("gpus", "length"), [(1, 2048), (2, 4096)])
+def test_largest_batch_fits_and_the_next_multiple_of_the_gpus_does_not(gpus, length):
+    exp, values, _ = method_job("lora", {"model_name": "llama3.1-8b", "gpu_model": "A100-80GB", "number_gpus": gpus,
+                                         "batch_size": gpus, "model_max_length": length})  # fmt: skip
+    found = largest(exp, values, "batch_size", PlanOptions())
+    assert found.value is not None and found.value % gpus == 0 and found.next_value == found.value + gpus
+    assert _fits(exp, values, "batch_size", found.value)
+    assert not _fits(exp, values, "batch_size", found.value + gpus)
+
+
+def test_largest_length_on_a_data_set_of_long_samples():
+    exp, values, _ = method_job("lora", {"model_name": "llama3.1-8b", "gpu_model": "L40S", "number_gpus": 1,
+                                         "batch_size": 1, "model_max_length": 1,
+                                         "dataset_id": "news-tokens-128kplus-entries-320"})  # fmt: skip
+    found = largest(exp, values, "model_max_length", PlanOptions())
+    assert 4096 < found.value < 131072 and found.next_value == found.value + 1
+    assert _fits(exp, values, "model_max_length", found.value)
+    assert not _fits(exp, values, "model_max_length", found.value + 1)
+
+
+def test_largest_length_stops_at_the_models_context():
+    exp, values, _ = method_job("full", {"model_name": "mistral-7b", "gpu_model": "H100", "number_gpus": 1,
+                                         "batch_size": 1, "model_max_length": 1})  # fmt: skip
+    found = largest(exp, values, "model_max_length", PlanOptions())
+    assert found.value == 32768 and found.next_value is None and "max_position_embeddings" in found.limited_by
+
+
+def test_nothing_fits():
+    exp, values, _ = method_job("full", {"model_name": "llama3.1-8b", "gpu_model": "L40S", "number_gpus": 1,
+                                         "batch_size": 1, "model_max_length": 512})  # fmt: skip
+    found = largest(exp, values, "batch_size", PlanOptions())
+    assert found.value is None and found.next_value == 1 and not found.next_fit.fits
+
+
+# --- the commands ---------------------------------------------------------------------------------------
+def test_plan_grid_prints_one_row_per_point_at_the_terminals_width(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", LORA, *JOB, "--grid", "batch_size=1,2,4,8,16", "model_max_length=512..8192"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 25 and max(len(line) for line in lines) <= 80
+    assert rows[0].split("│")[1:4] == [" 1      ", " 512    ", " fits    "]
+    assert "OOM" in rows[-1] and "15 of 25 points fit" in " ".join(lines)
+
+
+def test_plan_grid_json(capsys):
+    assert main(["plan", LORA, *JOB, "--grid", "batch_size=1,16", "--grid", "model_max_length=512", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["swept"] == ["batch_size", "model_max_length"] and len(out["points"]) == 2
+    assert [p["verdict"] for p in out["points"]] == ["fits", "fits"]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [(["--grid", "seq_len=512..1024", "batch_size=1"], "seq_len"),
+     (["--grid", "batch_size=a,b", "model_max_length=512"], "batch_size"),
+     (["--grid", "batch_size=8..4", "model_max_length=512"], "batch_size"),
+     (["--grid", "batch_size=1,2", "batch_size=4", "model_max_length=512"], "batch_size"),
+     (["--grid", "batch_size", "model_max_length=512"], "--grid")],
+)  # fmt: skip
+def test_plan_grid_bad_input_is_one_line_exit_2(capsys, args, field):
+    assert main(["plan", LORA, *JOB, *args]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), captured.err
+    assert captured.out == ""
+
+
+def test_max_batch_command(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "--model-max-length", "2048", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["property"] == "batch_size" and out["experiment_id"] == LORA
+    assert out["at_largest"]["fits"] and not out["at_next"]["fits"] and out["next"] == out["largest"] + 1
+    assert main(["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "--model-max-length", "2048"]) == 0
+    text = capsys.readouterr().out
+    assert f"largest batch_size that fits: {out['largest']}" in text and f"at {out['next']}:" in text
+
+
+def test_max_length_command(capsys):
+    assert main(["max-length", "mistral-7b", "--gpu-model", "H100", "--method", "qlora", "--json",
+                 "dataset_id=news-tokens-128kplus-entries-320"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert out["experiment_id"] == "finetune_qlora_benchmark-v1.0.0" and out["property"] == "model_max_length"
+    assert out["job"]["model_name"] == "mistral-7b-v0.1" and out["largest"] > 4096
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [(["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "--method", "sft"], "--method"),
+     (["max-batch", "llama-3.1-8b"], "--gpu-model"),
+     (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "seq_len=512"], "seq_len"),
+     (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "model_name=x"], "model_name"),
+     (["max-length", "no-such-model", "--gpu-model", "L40S"], "model_name"),
+     (["max-length", "llama-3.1-8b", "--gpu-model", "L40S", "--max-oom-risk", "2"], "--max-oom-risk")],
+)  # fmt: skip
+def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), captured.err
+    assert captured.out == ""
+
+
+def test_a_probability_next_to_the_threshold_prints_with_the_digits_that_tell_them_apart():
+    from tunebench.commands.printing import risk
+
+    assert risk(0.05, 0.1) == "0.050" and risk(0.1002, 0.1) == "0.10020" and risk(0.0999, 0.1) == "0.09990"
+    assert risk(0.1, 0.1) == "0.100" and risk(None, 0.1) == "-"
