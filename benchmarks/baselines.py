@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from tunebench.plan.workload import Workload
-
 from tunebench.units import GIB
 
 

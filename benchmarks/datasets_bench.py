@@ -56,10 +56,15 @@ def main() -> None:
         r = resolve_tokenizer(args.model)
         timed(f"load tokenizer ({r.source}; converts once per home)", None, r.load)
         for label, target in (("cold", 20), ("from cache", 0.5)):
-            c = timed(f"token stats {args.model} max-len {args.max_len} {label}", target,
-                      lambda: token_counts(TEXT_ID, args.model, max_seq_length=args.max_len, data_dir=data_dir))
-            print(f"  from_cache={c.from_cache} entries {c.entries} min {c.min} avg {c.mean:.1f} max {c.max}"
-                  f" tokenizer '{c.tokenizer}' exact={c.exact}")
+            c = timed(
+                f"token stats {args.model} max-len {args.max_len} {label}",
+                target,
+                lambda: token_counts(TEXT_ID, args.model, max_seq_length=args.max_len, data_dir=data_dir),
+            )
+            print(
+                f"  from_cache={c.from_cache} entries {c.entries} min {c.min} avg {c.mean:.1f} max {c.max}"
+                f" tokenizer '{c.tokenizer}' exact={c.exact}"
+            )
         print(f"load average now {os.getloadavg()[0]:.2f}")
     finally:
         if not args.dir:

@@ -55,15 +55,17 @@ def bare_loop(steps: int, dtype: str) -> float:
 def tunebench_run(steps: int, dtype: str, config_path: str, out: Path,
                   track: str | None = None) -> tuple[float, float]:  # fmt: skip
     """(the measurement's dataset tokens/s, seconds the tracker took after it: 0 without --track)."""
-    from tunebench.spec.experiments import get_experiment, make_entity
     from tunebench.actuators.measure import measure
+    from tunebench.spec.experiments import get_experiment, make_entity
 
     exp = get_experiment(
         "finetune_full_benchmark-v1.0.0",
         {"max_steps": steps, "dataset_id": "news-chars-1024-entries-64", "gradient_accumulation_steps": 1,
          "gradient_checkpointing": False, "torch_dtype": dtype},
     )  # fmt: skip
-    entity = make_entity(exp, {"model_name": config_path, "model_max_length": SEQ, "number_gpus": 0, "batch_size": BATCH})
+    entity = make_entity(
+        exp, {"model_name": config_path, "model_max_length": SEQ, "number_gpus": 0, "batch_size": BATCH}
+    )
     result = measure(exp, entity, {"weights": "random", "output_dir": str(out), "timeout_seconds": 1800})
     if result.status != "valid":
         sys.exit(f"measurement {result.status}: {result.error or result.reasons}\n{result.log_tail}")

@@ -147,7 +147,8 @@ def main() -> None:
             f"(`{args.folder}`) by `benchmarks/newcomer.py` on "
             f"{datetime.date.today().isoformat()} ({platform.machine()}, {os.cpu_count()} cores, no GPU; "
             "the planner's answers need none). Model names are the short ones people type "
-            "(`llama-3.1-8b`, `mistral-7b`); GPU names too (`A100-80GB`, `H100`, `L40S`)."),
+            "(`llama-3.1-8b`, `mistral-7b`); GPU names too (`A100-80GB`, `H100`, `L40S`)."
+        ),
     ]
     for title, intro, steps in QUESTIONS:
         parts += [f"\n## {title}\n", fill(intro) + "\n"]

@@ -18,11 +18,18 @@ import json
 import sys
 import time
 
+import baselines
 import numpy as np
 
-import baselines
 from tunebench.plan.calibration import (
-    MEMORY_KEYS, Batch, fit, leave_one_model_out, leave_one_source_out, mdape, measured, scores,
+    MEMORY_KEYS,
+    Batch,
+    fit,
+    leave_one_model_out,
+    leave_one_source_out,
+    mdape,
+    measured,
+    scores,
 )  # fmt: skip
 from tunebench.plan.measurements import default_records
 
@@ -48,7 +55,9 @@ def naive_scores(records, capacity) -> dict[str, dict[str, float]]:
                                                        "capacity": capacity, "tps": nan, "dtps": nan}  # fmt: skip
         out[name] = scores(records, pred)
     speed = measured(records, "train_tokens_per_gpu_per_second")
-    out["rule of thumb (40% MFU)"] = {k: float("nan") for k, _ in COLUMNS} | {"throughput_mdape_pct": mdape(est["rule"], speed)}
+    out["rule of thumb (40% MFU)"] = {k: float("nan") for k, _ in COLUMNS} | {
+        "throughput_mdape_pct": mdape(est["rule"], speed)
+    }
     return out
 
 

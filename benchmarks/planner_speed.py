@@ -20,8 +20,8 @@ import sys
 import tempfile
 import time
 
-from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.plan import predict_many
+from tunebench.spec.experiments import get_experiment, make_entity
 
 MODELS = ("llama3.1-8b", "mistral-7b-v0.1", "granite-3.1-8b-instruct", "llama3-70b", "granite-4.0-h-tiny",
           "mixtral-8x7b-instruct-v0.1", "granite-3.1-2b", "llama3.2-3b", "granite-34b-code-base", "smollm2-135m",

@@ -65,8 +65,16 @@ def fill(store: Store, results: int) -> None:
         records.append(Record(experiment, entity, measured, actuator="measure"))
     stability = get_experiment("finetune_full_stability-v1.0.0")
     for i in range(results - len(records)):
-        entity = make_entity(stability, {"model_name": MODELS[0], "number_gpus": 1, "gpu_model": GPU,
-                                         "batch_size": 1 + i % 64, "model_max_length": 512 * (1 + i // 64)})
+        entity = make_entity(
+            stability,
+            {
+                "model_name": MODELS[0],
+                "number_gpus": 1,
+                "gpu_model": GPU,
+                "batch_size": 1 + i % 64,
+                "model_max_length": 512 * (1 + i // 64),
+            },
+        )
         oom = min(1.0, (i % 64) / 63)
         records.append(Record(stability, entity, Result.valid(stability.id, entity.id, {
             "f_gpu_oom": oom, "f_other_error": 0.0, "f_no_error": 1 - oom})))  # fmt: skip
@@ -98,8 +106,10 @@ def main() -> None:
         times.append(time.perf_counter() - started)
     size = output.stat().st_size / 1e6
     print(f"results in the store: {n:,}")
-    print(f"tunebench report (fresh process): median {statistics.median(times):.2f} s of {args.repeats} "
-          f"({', '.join(f'{t:.2f}' for t in times)}); target < 10 s")
+    print(
+        f"tunebench report (fresh process): median {statistics.median(times):.2f} s of {args.repeats} "
+        f"({', '.join(f'{t:.2f}' for t in times)}); target < 10 s"
+    )
     print(f"HTML: {size:.2f} MB; target < 10 MB")
     text = output.read_text()
     figures, bundles = text.count("class='plot'"), text.count("* plotly.js v")

@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 
 from tunebench.executors.local import LocalExecutor
-from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.explore import Settings, explore, parse_space
-from tunebench.store.tables import build, write_csv
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record
+from tunebench.store.tables import build, write_csv
 
 # one of the reference's CPU rows (ado_docs_example_smollm2_cpu_measurements.csv) as a template
 PROPERTIES = {
@@ -119,7 +119,9 @@ def main() -> None:
     table = statistics.median(show_cli(db) for _ in range(3))
     print(f"tunebench show over {args.results:,} results (table, fresh process, imports included): "
           f"{table:.2f} s (target < 2 s) {'OK' if table < 2 else 'SLOW'}")  # fmt: skip
-    csv_s = statistics.median(show_cli(db, "--format", "csv", "--output", str(directory / "show.csv")) for _ in range(3))
+    csv_s = statistics.median(
+        show_cli(db, "--format", "csv", "--output", str(directory / "show.csv")) for _ in range(3)
+    )
     print(f"tunebench show --format csv over {args.results:,} results (every row to a file): {csv_s:.2f} s")
 
 

@@ -104,7 +104,10 @@ def pytest_make_collect_report(collector):
 @pytest.fixture(autouse=True, scope="session")
 def _tunebench_home(tmp_path_factory):
     home = tmp_path_factory.mktemp("tunebench-home")
-    old = {k: os.environ.get(k) for k in ("TUNEBENCH_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")}
+    old = {
+        k: os.environ.get(k)
+        for k in ("TUNEBENCH_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    }
     os.environ["TUNEBENCH_HOME"] = str(home)
     # Nothing in the tests may download from the Hugging Face hub.
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):

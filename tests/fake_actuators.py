@@ -211,8 +211,9 @@ def _measure_run_node(*args: Any, **kwargs: Any):
 
 # A multi-node actuator of its own: plan and collect here, each node's command run by the measuring
 # actuator's run_node (a process with the plan's environment).
-GLOO_ALLREDUCE = Actuator("gloo_allreduce", gloo_allreduce,
-                          multinode=MultiNode(plan=_gloo_plan, run=_measure_run_node, collect=_gloo_collect))
+GLOO_ALLREDUCE = Actuator(
+    "gloo_allreduce", gloo_allreduce, multinode=MultiNode(plan=_gloo_plan, run=_measure_run_node, collect=_gloo_collect)
+)
 
 
 def logs_and_blocks(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:

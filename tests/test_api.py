@@ -43,7 +43,9 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
         assert row["entity_id"] == result.entity_id and row["experiment_id"] == LORA
         for name in PREDICTED:  # the same numbers as the planner, predicted even where the job will not fit
             assert row[name] == pytest.approx(result.metadata["predicted"][name])
-        assert row["fits"] == result.metadata["fits"] and row["headroom_gib"] == pytest.approx(result.metadata["headroom_gib"])
+        assert row["fits"] == result.metadata["fits"] and row["headroom_gib"] == pytest.approx(
+            result.metadata["headroom_gib"]
+        )
     assert plans.loc["too big", "gpu_memory_peak_gib"] > plans.loc["too big", "usable_gib"]
 
 
@@ -82,7 +84,12 @@ def test_explore_then_results_as_a_dataframe(tmp_path):
     assert again.operation_id == summary.operation_id and again.memoised == 4 and again.measured == 0
     frame = api.results(store, operation=summary.operation_id)
     assert len(frame) == 4 and set(frame["actuator"]) == {"predict"} and set(frame["source"]) == {"predicted"}
-    assert frame["batch_size"].tolist() == [8, 32, 8, 32] and frame["model_max_length"].tolist() == [1024, 1024, 4096, 4096]
+    assert frame["batch_size"].tolist() == [8, 32, 8, 32] and frame["model_max_length"].tolist() == [
+        1024,
+        1024,
+        4096,
+        4096,
+    ]
     assert not any(c.startswith("_") for c in frame.columns)
     with Store(store) as opened:  # the same rows as the store's own reading, in the same order
         rows = opened.rows(operation_id=summary.operation_id)

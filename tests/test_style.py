@@ -16,6 +16,7 @@ RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.whi
 @pytest.mark.parametrize("command", [["format", "--check"], ["check"]], ids=["format", "check"])
 def test_ruff_passes(command):
     assert RUFF, "ruff is not installed (it is in the test extra: pip install -e '.[test]')"
-    proc = subprocess.run([RUFF, *command, "src", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [RUFF, *command, "src", "tests", "benchmarks"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

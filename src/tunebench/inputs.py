@@ -22,8 +22,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from tunebench.errors import InputError, has_control_characters
 
-
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -38,10 +39,10 @@ class Options(BaseModel):
         return cls.NAMES.get(field, "--" + field.replace("_", "-"))
 
 
-O = TypeVar("O", bound="Options")
+OptionsT = TypeVar("OptionsT", bound="Options")
 
 
-def parse(model: type[O], **values: Any) -> O:
+def parse(model: type[OptionsT], **values: Any) -> OptionsT:
     """values validated by model; InputError naming the first bad option."""
     try:
         return model.model_validate(values)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunebench.errors import InputError
-from tunebench.spec.experiments import get_experiment, make_entity
-from tunebench.explore.space import parse_space
 from tunebench.actuators.launch import build_launch_plan
+from tunebench.errors import InputError
+from tunebench.explore.space import parse_space
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.worker.args import parse_args
 
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
@@ -98,9 +98,9 @@ EVERY_OPTIONAL_FLAG = {"fast_kernels": "True,True,True", "dataset_image_field": 
 def flags_tunebench_sets() -> set[str]:
     """Every flag a launch passes the worker: from each experiment's entities (every optional flag on),
     from the actuator's options and from the placement."""
+    from tunebench.actuators.launch import plan_of_values
     from tunebench.actuators.measure import with_gpu_count
     from tunebench.actuators.options import MeasureOptions
-    from tunebench.actuators.launch import plan_of_values
     from tunebench.actuators.process import _option_flags
     from tunebench.spec.experiments import effective_values, list_experiments
 

@@ -11,11 +11,11 @@ import subprocess
 
 import pytest
 import yaml
+from layout import TESTS
 
+from tunebench.actuators.launch import build_launch_plan
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
-from tunebench.actuators.launch import build_launch_plan
-from layout import TESTS
 
 GOLDEN = TESTS / "golden"
 A100 = "NVIDIA-A100-80GB-PCIe"

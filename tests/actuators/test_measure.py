@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,10 +17,10 @@ import psutil
 import pytest
 
 import tunebench.actuators.measure as measure_module
+from tunebench.actuators.measure import measure
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
 from tunebench.units import GIB
-from tunebench.actuators.measure import measure
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,9 @@ def _replace_command(monkeypatch, script: str) -> None:
 
 
 def test_crashing_worker_is_failed_with_reason(tmp_path, tiny, monkeypatch):
-    _replace_command(monkeypatch, "import os, signal; print('about to crash', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    _replace_command(
+        monkeypatch, "import os, signal; print('about to crash', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
     exp = get_experiment("finetune_full_benchmark-v1.0.0", PARAMS)
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
     assert result.status == "failed" and result.properties == {}
@@ -170,7 +172,9 @@ def test_stop_after_seconds_drops_the_two_token_rates(tmp_path, tiny):
     # each step: 4 entries longer than LENGTH tokens (gradient_accumulation_steps 1): 4 * LENGTH dataset tokens
     p = result.properties
     assert p["train_runtime"] >= 0.5  # HF stops at the end of the first step past the limit
-    assert p["dataset_tokens_per_second"] == pytest.approx(4 * LENGTH * result.metadata["steps"] / p["train_runtime"], rel=1e-6)
+    assert p["dataset_tokens_per_second"] == pytest.approx(
+        4 * LENGTH * result.metadata["steps"] / p["train_runtime"], rel=1e-6
+    )
     for rate in ("train_samples_per_second", "train_steps_per_second"):  # the spec drops only the token rates
         assert p[rate] > 0
 

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from layout import SRC
 
+from tunebench.actuators.launch import build_launch_plan
 from tunebench.actuators.measure import collect_nodes
 from tunebench.actuators.process import NodeResult
-from tunebench.actuators.launch import build_launch_plan
 from tunebench.spec.experiments import get_experiment, make_entity
-from layout import SRC
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0")
 ENTITY = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 2, "number_nodes": 2,

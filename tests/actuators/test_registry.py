@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 import yaml
+from layout import SRC
 
+from tunebench.actuators.registry import _plugins, registered_actuators, resolve_actuator
 from tunebench.errors import InputError
 from tunebench.executors.local import LocalExecutor
-from tunebench.actuators.registry import _plugins, registered_actuators, resolve_actuator
 from tunebench.explore import Settings, explore, parse_space
 from tunebench.store import Store
-from layout import SRC
 
 SPACE = {
     "experiments": [{"id": "finetune_lora_benchmark-v1.0.0"}],
@@ -102,12 +102,14 @@ def test_plugins_register_actuators_as_entry_points(tmp_path, monkeypatch):
     """A package that declares an entry point of group tunebench.actuators is usable by name."""
     site = tmp_path / "site"
     (site / "tb_plugin_demo").mkdir(parents=True)
-    (site / "tb_plugin_demo" / "__init__.py").write_text(textwrap.dedent("""
+    (site / "tb_plugin_demo" / "__init__.py").write_text(
+        textwrap.dedent("""
         from tunebench.spec.results import Result
 
         def measure_nothing(experiment, entity, options):
             return Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, actuator="demo")
-    """))
+    """)
+    )
     info = site / "tb_plugin_demo-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tb-plugin-demo\nVersion: 1.0\n")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layout import DATA
 
 from tunebench.commands.main import main
-from layout import DATA
 
 DATA = DATA
 
@@ -91,7 +91,13 @@ def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
     })  # fmt: skip
     assert main(["explore", space, "--actuator", "predict", "--store", store, "--json", "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert (summary["total"], summary["done"], summary["failed"], summary["valid"], summary["invalid"]) == (8, 8, 0, 5, 3)
+    assert (summary["total"], summary["done"], summary["failed"], summary["valid"], summary["invalid"]) == (
+        8,
+        8,
+        0,
+        5,
+        3,
+    )
     assert main(["show", "--store", store, "--actuator", "predict", "--format", "json"]) == 0
     rows = {(r["model_name"], r["number_gpus"], r["model_max_length"]): r for r in json.loads(capsys.readouterr().out)}
     assert len(rows) == 8

@@ -11,7 +11,6 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
 from actuators.test_measure import PARAMS
 
 import tunebench.actuators.measure as measure_module

@@ -163,10 +163,18 @@ def test_per_gpu_sanity(spec):
     assert abs(spec.memory_gib / (spec.memory_gb_nominal * 0.931) - 1) <= 0.08
     assert spec.memory_gib <= spec.memory_gb_nominal * 1.0001
     assert spec.intra_node_bandwidth_gbps >= {3: 32, 4: 64, 5: 128, 6: 256}[spec.pcie_gen] or spec.form_factor == "SXM"
-    assert spec.compute_capability.split(".")[0] in {  # Blackwell: 10 (B200, GB200), 12 (RTX PRO, GeForce)
-        "Volta": ("7",), "Turing": ("7",), "Ampere": ("8",), "Ada": ("8",), "Hopper": ("9",), "Blackwell": ("10", "12"),
-        "CDNA3": ("gfx942",),
-    }[spec.architecture]
+    assert (
+        spec.compute_capability.split(".")[0]
+        in {  # Blackwell: 10 (B200, GB200), 12 (RTX PRO, GeForce)
+            "Volta": ("7",),
+            "Turing": ("7",),
+            "Ampere": ("8",),
+            "Ada": ("8",),
+            "Hopper": ("9",),
+            "Blackwell": ("10", "12"),
+            "CDNA3": ("gfx942",),
+        }[spec.architecture]
+    )
 
 
 def test_datasheet_relations():
@@ -230,7 +238,10 @@ def test_new_gpus_against_their_siblings():
     assert g("A800").bf16_tflops == g("A100").bf16_tflops and g("A800").memory_mib == g("A100").memory_mib
     assert g("H800").intra_node_bandwidth_gbps == g("A800").intra_node_bandwidth_gbps == 400
     # H20: compute-limited Hopper with more and faster memory than the H100
-    assert g("H20").bf16_tflops < g("L40S").bf16_tflops and g("H20").memory_bandwidth_gbps > g("H100").memory_bandwidth_gbps
+    assert (
+        g("H20").bf16_tflops < g("L40S").bf16_tflops
+        and g("H20").memory_bandwidth_gbps > g("H100").memory_bandwidth_gbps
+    )
     # GB200 runs the B200 die faster, with more memory; one NVLink domain per rack
     assert g("GB200").bf16_tflops > g("B200").bf16_tflops and g("GB200").memory_mib > g("B200").memory_mib
     # the three RTX PRO 6000: one GB202 with 96 GB GDDR7; Max-Q is the 300 W part
@@ -278,8 +289,15 @@ def test_mig_slice_is_sized_by_its_share(label, name, memory_gib, compute, memor
     assert mig.intra_node_bandwidth_gbps < whole.intra_node_bandwidth_gbps  # no NVLink peer-to-peer between slices
 
 
-@pytest.mark.parametrize("label", ["NVIDIA-L40S-MIG-1g.12gb", "NVIDIA-A100-SXM4-80GB-MIG-8g.80gb",
-                                   "NVIDIA-A100-SXM4-80GB-MIG-3g.120gb", "NVIDIA-A100-SXM4-80GB-MIG-4c.3g.40gb"])
+@pytest.mark.parametrize(
+    "label",
+    [
+        "NVIDIA-L40S-MIG-1g.12gb",
+        "NVIDIA-A100-SXM4-80GB-MIG-8g.80gb",
+        "NVIDIA-A100-SXM4-80GB-MIG-3g.120gb",
+        "NVIDIA-A100-SXM4-80GB-MIG-4c.3g.40gb",
+    ],
+)
 def test_impossible_mig_profile_is_an_input_error(label):
     with pytest.raises(InputError, match="^gpu_model: .*no MIG profile"):
         get_gpu(label)

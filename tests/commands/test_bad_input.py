@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layout import DATA, SRC
 
 from tunebench.commands.main import main
 from tunebench.errors import InputError
 from tunebench.secrets import mask_secrets
 from tunebench.store import Store
 from tunebench.store.csvio import import_csv
-from layout import DATA, SRC
 
 ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
 
@@ -243,20 +243,47 @@ CASES: list[tuple[str, list[str]]] = [
     c("target_modules", "validate", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
     c("target_modules", "run", LORA, *ENTITY, "target_modules=q_proj --host_memory_limit_gib 0.01"),
     c("target_modules", "launch-plan", LORA, *ENTITY, "target_modules=q_proj,--weights,pretrained"),
-    c("target_modules", "plan", LORA, *ENTITY, "target_modules=[\"--result_path\"]"),
+    c("target_modules", "plan", LORA, *ENTITY, 'target_modules=["--result_path"]'),
     # --- contents of files and values: a config.json's dimensions, broken or deeply nested JSON
-    *[c("model_name", cmd, LORA, "model_name=./" + name, "model_max_length=256", "number_gpus=1", "batch_size=1",
-        "gpu_model=A100") for cmd in ("plan", "validate", "launch-plan")
-      for name in ("heads0.json", "hidden_huge.json", "hidden_text.json", "no_hidden.json", "layers_neg.json",
-                   "layers_huge.json", "deep_config.json")],  # fmt: skip
+    *[
+        c(
+            "model_name",
+            cmd,
+            LORA,
+            "model_name=./" + name,
+            "model_max_length=256",
+            "number_gpus=1",
+            "batch_size=1",
+            "gpu_model=A100",
+        )
+        for cmd in ("plan", "validate", "launch-plan")
+        for name in (
+            "heads0.json",
+            "hidden_huge.json",
+            "hidden_text.json",
+            "no_hidden.json",
+            "layers_neg.json",
+            "layers_huge.json",
+            "deep_config.json",
+        )
+    ],  # fmt: skip
     c("target_modules", "validate", LORA, *ENTITY, 'target_modules=["q_proj"'),
     c("target_modules", "plan", LORA, *ENTITY, "target_modules=" + "[" * 50_000),
     c("space", "explore", "dupkey.yaml"),
     c("--gpu-catalog", "plan", LORA, *GPU_ENTITY[:-1], "gpu_model=BIGGPU", "--gpu-catalog", "gpus_huge.yaml"),
     c("--gpu-catalog", "plan", LORA, *GPU_ENTITY[:-1], "gpu_model=X", "--gpu-catalog", "gpus_dupkey.yaml"),
     # --- counts that would enumerate or launch without end: capped where they enter
-    c("number_gpus", "launch-plan", LORA, "model_name=smollm2-135m", "model_max_length=64", "number_gpus=100000",
-      "batch_size=100000", "gpu_model=A100", "number_nodes=100000"),
+    c(
+        "number_gpus",
+        "launch-plan",
+        LORA,
+        "model_name=smollm2-135m",
+        "model_max_length=64",
+        "number_gpus=100000",
+        "batch_size=100000",
+        "gpu_model=A100",
+        "number_nodes=100000",
+    ),
     c("number_nodes", "validate", LORA, *GPU_ENTITY, "number_nodes=100000"),
     c("--max-gpus", "recommend", LORA, *GPU_ENTITY, "--max-gpus", "1000000"),
     c("--gpus-per-node", "recommend", LORA, *GPU_ENTITY, "--gpus-per-node", "1000000"),
@@ -267,25 +294,66 @@ CASES: list[tuple[str, list[str]]] = [
     c("entity_space", "explore", "ten_million.yaml"),
     c("--space", "show", "--space", "ten_million.yaml", "--store", "good.db"),
     c("SPACE", "report", "ten_million.yaml", "--store", "good.db", "-o", "r.html"),
-    c("actuator.nccl_env", "launch-plan", LORA, *GPU_ENTITY, "number_nodes=2", "--nccl-env", "NCCL_IB_HCA=mlx5\nrm -rf /"),
+    c(
+        "actuator.nccl_env",
+        "launch-plan",
+        LORA,
+        *GPU_ENTITY,
+        "number_nodes=2",
+        "--nccl-env",
+        "NCCL_IB_HCA=mlx5\nrm -rf /",
+    ),
     c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=--max_steps"),
     c("dataset_text_field", "run", FULL, *ENTITY, "dataset_text_field=output --max_steps 1"),
     c("dataset_image_field", "launch-plan", LORA, *ENTITY, "dataset_image_field=-x"),
-    c("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "validate", FULL, *GPU_ENTITY,
-      "accelerate_config_fsdp_transformer_layer_cls_to_wrap=--fsdp_offload_params"),
-    c("model_name", "validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0",
-      "batch_size=2"),
+    c(
+        "accelerate_config_fsdp_transformer_layer_cls_to_wrap",
+        "validate",
+        FULL,
+        *GPU_ENTITY,
+        "accelerate_config_fsdp_transformer_layer_cls_to_wrap=--fsdp_offload_params",
+    ),
+    c(
+        "model_name",
+        "validate",
+        LORA,
+        "model_name=smollm2-135m\x1b[2J",
+        "model_max_length=256",
+        "number_gpus=0",
+        "batch_size=2",
+    ),
     c("gpu_model", "validate", LORA, *GPU_ENTITY[:4], "gpu_model=H100\n"),
     c("dataset_id", "validate", LORA, *ENTITY, "dataset_id=news-chars-512-entries-4096\r"),
     c("optim", "validate", LORA, *ENTITY, "optim=adamw_torch\t"),
     c("dataset_text_field", "validate", LORA, *ENTITY, "dataset_text_field=out\x00put"),
     c("experiment", "validate", LORA + "\x07", *ENTITY),
-    c("model_max_length", "validate", LORA, "model_name=smollm2-135m", "model_max_length=99999999999999999999999999999999",
-      "number_gpus=0", "batch_size=2"),
-    c("model_max_length", "plan", LORA, "model_name=smollm2-135m", "model_max_length=9223372036854775808",
-      "number_gpus=0", "batch_size=2"),
-    c("batch_size", "validate", LORA, "model_name=smollm2-135m", "model_max_length=256", "number_gpus=0",
-      "batch_size=-99999999999999999999999"),
+    c(
+        "model_max_length",
+        "validate",
+        LORA,
+        "model_name=smollm2-135m",
+        "model_max_length=99999999999999999999999999999999",
+        "number_gpus=0",
+        "batch_size=2",
+    ),
+    c(
+        "model_max_length",
+        "plan",
+        LORA,
+        "model_name=smollm2-135m",
+        "model_max_length=9223372036854775808",
+        "number_gpus=0",
+        "batch_size=2",
+    ),
+    c(
+        "batch_size",
+        "validate",
+        LORA,
+        "model_name=smollm2-135m",
+        "model_max_length=256",
+        "number_gpus=0",
+        "batch_size=-99999999999999999999999",
+    ),
     c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=1e309"),
     c("num_train_epochs", "validate", LORA, *ENTITY, "num_train_epochs=inf"),
     c("stop_after_seconds", "run", LORA, *ENTITY, "stop_after_seconds=nan"),
@@ -349,7 +417,12 @@ def snapshot(root: Path) -> dict[str, tuple]:
     for path in sorted(root.rglob("*")):
         st = path.lstat()
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-        out[str(path.relative_to(root))] = (path.is_dir(), st.st_size if path.is_file() else None, st.st_mtime_ns, digest)
+        out[str(path.relative_to(root))] = (
+            path.is_dir(),
+            st.st_size if path.is_file() else None,
+            st.st_mtime_ns,
+            digest,
+        )
     return out
 
 
@@ -410,7 +483,9 @@ def files(tmp_path_factory) -> Path:
         ("control", "dataset_text_field", "output\x1b]0;owned\x07"),
         ("inf", "num_train_epochs", [1.0, float("inf")]),
     ):
-        (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}}))
+        (root / f"{name}.yaml").write_text(
+            yaml.safe_dump({**space, "entity_space": {**space["entity_space"], key: value}})
+        )
     for name, extra in (
         ("range_inf", {"entity_space": {**space["entity_space"], "model_max_length": {"min": 1, "max": float("inf")}}}),
         ("lease_inf", {"execution": {"lease_seconds": float("inf")}}),
@@ -431,14 +506,17 @@ def files(tmp_path_factory) -> Path:
         ("extra_not_a_list", "--seed 7"),
     ):
         (root / f"{name}.yaml").write_text(
-            yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}}))
+            yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}})
+        )
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
     for name, option in (("opt_processes", {"cpu_processes": "abc"}), ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
                          ("opt_weights", {"weights": "rnd"})):  # fmt: skip
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "measure", **option}}))
-    (root / "bomb.yaml").write_text("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
-                                    "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n")
+    (root / "bomb.yaml").write_text(
+        "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n"
+    )
     (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
     tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
@@ -446,9 +524,15 @@ def files(tmp_path_factory) -> Path:
                           ("hidden_text", {"hidden_size": "abc"}), ("no_hidden", {"hidden_size": None}),
                           ("layers_neg", {"num_hidden_layers": -1}), ("layers_huge", {"num_hidden_layers": 10**9})):  # fmt: skip
         (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
-    (root / "dupkey.yaml").write_text((root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}"))
-    (root / "gpus_huge.yaml").write_text("gpus:\n  - {name: BIGGPU, memory_gib: 1e300, bf16_tflops: 1, interconnect_gbps: 1}\n")
-    (root / "gpus_dupkey.yaml").write_text("gpus:\n  - {name: X, name: Y, memory_gib: 8, bf16_tflops: 1, interconnect_gbps: 1}\n")
+    (root / "dupkey.yaml").write_text(
+        (root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}")
+    )
+    (root / "gpus_huge.yaml").write_text(
+        "gpus:\n  - {name: BIGGPU, memory_gib: 1e300, bf16_tflops: 1, interconnect_gbps: 1}\n"
+    )
+    (root / "gpus_dupkey.yaml").write_text(
+        "gpus:\n  - {name: X, name: Y, memory_gib: 8, bf16_tflops: 1, interconnect_gbps: 1}\n"
+    )
     (root / "ten_million.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
         **space["entity_space"], "model_max_length": {"min": 1, "max": 10_000}, "batch_size": {"min": 1, "max": 1000}}}))  # fmt: skip
     (root / "range_huge.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
@@ -527,8 +611,7 @@ SUBPROCESS = [
     ["plan", LORA, *ENTITY, "--price-per-gpu-hour", "nan"],
     ["plan", LORA, *ENTITY, "--network-gbps", "0"],
     ["plan", LORA, *ENTITY, "--calibration", "wrongshape.json"],
-    ["validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0",
-     "batch_size=2"],
+    ["validate", LORA, "model_name=smollm2-135m\x1b[2J", "model_max_length=256", "number_gpus=0", "batch_size=2"],
     ["import", "runtime_inf.csv", "--store", "good.db"],
     ["show", "--store", "typo.db"],
     ["explore", "osystem.yaml"],
@@ -593,7 +676,9 @@ def test_version(capsys, argv):
     assert out.endswith("0.1.0") and (out.startswith("tunebench ") or argv == ["version"])
 
 
-@pytest.mark.parametrize("argv", [["-h"], ["--help"], [], ["datasets"], ["plan", "-h"], ["datasets", "stats", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["-h"], ["--help"], [], ["datasets"], ["plan", "-h"], ["datasets", "stats", "--help"]]
+)
 def test_help_exits_0(capsys, argv):
     assert main(argv) == 0
     out, err = capsys.readouterr()
@@ -622,7 +707,10 @@ def test_store_passwords_are_masked_in_messages(workdir, capsys):
         ("postgresql://me:pw@h:5432/db", "postgresql://me:***@h:5432/db"),
         ("mysql+pymysql://root:p%40ss@h/db?charset=utf8", "mysql+pymysql://root:***@h/db?charset=utf8"),
         ("see postgresql://u:a:b@h/db and sqlite:////x.db", "see postgresql://u:***@h/db and sqlite:////x.db"),
-        ("postgresql://h/db?user=u&password=pw&sslmode=require", "postgresql://h/db?user=u&password=***&sslmode=require"),
+        (
+            "postgresql://h/db?user=u&password=pw&sslmode=require",
+            "postgresql://h/db?user=u&password=***&sslmode=require",
+        ),
         ("Authorization: Bearer abc.def.ghi", "Authorization: Bearer ***"),
         ("postgresql://nobody@h/db", "postgresql://nobody@h/db"),
     ],

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tunebench import logs
-from tunebench.commands.main import main
 from tunebench.commands.calibrate import DEFAULT_SOURCE, gather_records
+from tunebench.commands.main import main
 from tunebench.plan.measurements import CPU_EXAMPLE, default_records
 
 

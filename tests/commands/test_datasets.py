@@ -35,13 +35,16 @@ def run(capsys):
     return invoke
 
 
-@pytest.mark.parametrize("args", [
-    ("generate", "news-chars-64", "--dir", "{d}"),
-    ("generate", "vision-384-16384plus-entries-4", "--dir", "{d}"),
-    ("stats", "nonsense", "--model", "smollm2-135m", "--dir", "{d}"),
-    ("stats", SMALL, "--model", "no-such-model-7b", "--dir", "{d}"),
-    ("stats", SMALL, "--model", "smollm2-135m", "--max-len", "0", "--dir", "{d}"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("generate", "news-chars-64", "--dir", "{d}"),
+        ("generate", "vision-384-16384plus-entries-4", "--dir", "{d}"),
+        ("stats", "nonsense", "--model", "smollm2-135m", "--dir", "{d}"),
+        ("stats", SMALL, "--model", "no-such-model-7b", "--dir", "{d}"),
+        ("stats", SMALL, "--model", "smollm2-135m", "--max-len", "0", "--dir", "{d}"),
+    ],
+)
 def test_bad_input_exit_2_one_line_nothing_written(run, tmp_path, args):
     d = tmp_path / "data"
     result = run(*[a.format(d=d) for a in args])
@@ -63,8 +66,11 @@ def test_generate_then_list_and_stats(run, tmp_path):
     assert result.exit_code == 0, result.output
     assert (tmp_path / f"{SMALL}.jsonl").is_file() and "sha256" in result.stdout
     listed = json.loads(run("list", "--json", "--dir", str(tmp_path)).stdout)
-    assert [r["id"] for r in listed][:3] == ["news-chars-512-entries-4096", "news-chars-1024-entries-4096",
-                                             "news-chars-2048-entries-4096"]
+    assert [r["id"] for r in listed][:3] == [
+        "news-chars-512-entries-4096",
+        "news-chars-1024-entries-4096",
+        "news-chars-2048-entries-4096",
+    ]
     assert all(r["file"] is None for r in listed)  # only spec ids are listed; none generated here
     table = run("list", "--dir", str(tmp_path))
     assert table.exit_code == 0 and "news-tokens-16384plus" in table.stdout

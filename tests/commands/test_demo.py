@@ -21,7 +21,7 @@ def test_demo_runs_every_step(tmp_path, capsys, monkeypatch):
     assert "risky" in out or "fits" in out  # step 1's verdict on the GPU job
     assert "Per method on NVIDIA-A100-SXM4-80GB" in out  # step 2
     assert "predicted vs measured" in out and "demo done in" in out  # step 4, the end
-    run = out[out.index("3. Measure"):out.index("4. The planner")]
+    run = out[out.index("3. Measure") : out.index("4. The planner")]
     assert "dataset_tokens_per_second" in run and not [n for n in GPU_ONLY if n in run]  # a CPU run: no GPU zeros
     assert (folder / demo.REPORT).stat().st_size > 100_000 and (folder / demo.RUN).is_dir()
     with Store(f"sqlite:///{folder / demo.STORE}", readonly=True) as store:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layout import SRC
 
 from tunebench import __version__
+from tunebench.commands.explore_progress import ProgressLog
 from tunebench.commands.main import main
 from tunebench.explore.explorer import Progress
-from tunebench.commands.explore_progress import ProgressLog
-from layout import SRC
 
 SRC = SRC
 NOOP = {

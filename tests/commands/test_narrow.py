@@ -12,15 +12,15 @@ import yaml
 from rich.console import Console
 
 from tunebench.catalog import list_gpus, list_models
+from tunebench.commands.explore_progress import ProgressDisplay
 from tunebench.commands.main import describe_dict, main
+from tunebench.commands.terminal import middle
 from tunebench.datasets.ids import KNOWN_DATASET_IDS
 from tunebench.explore.explorer import Progress
-from tunebench.commands.explore_progress import ProgressDisplay
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record
-from tunebench.commands.terminal import middle
 
 EXP = get_experiment("finetune_full_benchmark-v1.0.0", {"stop_after_seconds": 30})
 LONG = "hf-tiny-model-private/tiny-random-BloomForCausalLM"  # the catalog's longest name
@@ -191,7 +191,7 @@ def test_recommend_per_method_table_on_80_columns(capsys):
     text = out(capsys, "recommend", "finetune_lora_benchmark-v1.0.0", "model_name=mistral-7b-v0.1", "model_max_length=4096",
                "batch_size=8", "gpu_model=H100", "--max-gpus", "1", "--price-per-gpu-hour", "3")  # fmt: skip
     fits(text)
-    table = text[text.index("Per method on"):]
+    table = text[text.index("Per method on") :]
     for header in ("method", "GPUs", "P(OOM)", "tokens/s", "notes"):
         assert header in table
     assert "…" not in table and "does not fit on" in table and "not shown: nodes" in table

@@ -19,7 +19,9 @@ from tunebench.inputs import Options
 def commands(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, click.Command]]:
     out = []
     for name, command in getattr(group, "commands", {}).items():
-        out += commands(command, (*path, name)) if hasattr(command, "commands") else [(" ".join((*path, name)), command)]
+        out += (
+            commands(command, (*path, name)) if hasattr(command, "commands") else [(" ".join((*path, name)), command)]
+        )
     return out
 
 
@@ -28,8 +30,21 @@ COMMANDS = commands(typer.main.get_command(app))
 
 def test_the_commands_are_all_found():
     names = {name for name, _ in COMMANDS}
-    assert {"plan", "recommend", "run", "show", "export", "import", "explore", "report", "calibrate",
-            "datasets generate", "engines install", "launch-plan", "deploy-spec"} <= names, sorted(names)
+    assert {
+        "plan",
+        "recommend",
+        "run",
+        "show",
+        "export",
+        "import",
+        "explore",
+        "report",
+        "calibrate",
+        "datasets generate",
+        "engines install",
+        "launch-plan",
+        "deploy-spec",
+    } <= names, sorted(names)
 
 
 def declarations(command: click.Command) -> dict[str, object]:

@@ -6,16 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from cli_app import invoke_plan as invoke
-from tunebench.plan.measurements import PUBLISHED
 from layout import REPO
+
+from tunebench.plan.measurements import PUBLISHED
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 FULL = "finetune_full_benchmark-v1.0.0"
 CONFIGS = sorted((PUBLISHED / "configs").glob("*/config.json"))
-
-
 
 
 def plan_json(*args: str, env: dict | None = None) -> dict:
@@ -105,7 +103,9 @@ def test_a_user_gpu_catalog_file(tmp_path):
     catalog = tmp_path / "gpus.yaml"
     catalog.write_text("gpus:\n  - name: Acme-Accel-96\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
                        "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [ACME96]\n")  # fmt: skip
-    out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(catalog))
+    out = plan_json(
+        LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(catalog)
+    )
     assert out["capacity_gib"] == pytest.approx(95.6, abs=0.01) and out["is_valid"] is True
     env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=Acme-Accel-96",
                         env={"TUNEBENCH_GPU_CATALOG": str(catalog)})  # fmt: skip
@@ -217,12 +217,16 @@ def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, 
     assert "long_factor" in err
 
 
-@pytest.mark.parametrize("gpu", ["GB200", "H20", "H800", "A800", "RTX-PRO-6000", "RTX-PRO-6000-Max-Q", "MI300X", "MI325X"])
+@pytest.mark.parametrize(
+    "gpu", ["GB200", "H20", "H800", "A800", "RTX-PRO-6000", "RTX-PRO-6000-Max-Q", "MI300X", "MI325X"]
+)
 def test_a_plan_on_each_added_gpu_gives_a_verdict(gpu):
     from tunebench.catalog.gpus import get_gpu
 
     spec = get_gpu(gpu)
-    out = plan_json(LORA, "model_name=llama3-8b", "number_gpus=1", "batch_size=1", "model_max_length=2048", f"gpu_model={gpu}")
+    out = plan_json(
+        LORA, "model_name=llama3-8b", "number_gpus=1", "batch_size=1", "model_max_length=2048", f"gpu_model={gpu}"
+    )
     assert out["entity_id"].endswith(f"gpu_model.{spec.name}")
     assert out["capacity_gib"] == pytest.approx(spec.memory_gib, abs=0.01)
     assert out["is_valid"] is True and out["fits"] is True and out["oom_probability"] < 0.01

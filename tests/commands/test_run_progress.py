@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from layout import SRC
 
 from tunebench.worker.progress import StepProgress, parse_step_line, step_line
-from layout import SRC
 
 SRC = SRC
 TINY_LLAMA = {

@@ -8,13 +8,13 @@ import io
 import json
 
 import pytest
+from layout import DATA
 
 from tunebench.commands.main import main
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import Store
 from tunebench.store.store import Record
-from layout import DATA
 
 ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
 EXP = get_experiment("finetune_full_benchmark-v1.0.0", {"stop_after_seconds": 30})

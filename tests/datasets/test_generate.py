@@ -41,7 +41,7 @@ def _words(text: str) -> int:
 def _split(output: str) -> tuple[str, str]:
     """(input, response) of a text entry."""
     assert output.startswith(HEAD)
-    body = output[len(HEAD):]
+    body = output[len(HEAD) :]
     text_in, sep, text_out = body.partition("\n\n### Response: ")
     assert sep
     return text_in, text_out
@@ -186,7 +186,9 @@ def test_a_stale_file_of_the_117_character_template_is_regenerated(tmp_path):
     not used: it is regenerated with the spec's N + 127 + N characters."""
     path = ensure_dataset(SMALL, tmp_path)
     old_head = "Write a response that appropriately completes the remainder of the following input text."
-    lines = [json.loads(line)["output"].replace(HEAD.split("\n")[0], old_head) for line in path.read_text().splitlines()]
+    lines = [
+        json.loads(line)["output"].replace(HEAD.split("\n")[0], old_head) for line in path.read_text().splitlines()
+    ]
     assert {len(o) for o in lines} == {64 + 117 + 64}
     stale = "".join(json.dumps({"output": o}) + "\n" for o in lines).encode()
     path.write_bytes(stale)
@@ -227,10 +229,20 @@ print(existed, read_manifest(ds, d).created)
 def test_concurrent_generation_is_safe(tmp_path):
     """Two processes ask for the same id at once: one generates, the other waits and reuses."""
     ds = "news-tokens-16384plus-entries-512"  # ~52 MB, ~0.5 s: long enough to overlap
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tunebench.__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, ds, str(tmp_path), str(i)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(tunebench.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, ds, str(tmp_path), str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"ready-{i}").exists() for i in range(2)):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs)

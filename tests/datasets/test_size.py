@@ -51,8 +51,8 @@ def test_a_data_set_this_machine_cannot_hold_is_refused_before_anything_is_writt
 
 def test_the_measuring_actuator_fails_the_point_instead_of_growing(tmp_path):
     """A space point with such a data set is a failed measurement with the reason; nothing is generated."""
-    from tunebench.spec.experiments import get_experiment, make_entity
     from tunebench.actuators.measure import measure
+    from tunebench.spec.experiments import get_experiment, make_entity
 
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"dataset_id": "news-chars-512-entries-999999999999"})
     entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 1})

@@ -73,9 +73,11 @@ def _sample(ds: str, idx: tuple[int, ...]) -> list[str]:
 @pytest.mark.parametrize("key", KEYS)
 def test_16384plus_bound_with_real_tokenizers(toks, key):
     tok = toks[key]
-    for ds, k, idx in (("news-tokens-16384plus-entries-4096", 16384, (0, 1, 2, 3, 4, 4095)),
-                       ("vision-384x768-16384plus-entries-4096", 16384, (0, 4095)),
-                       ("news-tokens-128kplus-entries-320", 131072, (319,))):
+    for ds, k, idx in (
+        ("news-tokens-16384plus-entries-4096", 16384, (0, 1, 2, 3, 4, 4095)),
+        ("vision-384x768-16384plus-entries-4096", 16384, (0, 4095)),
+        ("news-tokens-128kplus-entries-320", 131072, (319,)),
+    ):
         for text in _sample(ds, idx):
             n, words = n_tokens(tok, text), len(text.split())
             assert n >= k, (ds, key, n)
@@ -145,8 +147,9 @@ def test_hf_tokenizer_dir_matches_transformers_encode(tmp_path, toks):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     d = tmp_path / "tok"
-    PreTrainedTokenizerFast(tokenizer_object=toks["mistral-v1"], bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", model_max_length=48).save_pretrained(str(d))
+    PreTrainedTokenizerFast(
+        tokenizer_object=toks["mistral-v1"], bos_token="<s>", eos_token="</s>", unk_token="<unk>", model_max_length=48
+    ).save_pretrained(str(d))
     hf = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
     texts = lines(ensure_dataset(SMALL, tmp_path))
     r = resolve_tokenizer(d)
@@ -168,8 +171,15 @@ def test_tiktoken_counter_equals_tokenizers_llama3(toks):
 
 
 def _odd_texts() -> list[str]:
-    return ["", " ", "Hello  world,\n\n  twice\tspaced ", "caf\u00e9 \u65e5\u672c 12345 3.14159 don't",
-            "a<|eot_id|>b <|begin_of_text|>", "x" * 3000, "\n\n\n### Response: ok"]
+    return [
+        "",
+        " ",
+        "Hello  world,\n\n  twice\tspaced ",
+        "caf\u00e9 \u65e5\u672c 12345 3.14159 don't",
+        "a<|eot_id|>b <|begin_of_text|>",
+        "x" * 3000,
+        "\n\n\n### Response: ok",
+    ]
 
 
 def test_long_entries_are_not_tokenised_whole(toks):
@@ -189,7 +199,7 @@ def test_long_entries_are_not_tokenised_whole(toks):
 def test_count_texts_retries_a_short_prefix(toks):
     tok = toks["mistral-v1"]
     text = "1 2 3 4 5 6 7 8 9 " * 50  # ~1 char per token: the first prefix cannot prove the cap
-    (n, whole), = tk.count_texts([text], tok, cap=300)
+    ((n, whole),) = tk.count_texts([text], tok, cap=300)
     assert n >= 300 and min(n, 300) == min(n_tokens(tok, text), 300)
 
 
@@ -272,20 +282,23 @@ def test_corrupt_dataset_is_regenerated_before_counting(tmp_path, toks):
 # -- tokenizer resolution ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("model", "key", "exact"), [
-    ("smollm2-135m", "smollm2", True),
-    ("mistral-7b-v0.1", "mistral-v1", True),
-    ("mixtral-8x7b-instruct-v0.1", "mistral-v1", True),
-    ("llama3-8b", "llama3", True),
-    ("llama3.1-405b", "llama3", True),
-    ("llama3.2-1b", "llama3", True),
-    ("llama-7b", "mistral-v1", False),
-    ("llava-v1.6-mistral-7b", "mistral-v1", False),
-    ("granite-3.1-2b", "smollm2", False),
-    ("granite-20b-v2", "smollm2", False),
-    ("granite-vision-3.2-2b", "smollm2", False),
-    ("granite-4.0-micro", "llama3", False),
-])
+@pytest.mark.parametrize(
+    ("model", "key", "exact"),
+    [
+        ("smollm2-135m", "smollm2", True),
+        ("mistral-7b-v0.1", "mistral-v1", True),
+        ("mixtral-8x7b-instruct-v0.1", "mistral-v1", True),
+        ("llama3-8b", "llama3", True),
+        ("llama3.1-405b", "llama3", True),
+        ("llama3.2-1b", "llama3", True),
+        ("llama-7b", "mistral-v1", False),
+        ("llava-v1.6-mistral-7b", "mistral-v1", False),
+        ("granite-3.1-2b", "smollm2", False),
+        ("granite-20b-v2", "smollm2", False),
+        ("granite-vision-3.2-2b", "smollm2", False),
+        ("granite-4.0-micro", "llama3", False),
+    ],
+)
 def test_offline_family(model, key, exact):
     assert resolve.offline_family(resolve.model_info(model)) == (key, exact)
 
@@ -344,8 +357,17 @@ def test_model_map_and_hf_cache(tmp_path, toks):
 def test_config_path_with_tokenizer_files(tmp_path, toks):
     d = tmp_path / "model"
     _save_tok(toks, d)
-    (d / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 49152, "hidden_size": 64,
-                                               "num_hidden_layers": 2, "num_attention_heads": 4}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 49152,
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            }
+        )
+    )
     assert resolve_tokenizer(d / "config.json").source == "path"
     assert resolve_tokenizer(d).fingerprint == resolve_tokenizer(d / "config.json").fingerprint
 
@@ -356,14 +378,22 @@ def test_vision_rows_feed_a_llava_next_processor(tmp_path, toks):
     from datasets import Dataset
     from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor, PreTrainedTokenizerFast
 
-    row = Dataset.from_parquet(str(ensure_dataset("vision-384x768-100plus-entries-2", tmp_path)),
-                               cache_dir=str(tmp_path / "hf"))[1]
+    row = Dataset.from_parquet(
+        str(ensure_dataset("vision-384x768-100plus-entries-2", tmp_path)), cache_dir=str(tmp_path / "hf")
+    )[1]
     tok = PreTrainedTokenizerFast(tokenizer_object=toks["smollm2"], eos_token="<|endoftext|>")
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{% for c in m['content'] %}"
-                "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}\n{% endfor %}")
-    proc = LlavaNextProcessor(image_processor=LlavaNextImageProcessorPil(), tokenizer=tok, chat_template=template,
-                              patch_size=14, vision_feature_select_strategy="default")
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}\n{% endfor %}"
+    )
+    proc = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil(),
+        tokenizer=tok,
+        chat_template=template,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+    )
     text = proc.apply_chat_template(row["output"], tokenize=False)
     assert text.count("<image>") == 1 and row["output"][1]["content"][0]["text"] in text
     batch = proc(images=row["images"], text=text, return_tensors="pt")

@@ -152,7 +152,9 @@ def test_engines_commands(engines_dir, tmp_path, monkeypatch, capsys):
     assert [(e["version"], e["state"]) for e in listed] == [(DEFAULT_VERSION, "ready")]
     assert listed[0]["packages"]["fms-hf-tuning"] == DEFAULT_VERSION and listed[0]["torch_mode"] == "host"
     code, out, _err = invoke(["engines", "remove", DEFAULT_VERSION], capsys)
-    assert code == 0 and "removed" in out and not (tmp_path / "cli-engines" / f"fms-hf-tuning-{DEFAULT_VERSION}").exists()
+    assert (
+        code == 0 and "removed" in out and not (tmp_path / "cli-engines" / f"fms-hf-tuning-{DEFAULT_VERSION}").exists()
+    )
 
 
 def test_the_launch_plan_runs_fms_hf_tuning_where_the_spec_runs_tuning_sft_trainer():
@@ -176,15 +178,17 @@ def test_the_launch_plan_runs_fms_hf_tuning_where_the_spec_runs_tuning_sft_train
 def test_the_store_keeps_each_engines_results_apart(tmp_path, capsys):
     """`tunebench run` stores a result under its actuator's name: the same entity measured by both engines
     is two rows, and the engine's actuator resolves by name (as a space file names it)."""
-    from tunebench.actuators.registry import resolve_actuator
     from tunebench.actuators.measure import measure_fms
-    from tunebench.spec.results import Result
+    from tunebench.actuators.registry import resolve_actuator
     from tunebench.commands.store import record_run
+    from tunebench.spec.results import Result
     from tunebench.store.open import open_store
 
     assert resolve_actuator(FMS).run is measure_fms
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "3.2.2"})
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 384, "number_gpus": 0, "batch_size": 2})
+    entity = make_entity(
+        exp, {"model_name": "smollm2-135m", "model_max_length": 384, "number_gpus": 0, "batch_size": 2}
+    )
     url = str(tmp_path / "s.db")
     for actuator, rate in (("measure", 100.0), (FMS, 110.0)):
         result = Result.valid(exp.id, entity.id, {"dataset_tokens_per_second": rate}, actuator=actuator)

@@ -10,8 +10,8 @@ import sys
 import time
 from types import SimpleNamespace
 
-from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
 from tunebench.actuators import resolve_actuator
+from tunebench.executors.local import Gpu, LocalExecutor, detect_gpus
 from tunebench.executors.task import make_task, run_task
 from tunebench.spec.experiments import get_experiment, make_entity
 
@@ -113,7 +113,11 @@ def test_detect_gpus_reads_nvml_in_order_and_honours_cuda_visible_devices(monkey
     names = [b"NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA H100 80GB HBM3"]
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(names, calls))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert detect_gpus() == [Gpu("0", "NVIDIA A100-SXM4-80GB"), Gpu("1", "NVIDIA L40S"), Gpu("2", "NVIDIA H100 80GB HBM3")]
+    assert detect_gpus() == [
+        Gpu("0", "NVIDIA A100-SXM4-80GB"),
+        Gpu("1", "NVIDIA L40S"),
+        Gpu("2", "NVIDIA H100 80GB HBM3"),
+    ]
     assert calls == ["init", "shutdown"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 0")
     assert detect_gpus() == [Gpu("0", "NVIDIA A100-SXM4-80GB"), Gpu("2", "NVIDIA H100 80GB HBM3")]
@@ -136,7 +140,9 @@ def test_detect_gpus_on_this_machine():
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         if out.returncode == 0:
-            expected = [Gpu(*(x.strip() for x in line.split(",", 1))) for line in out.stdout.splitlines() if line.strip()]
+            expected = [
+                Gpu(*(x.strip() for x in line.split(",", 1))) for line in out.stdout.splitlines() if line.strip()
+            ]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         expected = [g for g in expected if g.index in {v.strip() for v in visible.split(",")}]

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 
 import pytest
-
 import ray
 
 from tunebench.explore import Settings, explore, parse_space
@@ -70,7 +69,9 @@ def test_sweep_lands_on_the_nodes_of_each_gpu_model(cluster, tmp_path):
         space("where", {"number_gpus": [0, 1], "batch_size": [2, 4], "gpu_model": [A100, L40S, "NVIDIA-H100-PCIe"]})
     )
     with Store(tmp_path / "s.db") as store:
-        summary = explore(spec, store, RayExecutor(), Settings(max_parallel=4, max_retries=0, allow_actuator_import=True))
+        summary = explore(
+            spec, store, RayExecutor(), Settings(max_parallel=4, max_retries=0, allow_actuator_import=True)
+        )
         rows = store.rows(operation_id=summary.operation_id)
         placed = {
             (r["entity"].get("number_gpus"), r["entity"].get("gpu_model")): (r, execution(store, r["request_id"]))
@@ -94,7 +95,9 @@ def test_two_node_measurement_rendezvous_over_gloo(cluster, tmp_path):
         space("GLOO_ALLREDUCE", {"number_gpus": 2, "number_nodes": 2, "batch_size": 2, "gpu_model": L40S})
     )
     with Store(tmp_path / "s.db") as store:
-        summary = explore(spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0, allow_actuator_import=True))
+        summary = explore(
+            spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0, allow_actuator_import=True)
+        )
         (row,) = store.rows(operation_id=summary.operation_id)
         result = store.results_of(row["request_id"])[-1]
     assert row["status"] == "valid", row["error"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import ray
 
 from tunebench.commands.main import main
@@ -21,7 +20,16 @@ operation: {sampler: grid}
 def test_local_ray_on_demand(tmp_path, capsys):
     assert not ray.is_initialized()
     (tmp_path / "space.yaml").write_text(SPACE)
-    args = ["explore", str(tmp_path / "space.yaml"), "--executor", "ray", "--store", str(tmp_path / "s.db"), "--quiet", "--allow-actuator-import"]
+    args = [
+        "explore",
+        str(tmp_path / "space.yaml"),
+        "--executor",
+        "ray",
+        "--store",
+        str(tmp_path / "s.db"),
+        "--quiet",
+        "--allow-actuator-import",
+    ]
     assert main(args) == 0
     assert "2/2 done — valid 2" in capsys.readouterr().out
     assert not ray.is_initialized()  # shut down again

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
+from layout import REPO
 
 from tunebench.executors.local import LocalExecutor
 from tunebench.explore import Settings, explore, load_space
 from tunebench.store import Store
-from layout import REPO
 
 MINIMAL = REPO / "examples" / "minimal-cpu-lora.yaml"
 

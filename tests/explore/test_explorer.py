@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from layout import SRC
 
+from tunebench.commands.main import main
 from tunebench.executors.local import LocalExecutor
 from tunebench.explore import Settings, explore, parse_space
-from tunebench.commands.main import main
 from tunebench.store import Store
-from layout import SRC
 
 TESTING = "fake_actuators"
 
@@ -153,7 +153,10 @@ def test_optimize_treats_invalid_as_worst(tmp_path):
     for r in rows:  # the made-up property of tests/fake_actuators.py, written out
         length, batch = r["entity"]["model_max_length"], r["entity"]["batch_size"]
         if r["status"] == "valid":
-            assert r["properties"]["dataset_tokens_per_second"] == 1000 - 10 * (length / 64 - 4) ** 2 - 10 * (batch - 4) ** 2
+            assert (
+                r["properties"]["dataset_tokens_per_second"]
+                == 1000 - 10 * (length / 64 - 4) ** 2 - 10 * (batch - 4) ** 2
+            )
     assert (summary.done, summary.valid, summary.invalid, summary.measured) == (12, 7, 5, 12)
     assert summary.best["entity"]["model_max_length"] == 256 and summary.best["entity"]["batch_size"] == 4
     assert summary.best["dataset_tokens_per_second"] == 1000.0

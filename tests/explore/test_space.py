@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-
 import pytest
 import yaml
+from layout import REPO
 
 from tunebench.errors import InputError
 from tunebench.explore.samplers import sample
 from tunebench.explore.space import load_space, parse_space
-from layout import REPO
 
 EXAMPLES = REPO / "examples"
 MINIMAL = yaml.safe_load((EXAMPLES / "minimal-cpu-lora.yaml").read_text())

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from worker.test_training import assert_rates_follow_from_tokens, run
 from worker_data import write_data
 
@@ -95,7 +94,9 @@ def _gptq_checkpoint(tmp_path: Path) -> Path:
     tok.save_pretrained(plain)
     quantized = tmp_path / "gptq"
     gptq = GPTQConfig(bits=4, group_size=64, dataset=texts, tokenizer=tok)
-    AutoModelForCausalLM.from_pretrained(plain, quantization_config=gptq, device_map="cuda:0").save_pretrained(quantized)
+    AutoModelForCausalLM.from_pretrained(plain, quantization_config=gptq, device_map="cuda:0").save_pretrained(
+        quantized
+    )
     tok.save_pretrained(quantized)
     return quantized
 

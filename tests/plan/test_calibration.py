@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 import typer
+from cli_app import invoke_plan as invoke
+from layout import DATA
 from typer.testing import CliRunner
 
 from tunebench.plan.calibration import Batch, _log_sq, fit, scores
-from tunebench.plan.measurements import default_records, read_cases, read_csv, records_from_store, store_records
-from cli_app import invoke_plan as invoke
 from tunebench.plan.coefficients import DEFAULT_FILE, Calibration, Coefficients, default_calibration
-from layout import DATA
+from tunebench.plan.measurements import default_records, read_cases, read_csv, records_from_store, store_records
 
 # Rows in the fms-acceleration layout (refs_a100_80gb.csv / refs_a100_80gb_liger.csv).
 FMS_CSV = """bf16,epoch,fp16,framework_config,learning_rate,lora_alpha,lora_dropout,mem_nvidia_mem_reserved,mem_peak_torch_mem_alloc_in_bytes,mem_torch_mem_alloc_in_bytes,model_name_or_path,num_gpus,peft_method,per_device_train_batch_size,r,target_modules,torch_dtype,train_loss,train_runtime,train_samples_per_second,train_steps_per_second,train_tokens_per_second
@@ -33,8 +33,6 @@ SPEC_CSV = """,identifier,experiment_id,model_name,number_gpus,model_max_length,
 1,y,SFTTrainer.finetune_lora_benchmark-v1.0.0,llama3.1-8b,1,2048,4,NVIDIA-A100-SXM4-80GB,55.0,100.0,1.0,4000.0,4000.0,1
 2,z,SFTTrainer.finetune_full_benchmark-v1.0.0,llama3-70b,1,2048,4,NVIDIA-A100-SXM4-80GB,,,,,,0
 """
-
-
 
 
 @pytest.fixture
@@ -103,7 +101,9 @@ def test_store_records_use_measurements_only(tmp_path):
     exp = get_experiment("finetune_lora_benchmark-v1.0.0")
     ent = make_entity(exp, {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 1, "batch_size": 4,
                             "gpu_model": "A100-80GB"})  # fmt: skip
-    measured = Result.valid(exp.id, ent.id, {"gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0})
+    measured = Result.valid(
+        exp.id, ent.id, {"gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0}
+    )
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with Store(url) as store:
         store.record_many([StoreRecord(exp, ent, measured, actuator="measure", source_key="m1")])
@@ -143,7 +143,9 @@ def test_published_cases_become_records_with_their_memory_kinds():
     assert sum(r.origin == "litgpt" for r in oom) == 5  # gemma-7b and gemma-2-9b LoRA, three full
     # HF at 4k-16k; Qwen-7B full; torchtitan's 70B at local batch 2
     assert len(oom) == 12 and {r.origin for r in oom} == {"litgpt", "liger-kernel", "qwen", "torchtitan"}
-    assert not any(r.fit for r in recs if r.origin in ("peft", "torchtitan"))  # requests unlike the runs: evaluated only
+    assert not any(
+        r.fit for r in recs if r.origin in ("peft", "torchtitan")
+    )  # requests unlike the runs: evaluated only
 
 
 @pytest.mark.slow

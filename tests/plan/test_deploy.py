@@ -14,12 +14,10 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 
 import pytest
+from cli_app import invoke_plan as invoke
 
 from tunebench.errors import InputError
-from cli_app import invoke_plan as invoke
 from tunebench.plan.deploy import deploy_spec
-
-
 
 
 @pytest.mark.parametrize(

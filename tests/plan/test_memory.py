@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 
 from tunebench.catalog import get_model
-from tunebench.spec.experiments import effective_values, get_experiment, make_entity
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import GPTQ_BYTES, NF4_DQ_BYTES, memory_breakdown, oom_probability, predict_memory
 from tunebench.plan.structure import structure_of
 from tunebench.plan.workload import build_workload
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity
 
 GIB = 2**30
-UNIT = Coefficients(fused_loss_bytes_per_vocab=0.0, fsdp_peft_checkpoint_copies=0.0, fast_kernels_activation_fraction=1.0)
+UNIT = Coefficients(
+    fused_loss_bytes_per_vocab=0.0, fsdp_peft_checkpoint_copies=0.0, fast_kernels_activation_fraction=1.0
+)
 EXP = {
     "full": "finetune_full_benchmark-v1.0.0",
     "lora": "finetune_lora_benchmark-v1.0.0",
@@ -140,12 +142,18 @@ def test_qlora_and_gptq_bases_by_hand():
     n_t = 4 * 30 * ((576 + 576) + (576 + 192))
     q = memory_breakdown(workload("qlora", r=4), UNIT)
     # peft's prepare_model_for_kbit_training keeps every weight that is not 4-bit in fp32
-    assert q["weights"][0] == pytest.approx(m.quantized_params * NF4_DQ_BYTES + (m.total_params - m.quantized_params) * 4 + 4 * n_t)
+    assert q["weights"][0] == pytest.approx(
+        m.quantized_params * NF4_DQ_BYTES + (m.total_params - m.quantized_params) * 4 + 4 * n_t
+    )
     plugin = memory_breakdown(workload("qlora", r=4, _kbit_upcast=False), UNIT)  # fms-acceleration's bnb plugin
-    assert plugin["weights"][0] == pytest.approx(m.quantized_params * NF4_DQ_BYTES + (m.total_params - m.quantized_params) * 2 + 4 * n_t)
+    assert plugin["weights"][0] == pytest.approx(
+        m.quantized_params * NF4_DQ_BYTES + (m.total_params - m.quantized_params) * 2 + 4 * n_t
+    )
     assert m.quantized_params == sum(lin.params for lin in m.linears if lin.part == "layers")
     g = memory_breakdown(workload("gptq-lora", r=4, target_modules="q_proj,v_proj"), UNIT)
-    assert g["weights"][0] == pytest.approx(m.quantized_params * GPTQ_BYTES + (m.total_params - m.quantized_params) * 2 + 4 * n_t)
+    assert g["weights"][0] == pytest.approx(
+        m.quantized_params * GPTQ_BYTES + (m.total_params - m.quantized_params) * 2 + 4 * n_t
+    )
 
 
 def test_prompt_tuning_trains_virtual_tokens_only():
@@ -167,14 +175,18 @@ def test_activations_are_the_traced_peak_moment():
 
 def test_fused_loss_kernels_keep_less_of_the_loss():
     hf = memory_breakdown(workload("lora", batch_size=2, model_max_length=1024), UNIT)
-    liger = memory_breakdown(workload("lora", batch_size=2, model_max_length=1024, loss_implementation="fused_linear"), UNIT)
+    liger = memory_breakdown(
+        workload("lora", batch_size=2, model_max_length=1024, loss_implementation="fused_linear"), UNIT
+    )
     assert liger["loss"][0] == 0 and hf["loss"][0] > 0
     # without the logits the peak may move to another moment, never above transformers' loss
     assert liger["activations"][0] + liger["loss"][0] < hf["activations"][0] + hf["loss"][0]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "granite-4.0-h-tiny", "granite-34b-code-base"])
+@pytest.mark.parametrize(
+    "model", ["llama3.1-8b", "mixtral-8x7b-instruct-v0.1", "granite-4.0-h-tiny", "granite-34b-code-base"]
+)
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_more_gpus_with_fsdp_never_raise_per_gpu_model_states(model, method):
     props = {"model_name": model, "model_max_length": 1024, "gradient_accumulation_steps": 1}
@@ -183,7 +195,9 @@ def test_more_gpus_with_fsdp_never_raise_per_gpu_model_states(model, method):
     for ga in (1, 4):
         previous = np.inf
         for d in (1, 2, 4, 8, 16, 32):
-            b = memory_breakdown(workload(method, number_gpus=d, batch_size=32, **{**props, "gradient_accumulation_steps": ga}), UNIT)
+            b = memory_breakdown(
+                workload(method, number_gpus=d, batch_size=32, **{**props, "gradient_accumulation_steps": ga}), UNIT
+            )
             now = states(b)
             assert now <= previous + 1e-6, (model, method, ga, d)
             previous = now

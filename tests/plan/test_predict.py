@@ -10,19 +10,25 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tunebench.errors import InputError
-from tunebench.spec.experiments import effective_values, get_experiment, make_entity
-from tunebench.spec.measured import BENCHMARK_MEASURED
-from tunebench.plan import PREDICTED, plan_json, predict, predict_many
 from tunebench.commands.plan import register
+from tunebench.errors import InputError
+from tunebench.plan import PREDICTED, plan_json, predict, predict_many
 from tunebench.plan.coefficients import Calibration, Coefficients
 from tunebench.plan.predictor import PREDICTED_COST, _effective_values
 from tunebench.plan.throughput import flops_per_token, predict_throughput
 from tunebench.plan.workload import build_workload
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity
+from tunebench.spec.measured import BENCHMARK_MEASURED
 
 FULL = get_experiment("finetune_full_benchmark-v1.0.0")
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
-BASE = {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 2, "batch_size": 8, "gpu_model": "A100-80GB"}
+BASE = {
+    "model_name": "llama3.1-8b",
+    "model_max_length": 2048,
+    "number_gpus": 2,
+    "batch_size": 8,
+    "gpu_model": "A100-80GB",
+}
 PLAN_KEYS = ["is_valid", "reasons", "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
              "gpu_memory_peak_gib", "gpu_memory_utilization_peak", "train_tokens_per_second",
              "train_tokens_per_gpu_per_second", "dataset_tokens_per_second", "train_runtime", "breakdown"]  # fmt: skip
@@ -118,7 +124,9 @@ def test_flops_per_token_by_hand():
     w = build_workload("lora", [values])
     recompute = 2 * (a.matmul_params_per_token - a.lm_head_params)
     n_t = 8 * w.lora_params_per_rank
-    assert flops_per_token(w)[0] == pytest.approx(4 * a.matmul_params_per_token + recompute + 6 * n_t + attention / 3 * 4)
+    assert flops_per_token(w)[0] == pytest.approx(
+        4 * a.matmul_params_per_token + recompute + 6 * n_t + attention / 3 * 4
+    )
 
 
 def test_runtime_is_steps_times_step_time_and_cost_follows_price():
@@ -143,7 +151,10 @@ def test_dataset_tokens_for_chars_and_tokens_datasets():
 
 
 def test_more_gpus_raise_throughput():
-    rates = [predict(LORA, {**BASE, "number_gpus": g, "batch_size": 4 * g}).properties["train_tokens_per_second"] for g in (1, 2, 4, 8)]
+    rates = [
+        predict(LORA, {**BASE, "number_gpus": g, "batch_size": 4 * g}).properties["train_tokens_per_second"]
+        for g in (1, 2, 4, 8)
+    ]
     assert all(later > earlier for earlier, later in zip(rates, rates[1:]))
     # the same 4 samples per GPU: g GPUs compute g times as much per step and communication only adds
     # time, so the total is below g x one GPU's rate; LoRA's collectives mostly hide behind compute
@@ -287,7 +298,9 @@ def test_recommend_keeps_a_margin_against_running_out_of_memory():
     assert strict["max_oom_risk"] == 0.1
     assert strict["minimum"]["number_gpus"] == 2 and strict["minimum"]["oom_probability"] <= 0.1
     assert strict["minimum"]["headroom_gib"] > 0
-    loose = json.loads(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--max-oom-risk", "0.5", "--json").stdout)
+    loose = json.loads(
+        invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8", "--max-oom-risk", "0.5", "--json").stdout
+    )
     assert loose["minimum"]["number_gpus"] == 1 and 0.1 < loose["minimum"]["oom_probability"] <= 0.5
     text = " ".join(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8").output.split())
     assert "out-of-memory probability 0.0" in text and "headroom" in text

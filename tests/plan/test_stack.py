@@ -5,20 +5,22 @@ path, attention, adapter dtype, selective checkpointing and torch.compile, again
 from __future__ import annotations
 
 import pytest
+from plan.test_memory import UNIT, states, workload
 
 from tunebench.plan.memory import memory_breakdown, predict_memory
 from tunebench.plan.predictor import predict
 from tunebench.plan.throughput import offload_seconds, optimizer_seconds, predict_throughput
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.validity import check_values
-from plan.test_memory import UNIT, states, workload
 
 GIB = 2**30
 N8 = {"number_gpus": 8, "batch_size": 8}
 DS = {**N8, "distributed_backend": "DeepSpeed"}
 
 
-@pytest.mark.parametrize(("stage", "bytes_per_param"), [(0, 2 + 2 + 16), (1, 2 + 2 + 16 / 8), (2, 2 + 18 / 8), (3, 20 / 8)])
+@pytest.mark.parametrize(
+    ("stage", "bytes_per_param"), [(0, 2 + 2 + 16), (1, 2 + 2 + 16 / 8), (2, 2 + 18 / 8), (3, 20 / 8)]
+)
 def test_zero_stages_partition_as_the_zero_paper_says(stage, bytes_per_param):
     # mixed precision AdamW: 16-bit params and grads, K = 12 B of fp32 master + m + v (Rajbhandari et al. 2020),
     # and the step's fp32 copy of the gradient partition (4 B, partitioned like the states)
@@ -31,7 +33,9 @@ def test_zero_stages_partition_as_the_zero_paper_says(stage, bytes_per_param):
 
 def test_zero_offload_moves_states_to_the_host_per_node():
     on_gpu = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused")
-    off = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused", offload_optimizer_device="cpu")
+    off = workload(
+        "full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused", offload_optimizer_device="cpu"
+    )
     n = off.structure.total_params
     b = memory_breakdown(off, UNIT)
     assert b["optimizer_states"][0] == 0 and b["gradients"][0] == 0 and b["weights"][0] == 2 * n
@@ -51,10 +55,16 @@ def test_zero_offload_moves_states_to_the_host_per_node():
 
 def test_offload_is_slower_than_keeping_states_on_the_gpu():
     fast = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True), UNIT)
-    slow = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True, offload_optimizer_device="cpu"), UNIT)
+    slow = predict_throughput(
+        workload("full", **DS, deepspeed_zero_stage=2, bf16=True, offload_optimizer_device="cpu"), UNIT
+    )
     assert slow.step_seconds[0] > fast.step_seconds[0]
-    z3 = predict_throughput(workload("full", **DS, deepspeed_zero_stage=3, bf16=True, gradient_accumulation_steps=4), UNIT)
-    z1 = predict_throughput(workload("full", **DS, deepspeed_zero_stage=1, bf16=True, gradient_accumulation_steps=4), UNIT)
+    z3 = predict_throughput(
+        workload("full", **DS, deepspeed_zero_stage=3, bf16=True, gradient_accumulation_steps=4), UNIT
+    )
+    z1 = predict_throughput(
+        workload("full", **DS, deepspeed_zero_stage=1, bf16=True, gradient_accumulation_steps=4), UNIT
+    )
     assert z3.comm_seconds[0] > z1.comm_seconds[0]  # ZeRO-3 gathers parameters every micro-batch
 
 
@@ -77,8 +87,10 @@ def test_device_map_splits_states_over_the_gpus_of_one_process():
 
 def test_loss_paths_order_by_what_they_keep():
     peaks = {
-        impl: memory_breakdown(workload("lora", batch_size=4, model_max_length=2048, loss_implementation=impl),
-                               UNIT.replace(fused_loss_bytes_per_vocab=4.0))["loss"][0]  # fmt: skip
+        impl: memory_breakdown(
+            workload("lora", batch_size=4, model_max_length=2048, loss_implementation=impl),
+            UNIT.replace(fused_loss_bytes_per_vocab=4.0),
+        )["loss"][0]  # fmt: skip
         for impl in ("upcast", "chunked", "fused_linear")
     }
     assert peaks["upcast"] > peaks["chunked"] > peaks["fused_linear"] == 0
@@ -88,7 +100,9 @@ def test_loss_paths_order_by_what_they_keep():
 
 def test_attention_implementation_is_traced_quadratic_for_eager():
     eager = workload("lora", attn_implementation="eager", model_max_length=4096, gradient_checkpointing=False)
-    flash = workload("lora", attn_implementation="flash_attention_2", model_max_length=4096, gradient_checkpointing=False)
+    flash = workload(
+        "lora", attn_implementation="flash_attention_2", model_max_length=4096, gradient_checkpointing=False
+    )
     assert eager.attention == "eager" and flash.attention == "flash"
     assert eager.activations.moments["forward"].a2 > 0 and flash.activations.moments["forward"].a2 == 0
     a_eager = memory_breakdown(eager, UNIT)["activations"][0]
@@ -138,7 +152,10 @@ def test_host_memory_is_checked_against_the_nodes_ram():
     [
         ({"offload_optimizer_device": "cpu"}, "needs distributed_backend DeepSpeed"),
         ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 0, "offload_optimizer_device": "cpu"}, ">= 1"),
-        ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2, "offload_optimizer_device": "nvme"}, "stage 3"),
+        (
+            {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2, "offload_optimizer_device": "nvme"},
+            "stage 3",
+        ),
         ({"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2, "offload_param_device": "cpu"}, "stage 3"),
         ({"distributed_backend": "DDP", "fsdp_offload_params": True}, "needs distributed_backend FSDP"),
         ({"distributed_backend": "FSDP", "device_map": "auto"}, "set distributed_backend None"),
@@ -164,7 +181,9 @@ def test_sequence_parallelism_splits_each_samples_tokens():
     assert b["activations"][0] == pytest.approx(a["activations"][0], rel=0.02)
     assert states(b) == pytest.approx(states(a))
     ta, tb = predict_throughput(dense, UNIT), predict_throughput(ulysses, UNIT)
-    assert tb.train_tokens_per_gpu_per_second[0] < ta.train_tokens_per_gpu_per_second[0]  # all-to-alls, longer attention
+    assert (
+        tb.train_tokens_per_gpu_per_second[0] < ta.train_tokens_per_gpu_per_second[0]
+    )  # all-to-alls, longer attention
 
 
 def test_tensor_parallelism_splits_states_and_activations():

@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-
 from actuators.test_measure import PARAMS, TINY_LLAMA, entity_of, opts
 from worker.test_training import run
 
@@ -184,16 +183,33 @@ def test_default_measurement_records_sdpa_and_upcast(tmp_path, tiny):
 
 JUDGED = [
     (NATIVE, FULL, {"distributed_backend": "DeepSpeed"}, "distributed_backend DeepSpeed is planning only"),
-    (NATIVE, FULL, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "offload_param_device": "cpu",
-                    "offload_optimizer_device": "nvme"}, "distributed_backend DeepSpeed is planning only"),
+    (
+        NATIVE,
+        FULL,
+        {
+            "distributed_backend": "DeepSpeed",
+            "deepspeed_zero_stage": 3,
+            "offload_param_device": "cpu",
+            "offload_optimizer_device": "nvme",
+        },
+        "distributed_backend DeepSpeed is planning only",
+    ),
     (NATIVE, FULL, {"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 applies to distributed_backend DeepSpeed"),
     (NATIVE, FULL, {"device_map": "auto", "distributed_backend": None}, "device_map auto"),
     (NATIVE, FULL, {"fsdp_offload_params": True}, "fsdp_offload_params is planning only"),
     (NATIVE, FULL, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
-    (NATIVE, FULL, {"sequence_parallel_degree": 2, "number_gpus": 2, "batch_size": 1, "gpu_model": "A100"},
-     "sequence_parallel_degree 2 are planning only"),
-    (FMS, LORA, {"tensor_parallel_degree": 2, "number_gpus": 2, "batch_size": 1, "gpu_model": "A100"},
-     "tensor_parallel_degree 2 / sequence_parallel_degree 1 are planning only"),
+    (
+        NATIVE,
+        FULL,
+        {"sequence_parallel_degree": 2, "number_gpus": 2, "batch_size": 1, "gpu_model": "A100"},
+        "sequence_parallel_degree 2 are planning only",
+    ),
+    (
+        FMS,
+        LORA,
+        {"tensor_parallel_degree": 2, "number_gpus": 2, "batch_size": 1, "gpu_model": "A100"},
+        "tensor_parallel_degree 2 / sequence_parallel_degree 1 are planning only",
+    ),
     (NATIVE, FULL, {"attn_implementation": "flash_attention_2"}, "flash-attention needs an NVIDIA GPU"),
     (NATIVE, FULL, {"flash_attn": True}, "flash_attn 1: flash-attention needs an NVIDIA GPU"),
     (NATIVE, LORA, {"loss_implementation": "fused_linear"}, "loss_implementation fused_linear needs liger-kernel"),
@@ -274,8 +290,9 @@ def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, 
     if importlib.util.find_spec("flash_attn"):
         pytest.skip("flash-attn is installed here")
     exp = get_experiment(FULL, PARAMS)
-    entity = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 1, "batch_size": 4,
-                               "gpu_model": A100})
+    entity = make_entity(
+        exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 1, "batch_size": 4, "gpu_model": A100}
+    )
     result = measure(exp, entity, opts(tmp_path))  # flash_attn None: on with a GPU
     assert result.status == "invalid" and "needs the flash-attn package" in result.reasons[0]
     assert not (tmp_path / "run").exists()

@@ -50,8 +50,11 @@ def browser(tmp_path_factory):
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1280, "height": 900},
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1280, "height": 900},
         )
         yield context
         context.close()
@@ -149,8 +152,9 @@ def test_report_of_a_mixed_store_renders_every_plot_in_chromium(mixed, browser, 
     assert "predict" in environment and "fms-acceleration" in environment and os.uname().nodename in environment
     page.fill("#results-filter", "")
     shot = os.environ.get("TUNEBENCH_REPORT_SCREENSHOT")  # e.g. docs/report-screenshot.png
-    page.screenshot(path=shot or str(tmp_path / "report.png"), full_page=True,
-                    clip={"x": 0, "y": 0, "width": 1280, "height": 3400})  # the first figures
+    page.screenshot(
+        path=shot or str(tmp_path / "report.png"), full_page=True, clip={"x": 0, "y": 0, "width": 1280, "height": 3400}
+    )  # the first figures
     page.close()
 
 
@@ -191,7 +195,9 @@ def test_large_figures_are_subsampled_and_say_so(mixed, monkeypatch):
     assert "(30 results, 15 out of memory)" in text
     assert "Showing 8 of 30 points (one in every 4, evenly subsampled)." in text
     assert "for 15 measured entities" in text and "Showing 8 of 15 points (one in every 2, evenly subsampled)." in text
-    plot = re.search(r"plot-predicted-vs-measured-throughput.*?Plotly.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", text, re.S)
+    plot = re.search(
+        r"plot-predicted-vs-measured-throughput.*?Plotly.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*\{", text, re.S
+    )
     assert len(json.loads(plot.group(1))[0]["x"]) == 8
 
 
@@ -337,8 +343,11 @@ def test_the_gpu_model_panel_draws_every_gpu_and_the_cpu(newcomer):
     page, traces, _, _ = newcomer
     axes = page.evaluate(AXES_JS, "property-dataset_tokens_per_second")
     panel = axes["gpu_model"]
-    rows = sum(len([v for v in t["y"] if v is not None]) for t in traces["property-dataset_tokens_per_second"]
-               if t["xaxis"] == "x")  # every row is drawn once per panel
+    rows = sum(
+        len([v for v in t["y"] if v is not None])
+        for t in traces["property-dataset_tokens_per_second"]
+        if t["xaxis"] == "x"
+    )  # every row is drawn once per panel
     assert panel["type"] == "category" and panel["points"] == rows == axes["batch_size"]["points"] > 70
     assert set(panel["ticks"]) == {*report_data.NEWCOMER_GPUS, "CPU"}
 
@@ -389,7 +398,9 @@ def test_cpu_runs_never_sit_at_0_gib_of_gpu_memory(newcomer):
     assert "gpu_memory_peak_gib" in page.locator("#pareto figcaption").text_content()
     utilization = traces["property-gpu_memory_utilization_peak"]
     assert all(y is None or y > 0 for t in utilization for y in t["y"])
-    assert "4 CPU results are left out" in page.locator("#property-gpu_memory_utilization_peak figcaption").text_content()
+    assert (
+        "4 CPU results are left out" in page.locator("#property-gpu_memory_utilization_peak figcaption").text_content()
+    )
 
 
 def test_cost_and_gpu_hours_are_drawn_gpu_against_gpu_and_method_against_method(newcomer):

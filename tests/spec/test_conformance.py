@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from layout import DATA
 
 from tunebench.catalog import default_target_modules, get_model
 from tunebench.datasets import KNOWN_DATASET_IDS
 from tunebench.engines.versions import RELEASED
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.properties import PROPERTIES
-from layout import DATA
 
 SPEC = DATA / "spec" / "004_sfttrainer_experiments.txt"
 

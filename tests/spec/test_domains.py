@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from worker.test_training import run
 
 from tunebench.actuators.launch import build_launch_plan

@@ -11,10 +11,10 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tunebench.errors import InputError, has_control_characters
-from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
-from tunebench.explore.space import load_yaml, parse_space
 from tunebench.actuators.launch import build_launch_plan
+from tunebench.errors import InputError, has_control_characters
+from tunebench.explore.space import load_yaml, parse_space
+from tunebench.spec.experiments import get_experiment, make_entity, parse_assignments
 from tunebench.spec.properties import PROPERTIES
 from tunebench.worker.args import parse_args
 

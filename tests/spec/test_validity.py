@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from layout import REPO
 
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.validity import check
-from layout import REPO
 
 LORA = get_experiment("finetune_lora_benchmark-v1.0.0")
 BASE = {"model_name": "llama3.1-8b", "model_max_length": 1024, "number_gpus": 4, "batch_size": 8,
@@ -129,6 +129,7 @@ def test_validate_and_plan_print_the_platform_notes():
     from typer.testing import CliRunner
 
     from tunebench.commands.main import app
+
     args = ["finetune_qlora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
             "batch_size=1", "gpu_model=NVIDIA-L40S"]  # fmt: skip
     validate = CliRunner().invoke(app, ["validate", *args])

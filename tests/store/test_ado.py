@@ -12,8 +12,8 @@ import csv
 import json
 
 import pytest
-
 from ado_env import Ado, ado_bin, build_with_tunebench
+
 from tunebench.commands.main import main
 from tunebench.store.ado_export import LOADER
 
@@ -67,9 +67,13 @@ def measured(ado, tmp_path_factory):
     space = ado.create("space", work / "space.yaml")
     (work / "results.jsonl").write_text("".join(json.dumps(item) + "\n" for item in PLAN))
     ado.python(LOADER, str(work), space)
-    for name, extra in (("lists", ()), ("mean", ("--aggregate", "mean")), ("std", ("--aggregate", "std")),
-                        ("observed", ("--property-format", "observed")),
-                        ("observed-mean", ("--property-format", "observed", "--aggregate", "mean"))):
+    for name, extra in (
+        ("lists", ()),
+        ("mean", ("--aggregate", "mean")),
+        ("std", ("--aggregate", "std")),
+        ("observed", ("--property-format", "observed")),
+        ("observed-mean", ("--property-format", "observed", "--aggregate", "mean")),
+    ):
         ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
                 "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
     return space, work

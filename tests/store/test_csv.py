@@ -8,15 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tunebench.errors import InputError
-from tunebench.commands.main import main
-from tunebench.store import Store
-from tunebench.store.csvio import export_csv, import_csv, parse_entity_id, parse_experiment_id
 from layout import DATA
 
+from tunebench.commands.main import main
+from tunebench.errors import InputError
+from tunebench.store import Store
+from tunebench.store.csvio import export_csv, import_csv, parse_entity_id, parse_experiment_id
+
 DATA = DATA
-ADO_CSV = DATA / "ado_docs_example_smollm2_cpu_measurements.csv"  # also shipped in src/tunebench/plan/data/measurements/ado/
+ADO_CSV = (
+    DATA / "ado_docs_example_smollm2_cpu_measurements.csv"
+)  # also shipped in src/tunebench/plan/data/measurements/ado/
 BENCH_CSV = DATA / "llmfinetuningbench_layout_sample.csv"  # LLMFineTuningBench's header, made-up rows
 
 
@@ -118,12 +120,14 @@ def test_cli_import_export_show(tmp_path, capsys):
     assert "--skip-bad-rows" in capsys.readouterr().err
 
 
-HEADER = ",identifier,generatorid,experiment_id,model_name,model_max_length,batch_size,number_gpus,is_valid,train_runtime"
+HEADER = (
+    ",identifier,generatorid,experiment_id,model_name,model_max_length,batch_size,number_gpus,is_valid,train_runtime"
+)
 EXPERIMENT = "SFTTrainer.finetune_lora_benchmark-v1.0.0-max_steps.2"
 
 
 def _ado_csv(tmp_path, *cells: str) -> Path:
-    rows = [f'{i},x,g,{EXPERIMENT},smollm2-135m,256,{i + 1},0,{c}' for i, c in enumerate(cells)]
+    rows = [f"{i},x,g,{EXPERIMENT},smollm2-135m,256,{i + 1},0,{c}" for i, c in enumerate(cells)]
     path = tmp_path / "ado.csv"
     path.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
     return path
@@ -137,7 +141,9 @@ def test_ado_lists_of_repeats_become_one_result_each(tmp_path):
         assert (summary.rows, summary.results, summary.valid, summary.invalid) == (2, 4, 3, 1)
         results = [store.results_of(r["request_id"]) for r in store.rows()]
     assert [[(x.status, x.properties.get("train_runtime")) for x in r] for r in results] == [
-        [("valid", 51.7), ("invalid", None)], [("valid", 51.7), ("valid", 58.6)]]
+        [("valid", 51.7), ("invalid", None)],
+        [("valid", 51.7), ("valid", 58.6)],
+    ]
     assert results[1][1].metadata["repeat"] == {"index": 2, "of": 2}
 
 
@@ -185,6 +191,6 @@ def test_text_a_spreadsheet_would_run_is_exported_inert(tmp_path):
         export_csv(store, out)
     rows = list(csv.reader(io.StringIO(out.getvalue())))
     identifiers = [r[1] for r in rows[1:]]
-    assert "'=HYPERLINK(\"http://example.invalid\",\"x\")" in identifiers
+    assert '\'=HYPERLINK("http://example.invalid","x")' in identifiers
     assert not any(cell.startswith(("=", "+", "@")) for r in rows for cell in r)
     assert [r[-1] for r in rows[1:]] == ["1", "1", "1", "1"]  # numbers stay numbers

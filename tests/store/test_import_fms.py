@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tunebench.commands.main import main
-from tunebench.plan.measurements import FMS
 from tunebench.commands.terminal import Column, fit
+from tunebench.plan.measurements import FMS
 from tunebench.units import GIB
 
 LIGER = FMS / "refs_a100_80gb_liger.csv"  # Mistral-7B and Llama-3-8B: every model in the catalog
@@ -48,7 +48,9 @@ def test_import_the_shipped_fms_acceleration_csv(tmp_path, capsys):
     assert props["model_max_length"] == 4096 and props["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
     assert props["train_tokens_per_second"] == pytest.approx(2 * float(source["train_tokens_per_second"]))
     assert props["train_runtime"] == float(source["train_runtime"])
-    assert props["gpu_memory_allocated_peak_gib"] == pytest.approx(float(source["mem_peak_torch_mem_alloc_in_bytes"]) / GIB)
+    assert props["gpu_memory_allocated_peak_gib"] == pytest.approx(
+        float(source["mem_peak_torch_mem_alloc_in_bytes"]) / GIB
+    )
     assert props["gpu_memory_peak_gib"] is None  # nvidia-smi is averaged over the 2 devices: not rank 0's
     # a run without throughput failed (out of memory): invalid
     assert sum(r["status"] == "invalid" for r in rows) == sum(not r["train_tokens_per_second"] for r in _rows(LIGER))

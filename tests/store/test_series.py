@@ -90,7 +90,9 @@ def test_the_stored_series_are_what_the_worker_sampled(measured):
     assert sum(by["train.step_time_s"]["value"]) == pytest.approx(stored.properties["train_runtime"])
     tokens = by["train.dataset_tokens"]["value"]
     assert tokens.tolist() == steps["global"]["dataset_tokens"] == [192 * 4 * 4] * 3  # 192 tokens x batch 4 x accum. 4
-    assert sum(tokens) == pytest.approx(stored.properties["dataset_tokens_per_second"] * stored.properties["train_runtime"])
+    assert sum(tokens) == pytest.approx(
+        stored.properties["dataset_tokens_per_second"] * stored.properties["train_runtime"]
+    )
     assert len(by["train.learning_rate"]) == 3 and by["process.cpu_percent"]["step"].isna().all()
     for name, part in by.items():  # time runs forward in every series, from the first sample
         assert part["time_s"].is_monotonic_increasing and part["time_s"].min() >= 0, name
@@ -118,7 +120,9 @@ def test_show_series_prints_a_line_per_series_and_every_point_as_csv_or_json(mea
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["show", "--store", measured.url, "--series", str(measured.result_id)]) == 0
     text = capsys.readouterr().out
-    assert f"result {measured.result_id} (measure, valid)" in text and "train.loss" in text and "process.rss_gib" in text
+    assert (
+        f"result {measured.result_id} (measure, valid)" in text and "train.loss" in text and "process.rss_gib" in text
+    )
     assert all(len(line) <= 80 for line in text.splitlines())
     with Store(measured.url) as store:
         frame = read_series(store, measured.result_id)
@@ -249,7 +253,9 @@ def test_the_explorers_path_stores_series_on_postgresql(measured, postgres_serve
 def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend, tmp_path, capsys, request):
     """A version-1 store (no series table) with a result in it: opening it to read upgrades it once; the old
     result has no series, and new ones keep theirs."""
-    url = str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("postgres_server").fresh_database()
+    url = (
+        str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("postgres_server").fresh_database()
+    )
     experiment = get_experiment(FULL, PARAMS)
     entity = make_entity(experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
                                       "batch_size": 1})  # fmt: skip
@@ -261,7 +267,9 @@ def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend
             conn.execute(insert(schema_version).values(version=1, description="create", applied_at=time.time()))
             exp_pk = conn.execute(insert(experiments).values(experiment_row(experiment, id_hash(experiment.id), 0.0))
                                   ).inserted_primary_key[0]  # fmt: skip
-            ent_pk = conn.execute(insert(entities).values(entity_row(entity, id_hash(entity.id)))).inserted_primary_key[0]
+            ent_pk = conn.execute(insert(entities).values(entity_row(entity, id_hash(entity.id)))).inserted_primary_key[
+                0
+            ]
             request_id = conn.execute(insert(requests).values(
                 experiment_pk=exp_pk, entity_pk=ent_pk, actuator="measure", status="valid", attempts=1, created_at=0.0,
             )).inserted_primary_key[0]  # fmt: skip
@@ -303,8 +311,13 @@ def test_a_diverged_loss_is_kept_in_the_store_and_null_in_strict_json(tmp_path):
 
 
 def _series() -> dict:
-    return {"format": "tunebench.series/1", "warmup_steps": 0, "warmup_end_s": None, "gpus": [],
-            "series": {"train.loss": {"step": [1, 2], "time_s": [0.5, 1.0], "value": [2.5, float("nan")]}}}
+    return {
+        "format": "tunebench.series/1",
+        "warmup_steps": 0,
+        "warmup_end_s": None,
+        "gpus": [],
+        "series": {"train.loss": {"step": [1, 2], "time_s": [0.5, 1.0], "value": [2.5, float("nan")]}},
+    }
 
 
 def test_gpu_series_are_numbered_over_nodes_from_the_samplers_readings():

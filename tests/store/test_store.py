@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from layout import DATA, SRC
 from sqlalchemy import inspect, select, text
 
 from tunebench.spec.experiments import get_experiment, make_entity
@@ -18,7 +19,6 @@ from tunebench.spec.results import Result
 from tunebench.store import SCHEMA_VERSION, SchemaError, Store, migrations, owner_id, store_url
 from tunebench.store.schema import TABLES, metadata, requests, results, schema_version
 from tunebench.store.store import Record
-from layout import DATA, SRC
 
 EXP = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2})
 
@@ -264,13 +264,16 @@ def test_frozen_schema_matches_the_spec_lists():
     from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 
     fingerprint = hashlib.sha256(",".join(MEASURED_COLUMNS).encode()).hexdigest()
-    assert fingerprint == "44c5b645f1e4f741526820ff4aec34f92dbcc2430a2bf07df020bb7cfb09bb6e", "measured columns changed: write a migration"
+    assert fingerprint == "44c5b645f1e4f741526820ff4aec34f92dbcc2430a2bf07df020bb7cfb09bb6e", (
+        "measured columns changed: write a migration"
+    )
     assert len(MEASURED_COLUMNS) == 25 and "is_valid" not in MEASURED_COLUMNS
     assert sorted(REPORT_ORDER) == sorted(MEASURED_COLUMNS)
     assert ENTITY_COLUMNS == (*ID_ORDER, "number_nodes")  # the id's keys, then the placement
 
 
 # --- PostgreSQL: explorers creating one new store at once; a server that never answers
+
 
 def _bounded() -> None:
     """preexec_fn: a subprocess of these tests gets bounded memory and CPU time."""
@@ -392,6 +395,7 @@ def test_a_database_server_that_never_answers_is_an_error_not_a_hang(tmp_path):
 
 
 # --- stores opened to read: read-only, and never created in another program's database
+
 
 def _foreign_sqlite(path: Path) -> bytes:
     import sqlite3

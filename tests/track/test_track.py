@@ -24,9 +24,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from layout import SRC as LAYOUT_SRC
 from sqlalchemy import select
 
-from layout import SRC as LAYOUT_SRC
 from tunebench.commands.main import main
 from tunebench.errors import InputError
 from tunebench.explore.space import parse_space
@@ -430,7 +430,9 @@ def test_an_unreachable_tracking_server_is_an_error_before_training(tmp_path, ca
     path = explore_space(tmp_path, [f"mlflow:http://127.0.0.1:{port}"])
     assert main(["explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[-1] == f"error: track: cannot reach the MLflow tracking server http://127.0.0.1:{port}: connection refused"
+    assert (
+        err[-1] == f"error: track: cannot reach the MLflow tracking server http://127.0.0.1:{port}: connection refused"
+    )
     assert not (tmp_path / "s.db").exists()
 
 

@@ -67,8 +67,11 @@ def test_sampler_reads_every_gpu_and_samples_at_start_interval_and_stop():
     assert a["power_watts_avg"] == 350.0 and a["power_percent_avg"] == 50.0
     assert b["power_watts_avg"] == 100.0 and b["power_percent_avg"] is None
     props = gpu_properties(summary["gpus"])
-    assert (props["gpu_compute_utilization_min"], props["gpu_compute_utilization_avg"],
-            props["gpu_compute_utilization_max"]) == (30, 60, 90)
+    assert (
+        props["gpu_compute_utilization_min"],
+        props["gpu_compute_utilization_avg"],
+        props["gpu_compute_utilization_max"],
+    ) == (30, 60, 90)
     assert props["gpu_memory_utilization_peak"] == 50.0
     assert props["gpu_power_percent_min"] == props["gpu_power_percent_max"] == 50.0  # only GPU-aaaa reports it
 
@@ -142,9 +145,12 @@ def test_summary_time_averages_and_drops_warmup():
 
 
 def test_cpu_properties_average_nodes_and_default_zero():
-    assert cpu_properties([{"cpu_compute_utilization": 100.0, "cpu_memory_utilization": 10.0},
-                           {"cpu_compute_utilization": 300.0, "cpu_memory_utilization": 30.0}]) == {
-        "cpu_compute_utilization": 200.0, "cpu_memory_utilization": 20.0}
+    assert cpu_properties(
+        [
+            {"cpu_compute_utilization": 100.0, "cpu_memory_utilization": 10.0},
+            {"cpu_compute_utilization": 300.0, "cpu_memory_utilization": 30.0},
+        ]
+    ) == {"cpu_compute_utilization": 200.0, "cpu_memory_utilization": 20.0}
     assert cpu_properties([]) == {"cpu_compute_utilization": 0.0, "cpu_memory_utilization": 0.0}
 
 

@@ -16,7 +16,9 @@ from layout import SRC
 
 pytestmark = pytest.mark.slow  # subprocesses that train
 
-_WORDS = "market shares rose after the company reported strong quarterly earnings".split()  # this file's own records (worker_data.write_data)
+_WORDS = (
+    "market shares rose after the company reported strong quarterly earnings".split()
+)  # this file's own records (worker_data.write_data)
 SRC = str(SRC)
 TIMEOUT_S = 240  # a hung worker fails the test instead of hanging CI
 
@@ -61,22 +63,75 @@ def _result(tmp_path: Path, rank: int = 0) -> dict:
 def _worker(args: list[str], **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tunebench.worker", *args],
-        env=_env(**env), capture_output=True, text=True, timeout=TIMEOUT_S,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
     )
 
 
 def test_spec_command_line_runs_and_prints_the_result(tmp_path):
     """spec 004's LoRA command line (fms flags included) + tunebench's flags, as launch.py passes them."""
     extra = [
-        "--response_template", "\\n### Response:", "--dataset_text_field", "output", "--log_level", "debug",
-        "--num_train_epochs", "1", "--eval_strategy", "no", "--gradient_accumulation_steps", "2",
-        "--save_strategy", "no", "--learning_rate", "1e-05", "--weight_decay", "0.0", "--warmup_ratio", "0.03",
-        "--lr_scheduler_type", "cosine", "--logging_steps", "1", "--include_tokens_per_second", "True",
-        "--gradient_checkpointing", "True", "--packing", "False", "--peft_method", "lora",
-        "--target_modules", "q_proj", "v_proj", "--r", "4", "--lora_alpha", "16", "--lora_dropout", "0.05",
-        "--optim", "adamw_torch", "--bf16", "False", "--gradient_checkpointing_kwargs", '{"use_reentrant": false}',
-        "--fast_moe", "0", "--stop_after_seconds", "-1", "--auto_stop_method", "None", "--seed", "7",
-        "--metrics_interval_seconds", "0.2", "--aim_db", "ignored",
+        "--response_template",
+        "\\n### Response:",
+        "--dataset_text_field",
+        "output",
+        "--log_level",
+        "debug",
+        "--num_train_epochs",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--gradient_accumulation_steps",
+        "2",
+        "--save_strategy",
+        "no",
+        "--learning_rate",
+        "1e-05",
+        "--weight_decay",
+        "0.0",
+        "--warmup_ratio",
+        "0.03",
+        "--lr_scheduler_type",
+        "cosine",
+        "--logging_steps",
+        "1",
+        "--include_tokens_per_second",
+        "True",
+        "--gradient_checkpointing",
+        "True",
+        "--packing",
+        "False",
+        "--peft_method",
+        "lora",
+        "--target_modules",
+        "q_proj",
+        "v_proj",
+        "--r",
+        "4",
+        "--lora_alpha",
+        "16",
+        "--lora_dropout",
+        "0.05",
+        "--optim",
+        "adamw_torch",
+        "--bf16",
+        "False",
+        "--gradient_checkpointing_kwargs",
+        '{"use_reentrant": false}',
+        "--fast_moe",
+        "0",
+        "--stop_after_seconds",
+        "-1",
+        "--auto_stop_method",
+        "None",
+        "--seed",
+        "7",
+        "--metrics_interval_seconds",
+        "0.2",
+        "--aim_db",
+        "ignored",
     ]
     proc = _worker(_flags(tmp_path, torch_dtype="bfloat16") + extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -105,12 +160,26 @@ def test_gpu_only_method_fails_fast_with_exit_code(tmp_path):
 def test_host_memory_limit_is_out_of_memory(tmp_path):
     """Real: a ~68M-parameter fp32 model loads under a 1.1 GiB limit; gradients + AdamW states do not fit."""
     config = {
-        "model_type": "llama", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 4,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 512, "max_position_embeddings": 512,
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 512,
+        "max_position_embeddings": 512,
     }
     (tmp_path / "big.json").write_text(json.dumps(config))
-    proc = _worker(_flags(tmp_path, tunebench_model=str(tmp_path / "big.json"), tunebench_tiny="False",
-                          host_memory_limit_gib=1.1, per_device_train_batch_size=1, max_seq_length=8))
+    proc = _worker(
+        _flags(
+            tmp_path,
+            tunebench_model=str(tmp_path / "big.json"),
+            tunebench_tiny="False",
+            host_memory_limit_gib=1.1,
+            per_device_train_batch_size=1,
+            max_seq_length=8,
+        )
+    )
     r = _result(tmp_path)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert r["status"] == "oom" and "host memory" in r["reason"]
@@ -120,9 +189,16 @@ def test_host_memory_limit_is_out_of_memory(tmp_path):
 
 def test_sigterm_writes_a_failed_result(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tunebench.worker", *_flags(tmp_path, max_steps=1_000_000,
-                                                            per_device_train_batch_size=1)],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tunebench.worker",
+            *_flags(tmp_path, max_steps=1_000_000, per_device_train_batch_size=1),
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         for line in proc.stdout:  # wait until training runs
@@ -146,11 +222,31 @@ def _free_port() -> int:
 def test_ddp_two_cpu_processes_sum_throughput_and_agree_on_stop(tmp_path):
     """DDP over gloo with 2 CPU processes (hf-stack.md §6): accelerate launch --multi_gpu without a GPU."""
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), "-m", "tunebench.worker",
-        *_flags(tmp_path, tunebench_model="granite-3.1-2b", max_steps=100000, stop_after_seconds=1.5,
-                gradient_accumulation_steps=2, peft_method="lora", gradient_checkpointing="True"),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "tunebench.worker",
+        *_flags(
+            tmp_path,
+            tunebench_model="granite-3.1-2b",
+            max_steps=100000,
+            stop_after_seconds=1.5,
+            gradient_accumulation_steps=2,
+            peft_method="lora",
+            gradient_checkpointing="True",
+        ),
     ]
     proc = subprocess.run(cmd, env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -178,11 +274,27 @@ def test_ddp_two_cpu_processes_sum_throughput_and_agree_on_stop(tmp_path):
 def _ddp_cpu(tmp_path: Path, **flags) -> subprocess.CompletedProcess:
     """accelerate launch --multi_gpu with 2 CPU processes (DDP over gloo) of the worker."""
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), "-m", "tunebench.worker", *_flags(tmp_path, **flags),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "tunebench.worker",
+        *_flags(tmp_path, **flags),
     ]
-    return subprocess.run(cmd, check=False, env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(
+        cmd, check=False, env=_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 def test_ddp_train_tokens_are_world_size_times_rank_0s_rate(tmp_path):
@@ -192,8 +304,9 @@ def test_ddp_train_tokens_are_world_size_times_rank_0s_rate(tmp_path):
     from transformers import AutoTokenizer
 
     max_len = 128  # no record is cut: every micro-batch pads to its own longest record
-    proc = _ddp_cpu(tmp_path, max_steps=3, max_seq_length=max_len, gradient_accumulation_steps=1,
-                    tunebench_number_gpus=2)  # the per-GPU rates of a 2-GPU entity (gloo stands in for NCCL)
+    proc = _ddp_cpu(
+        tmp_path, max_steps=3, max_seq_length=max_len, gradient_accumulation_steps=1, tunebench_number_gpus=2
+    )  # the per-GPU rates of a 2-GPU entity (gloo stands in for NCCL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r0, r1 = _result(tmp_path, 0), _result(tmp_path, 1)
     props = json.loads((tmp_path / "result.json").read_text())["properties"]

@@ -104,7 +104,9 @@ def test_oom_classification():
     import torch
 
     assert classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 MiB")) == (
-        "oom", "GPU out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 20 MiB")
+        "oom",
+        "GPU out of memory: OutOfMemoryError: CUDA out of memory. Tried to allocate 20 MiB",
+    )
     # wrapped: the cause chain is searched
     try:
         try:
@@ -138,8 +140,12 @@ def _rank(rank, durations, samples, non_pad, padded, warmup=0, system=None, torc
         "steps": {
             "durations_s": durations,
             "warmup": warmup,
-            "local": {"samples": [samples] * n, "non_pad_tokens": [non_pad] * n, "padded_tokens": [padded] * n,
-                      "dataset_tokens": [dataset] * n},  # fmt: skip
+            "local": {
+                "samples": [samples] * n,
+                "non_pad_tokens": [non_pad] * n,
+                "padded_tokens": [padded] * n,
+                "dataset_tokens": [dataset] * n,
+            },  # fmt: skip
             "global": None,
         },
         "system": system,
@@ -182,7 +188,10 @@ def test_properties_sum_ranks_and_divide_per_gpu():
     assert p["dataset_tokens_per_second"] == 3 * (396 + 298) / 4
     assert p["dataset_tokens_per_second_per_gpu"] == 3 * (396 + 298) / 4 / 2
     assert (p["gpu_compute_utilization_min"], p["gpu_compute_utilization_avg"], p["gpu_compute_utilization_max"]) == (
-        60.0, 70.0, 80.0)
+        60.0,
+        70.0,
+        80.0,
+    )
     assert p["gpu_memory_utilization_peak"] == 90.0
     assert p["gpu_power_watts_avg"] == 250.0 and p["gpu_power_percent_max"] == 43.0
     assert p["cpu_compute_utilization"] == 150.0 and p["cpu_memory_utilization"] == 40.0
@@ -207,8 +216,11 @@ def test_properties_warmup_and_stop_after():
 
 
 def test_gpu_properties_ignored_for_cpu_runs():
-    system = {"cpu_compute_utilization": 90.0, "cpu_memory_utilization": 5.0,
-              "gpus": [_gpu("GPU-a", 80.0, 50.0, 70.0, 300.0, 43.0)]}
+    system = {
+        "cpu_compute_utilization": 90.0,
+        "cpu_memory_utilization": 5.0,
+        "gpus": [_gpu("GPU-a", 80.0, 50.0, 70.0, 300.0, 43.0)],
+    }
     p = properties_from_results([_rank(0, [1.0], 1, 10, 10, system=system)], number_gpus=0)
     assert p["gpu_compute_utilization_avg"] == 0.0 and p["cpu_compute_utilization"] == 90.0
 

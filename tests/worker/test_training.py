@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from worker_data import write_data
 
 from tunebench.spec.measured import BENCHMARK_MEASURED
@@ -228,9 +227,7 @@ def test_auto_stop_excludes_warmup(tmp_path):
     assert sum(d[k:-1]) < 0.4 or len(d) - k - 1 < 3  # ...and it stopped at the first step satisfying both
     props = agg["properties"]
     assert props["train_runtime"] == pytest.approx(sum(d[k:]))
-    assert props["dataset_tokens_per_second"] == pytest.approx(
-        sum(steps["global"]["dataset_tokens"][k:]) / sum(d[k:])
-    )
+    assert props["dataset_tokens_per_second"] == pytest.approx(sum(steps["global"]["dataset_tokens"][k:]) / sum(d[k:]))
     assert props["train_steps_per_second"] == pytest.approx((len(d) - k) / sum(d[k:]))  # kept: real steps
     assert r["system"]["n_dropped_warmup"] > 0  # samples inside the warm-up dropped
 
@@ -288,13 +285,25 @@ def test_pretrained_weights_and_tokenizer_from_a_local_directory(tmp_path):
 
     texts = [json.loads(line)["output"] for line in write_data(tmp_path / "data.jsonl").read_text().splitlines()]
     tok = train_bpe_tokenizer(texts, 300)
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=len(tok))
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tok),
+    )
     local = tmp_path / "local-model"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(local)
     tok.save_pretrained(local)
-    rc, r, agg = run(tmp_path, model_name_or_path=str(local), weights="auto", tunebench_tiny="False",
-                     tunebench_model="llama3-8b", steps=2)
+    rc, r, agg = run(
+        tmp_path,
+        model_name_or_path=str(local),
+        weights="auto",
+        tunebench_tiny="False",
+        tunebench_model="llama3-8b",
+        steps=2,
+    )
     assert rc == 0, r.get("reason")
     meta = r["metadata"]
     assert meta["weights"] == "pretrained" and meta["weights_requested"] == "auto"

@@ -25,6 +25,7 @@ DATASET = "vision-384x768-64plus-entries-4"  # width 384, height 768
 def _image_tokens_by_hand(height: int, width: int, size: int, patch: int, pinpoints) -> int:
     """LlavaNext feature count from first principles: best grid (most effective pixels, then least waste),
     base tile, the grid's patches unpadded to the image's aspect ratio, one newline per feature row."""
+
     def score(pin):
         h, w = pin
         scale = min(w / width, h / height)
@@ -54,8 +55,9 @@ def test_image_tokens_per_sample_match_a_hand_count(model):
     ]
     ex = vision.tokenize_row(processor, chat, vision.process_image(processor, jpeg(384, 768)), 8192)
     # the same ids as the processor's own expansion of the whole prompt
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     direct = processor(images=[Image.open(io.BytesIO(jpeg(384, 768)))], text=[vision.render(chat)[0]])
     assert ex.input_ids[: len(direct["input_ids"][0])] == list(direct["input_ids"][0])
@@ -66,7 +68,9 @@ def test_image_tokens_per_sample_match_a_hand_count(model):
     assert model != "granite-vision-3.2-2b" or expected == 729 + 54 * 27 + 54 == 2241
     # labels on the response only: the prompt (with every image token) is masked
     first_label = next(i for i, v in enumerate(ex.labels) if v != -100)
-    assert first_label > max(i for i, t in enumerate(ex.input_ids) if t == tok.convert_tokens_to_ids(vision.IMAGE_TOKEN))
+    assert first_label > max(
+        i for i, t in enumerate(ex.input_ids) if t == tok.convert_tokens_to_ids(vision.IMAGE_TOKEN)
+    )
     assert ex.labels[-1] == tok.eos_token_id and ex.pixel_values.shape[0] == 3  # base tile + 2 grid tiles
 
 
@@ -84,7 +88,9 @@ def test_vision_training_run_returns_every_property(tmp_path, model, method):
     steps = r["steps"]
     tokens = steps["global"]["dataset_tokens"]
     assert len(tokens) == 2 and all(t > n_img for t in tokens)  # 1 record a step: its image tokens counted
-    assert math.isclose(props["dataset_tokens_per_second"], sum(tokens[steps["warmup"]:]) / r["train_runtime"], rel_tol=1e-6)
+    assert math.isclose(
+        props["dataset_tokens_per_second"], sum(tokens[steps["warmup"] :]) / r["train_runtime"], rel_tol=1e-6
+    )
     # the spec's note 3 counts the entry, not the EOS appended for training (no record is cut here)
     assert [n - t for n, t in zip(steps["global"]["non_pad_tokens"], tokens)] == [1, 1]
     if method == "lora":
@@ -128,8 +134,9 @@ def test_pretrained_vision_checkpoint_from_a_local_directory(tmp_path):
     ckpt = tmp_path / "ckpt"
     model.save_pretrained(ckpt)
     processor.save_pretrained(ckpt)
-    rc, r, agg = _run(tmp_path, model="llava-v1.6-mistral-7b", method="lora", model_name_or_path=str(ckpt),
-                      weights="pretrained")
+    rc, r, agg = _run(
+        tmp_path, model="llava-v1.6-mistral-7b", method="lora", model_name_or_path=str(ckpt), weights="pretrained"
+    )
     assert rc == 0 and agg["status"] == "ok", r.get("reason")
     assert r["metadata"]["weights"] == "pretrained" and r["metadata"]["weights_source"] == str(ckpt)
     assert r["data"]["image_tokens_per_record"][0] == 1776  # 576 + 48 x 24 + 48 (the hand count above)

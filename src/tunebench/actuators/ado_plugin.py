@@ -160,7 +160,8 @@ def predict_request(request: MeasurementRequest, experiment: Experiment, options
         ObservedPropertyValue(valueType=numeric, property=prop, value=bool(value) if name == "is_valid" else value)
         for prop in experiment.observedProperties
         if (name := prop.targetProperty.identifier) in result.properties
-        and (value := result.properties[name]) is not None and math.isfinite(value)
+        and (value := result.properties[name]) is not None
+        and math.isfinite(value)
     ]
     metadata = {"actuator": "tunebench predict", "reasons": list(result.reasons)} if result.reasons else {}
     request.measurements = [ValidMeasurementResult(entityIdentifier=entity.identifier, measurements=values,

@@ -21,14 +21,14 @@ from typing import Any
 
 import yaml
 
+from tunebench.actuators.network import nccl_environment
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
-from tunebench.actuators.network import nccl_environment
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.support import flash_attn_on, unsupported
 from tunebench.errors import InputError, has_control_characters
-from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.paths import data_dir
+from tunebench.spec.experiments import Entity, Experiment, effective_values
 from tunebench.spec.properties import PROPERTIES
 from tunebench.spec.validity import check_values
 
@@ -114,9 +114,7 @@ def _flag(value: Any) -> str:
     return str(value)
 
 
-def resolve_model_path(
-    experiment: Experiment, model_name: str, model_map: dict[str, Any] | None = None
-) -> str:
+def resolve_model_path(experiment: Experiment, model_name: str, model_map: dict[str, Any] | None = None) -> str:
     """Where the weights come from: model_map, then the reference's model paths, then the HF id.
 
     model_map values are a path/HF id (the plain weights) or {Vanilla: ..., GPTQ-Quantized: ...}, as the
@@ -265,9 +263,10 @@ def accelerate_config(
     nodes = values["number_nodes"]
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
     if backend == "FSDP":
-        wrap = values.get("accelerate_config_fsdp_transformer_layer_cls_to_wrap") or get_model(
-            values["model_name"]
-        ).wrap_classes
+        wrap = (
+            values.get("accelerate_config_fsdp_transformer_layer_cls_to_wrap")
+            or get_model(values["model_name"]).wrap_classes
+        )
         fsdp: dict[str, Any] = {
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_backward_prefetch": "BACKWARD_PRE",

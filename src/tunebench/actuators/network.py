@@ -11,7 +11,6 @@ docs/multinode.md. Source of the NCCL defaults: NCCL's environment-variable docu
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping
 from typing import Any
 

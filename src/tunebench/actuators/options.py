@@ -42,7 +42,9 @@ class MeasureOptions:
     cpu_processes: Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)] = 1
     host_memory_limit_gib: NonNegative | None = None
     metrics_interval_seconds: Seconds | None = None
-    auto_stop_windows_seconds: tuple[NonNegative, NonNegative, Annotated[int, Field(ge=1)]] | None = None  # warm-up s, stable s, stable steps
+    auto_stop_windows_seconds: tuple[NonNegative, NonNegative, Annotated[int, Field(ge=1)]] | None = (
+        None  # warm-up s, stable s, stable steps
+    )
     extra_worker_args: tuple[str, ...] = ()
     nccl_env: dict[str, Any] | None = None
 
@@ -125,8 +127,11 @@ def _checked_value(name: str, action: Any, text: str) -> str:
         kind = {int: "an integer", float: "a number"}.get(action.type, "True, False")
         raise InputError(FIELD, f"{name}: bad value {text!r}", allowed=kind) from None
     if text.startswith("-") and not isinstance(value, (int, float)):
-        raise InputError(FIELD, f"{name}: the value {text!r} starts with '-' and would read as a flag",
-                         allowed="a value not starting with '-'")
+        raise InputError(
+            FIELD,
+            f"{name}: the value {text!r} starts with '-' and would read as a flag",
+            allowed="a value not starting with '-'",
+        )
     if action.choices and value not in action.choices:
         raise InputError(FIELD, f"{name}: unknown value {text!r}", allowed=", ".join(map(str, action.choices)))
     return text

@@ -120,7 +120,11 @@ def _option_flags(opts: MeasureOptions) -> list[str]:
 
 
 def run_logged(
-    command: list[str], env: dict[str, str], log_path: Path, timeout: float | None, watch: MemoryWatch | None = None,
+    command: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    timeout: float | None,
+    watch: MemoryWatch | None = None,
     on_step: Callable[[StepProgress], None] | None = None,
 ) -> tuple[int, bool]:
     """Run in a new process group, output to log_path; on timeout kill the whole group.

@@ -31,7 +31,6 @@ ENTRY_POINTS = "tunebench.actuators"  # plugins register actuators as entry poin
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
-
 @dataclass(frozen=True)
 class MultiNode:
     """The steps of one entity measured over several nodes (tunebench.executors.ray places the nodes).

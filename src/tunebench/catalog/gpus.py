@@ -52,7 +52,9 @@ class GPUSpec:
     confidence: str = "datasheet"  # or "unverified"
     notes: str = ""
     source: tuple[str, ...] = ()
-    price_usd_per_gpu_hour: float | None = None  # on-demand list price of one GPU for an hour (PRICES); None: none found
+    price_usd_per_gpu_hour: float | None = (
+        None  # on-demand list price of one GPU for an hour (PRICES); None: none found
+    )
     price_source: str = ""  # who lists that price, for which offer, and when
 
     @property
@@ -160,16 +162,18 @@ def get_gpu(value: str) -> GPUSpec:
 # NVIDIA GPU Feature Discovery's nvidia.com/gpu.product of a MIG device, "<product>-MIG-<profile>", the profile
 # "<g>g.<memory>gb" (a compute instance spanning its GPU instance), or "<c>c.<g>g.<memory>gb" for a smaller
 # compute instance (NVIDIA MIG user guide, "MIG Device Names"); "+me" adds media engines.
-MIG_NAME = re.compile(r"^(?P<gpu>.+?)[-_ ]MIG[-_ ](?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?:\+me)?$",
-                      re.IGNORECASE)
+MIG_NAME = re.compile(
+    r"^(?P<gpu>.+?)[-_ ]MIG[-_ ](?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<gb>\d+)gb(?:\+me)?$", re.IGNORECASE
+)
 # Compute slices of a whole GPU by CUDA compute capability: 7 on GA100 (A100; A30 has 4, not in the catalog),
 # GH100 (H100, H200, H20, H800) and GB100 (B200, GB200); 4 on the RTX PRO 6000 Blackwell (GB202). NVIDIA MIG user
 # guide, "Supported GPUs" (Max Number of Instances) and "Supported MIG Profiles" (Fraction of SMs g/7, g/4).
 MIG_COMPUTE_SLICES = {"8.0": 7, "9.0": 7, "10.0": 7, "12.0": 4}
 MIG_MEMORY_SLICES = 8  # memory (and L2, memory controllers) in eighths: "Fraction of Memory" 1/8 ... 8/8
 PCIE_X16_GBPS = {3: 32, 4: 64, 5: 128, 6: 256}  # bidirectional x16 (the catalog's PCIe entries)
-MIG_GUIDE = ("NVIDIA Multi-Instance GPU user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide): "
-             "Supported MIG Profiles")
+MIG_GUIDE = (
+    "NVIDIA Multi-Instance GPU user guide (docs.nvidia.com/datacenter/tesla/mig-user-guide): Supported MIG Profiles"
+)
 
 
 def is_mig(value: str | None) -> bool:

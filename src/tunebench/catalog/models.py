@@ -106,7 +106,9 @@ def _aliases(name: str, hf_id: str | None) -> tuple[str, ...]:
 def _from_catalog_entry(entry: dict[str, Any]) -> ModelSpec:
     known = set(ModelSpec.__dataclass_fields__) - {"extra", "aliases", "architectures", "fsdp_wrap_classes", "source"}
     kwargs = {k: entry.get(k) for k in known if k in entry}
-    wrap = entry.get("fsdp_wrap_classes") or ([entry["decoder_layer_class"]] if entry.get("decoder_layer_class") else [])
+    wrap = entry.get("fsdp_wrap_classes") or (
+        [entry["decoder_layer_class"]] if entry.get("decoder_layer_class") else []
+    )
     return ModelSpec(
         **kwargs,
         architectures=tuple(entry.get("architectures") or ()),
@@ -292,7 +294,9 @@ def load_config_model(value: str, name: str | None = None) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise InputError("model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path")
+        raise InputError(
+            "model_name", f"no config.json at {str(path)!r}", allowed="a catalog name or a config.json path"
+        )
     from tunebench.inputs import text_of  # size, UTF-8 and NUL checks of every text input
 
     try:

@@ -72,7 +72,11 @@ class GPUNumbers(BaseModel):
         """The GPUSpec the planner uses (missing memory bandwidth: FLOP_PER_BYTE of the bf16 peak)."""
         mib = self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
         bandwidth = self.memory_bandwidth_gbps or self.bf16_tflops * 1000 / FLOP_PER_BYTE
-        note = "" if self.memory_bandwidth_gbps else f"memory bandwidth assumed {bandwidth:,.0f} GB/s ({FLOP_PER_BYTE:g} FLOP/byte)"
+        note = (
+            ""
+            if self.memory_bandwidth_gbps
+            else f"memory bandwidth assumed {bandwidth:,.0f} GB/s ({FLOP_PER_BYTE:g} FLOP/byte)"
+        )
         return GPUSpec(
             name=self.name, aliases=tuple(self.aliases), architecture="Custom", compute_capability="",
             memory_mib=int(mib), memory_gib=round(mib / 1024, 2), memory_gb_nominal=round(mib / 1024),

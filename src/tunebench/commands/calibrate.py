@@ -11,12 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunebench.errors import InputError
 from tunebench.commands.options import option
+from tunebench.commands.printing import echo_json, fmt
+from tunebench.errors import InputError
 from tunebench.inputs import OutputFile
 from tunebench.paths import check_writable, output_errors
 from tunebench.plan.options import MeasurementsFile
-from tunebench.commands.printing import echo_json, fmt
 from tunebench.secrets import mask_secrets
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
@@ -25,25 +25,40 @@ Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables
 def calibrate(
     store: Annotated[
         str | None,
-        option(str, "--store", help="Results store URL to refit on (read only: a missing store is an error); default, "
-               "without --from: the default store that import, run and explore write to (TUNEBENCH_STORE or "
-               "the user's), said on stderr."),
+        option(
+            str,
+            "--store",
+            help="Results store URL to refit on (read only: a missing store is an error); default, "
+            "without --from: the default store that import, run and explore write to (TUNEBENCH_STORE or "
+            "the user's), said on stderr.",
+        ),
     ] = None,
     sources: Annotated[
-        list[Path] | None, option(MeasurementsFile, "--from", help="CSV of measurements (fms-acceleration or measured-property layout).")
+        list[Path] | None,
+        option(MeasurementsFile, "--from", help="CSV of measurements (fms-acceleration or measured-property layout)."),
     ] = None,
-    output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Where to write the calibration JSON.")] = None,
-    save: Annotated[bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")] = True,
+    output: Annotated[
+        Path | None, option(OutputFile, "--output", "-o", help="Where to write the calibration JSON.")
+    ] = None,
+    save: Annotated[
+        bool, typer.Option("--save/--no-save", help="Write the calibration (default: your refit file).")
+    ] = True,
     lomo: Annotated[bool, typer.Option("--lomo/--no-lomo", help="Report leave-one-model-out error (slower).")] = True,
     replace: Annotated[
         bool,
-        typer.Option("--replace", help="Fit on the given measurements alone, without the reference runs the "
-                     "default calibration is fitted on."),
+        typer.Option(
+            "--replace",
+            help="Fit on the given measurements alone, without the reference runs the "
+            "default calibration is fitted on.",
+        ),
     ] = False,
     no_store: Annotated[
         bool,
-        typer.Option("--no-store", help="Without --store or --from: the reference runs alone, not the default "
-                     "store (what the shipped calibration is fitted on)."),
+        typer.Option(
+            "--no-store",
+            help="Without --store or --from: the reference runs alone, not the default "
+            "store (what the shipped calibration is fitted on).",
+        ),
     ] = False,
     as_json: Json = False,
 ) -> None:
@@ -78,8 +93,10 @@ def calibrate(
         typer.echo(f"saved to {target}")
 
 
-DEFAULT_SOURCE = ("fms-acceleration runs + published runs (litgpt, PEFT, torchtitan, PEFT docs, torchtune, Unsloth, "
-                  "Liger-Kernel, Qwen) + ado CPU example")
+DEFAULT_SOURCE = (
+    "fms-acceleration runs + published runs (litgpt, PEFT, torchtitan, PEFT docs, torchtune, Unsloth, "
+    "Liger-Kernel, Qwen) + ado CPU example"
+)
 
 
 def default_store(store: str | None, sources: list[Path] | None, default: bool = True) -> tuple[str | None, str | None]:
@@ -117,7 +134,9 @@ def gather_records(store: str | None, sources: list[Path] | None, replace: bool,
         try:
             records += measurements.store_records(store)
         except ImportError:
-            raise InputError("--store", "the sample store is not available in this installation; use --from CSV") from None
+            raise InputError(
+                "--store", "the sample store is not available in this installation; use --from CSV"
+            ) from None
         except InputError:
             raise
         except Exception as exc:  # a URL SQLAlchemy cannot open, a foreign schema, ...

@@ -14,16 +14,21 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
 )  # fmt: skip
 
 from tunebench import paths
+from tunebench.commands.options import argument, option
+from tunebench.commands.terminal import Column, print_table
 from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_dataset, read_manifest, verify
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
-from tunebench.commands.options import argument, option
 from tunebench.inputs import Count, OutputDir, Text
 from tunebench.paths import output_errors
-from tunebench.commands.terminal import Column, print_table
 
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
 
@@ -56,10 +61,16 @@ def list_cmd(
         m = read_manifest(spec, data_dir)
         path = dataset_path(spec, data_dir)
         present = m is not None and path.is_file() and path.stat().st_size == m.size_bytes
-        rows.append({
-            "id": ds_id, "kind": spec.kind, "entries": spec.entries, "entry": describe(spec),
-            "file": str(path) if present else None, "size_bytes": m.size_bytes if present else None,
-        })
+        rows.append(
+            {
+                "id": ds_id,
+                "kind": spec.kind,
+                "entries": spec.entries,
+                "entry": describe(spec),
+                "file": str(path) if present else None,
+                "size_bytes": m.size_bytes if present else None,
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
@@ -90,8 +101,10 @@ def generate(
     if m is None:  # cannot happen unless the file changes under us
         typer.echo(f"error: {spec.id} failed verification after generation", err=True)
         raise typer.Exit(1)
-    typer.echo(f"{dataset_path(spec, data_dir)}  {m.entries} entries  {m.size_bytes} bytes  "
-               f"sha256 {m.sha256}  ({time.perf_counter() - t0:.1f} s)")
+    typer.echo(
+        f"{dataset_path(spec, data_dir)}  {m.entries} entries  {m.size_bytes} bytes  "
+        f"sha256 {m.sha256}  ({time.perf_counter() - t0:.1f} s)"
+    )
 
 
 @app.command()
@@ -112,13 +125,20 @@ def stats(
     if as_json:
         typer.echo(json.dumps(s, indent=1))
         return
-    why = ("text only, no image tokens" if spec.is_vision and counts.source != "fallback"
-           else {"fallback": "fallback rule", "offline": "stand-in tokenizer"}.get(counts.source, ""))
+    why = (
+        "text only, no image tokens"
+        if spec.is_vision and counts.source != "fallback"
+        else {"fallback": "fallback rule", "offline": "stand-in tokenizer"}.get(counts.source, "")
+    )
     exact = "exact" if counts.exact else f"not exact ({why})"
-    typer.echo(f"{spec.id}: {s['entries']} entries, tokens per entry min {s['min_tokens']} "
-               f"avg {s['avg_tokens']:.1f} max {s['max_tokens']} (max length {s['max_length'] or 'none'})")
-    typer.echo(f"tokenizer: {counts.tokenizer} [{counts.source}], {exact}; "
-               f"{'from cache' if counts.from_cache else 'counted'} in {counts.seconds:.2f} s")
+    typer.echo(
+        f"{spec.id}: {s['entries']} entries, tokens per entry min {s['min_tokens']} "
+        f"avg {s['avg_tokens']:.1f} max {s['max_tokens']} (max length {s['max_length'] or 'none'})"
+    )
+    typer.echo(
+        f"tokenizer: {counts.tokenizer} [{counts.source}], {exact}; "
+        f"{'from cache' if counts.from_cache else 'counted'} in {counts.seconds:.2f} s"
+    )
 
 
 class ProgressBar:

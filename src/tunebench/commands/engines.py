@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tunebench.commands.options import argument, option
 from tunebench.engines import envs
 from tunebench.engines.versions import NEWEST, VERSIONS, check_version, exclude_newer
 from tunebench.errors import InputError
-from tunebench.commands.options import argument, option
 
 app = typer.Typer(help="fms-hf-tuning environments: one per version, built with uv on first use.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -74,7 +74,14 @@ def _manifest(path) -> dict:
 def install(
     versions: Versions = None,
     plugins: Plugins = False,
-    torch: Annotated[str, option(Literal[envs.TORCH_MODES], "--torch", help="host: the project's torch, linked in; pinned: the spec's pin (CUDA, GBs).")] = "host",  # type: ignore[valid-type]
+    torch: Annotated[
+        str,
+        option(
+            Literal[envs.TORCH_MODES],
+            "--torch",
+            help="host: the project's torch, linked in; pinned: the spec's pin (CUDA, GBs).",
+        ),
+    ] = "host",  # type: ignore[valid-type]
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Remove and build again even if ready.")] = False,
 ) -> None:
     """Build (or check) the environment of each version; a broken one is rebuilt."""
@@ -84,7 +91,11 @@ def install(
         with console.status(f"fms-hf-tuning {version}") as status:
             engine = envs.ensure(version, plugins, torch, progress=lambda m: (status.update(m), console.log(m)))
         packages = engine.manifest["packages"]
-        typer.echo(f"fms-hf-tuning {version}: ready at {engine.path} (" + ", ".join(f"{k} {v}" for k, v in packages.items()) + ")")
+        typer.echo(
+            f"fms-hf-tuning {version}: ready at {engine.path} ("
+            + ", ".join(f"{k} {v}" for k, v in packages.items())
+            + ")"
+        )
 
 
 @app.command()

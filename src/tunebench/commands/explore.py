@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from tunebench.errors import InputError
 from tunebench.commands.options import argument, option
-from tunebench.inputs import Count, NonNegativeInt, OutputFile, Seconds, Text, TextFile
 from tunebench.commands.store import StoreOpt
-from tunebench.store.open import open_store
 from tunebench.commands.track import TrackOpt
+from tunebench.errors import InputError
+from tunebench.inputs import Count, NonNegativeInt, OutputFile, Seconds, Text, TextFile
+from tunebench.store.open import open_store
 
 if TYPE_CHECKING:
     from tunebench.explore.explorer import Settings, Summary
@@ -26,14 +26,15 @@ if TYPE_CHECKING:
 
 
 def explore(
-    space: Annotated[Path, argument(TextFile, "SPACE", help="Space file (YAML): experiments, entity_space, actuator, operation.")],
+    space: Annotated[
+        Path, argument(TextFile, "SPACE", help="Space file (YAML): experiments, entity_space, actuator, operation.")
+    ],
     executor: Annotated[
-        str | None, option(Literal["local", "ray"], "--executor", help="local or ray (default: the space file's, else local).")
+        str | None,
+        option(Literal["local", "ray"], "--executor", help="local or ray (default: the space file's, else local)."),
     ] = None,
     store: StoreOpt = None,
-    max_parallel: Annotated[
-        int | None, option(Count, "--max-parallel", help="Measurements in flight at once.")
-    ] = None,
+    max_parallel: Annotated[int | None, option(Count, "--max-parallel", help="Measurements in flight at once.")] = None,
     remeasure: Annotated[
         bool, typer.Option("--remeasure", help="Measure again points that already have results.")
     ] = False,
@@ -48,16 +49,22 @@ def explore(
     ] = None,
     actuator: Annotated[
         str | None,
-        option(Text, "--actuator", help="measure | predict (screen the space with the planner) | noop | a plugin's "
-               "name | module:function (with --allow-actuator-import); default: the space file's."),
+        option(
+            Text,
+            "--actuator",
+            help="measure | predict (screen the space with the planner) | noop | a plugin's "
+            "name | module:function (with --allow-actuator-import); default: the space file's.",
+        ),
     ] = None,
     skip_predicted_oom: Annotated[
         bool, typer.Option("--skip-predicted-oom", help="Do not measure points the planner predicts will not fit.")
     ] = False,
     allow_actuator_import: Annotated[
         bool,
-        typer.Option("--allow-actuator-import", help="Let the actuator be any module:function, not only a "
-                     "registered one (it imports and runs that code)."),
+        typer.Option(
+            "--allow-actuator-import",
+            help="Let the actuator be any module:function, not only a registered one (it imports and runs that code).",
+        ),
     ] = False,
     track: TrackOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress (live or logged).")] = False,
@@ -69,8 +76,8 @@ def explore(
     Exit code 1 when measurements failed (after their retries), 0 otherwise."""
     # over 60 lines only through its Typer options: the body is short
     from tunebench.actuators import check_options
-    from tunebench.explore.samplers import check_points
     from tunebench.explore.explorer import Settings
+    from tunebench.explore.samplers import check_points
     from tunebench.explore.space import load_space
     from tunebench.track import Trackers, open_trackers
 
@@ -114,8 +121,8 @@ def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_addr
     """Explore spec with the executor of kind on the store at the URL store, showing progress."""
     from rich.console import Console
 
-    from tunebench.explore.explorer import explore as run
     from tunebench.commands.explore_progress import ProgressDisplay, ProgressLog
+    from tunebench.explore.explorer import explore as run
     from tunebench.logs import is_quiet
 
     sample_store = open_store(store)
@@ -164,11 +171,16 @@ space_app = typer.Typer(help="Space files: ado's resources as a tunebench space.
 def space_from_ado(
     # the files are read (and refused with their field) by read_text below
     space: Annotated[Path, argument(Path, "SPACE", help="ado discovery space (YAML): experiments, entitySpace.")],
-    operation: Annotated[Path | None, option(Path, "--operation", help="ado operation (YAML): random_walk and "
-                                             "its parameters.")] = None,
-    actuator_config: Annotated[Path | None, option(Path, "--actuator-config", help="ado actuator configuration "
-                                                   "(YAML): data_directory, model_map.")] = None,
-    output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Write the space file here (default stdout).")] = None,
+    operation: Annotated[
+        Path | None, option(Path, "--operation", help="ado operation (YAML): random_walk and its parameters.")
+    ] = None,
+    actuator_config: Annotated[
+        Path | None,
+        option(Path, "--actuator-config", help="ado actuator configuration (YAML): data_directory, model_map."),
+    ] = None,
+    output: Annotated[
+        Path | None, option(OutputFile, "--output", "-o", help="Write the space file here (default stdout).")
+    ] = None,
 ) -> None:
     """Convert ado's discovery space (with its operation and actuator configuration) to a tunebench space file."""
     import yaml

@@ -29,8 +29,12 @@ class ProgressDisplay:
         self.console = console or Console(stderr=True)
         self.wide = self.console.width >= self.WIDE
         if self.wide:
-            counts = (TextColumn("running {task.fields[running]}"), TextColumn("[red]failed {task.fields[failed]}"),
-                      TextColumn("invalid {task.fields[invalid]}"), TextColumn("memoised {task.fields[memoised]}"))
+            counts = (
+                TextColumn("running {task.fields[running]}"),
+                TextColumn("[red]failed {task.fields[failed]}"),
+                TextColumn("invalid {task.fields[invalid]}"),
+                TextColumn("memoised {task.fields[memoised]}"),
+            )
         else:  # a narrow terminal: the counts that are not 0 in one short column, a shorter bar
             counts = (TextColumn("{task.fields[counts]}"),)
         self.progress = Progress(

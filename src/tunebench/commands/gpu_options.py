@@ -20,8 +20,13 @@ from tunebench.errors import InputError
 # the file is read by catalog.user_gpus.read_catalog and the numbers checked together by
 # catalog.gpus.custom_gpu (field --gpu-*), which also serve the Python API
 GPUCatalog = Annotated[
-    Path | None, option(Path, "--gpu-catalog", help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
-                              "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).")  # fmt: skip
+    Path | None,
+    option(
+        Path,
+        "--gpu-catalog",
+        help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
+        "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).",
+    ),  # fmt: skip
 ]
 GPUMemory = Annotated[float | None, option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
 GPUTflops = Annotated[float | None, option(float, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
@@ -31,7 +36,9 @@ GPULink = Annotated[
 GPUBandwidth = Annotated[
     float | None, option(float, "--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
 ]
-GPUName = Annotated[str | None, option(str, "--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")]
+GPUName = Annotated[
+    str | None, option(str, "--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")
+]
 
 # The command's parameter ("gpu_" + GPUOptions' field) -> its Typer declaration, in --help's order.
 GPU_PARAMETERS = {
@@ -61,7 +68,11 @@ class GPUOptions:
         catalog_file_gpus()  # TUNEBENCH_GPU_CATALOG's file, refused now if it is malformed (before any planning)
         for spec in read_catalog(str(self.catalog)) if self.catalog is not None else ():
             register_gpu(spec)
-        given = {"--gpu-memory-gib": self.memory, "--gpu-bf16-tflops": self.tflops, "--gpu-interconnect-gbps": self.link}
+        given = {
+            "--gpu-memory-gib": self.memory,
+            "--gpu-bf16-tflops": self.tflops,
+            "--gpu-interconnect-gbps": self.link,
+        }
         if all(v is None for v in (*given.values(), self.bandwidth)):
             return
         missing = [k for k, v in given.items() if v is None]
@@ -69,7 +80,9 @@ class GPUOptions:
             raise InputError(missing[0], "missing: a GPU given by its numbers needs all of " + ", ".join(given))
         label = self.name or gpu_model
         if not label:
-            raise InputError("--gpu-name", "which GPU do the --gpu-* numbers describe? give gpu_model=LABEL or --gpu-name")
+            raise InputError(
+                "--gpu-name", "which GPU do the --gpu-* numbers describe? give gpu_model=LABEL or --gpu-name"
+            )
         register_gpu(custom_gpu(label, self.memory, self.tflops, self.link, self.bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
 
 

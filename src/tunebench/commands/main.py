@@ -24,12 +24,22 @@ from typer.core import TyperGroup
 from tunebench import __version__
 from tunebench.catalog import list_gpus, list_models
 from tunebench.commands.datasets import app as datasets_app
-from tunebench.engines import NATIVE
 from tunebench.commands.engines import app as engines_app
-from tunebench.errors import InputError, one_line
-from tunebench.limits import MAX_CPU_PROCESSES
 from tunebench.commands.explore import register as register_explore
 from tunebench.commands.options import OptionError, argument, option
+from tunebench.commands.plan import register as register_plan
+from tunebench.commands.report import register as register_report
+from tunebench.commands.store import record_run, run_store
+from tunebench.commands.store import register as register_store
+from tunebench.commands.terminal import Column, fit, print_table
+from tunebench.commands.track import TrackOpt, open_for_run, track_run
+from tunebench.commands.track import register as register_track
+from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
+from tunebench.engines import NATIVE
+from tunebench.errors import InputError, one_line
+from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
+from tunebench.limits import MAX_CPU_PROCESSES
+from tunebench.secrets import mask_secrets
 from tunebench.spec.experiments import (
     Experiment,
     effective_values,
@@ -39,17 +49,7 @@ from tunebench.spec.experiments import (
     parse_assignments,
 )
 from tunebench.spec.measured import shown_columns
-from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
-from tunebench.commands.plan import register as register_plan
-from tunebench.commands.report import register as register_report
 from tunebench.spec.properties import PROPERTIES, REQUIRED, render_value
-from tunebench.secrets import mask_secrets
-from tunebench.commands.store import record_run, run_store
-from tunebench.commands.store import register as register_store
-from tunebench.commands.terminal import Column, fit, print_table
-from tunebench.commands.track import TrackOpt, open_for_run, track_run
-from tunebench.commands.track import register as register_track
-from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
 
 
 def bare_flags(command: Any) -> None:
@@ -96,10 +96,15 @@ Params = Annotated[
     option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
 Wide = Annotated[bool, typer.Option("--wide", help="Every column in full, however wide the lines get.")]
-Props = Annotated[list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)]
+Props = Annotated[
+    list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)
+]
 Experiment_ = Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")]
 EngineOpt = Annotated[
-    str, option(Engine, "--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).")
+    str,
+    option(
+        Engine, "--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version)."
+    ),
 ]
 # the number of DDP processes of a CPU entity: each is a whole training process (tunebench.limits)
 CpuProcesses = Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)]
@@ -160,8 +165,12 @@ def _root(
         bool,
         typer.Option("--version", is_eager=True, callback=_print_version, help="Print tunebench's version and exit."),
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="More log lines on stderr (every progress step).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr: no progress lines.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="More log lines on stderr (every progress step).")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only warnings and errors on stderr: no progress lines.")
+    ] = False,
 ) -> None:
     """Options before any command: --version, -v/--verbose, -q/--quiet, --help."""
     from tunebench import logs
@@ -263,8 +272,9 @@ def describe(
         _print_json(info)
         return
     # descriptions and domains are plain text: "[fast_loss, ...]" must print, not read as rich markup
-    console.print(f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n",
-                  soft_wrap=False)  # wrapped at spaces on a narrow terminal
+    console.print(
+        f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n", soft_wrap=False
+    )  # wrapped at spaces on a narrow terminal
     rows = [(p["name"], "required", p["domain"], p["description"]) for p in info["required"]]
     rows += [(p["name"], render_value(p["default"]) if p["default"] is not None else "None", p["domain"],
               p["description"]) for p in info["optional"]]  # fmt: skip
@@ -307,14 +317,21 @@ def launch_plan(
     props: Props = None,
     params: Params = None,
     data_dir: Annotated[
-        str | None, option(Text, "--data-dir", help="Data-set directory (default: TUNEBENCH_DATA_DIR; printed only: it "
-                           "need not exist here).")
+        str | None,
+        option(
+            Text,
+            "--data-dir",
+            help="Data-set directory (default: TUNEBENCH_DATA_DIR; printed only: it need not exist here).",
+        ),
     ] = None,
     weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random")] = "auto",
-    main_process_ip: Annotated[str | None, option(Host, "--main-process-ip", help="Rendezvous host of multi-node runs.")] = None,
+    main_process_ip: Annotated[
+        str | None, option(Host, "--main-process-ip", help="Rendezvous host of multi-node runs.")
+    ] = None,
     port: Annotated[int, option(Port, "--port", help="Rendezvous port.")] = 29500,
     nccl_env: Annotated[
-        list[str] | None, option(str, "--nccl-env", help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...).")
+        list[str] | None,
+        option(str, "--nccl-env", help="NAME=VALUE: an NCCL variable of GPU runs (RoCE: NCCL_IB_HCA, ...)."),
     ] = None,
     engine: EngineOpt = NATIVE,
     as_json: Json = False,
@@ -397,15 +414,24 @@ def run(
     experiment: Experiment_,
     props: Props = None,
     params: Params = None,
-    weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random (random: no download).")] = "auto",
+    weights: Annotated[
+        str, option(Weights, "--weights", help="auto | pretrained | random (random: no download).")
+    ] = "auto",
     data_dir: Annotated[Path | None, option(OutputDir, "--data-dir", help="Data-set directory.")] = None,
-    output_dir: Annotated[Path | None, option(OutputDir, "--output-dir", help="Where the run's logs and result files go.")] = None,
-    timeout: Annotated[float, option(Seconds, "--timeout", help="Wall-clock limit of the run in seconds.")] = 3600.0,
-    cpu_processes: Annotated[int, option(CpuProcesses, "--cpu-processes", help="DDP processes for a CPU entity (gloo).")] = 1,
-    host_memory_limit_gib: Annotated[
-        float | None, option(Positive, "--host-memory-limit-gib", help="CPU runs: exceeding this host memory is out of memory.")
+    output_dir: Annotated[
+        Path | None, option(OutputDir, "--output-dir", help="Where the run's logs and result files go.")
     ] = None,
-    store: Annotated[str | None, option(Text, "--store", help="Store URL or SQLite file the result is kept in.")] = None,
+    timeout: Annotated[float, option(Seconds, "--timeout", help="Wall-clock limit of the run in seconds.")] = 3600.0,
+    cpu_processes: Annotated[
+        int, option(CpuProcesses, "--cpu-processes", help="DDP processes for a CPU entity (gloo).")
+    ] = 1,
+    host_memory_limit_gib: Annotated[
+        float | None,
+        option(Positive, "--host-memory-limit-gib", help="CPU runs: exceeding this host memory is out of memory."),
+    ] = None,
+    store: Annotated[
+        str | None, option(Text, "--store", help="Store URL or SQLite file the result is kept in.")
+    ] = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the result in the store.")] = False,
     engine: EngineOpt = NATIVE,
     track: TrackOpt = None,
@@ -432,7 +458,9 @@ def run(
 
 @app.command()
 def demo(
-    folder: Annotated[Path, option(OutputDir, "--dir", help="Where the demo's store, run files and report go.")] = Path("demo"),
+    folder: Annotated[Path, option(OutputDir, "--dir", help="Where the demo's store, run files and report go.")] = Path(
+        "demo"
+    ),
 ) -> int:
     """The product in five commands: plan a GPU job, recommend GPUs, measure a tiny job on this CPU,
     compare the prediction with the measurement, write the HTML report (tunebench.commands.demo)."""

@@ -14,56 +14,89 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunebench.errors import InputError, parse_json
-from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
 from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.commands.options import argument, option
+from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
+from tunebench.commands.terminal import Column, print_table
+from tunebench.errors import InputError, parse_json
 from tunebench.inputs import EnvName, NonNegative, Positive, Seconds, Text, TextFile
 from tunebench.plan.options import AvgTokens as AvgTokenCount
 from tunebench.plan.options import CalibrationFile, GpuCount, PostUrl, Probability, check_recommend
 from tunebench.plan.options import Currency as CurrencyCode
-from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
-from tunebench.commands.terminal import Column, print_table
+from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Params = Annotated[
     list[str] | None,
     option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
 ]
-Props = Annotated[list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)]
-Price = Annotated[float | None, option(NonNegative, "--price-per-gpu-hour", help="Price of one GPU-hour, for cost (default: "
-                                      "the GPU catalog's on-demand list price in USD, where it has one).")]
-Currency = Annotated[str, option(CurrencyCode, "--currency", help="Currency of --price-per-gpu-hour, printed with cost "
-                                 "(ISO 4217 code; nothing is converted; not USD: give --price-per-gpu-hour).")]
+Props = Annotated[
+    list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)
+]
+Price = Annotated[
+    float | None,
+    option(
+        NonNegative,
+        "--price-per-gpu-hour",
+        help="Price of one GPU-hour, for cost (default: "
+        "the GPU catalog's on-demand list price in USD, where it has one).",
+    ),
+]
+Currency = Annotated[
+    str,
+    option(
+        CurrencyCode,
+        "--currency",
+        help="Currency of --price-per-gpu-hour, printed with cost "
+        "(ISO 4217 code; nothing is converted; not USD: give --price-per-gpu-hour).",
+    ),
+]
 MaxOomRisk = Annotated[
     float,
-    option(Probability, "--max-oom-risk", help="Largest out-of-memory probability accepted as fitting (0 to 1; the "
-           "planner's own 'fits' is <= 0.5).")
+    option(
+        Probability,
+        "--max-oom-risk",
+        help="Largest out-of-memory probability accepted as fitting (0 to 1; the planner's own 'fits' is <= 0.5).",
+    ),
 ]
 CalibrationPath = Annotated[
-    Path | None, option(CalibrationFile, "--calibration", help="Calibration JSON (default: your refit, else the shipped one).")
+    Path | None,
+    option(CalibrationFile, "--calibration", help="Calibration JSON (default: your refit, else the shipped one)."),
 ]
 Network = Annotated[
-    float | None, option(Positive, "--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce).")
+    float | None,
+    option(Positive, "--network-gbps", help="Inter-node bandwidth per node, GB/s (default by enable_roce)."),
 ]
 HostMemory = Annotated[
-    float | None, option(Positive, "--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there.")
+    float | None,
+    option(Positive, "--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there."),
 ]
 AvgTokens = Annotated[
     float | None,
-    option(AvgTokenCount, "--avg-tokens", help="Mean tokens per sample of your data: time, throughput and cost use it (capped "
-                 "at model_max_length); peak memory still sizes model_max_length."),
+    option(
+        AvgTokenCount,
+        "--avg-tokens",
+        help="Mean tokens per sample of your data: time, throughput and cost use it (capped "
+        "at model_max_length); peak memory still sizes model_max_length.",
+    ),
 ]
 Lengths = Annotated[
     Path | None,
-    option(TextFile, "--lengths", help="JSON lines of your samples (\"output\", \"text\" or chat \"messages\"), "
-                 "counted with the model's tokenizer: time and cost use their mean, memory their longest."),
+    option(
+        TextFile,
+        "--lengths",
+        help='JSON lines of your samples ("output", "text" or chat "messages"), '
+        "counted with the model's tokenizer: time and cost use their mean, memory their longest.",
+    ),
 ]
 Compare = Annotated[
     bool,
-    typer.Option("--compare", help="Show the prediction beside the stored measurement of the entity; without "
-                 "an entity, of every measured entity in the store (or in --space's exploration)."),
+    typer.Option(
+        "--compare",
+        help="Show the prediction beside the stored measurement of the entity; without "
+        "an entity, of every measured entity in the store (or in --space's exploration).",
+    ),
 ]
 
 
@@ -148,10 +181,12 @@ def _require_gpu_model(values: dict[str, Any]) -> None:
 
 @with_gpu_options
 def plan(  # over 60 lines: 16 lines are Typer's option declarations
-    experiment: Annotated[str | None, argument(str, "EXPERIMENT", help="Experiment id (omit with --batch).", show_default=False)] = None,
+    experiment: Annotated[
+        str | None, argument(str, "EXPERIMENT", help="Experiment id (omit with --batch).", show_default=False)
+    ] = None,
     props: Props = None,
     params: Params = None,
-    batch: Annotated[Path | None, option(TextFile, "--batch", help="JSON lines of {\"experiment\", \"entity\"}.")] = None,
+    batch: Annotated[Path | None, option(TextFile, "--batch", help='JSON lines of {"experiment", "entity"}.')] = None,
     as_json: Json = False,
     price: Price = None,
     calibration: CalibrationPath = None,
@@ -160,8 +195,12 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     compare: Compare = False,
     store: Annotated[
         str | None,
-        option(str, "--store", help="Store URL or SQLite file for --compare (default: the user's); read only: a "
-               "missing store is an error."),
+        option(
+            str,
+            "--store",
+            help="Store URL or SQLite file for --compare (default: the user's); read only: a "
+            "missing store is an error.",
+        ),
     ] = None,
     space: Annotated[
         Path | None, option(Path, "--space", help="With --compare: only the entities this space file explored.")
@@ -172,8 +211,12 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     lengths: Lengths = None,
     grid: Annotated[
         list[str] | None,
-        option(str, "--grid", help="KEY=V1,V2,... or KEY=LOW..HIGH (the powers of two between): plan every point "
-                     "of the grid, one row each (repeatable; a KEY=LOW..HIGH argument is a dimension too)."),
+        option(
+            str,
+            "--grid",
+            help="KEY=V1,V2,... or KEY=LOW..HIGH (the powers of two between): plan every point "
+            "of the grid, one row each (repeatable; a KEY=LOW..HIGH argument is a dimension too).",
+        ),
     ] = None,
     wide: Annotated[bool, typer.Option("--wide", help="--grid: every column in full.")] = False,
     gpu: GPUOptions = GPUOptions(),
@@ -342,11 +385,19 @@ def recommend(
 
 
 Model = Annotated[
-    str, argument(str, "MODEL", help="The model: a catalog name, a short name (mistral-7b), a Hugging Face id in the "
-                  "local cache, or a config.json path.", show_default=False)
+    str,
+    argument(
+        str,
+        "MODEL",
+        help="The model: a catalog name, a short name (mistral-7b), a Hugging Face id in the "
+        "local cache, or a config.json path.",
+        show_default=False,
+    ),
 ]
 # entity values: checked with the entity (its properties' domains and validity rules), named by property
-GPUModel = Annotated[str, option(str, "--gpu-model", help="The GPU (a name from `tunebench gpus`).", show_default=False)]
+GPUModel = Annotated[
+    str, option(str, "--gpu-model", help="The GPU (a name from `tunebench gpus`).", show_default=False)
+]
 Method = Annotated[str, option(str, "--method", help="full | lora | qlora (the benchmark experiment of the method).")]
 GPUs = Annotated[int, option(int, "--number-gpus", help="GPUs the job runs on.")]
 
@@ -419,9 +470,11 @@ def largest_command(name: str, model: str, props: list[str] | None, gpu_model: s
     if name == "model_max_length" and found.value:
         padded = padded_tokens(exp, {**values, name: found.value}, opts)
         if padded < found.value:
-            notes.append(f"the samples of {values['dataset_id']} are about {padded:,.0f} tokens once padded: past "
-                         "that a longer model_max_length takes no more memory; dataset_id=news-tokens-128kplus-"
-                         "entries-320 (131,072+ tokens a sample) plans longer sequences")
+            notes.append(
+                f"the samples of {values['dataset_id']} are about {padded:,.0f} tokens once padded: past "
+                "that a longer model_max_length takes no more memory; dataset_id=news-tokens-128kplus-"
+                "entries-320 (131,072+ tokens a sample) plans longer sequences"
+            )
     out["job"] = {"model_name": values["model_name"], "method": method, "gpu_model": values["gpu_model"],
                   "number_gpus": number_gpus, **{k: values[k] for k in fixed}, **raw}  # fmt: skip
     out["notes"] = notes
@@ -453,8 +506,13 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     for title in ("minimum", "fastest", "cheapest"):
         c = out[title]
         if c is None:
-            why = "" if out["max_gpus_tried"] == out["max_gpus"] or title != "minimum" else (
-                f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)")
+            why = (
+                ""
+                if out["max_gpus_tried"] == out["max_gpus"] or title != "minimum"
+                else (
+                    f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)"
+                )
+            )
             console.print(f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPUs{why}")
             continue
         console.print(f"{title}: {_config(c, currency)}")
@@ -503,8 +561,10 @@ def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any
         console.print("nearest fit: none (tried gradient_accumulation_steps=1, smaller batches, LoRA, QLoRA)")
         return
     c = nearest["candidate"]
-    console.print(f"nearest fit: {nearest['change']} fits on {c['number_gpus']} GPU(s) (peak "
-                  f"{c['gpu_memory_peak_gib']:.1f} GiB/GPU, out-of-memory probability {c['oom_probability']:.3f}):")
+    console.print(
+        f"nearest fit: {nearest['change']} fits on {c['number_gpus']} GPU(s) (peak "
+        f"{c['gpu_memory_peak_gib']:.1f} GiB/GPU, out-of-memory probability {c['oom_probability']:.3f}):"
+    )
     console.print(f"  {nearest['command']}", soft_wrap=True, markup=False, highlight=False)
 
 
@@ -518,8 +578,12 @@ def deploy_spec(
     gpu_memory_gb: Annotated[float, option(float, "--gpu-memory-gb", help="Memory of one GPU, GB.")] = 80.0,
     name: Annotated[str | None, option(str, "--name", help="Hardware specification name.")] = None,
     description: Annotated[str | None, option(str, "--description", help="Hardware specification description.")] = None,
-    post: Annotated[str | None, option(PostUrl, "--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")] = None,
-    token_env: Annotated[str, option(EnvName, "--token-env", help="Environment variable holding the bearer token.")] = "TOKEN",
+    post: Annotated[
+        str | None, option(PostUrl, "--post", help="POST the spec to this URL (watsonx /v2/hardware_specifications).")
+    ] = None,
+    token_env: Annotated[
+        str, option(EnvName, "--token-env", help="Environment variable holding the bearer token.")
+    ] = "TOKEN",
     timeout: Annotated[float, option(Seconds, "--timeout", help="Seconds for the whole POST, reply included.")] = 30.0,
     as_json: Json = False,
 ) -> None:

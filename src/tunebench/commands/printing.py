@@ -81,7 +81,9 @@ def cost_text(cost: float | None, currency: str) -> str:
     return "-" if cost is None else f"{cost:,.2f} {currency}"
 
 
-def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFAULT_MAX_OOM_RISK, currency: str = "USD") -> None:
+def print_plan(
+    console: Console, out: dict[str, Any], max_oom_risk: float = DEFAULT_MAX_OOM_RISK, currency: str = "USD"
+) -> None:
     status = verdict(out, max_oom_risk)
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
     for reason in out["reasons"]:
@@ -120,7 +122,9 @@ def print_plan(console: Console, out: dict[str, Any], max_oom_risk: float = DEFA
     speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
     speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
     if out.get("cost") is not None:
-        speed.add_row("cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)")
+        speed.add_row(
+            "cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)"
+        )
     console.print(speed)
     for note in out.get("notes") or []:
         console.print(f"note: {note}")
@@ -191,8 +195,10 @@ def _why_not(out: dict[str, Any]) -> str:
     nxt = out["at_next"]
     if nxt["notes"]:
         return f"{out['next_verdict']}: " + "; ".join(nxt["notes"])
-    return (f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
-            f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)")
+    return (
+        f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
+        f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)"
+    )
 
 
 def risk(p: float | None, threshold: float) -> str:

@@ -8,24 +8,30 @@ from typing import Annotated
 
 import typer
 
-from tunebench.errors import InputError
 from tunebench.commands.options import argument, option
+from tunebench.commands.store import StoreOpt
+from tunebench.errors import InputError
 from tunebench.inputs import Count, OutputFile, TextFile
 from tunebench.paths import output_errors, write_atomic
-from tunebench.commands.store import StoreOpt
 from tunebench.secrets import mask_secrets
 
 
 def report(
     space: Annotated[
-        Path | None, argument(TextFile, "SPACE", help="Space file (YAML): report only its points (default: every result)."),
+        Path | None,
+        argument(TextFile, "SPACE", help="Space file (YAML): report only its points (default: every result)."),
     ] = None,
     store: StoreOpt = None,
     output: Annotated[Path, option(OutputFile, "--output", "-o", help="The HTML file to write.")] = Path("report.html"),
     series: Annotated[
         int | None,
-        option(Count, "--series", metavar="RESULT_ID", help="Draw this result's time series (utilisation, memory "
-               "with the predicted peak, loss); default: the latest result of the report that has them."),
+        option(
+            Count,
+            "--series",
+            metavar="RESULT_ID",
+            help="Draw this result's time series (utilisation, memory "
+            "with the predicted peak, loss); default: the latest result of the report that has them.",
+        ),
     ] = None,
 ) -> None:
     """Write one self-contained HTML report (plots, table, environment) of the stored results; opens offline."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from tunebench.errors import InputError, one_of, suggest
 from tunebench.commands.options import argument, checked, option
+from tunebench.errors import InputError, one_of, suggest
 from tunebench.inputs import Count, InputFile, OutputFile, Text, TextFile
 from tunebench.paths import atomic_path, output_errors, write_atomic
 from tunebench.secrets import mask_secrets
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 StoreOpt = Annotated[
     str | None,
     option(
-        str, "--store", help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
+        str,
+        "--store",
+        help="Store URL (any SQLAlchemy URL) or SQLite file; default $TUNEBENCH_STORE or the user data dir. "
         "Commands that only read (show, export, report) open it read-only and never create one: a missing store, "
         "or a database without one, is an error; explore, run and import create it.",
     ),
@@ -44,46 +46,74 @@ MEASURE, ALL = "measure", "all"  # export's default actuator (measurements only)
 def show(
     space: SpaceOpt = None,
     operation: OperationOpt = None,
-    fmt: Annotated[str, option(Literal["table", "csv", "json", "parquet"], "--format", "-f", help="table | csv | json | parquet")] = "table",
+    fmt: Annotated[
+        str, option(Literal["table", "csv", "json", "parquet"], "--format", "-f", help="table | csv | json | parquet")
+    ] = "table",
     output: Annotated[Path | None, option(OutputFile, "--output", "-o", help="Write to this file.")] = None,
     store: StoreOpt = None,
     actuator: Annotated[
-        str | None, option(Text, "--actuator", help="Only results of this actuator (measure, predict, ...); all: "
-                           "every actuator's (the default).")
+        str | None,
+        option(
+            Text,
+            "--actuator",
+            help="Only results of this actuator (measure, predict, ...); all: every actuator's (the default).",
+        ),
     ] = None,
     where: Annotated[
         list[str] | None,
-        option(str, "--where", "-w", help="Keep rows where NAME OP VALUE holds (OP: = != < <= > >=), e.g. "
-                     "batch_size>=4, status=valid; repeatable (all must hold)."),
+        option(
+            str,
+            "--where",
+            "-w",
+            help="Keep rows where NAME OP VALUE holds (OP: = != < <= > >=), e.g. "
+            "batch_size>=4, status=valid; repeatable (all must hold).",
+        ),
     ] = None,
     sort: Annotated[
         str | None, option(str, "--sort", "-s", help="Order rows by a column: NAME, NAME:asc or NAME:desc.")
     ] = None,
     top: Annotated[
         int | None,
-        option(Count, "--top", help="Only the first N rows after sorting (default order: the highest "
-                     "dataset_tokens_per_second)."),
+        option(
+            Count,
+            "--top",
+            help="Only the first N rows after sorting (default order: the highest dataset_tokens_per_second).",
+        ),
     ] = None,
-    limit: Annotated[int, option(Count, "--limit", help="Rows of a table (terminal or file); csv, json and parquet hold every row.")] = 50,
-    show_all: Annotated[bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")] = False,
+    limit: Annotated[
+        int, option(Count, "--limit", help="Rows of a table (terminal or file); csv, json and parquet hold every row.")
+    ] = 50,
+    show_all: Annotated[
+        bool, typer.Option("--all", "-a", help="Every row in the table, not only the first --limit.")
+    ] = False,
     every: Annotated[
-        bool, typer.Option("--repeats", "-r", help="Every result as its own row (repeats, re-runs, imports), "
-                           "oldest first, instead of one row per entity x experiment with their mean and -std.")
+        bool,
+        typer.Option(
+            "--repeats",
+            "-r",
+            help="Every result as its own row (repeats, re-runs, imports), "
+            "oldest first, instead of one row per entity x experiment with their mean and -std.",
+        ),
     ] = False,
     wide: Annotated[
         bool, typer.Option("--wide", help="Every column in full (a table fits the terminal's width otherwise).")
     ] = False,
     series: Annotated[
         int | None,
-        option(Count, "--series", metavar="RESULT_ID", help="The time series of one result (per GPU, process and "
-                     "training step; the result_id column of --format csv|json): a line per series at the "
-                     "terminal, every point with --format csv|json."),
+        option(
+            Count,
+            "--series",
+            metavar="RESULT_ID",
+            help="The time series of one result (per GPU, process and "
+            "training step; the result_id column of --format csv|json): a line per series at the "
+            "terminal, every point with --format csv|json.",
+        ),
     ] = None,
 ) -> None:
     """Stored results, one row per entity x experiment (the mean of its repeats, with their count and
     standard deviation): constitutive columns, actuator, measured columns."""
-    from tunebench.store.query import select_rows
     from tunebench.commands.tables import render
+    from tunebench.store.query import select_rows
     from tunebench.store.tables import build
 
     if series is not None:
@@ -153,8 +183,8 @@ def _print_series(frame: Any, info: dict[str, Any], file: io.StringIO | None, wi
     """One line per series: points, time span, min, mean, max and last value."""
     from rich.console import Console
 
-    from tunebench.store.series import summary
     from tunebench.commands.terminal import Column, print_table
+    from tunebench.store.series import summary
 
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.6g}"
@@ -195,7 +225,9 @@ def _command(store: str | None, space: Path | None, operation: str | None) -> st
     return "".join(f" {name} {shlex.quote(value)}" for name, value in parts if value)
 
 
-def _no_results(url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None) -> str:
+def _no_results(
+    url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None
+) -> str:
     """The line an empty table prints: which store, and what was asked for."""
     asked = [f"operation {operation}" if operation else "", f"space {space}" if space else "",
              f"actuator {actuator}" if actuator else "", *(f"where {w}" for w in where or ())]  # fmt: skip
@@ -205,8 +237,13 @@ def _no_results(url: str, operation: str | None, space: Path | None, actuator: s
 
 def import_csv(
     file: Annotated[
-        Path, argument(InputFile, "FILE", help="CSV: ado's `show measurements -o csv` (either --property-format), or "
-                             "LLMFineTuningBench's ado-sfttrainer.csv; or ado's SQLite sample store (its local.db).")
+        Path,
+        argument(
+            InputFile,
+            "FILE",
+            help="CSV: ado's `show measurements -o csv` (either --property-format), or "
+            "LLMFineTuningBench's ado-sfttrainer.csv; or ado's SQLite sample store (its local.db).",
+        ),
     ],
     store: StoreOpt = None,
     skip_bad_rows: Annotated[
@@ -240,19 +277,31 @@ def import_csv(
 
 def export(
     fmt: Annotated[
-        str, option(Literal["ado-csv", "ado"], "--format", "-f", help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
-                          "folder ado loads: a discovery space and every result; docs/ado.md).")
+        str,
+        option(
+            Literal["ado-csv", "ado"],
+            "--format",
+            "-f",
+            help="ado-csv (the reference's `show measurements -o csv`) | ado (a "
+            "folder ado loads: a discovery space and every result; docs/ado.md).",
+        ),
     ] = "ado-csv",
-    output: Annotated[Path | None, option(Path, "--output", "-o", help="Write to this file (default stdout); "
-                                                "--format ado: this folder.")] = None,
+    output: Annotated[
+        Path | None,
+        option(Path, "--output", "-o", help="Write to this file (default stdout); --format ado: this folder."),
+    ] = None,
     space: SpaceOpt = None,
     operation: OperationOpt = None,
     store: StoreOpt = None,
     actuator: Annotated[
         str,
-        option(Text, "--actuator", help="Results of this actuator: measure (the default: measurements only), "
-                     "predict, ..., or all. Each row names its actuator: the prefix of its experiment_id "
-                     "(SFTTrainer. for measurements, as ado writes them; predict. for predictions)."),
+        option(
+            Text,
+            "--actuator",
+            help="Results of this actuator: measure (the default: measurements only), "
+            "predict, ..., or all. Each row names its actuator: the prefix of its experiment_id "
+            "(SFTTrainer. for measurements, as ado writes them; predict. for predictions).",
+        ),
     ] = MEASURE,
 ) -> None:
     """Write valid and invalid measurements in the reference's CSV layout (other actuators' results when asked)."""
@@ -304,7 +353,11 @@ def _export_ado(folder: Path | None, space: Path | None, operation: str | None, 
 
 
 def _select(
-    store: Store, space: Path | None, operation: str | None, actuator: str | None, statuses: list[str] | None = None,
+    store: Store,
+    space: Path | None,
+    operation: str | None,
+    actuator: str | None,
+    statuses: list[str] | None = None,
     every_result: bool = False,
 ) -> tuple[Outcomes, list[str], str | None]:
     """(Store.table outcomes, constitutive columns, title) for --space, --operation or the whole store
@@ -318,22 +371,25 @@ def _select(
         if op is None:
             known = [o["id"] for o in store.operations()]
             raise InputError(
-                "--operation", f"no operation {operation!r} in {mask_secrets(store.url)}", allowed=one_of(known) or "none yet"
+                "--operation",
+                f"no operation {operation!r} in {mask_secrets(store.url)}",
+                allowed=one_of(known) or "none yet",
             )
         dims = list((op["space"] or {}).get("entity_space", {}))
-        outcomes = store.table(Selection(operation_id=operation, actuator=actuator, statuses=statuses,
-                                         every_result=every_result))
+        outcomes = store.table(
+            Selection(operation_id=operation, actuator=actuator, statuses=statuses, every_result=every_result)
+        )
         return outcomes, dims, f"{operation} ({op['sampler']})"
     if space:
-        from tunebench.explore.space import load_space
-
         from tunebench.explore.samplers import lookup_points
+        from tunebench.explore.space import load_space
 
         spec = load_space(space)
         points = [(e.id, n.id) for e, n, _ in lookup_points(spec, "--space", f"use --operation {spec.operation_id}")]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
-        outcomes = store.table(Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses,
-                                         every_result=every_result))
+        outcomes = store.table(
+            Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses, every_result=every_result)
+        )
         return outcomes, [d.name for d in spec.dimensions], f"{space} ({outcomes.count} of {len(points)} points)"
     return store.table(Selection(actuator=actuator, statuses=statuses, every_result=every_result)), [], None
 
@@ -393,8 +449,8 @@ def operations(
 
     from rich.console import Console
 
-    from tunebench.store import STATES
     from tunebench.commands.terminal import Column, print_table
+    from tunebench.store import STATES
 
     sample_store = open_store(store, create=False)
     try:
@@ -411,10 +467,17 @@ def operations(
     if not rows:
         typer.echo(f"no operations in {mask_secrets(sample_store.url)} (tunebench explore SPACE creates one)")
         return
-    columns = [Column("id"), Column("sampler", 2), Column("actuator", 1, shrink=True, min_width=8),
-               Column("name", 4, shrink=True, min_width=10), Column("points", justify="right"),
-               *(Column(s, {"valid": 0, "failed": 0, "invalid": 2}.get(s, 3), justify="right") for s in STATES),
-               Column("runs", 5, justify="right"), Column("created_at"), Column("created_by", 6, shrink=True)]
+    columns = [
+        Column("id"),
+        Column("sampler", 2),
+        Column("actuator", 1, shrink=True, min_width=8),
+        Column("name", 4, shrink=True, min_width=10),
+        Column("points", justify="right"),
+        *(Column(s, {"valid": 0, "failed": 0, "invalid": 2}.get(s, 3), justify="right") for s in STATES),
+        Column("runs", 5, justify="right"),
+        Column("created_at"),
+        Column("created_by", 6, shrink=True),
+    ]
     print_table(Console(), columns, [[str(r[c.header] if r[c.header] is not None else "-") for c in columns]
                                      for r in rows], title=f"operations in {mask_secrets(sample_store.url)}",
                 wide=wide, more="--wide or --json shows them")  # fmt: skip

@@ -17,8 +17,13 @@ from tunebench.store.tables import TABLE_MEASURED, Table, cell_text, write_csv, 
 
 
 def print_table(
-    table: Table, *, limit: int | None = 50, title: str | None = None, file: IO[str] | None = None,
-    empty: str = "no results", wide: bool = False,
+    table: Table,
+    *,
+    limit: int | None = 50,
+    title: str | None = None,
+    file: IO[str] | None = None,
+    empty: str = "no results",
+    wide: bool = False,
 ) -> None:
     """A terminal table: constitutive columns, actuator, status, is_valid, throughput, time and memory.
 
@@ -39,7 +44,11 @@ def print_table(
             end = min(end, cols.index(name))
     shown = len(table) if limit is None else min(limit, len(table))
     keys = ["experiment_id", *cols[start + 1 : end]]
-    same = [] if wide or shown < 2 else [n for n in keys if len({_short(v) for v in table.data[cols.index(n)][:shown]}) == 1]
+    same = (
+        []
+        if wide or shown < 2
+        else [n for n in keys if len({_short(v) for v in table.data[cols.index(n)][:shown]}) == 1]
+    )
     if "experiment_id" not in same and len(set(table.data[start][:shown])) == 1:
         same.insert(0, "experiment_id")  # one experiment: name it once, above the table
     fixed = ", ".join(
@@ -78,7 +87,9 @@ def _column(name: str, identifies: bool) -> Any:
     if name == "reason":
         return Column(name, SHOW_PRIORITY[name], wrap=True, min_width=16)
     numeric = name in TABLE_MEASURED or name.endswith("-std")
-    priority = SHOW_PRIORITY.get(name, 0 if identifies or name in ("status", TABLE_MEASURED[0]) else 3 if numeric else 1)
+    priority = SHOW_PRIORITY.get(
+        name, 0 if identifies or name in ("status", TABLE_MEASURED[0]) else 3 if numeric else 1
+    )
     return Column(name, priority, justify="right" if numeric else "left", breaks=True, min_width=4)
 
 
@@ -89,8 +100,14 @@ def _short(value: Any) -> str:
 
 
 def render(
-    table: Table, fmt: str, output: str | Path | None = None, *, limit: int | None = 50, title: str | None = None,
-    empty: str = "no results", wide: bool = False,
+    table: Table,
+    fmt: str,
+    output: str | Path | None = None,
+    *,
+    limit: int | None = 50,
+    title: str | None = None,
+    empty: str = "no results",
+    wide: bool = False,
 ) -> None:
     """Write a table as fmt to output (a file, replaced only once complete: tunebench.paths.atomic_path)
     or stdout; parquet needs a file."""

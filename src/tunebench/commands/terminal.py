@@ -111,7 +111,11 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) ->
 
 
 def build_table(
-    columns: Sequence[Column], rows: Sequence[Sequence[str]], *, width: int | None = None, title: str | None = None,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    width: int | None = None,
+    title: str | None = None,
 ) -> tuple[Table, list[str]]:
     """(a rich Table of the columns that fit in width characters, the headers left out); width None: every
     column at its full width (nothing shortened)."""
@@ -141,8 +145,13 @@ def build_table(
 
 
 def print_table(
-    console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], *, title: str | None = None,
-    wide: bool = False, more: str = "--wide shows them",
+    console: Console,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    title: str | None = None,
+    wide: bool = False,
+    more: str = "--wide shows them",
 ) -> None:
     """Print rows under columns fitted to the console's width (wide: every column in full, lines as long as
     they need); a note names the columns left out and what shows them (more)."""

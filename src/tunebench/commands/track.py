@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from tunebench.errors import InputError
 from tunebench.commands.options import option
 from tunebench.commands.store import StoreOpt
+from tunebench.errors import InputError
 from tunebench.inputs import Text
 from tunebench.store.open import open_store
 
@@ -23,9 +23,13 @@ if TYPE_CHECKING:
 
 TrackOpt = Annotated[
     list[str] | None,
-    option(str, "--track", help="Send each measurement to a tracker after it is stored: mlflow (a local store "
-                 "under tunebench's home, no server), mlflow:URI (http(s)://host:port, sqlite:///file.db), aim "
-                 "(a local repository), aim:REPO; repeatable. Checked before any training."),
+    option(
+        str,
+        "--track",
+        help="Send each measurement to a tracker after it is stored: mlflow (a local store "
+        "under tunebench's home, no server), mlflow:URI (http(s)://host:port, sqlite:///file.db), aim "
+        "(a local repository), aim:REPO; repeatable. Checked before any training.",
+    ),
 ]
 PROGRESS_S = 5.0  # export: a progress line at most this often
 
@@ -61,13 +65,19 @@ def export(
     to: Annotated[str, option(Literal["mlflow", "aim"], "--to", help="mlflow | aim")],
     uri: Annotated[
         str | None,
-        option(Text, "--uri", help="MLflow tracking URI (http(s)://host:port, sqlite:///file.db) or Aim repository "
-                     "(a directory, aim://host:port); default: the local one under tunebench's home."),
+        option(
+            Text,
+            "--uri",
+            help="MLflow tracking URI (http(s)://host:port, sqlite:///file.db) or Aim repository "
+            "(a directory, aim://host:port); default: the local one under tunebench's home.",
+        ),
     ] = None,
     store: StoreOpt = None,
     predicted: Annotated[
-        bool, typer.Option("--predicted", help="Add the planner's prediction of each entity as predicted_<property> "
-                           "metrics.")
+        bool,
+        typer.Option(
+            "--predicted", help="Add the planner's prediction of each entity as predicted_<property> metrics."
+        ),
     ] = False,
 ) -> int:
     """Send every measurement in the store to a tracker, one tracker run per result; results already there

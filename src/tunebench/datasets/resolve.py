@@ -35,8 +35,15 @@ UNSET_MAX_LENGTH = 10**18
 # token (tests/datasets/test_tokens.py); 4.5 errs towards more tokens.
 FALLBACK_CHARS_PER_TOKEN = 4.5
 _TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "tiktoken.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tiktoken.model",
 )
 
 # Models whose own tokenizer is the offline one (same vocabulary, merges and BOS handling).
@@ -147,7 +154,9 @@ def fallback() -> ResolvedTokenizer:
     """The documented last resort: ceil(characters / FALLBACK_CHARS_PER_TOKEN), not exact."""
     rule = f"ceil(chars / {FALLBACK_CHARS_PER_TOKEN})"
     return ResolvedTokenizer(
-        name=f"fallback: {rule}", source="fallback", exact=False,
+        name=f"fallback: {rule}",
+        source="fallback",
+        exact=False,
         fingerprint=hashlib.sha256(f"fallback|{rule}".encode()).hexdigest(),
     )
 
@@ -194,8 +203,11 @@ def _given(tokenizer: Any) -> ResolvedTokenizer:
         return found
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     if not hasattr(backend, "encode_batch"):
-        raise InputError("tokenizer", f"not a fast tokenizer: {type(tokenizer).__name__}",
-                         allowed="tokenizers.Tokenizer, a transformers fast tokenizer, or a path")
+        raise InputError(
+            "tokenizer",
+            f"not a fast tokenizer: {type(tokenizer).__name__}",
+            allowed="tokenizers.Tokenizer, a transformers fast tokenizer, or a path",
+        )
     max_len = _max_len(getattr(tokenizer, "model_max_length", None))
     fp = hashlib.sha256(f"given|{backend.to_str()}".encode()).hexdigest()
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
@@ -206,8 +218,7 @@ def _from_tokenizer_json(path: Path) -> ResolvedTokenizer:
     from tokenizers import Tokenizer
 
     fp = hashlib.sha256(b"json|" + path.read_bytes()).hexdigest()
-    return ResolvedTokenizer(f"given: {path}", "given", True, fp, None,
-                             loader=lambda: Tokenizer.from_file(str(path)))
+    return ResolvedTokenizer(f"given: {path}", "given", True, fp, None, loader=lambda: Tokenizer.from_file(str(path)))
 
 
 def _from_dir(directory: Path, source: str) -> ResolvedTokenizer | None:
@@ -243,8 +254,9 @@ def _from_hf_cache(repo_id: str, source: str, cache_dir=None) -> ResolvedTokeniz
         if isinstance(hit, str) and Path(hit).is_file():
             found = _from_dir(Path(hit).parent, source)
             if found:
-                return ResolvedTokenizer(f"{source}: {repo_id}", source, True, found.fingerprint,
-                                         found.model_max_length, found.loader)
+                return ResolvedTokenizer(
+                    f"{source}: {repo_id}", source, True, found.fingerprint, found.model_max_length, found.loader
+                )
     return None
 
 

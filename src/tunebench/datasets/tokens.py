@@ -79,17 +79,26 @@ class TokenCounts:
     max = property(lambda self: max(self.counts))
     mean = property(lambda self: self.total / len(self.counts))
 
-    def processed(self, entries_per_step: int, training_steps: int, warmup_steps: int = 0,
-                  exclude_warmup: bool = True) -> int:
+    def processed(
+        self, entries_per_step: int, training_steps: int, warmup_steps: int = 0, exclude_warmup: bool = True
+    ) -> int:
         """Dataset tokens of a run; see processed_tokens."""
         return processed_tokens(self.counts, entries_per_step, training_steps, warmup_steps, exclude_warmup)
 
     def summary(self) -> dict[str, Any]:
         return {
-            "dataset_id": self.dataset_id, "entries": self.entries, "min_tokens": self.min,
-            "avg_tokens": round(self.mean, 3), "max_tokens": self.max, "total_tokens": self.total,
-            "max_length": self.max_length, "tokenizer": self.tokenizer, "tokenizer_source": self.source,
-            "exact": self.exact, "from_cache": self.from_cache, "seconds": round(self.seconds, 3),
+            "dataset_id": self.dataset_id,
+            "entries": self.entries,
+            "min_tokens": self.min,
+            "avg_tokens": round(self.mean, 3),
+            "max_tokens": self.max,
+            "total_tokens": self.total,
+            "max_length": self.max_length,
+            "tokenizer": self.tokenizer,
+            "tokenizer_source": self.source,
+            "exact": self.exact,
+            "from_cache": self.from_cache,
+            "seconds": round(self.seconds, 3),
         }
 
 
@@ -98,8 +107,13 @@ def entries_per_step(per_device_batch_size: int, world_size: int, gradient_accum
     return per_device_batch_size * max(1, world_size) * max(1, gradient_accumulation_steps)
 
 
-def processed_tokens(counts: Sequence[int], entries_per_step: int, training_steps: int,
-                     warmup_steps: int = 0, exclude_warmup: bool = True) -> int:
+def processed_tokens(
+    counts: Sequence[int],
+    entries_per_step: int,
+    training_steps: int,
+    warmup_steps: int = 0,
+    exclude_warmup: bool = True,
+) -> int:
     """Sum of per-entry counts over the entries a run processed (ado-sfttrainer.md §7.3).
 
     The run consumes entries 0, 1, ... in order, wrapping around the data set, entries_per_step
@@ -161,15 +175,32 @@ def token_counts(
     tok = SentenceCounter(_prepared(resolved.load())) if not resolved.is_fallback else None
     _count_file(path, spec, tok, cap, counts, complete, progress)
     if use_cache:  # atomic replace: concurrent writers leave one complete, valid cache file
-        write_atomic(cache, json.dumps(
-            {"version": CACHE_VERSION, "dataset_id": spec.id, "dataset_sha256": fresh.sha256,
-             "tokenizer": resolved.name, "tokenizer_fingerprint": resolved.fingerprint,
-             "counts": counts, "complete": [int(c) for c in complete]}).encode())
+        write_atomic(
+            cache,
+            json.dumps(
+                {
+                    "version": CACHE_VERSION,
+                    "dataset_id": spec.id,
+                    "dataset_sha256": fresh.sha256,
+                    "tokenizer": resolved.name,
+                    "tokenizer_fingerprint": resolved.fingerprint,
+                    "counts": counts,
+                    "complete": [int(c) for c in complete],
+                }
+            ).encode(),
+        )
     return _result(spec, resolved, cap, counts, False, t0)
 
 
-def _count_file(path: Path, spec: DatasetId, tok: Any, cap: int | None, counts: list[int],
-                complete: list[bool], progress: Callable[[int, int], None] | None) -> None:
+def _count_file(
+    path: Path,
+    spec: DatasetId,
+    tok: Any,
+    cap: int | None,
+    counts: list[int],
+    complete: list[bool],
+    progress: Callable[[int, int], None] | None,
+) -> None:
     """Fill counts/complete for the entries not yet known at cap, in place.
 
     Identical entries are tokenised once (keyed by length and hash), and the next batch is read
@@ -327,8 +358,9 @@ def _enough(counts: list[int], complete: list[bool], cap: int | None) -> bool:
     return all(_known(counts, complete, i, cap) for i in range(len(counts)))
 
 
-def _result(spec: DatasetId, r: ResolvedTokenizer, cap: int | None, counts: list[int], cached: bool,
-            t0: float) -> TokenCounts:
+def _result(
+    spec: DatasetId, r: ResolvedTokenizer, cap: int | None, counts: list[int], cached: bool, t0: float
+) -> TokenCounts:
     capped = tuple(counts) if cap is None else tuple(min(n, cap) for n in counts)
     exact = r.exact and not spec.is_vision  # vision: the chat's text only, no image/template tokens
     return TokenCounts(spec.id, r.name, r.source, exact, cap, capped, cached, time.perf_counter() - t0)
@@ -350,8 +382,10 @@ def _read_cache(path: Path, entries: int, sha: str, fingerprint: str) -> tuple[l
         raw.get("version") == CACHE_VERSION
         and raw.get("dataset_sha256") == sha
         and raw.get("tokenizer_fingerprint") == fingerprint
-        and isinstance(counts, list) and len(counts) == entries
-        and isinstance(complete, list) and len(complete) == entries
+        and isinstance(counts, list)
+        and len(counts) == entries
+        and isinstance(complete, list)
+        and len(complete) == entries
     )
     if not valid:
         return None, None

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from tunebench.engines.fms_worker import FACTS, MODEL_DIR
-from tunebench.training import data, model as model_mod
+from tunebench.training import data
+from tunebench.training import model as model_mod
 from tunebench.worker import train as steps
 from tunebench.worker.args import parse_args
 

@@ -33,10 +33,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunebench import paths
 from tunebench.engines import MANIFEST, RECORDED
 from tunebench.engines.versions import check_version, exclude_newer, pinned_torch, requirements
 from tunebench.errors import InputError
-from tunebench import paths
 from tunebench.paths import home
 
 SCHEMA = 1
@@ -108,7 +108,9 @@ def status(version: str, plugins: bool = False) -> tuple[str, str | None]:
         return "broken", str(exc)
     changed = {k: (v, found.get(k)) for k, v in manifest["packages"].items() if found.get(k) != v}
     if changed:
-        return "broken", "packages changed since the build: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+        return "broken", "packages changed since the build: " + ", ".join(
+            f"{k} {a} -> {b}" for k, (a, b) in changed.items()
+        )
     return "ready", None
 
 
@@ -148,7 +150,7 @@ def build(version: str, plugins: bool, torch: str, say: Progress) -> None:
             cmd += ["--override", str(overrides)]
         else:
             cmd.append(f"torch=={pinned_torch(version)}")
-        say(f"installing {' '.join(reqs[:1 + 3 * plugins])} with uv")
+        say(f"installing {' '.join(reqs[: 1 + 3 * plugins])} with uv")
         _run(cmd, "uv pip install")
         if torch == "host":
             _link_host_torch(tmp)

@@ -154,8 +154,6 @@ def _attention_gpu(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
-
-
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:

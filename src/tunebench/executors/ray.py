@@ -230,8 +230,11 @@ class RayExecutor:
         ray, nodes = self.ray, task.number_nodes
         steps = multinode_steps(task.actuator, task.allow_import)
         if steps is None:
-            return _failed(task, f"actuator {task.actuator!r} runs entities on one node only (it has no multi-node "
-                                 f"steps); number_nodes is {nodes}")
+            return _failed(
+                task,
+                f"actuator {task.actuator!r} runs entities on one node only (it has no multi-node "
+                f"steps); number_nodes is {nodes}",
+            )
         if steps.judge is not None:  # judged before any node is placed (the measuring actuator's rules)
             reasons = steps.judge(*task.rebuild())
             if reasons:

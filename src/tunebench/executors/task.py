@@ -25,6 +25,7 @@ from tunebench.actuators.registry import needs_hardware, resolve_actuator
 from tunebench.spec.experiments import Entity, Experiment, effective_values, get_experiment, make_entity
 from tunebench.spec.results import LOG_TAIL_CHARS, Result
 
+
 @dataclass
 class Task:
     """One attempt at measuring (experiment, entity) with an actuator."""

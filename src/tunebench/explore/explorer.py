@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tunebench.actuators import check_options
 from tunebench.executors.task import Finished, Task, make_task
-from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.explore.samplers import check_points, sample
 from tunebench.explore.search import POLL_S, FixedPoints, Search
 from tunebench.explore.space import Space
 from tunebench.logs import get as get_logger
 from tunebench.paths import home
+from tunebench.spec.experiments import Experiment, get_experiment, make_entity
 from tunebench.spec.results import Result
 from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Store, owner_id
 
@@ -284,5 +284,3 @@ def _refresh(store: Store, op_id: str, progress: Progress, search: Search, runni
     progress.running = running
     progress.elsewhere = max(0, counts.get(RUNNING, 0) - running)
     search.count(progress)
-
-

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tunebench.errors import InputError
-from tunebench.spec.experiments import Experiment
 from tunebench.explore.samplers import point
-from tunebench.explore.space import Space
 from tunebench.explore.search import POLL_S
+from tunebench.explore.space import Space
+from tunebench.spec.experiments import Experiment
 from tunebench.store import DONE, FAILED, INVALID, PENDING, RUNNING, VALID, Store
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import random
 from collections.abc import Iterable
 
 from tunebench.errors import InputError
-from tunebench.spec.experiments import Entity, Experiment, make_entity
 from tunebench.explore.space import Space
+from tunebench.spec.experiments import Entity, Experiment, make_entity
 from tunebench.spec.validity import check
 
 Point = tuple[Experiment, Entity, list[str]]
@@ -55,7 +55,9 @@ def check_count(space: Space, limit: int, field: str, instead: str) -> None:
     """InputError naming field when the operation visits more than limit points; instead: what to do."""
     n = point_count(space)
     if n > limit:
-        raise InputError(field, f"the space's operation visits {n:,} points; at most {limit:,} are enumerated: {instead}")
+        raise InputError(
+            field, f"the space's operation visits {n:,} points; at most {limit:,} are enumerated: {instead}"
+        )
 
 
 def check_points(space: Space) -> None:

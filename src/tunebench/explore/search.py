@@ -81,4 +81,3 @@ class FixedPoints:
             if best is None or (value > best[metric] if maximize else value < best[metric]):
                 best = {"experiment": row["experiment_id"], "entity": row["entity"], metric: value}
         return best
-

@@ -56,8 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tunebench import yamlfile
 from tunebench.errors import InputError
-from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
 from tunebench.inputs import FiniteFloat, Printable, Seconds, input_error, read_text
+from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
 from tunebench.spec.properties import render_value
 from tunebench.track.targets import Target, parse_targets
 

@@ -24,8 +24,8 @@ COMPARED = (
 
 def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
     """Measured (actuator ``measure``) valid or invalid outcomes in the store, oldest first."""
-    from tunebench.store.open import open_store
     from tunebench.store import DONE
+    from tunebench.store.open import open_store
 
     with open_store(store_url, create=False) as sample_store:
         return sample_store.rows(actuator="measure", statuses=DONE, **filters)
@@ -33,8 +33,8 @@ def measured_rows(store_url: str | None, **filters: Any) -> list[dict]:
 
 def measured_result(store_url: str | None, experiment_id: str, entity_id: str) -> dict | None:
     """The latest measured (not predicted) valid or invalid outcome of (experiment, entity) in the store."""
-    from tunebench.store.open import open_store
     from tunebench.store import DONE
+    from tunebench.store.open import open_store
 
     with open_store(store_url, create=False) as sample_store:
         ids = sample_store.request_ids([(experiment_id, entity_id)], actuator="measure")
@@ -100,7 +100,9 @@ def summarise(items: list[dict]) -> dict[str, Any]:
                     agree += int(bool(r["predicted"]) == bool(r["measured"]))
             elif r["error_percent"] is not None:
                 errors[r["property"]].append(abs(r["error_percent"]))
-    props = {name: {"pairs": len(v), "mdape_percent": statistics.median(v) if v else None} for name, v in errors.items()}
+    props = {
+        name: {"pairs": len(v), "mdape_percent": statistics.median(v) if v else None} for name, v in errors.items()
+    }
     return {
         "entities": len(items),
         "not_planned": sum(1 for i in items if "error" in i),

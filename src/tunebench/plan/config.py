@@ -20,7 +20,15 @@ from typing import Any
 from tunebench.catalog import ModelSpec
 from tunebench.catalog.hf_config import config_dict
 from tunebench.catalog.models import (
-    FFN_KEYS, HEAD_KEYS, HIDDEN_KEYS, KV_KEYS, LAYER_KEYS, POSITION_KEYS, VOCAB_KEYS, _first, chatglm_fields,
+    FFN_KEYS,
+    HEAD_KEYS,
+    HIDDEN_KEYS,
+    KV_KEYS,
+    LAYER_KEYS,
+    POSITION_KEYS,
+    VOCAB_KEYS,
+    _first,
+    chatglm_fields,
     text_fields,
 )  # fmt: skip
 from tunebench.errors import InputError
@@ -99,7 +107,11 @@ def model_config(spec: ModelSpec) -> ModelConfig:
     mt = data["model_type"]
     if mt in CONFIG_MAPPING:
         cleaned, dropped = _accepted_fields(CONFIG_MAPPING[mt], data)
-        notes = (f"ignored {', '.join(dropped)}: computed by transformers' {CONFIG_MAPPING[mt].__name__}",) if dropped else ()
+        notes = (
+            (f"ignored {', '.join(dropped)}: computed by transformers' {CONFIG_MAPPING[mt].__name__}",)
+            if dropped
+            else ()
+        )
         return ModelConfig(spec.name, cleaned, "transformers", notes)
     return generic_config(spec.name, data)
 
@@ -187,7 +199,9 @@ def generic_config(name: str, data: dict[str, Any]) -> ModelConfig:
     }
     if bias == "q/k/v/o":  # LlamaAttention: attention_bias puts biases on q, k, v and o
         llama["attention_bias"] = True
-    mlp = f"intermediate {width}" + (f" = intermediate_size / {MLP_WIDTH_DIVISOR[mt]}, {mt}'s convention" if mt in MLP_WIDTH_DIVISOR else "")
+    mlp = f"intermediate {width}" + (
+        f" = intermediate_size / {MLP_WIDTH_DIVISOR[mt]}, {mt}'s convention" if mt in MLP_WIDTH_DIVISOR else ""
+    )
     family = str(mt) if mt in REMOTE_LAYOUTS else ""
     positions = "rotary positions"
     if mt == "baichuan" and "max_position_embeddings" not in text:

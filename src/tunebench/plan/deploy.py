@@ -165,7 +165,9 @@ def _read_capped(resp: Any) -> bytes:
     while chunk := resp.read1(64 * 1024):
         size += len(chunk)
         if size > MAX_REPLY_BYTES:
-            raise InputError("--post", f"the reply is larger than {MAX_REPLY_BYTES // 1024} KiB: not a hardware spec reply")
+            raise InputError(
+                "--post", f"the reply is larger than {MAX_REPLY_BYTES // 1024} KiB: not a hardware spec reply"
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -115,7 +115,11 @@ def _read_cache() -> dict[str, float]:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v > 0} if isinstance(data, dict) else {}
+    return (
+        {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and v > 0}
+        if isinstance(data, dict)
+        else {}
+    )
 
 
 def _write_cache(cache: dict[str, float]) -> None:

@@ -57,6 +57,7 @@ class SampleLengths:
     def real(self, limit: np.ndarray) -> np.ndarray:
         """Mean tokens per sample after each is cut at limit (one value per entity; computed once per limit)."""
         import numpy as np
+
         counts = np.asarray(self.counts, dtype=float)
         caps, where = np.unique(np.asarray(limit, dtype=float), return_inverse=True)
         return np.array([np.minimum(counts, cap).mean() for cap in caps])[where.reshape(-1)]
@@ -69,6 +70,7 @@ class SampleLengths:
         Computed once per (limit, b) pair: a space of 100,000 entities has a few dozen.
         """
         import numpy as np
+
         counts = np.asarray(self.counts, dtype=float)
         pairs = np.stack([np.asarray(limit, dtype=float), np.maximum(np.asarray(per_device_batch, dtype=float), 1.0)],
                          axis=1)  # fmt: skip
@@ -84,11 +86,13 @@ class SampleLengths:
     def longest(self, limit: np.ndarray) -> np.ndarray:
         """Tokens of the longest sample after the cut (memory's length): limit when only a mean is known."""
         import numpy as np
+
         limit = np.asarray(limit, dtype=float)
         return np.minimum(limit, max(self.counts)) if self.longest_known else limit
 
     def summary(self) -> dict[str, Any]:
         import numpy as np
+
         return {"samples": len(self.counts), "mean_tokens": round(float(np.mean(self.counts)), 3),
                 "max_tokens": max(self.counts) if self.longest_known else None, "source": self.source}  # fmt: skip
 

@@ -181,7 +181,12 @@ def fms_row_records(rows: list[Mapping[str, str]], file_name: str) -> list[Recor
     for row in rows:
         tps, sps = _f(row, "train_tokens_per_second"), _f(row, "train_steps_per_second")
         if unpacked and tps and sps:
-            per_sample = tps / sps / (_f(row, "gradient_accumulation_steps") or 1) / (_f(row, "per_device_train_batch_size") or 1)
+            per_sample = (
+                tps
+                / sps
+                / (_f(row, "gradient_accumulation_steps") or 1)
+                / (_f(row, "per_device_train_batch_size") or 1)
+            )
             tokens[fms_model(row, file_name)].append(per_sample)
     out = []
     for row in rows:
@@ -323,14 +328,14 @@ def _split_experiment_id(text: str) -> tuple[str, dict[str, str]]:
     text = text.strip().removeprefix("SFTTrainer.")
     for exp in sorted(list_experiments(), key=lambda e: -len(e.base_id)):
         if text.startswith(exp.base_id):
-            rest = text[len(exp.base_id):]
+            rest = text[len(exp.base_id) :]
             names = sorted(exp.optional, key=len, reverse=True)
             pattern = re.compile(r"-(" + "|".join(re.escape(n) for n in names) + r")\.")
             params: dict[str, str] = {}
             marks = list(pattern.finditer(rest))
             for i, m in enumerate(marks):
                 end = marks[i + 1].start() if i + 1 < len(marks) else len(rest)
-                params[m.group(1)] = rest[m.end():end]
+                params[m.group(1)] = rest[m.end() : end]
             return exp.base_id, params
     raise InputError("experiment_id", f"unknown experiment in {text!r}")
 

@@ -38,7 +38,6 @@ from tunebench.plan.workload import Workload
 from tunebench.units import GIB
 
 
-
 @dataclass(frozen=True)
 class OptimizerMemory:
     """Memory of one optimizer per trainable parameter."""
@@ -204,7 +203,11 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
     if w.checkpointing:
         # layer-input checkpoints (2 h bytes per token per layer), copied again under FSDP + PEFT
-        extra = extra + _where(fsdp_peft, c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes / (w.tp * w.sp), 0.0)
+        extra = extra + _where(
+            fsdp_peft,
+            c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes / (w.tp * w.sp),
+            0.0,
+        )
     if m.vision and w.dataset.kind == "vision":
         extra = extra + vision_tower_bytes(w)
     if w.method in ("qlora", "gptq-lora"):  # one dequantised 16-bit weight at a time (estimation.md §5)
@@ -483,9 +486,7 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
     # Caching-allocator slack: what torch keeps reserved beyond the live tensors at the peak.
     # Large vocab-sized loss tensors of changing size fragment the pool most (estimation.md §5).
     slack = (
-        c.reserve_fixed_gib * GIB
-        + c.reserve_transient_fraction * b["transient"]
-        + c.reserve_loss_fraction * b["loss"]
+        c.reserve_fixed_gib * GIB + c.reserve_transient_fraction * b["transient"] + c.reserve_loss_fraction * b["loss"]
     )
     reserved = allocated + _where(on_gpu, slack, 0.0)
     # On a full device the allocator frees its cached blocks and retries before it fails

@@ -230,7 +230,9 @@ def _vision_prefixes(model) -> tuple[str, ...]:
     out = []
     for name, _ in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in ("vision_tower", "vision_model", "visual", "multi_modal_projector", "image_newline") and not _under(name, tuple(out)):
+        if leaf in ("vision_tower", "vision_model", "visual", "multi_modal_projector", "image_newline") and not _under(
+            name, tuple(out)
+        ):
             out.append(name)
     return tuple(out)
 
@@ -271,7 +273,9 @@ def _module_shape(module, torch) -> tuple[str | None, tuple[int, int]]:
 
 def _has_attention(layer) -> bool:
     """A decoder layer with self-attention (class names of transformers' attention modules)."""
-    return any("attention" in type(m).__name__.lower() and "mamba" not in type(m).__name__.lower() for m in layer.modules())
+    return any(
+        "attention" in type(m).__name__.lower() and "mamba" not in type(m).__name__.lower() for m in layer.modules()
+    )
 
 
 def _attention_support(model) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tunebench.errors import InputError
 from tunebench.inputs import (
     FiniteFloat,
     NonNegative,
@@ -26,12 +27,11 @@ from tunebench.inputs import (
     input_error,
     parse,
 )
-from tunebench.errors import InputError
 from tunebench.limits import check_memory
-from tunebench.spec.properties import MAX_GPUS
 from tunebench.plan.deploy import check_post_url
 from tunebench.plan.lengths import MAX_AVG_TOKENS
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+from tunebench.spec.properties import MAX_GPUS
 
 if TYPE_CHECKING:
     from tunebench.plan.lengths import UserLengths
@@ -162,5 +162,3 @@ def _measurements_file(path: Path) -> Path:
 
 
 MeasurementsFile = Annotated[TextFile, AfterValidator(_measurements_file)]
-
-

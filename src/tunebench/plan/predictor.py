@@ -27,20 +27,21 @@ import numpy as np
 from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
-from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.plan.coefficients import Calibration, default_calibration
-from tunebench.plan.memory import predict_memory
 from tunebench.plan.host import CACHE_FILE, host_flops
 from tunebench.plan.lengths import UserLengths
+from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, group_key
+from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values
 
 # The measured properties the planner predicts: the spec's memory peak and rates, tunebench's GiB peaks.
 PREDICTED = (
-    "gpu_memory_utilization_peak", *(p for p in BENCHMARK_MEASURED if p.startswith(("train_", "dataset_"))),
+    "gpu_memory_utilization_peak",
+    *(p for p in BENCHMARK_MEASURED if p.startswith(("train_", "dataset_"))),
     *MEMORY_GIB,
 )
 USER_CALIBRATION = "calibration.json"
@@ -89,9 +90,7 @@ def raise_input_error(result: Result) -> None:
         raise InputError(result.metadata["error_field"], message or (result.error or ""))
 
 
-def predict_many(
-    items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], **options: Any
-) -> list[Result]:
+def predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], **options: Any) -> list[Result]:
     """Predicted Results of many (experiment, entity) pairs, in order; raw dicts are parsed first."""
     # Building ~10^5 small dicts triggers the cyclic collector over and over; nothing here makes
     # cycles, so it is paused for the call (halves the time of a 100,000-entity space).
@@ -104,9 +103,7 @@ def predict_many(
             gc.enable()
 
 
-def _predict_many(
-    items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], opts: PlanOptions
-) -> list[Result]:
+def _predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]], opts: PlanOptions) -> list[Result]:
     prepared = []
     defaults: dict[int, tuple[str, dict[str, Any]]] = {}  # per experiment: (id, hardcoded + defaults)
     keys = []
@@ -118,7 +115,9 @@ def _predict_many(
         prepared.append((exp_id, experiment, entity, values, validity.reasons))
         # group by experiment + the entity's own non-numeric values; the rest are the experiment's defaults
         # (entity values are canonical and hashable: tuples, not lists)
-        keys.append((exp_id, values.get("number_gpus", 0) > 0, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC]))
+        keys.append(
+            (exp_id, values.get("number_gpus", 0) > 0, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC])
+        )
     columns = predict_values([(e.method, v) for _, e, _, v, _ in prepared], opts, keys=keys)
     return _results(columns, [(exp_id, entity.id, reasons) for exp_id, _, entity, _, reasons in prepared], opts)
 

@@ -220,7 +220,9 @@ def diagnose(
     }
 
 
-def command(experiment: Experiment, raw: Mapping[str, Any], change: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+def command(
+    experiment: Experiment, raw: Mapping[str, Any], change: Mapping[str, Any], options: Mapping[str, Any]
+) -> str:
     """The `tunebench recommend` command line of raw with change applied (pasteable: shell-quoted)."""
     words = ["tunebench", "recommend", experiment.base_id]
     for k, v in sorted(experiment.parameters.items()):

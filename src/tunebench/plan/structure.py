@@ -88,7 +88,10 @@ class Structure:
     def quantized_params(self) -> int:
         """Weights 4-bit methods store in 4 bits: decoder linears and fused experts (not the output layer,
         embeddings or the vision tower; transformers get_keys_to_not_convert / bitsandbytes skip them)."""
-        return sum(lin.params for lin in self.linears if lin.part == "layers" and lin.kind == "linear") + self.expert_params
+        return (
+            sum(lin.params for lin in self.linears if lin.part == "layers" and lin.kind == "linear")
+            + self.expert_params
+        )
 
     @functools.cached_property
     def largest_linear_params(self) -> int:
@@ -112,7 +115,11 @@ class Structure:
     @functools.cached_property
     def active_params(self) -> float:
         """Parameters one token uses (MoE: top_k of the experts), as model cards count 'active' size."""
-        return self.total_params - self.expert_params + (self.expert_params * self.top_k / self.experts if self.experts else 0)
+        return (
+            self.total_params
+            - self.expert_params
+            + (self.expert_params * self.top_k / self.experts if self.experts else 0)
+        )
 
     @property
     def attention_flops_per_token_per_context(self) -> float:
@@ -141,7 +148,9 @@ class Structure:
             return 0, ()
         if isinstance(target_modules, str) and target_modules != "all-linear":
             pattern = re.compile(target_modules)
-            total = sum((lin.d_in + lin.d_out) * sum(1 for p in _paths(lin) if pattern.fullmatch(p)) for lin in self.linears)
+            total = sum(
+                (lin.d_in + lin.d_out) * sum(1 for p in _paths(lin) if pattern.fullmatch(p)) for lin in self.linears
+            )
             return total, () if total else (target_modules,)
         names = {target_modules} if isinstance(target_modules, str) else set(target_modules)
         if "all-linear" in names:

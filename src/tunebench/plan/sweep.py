@@ -64,7 +64,9 @@ def grid_values(name: str, text: str) -> list[str]:
         raise InputError(name, f"range {text!r} runs backwards", allowed="LOW..HIGH with LOW <= HIGH")
     powers = [2**k for k in range(max(0, math.ceil(math.log2(max(low, 1)))), high.bit_length()) if low <= 2**k <= high]
     if not powers:
-        raise InputError(name, f"no power of two in {text!r}", allowed="LOW..HIGH holding a power of two, e.g. 512..8192")
+        raise InputError(
+            name, f"no power of two in {text!r}", allowed="LOW..HIGH holding a power of two, e.g. 512..8192"
+        )
     return [str(p) for p in powers]
 
 

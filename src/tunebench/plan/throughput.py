@@ -20,7 +20,13 @@ import numpy as np
 
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import (
-    OPTIMIZERS, _ADAM, expert_fraction, param_bytes, sharding_degree, state_partitions, trainable_params,
+    _ADAM,
+    OPTIMIZERS,
+    expert_fraction,
+    param_bytes,
+    sharding_degree,
+    state_partitions,
+    trainable_params,
 )  # fmt: skip
 from tunebench.plan.workload import Workload, total_steps
 
@@ -284,7 +290,13 @@ def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None 
         ep = w.fast_moe
         per_a2a = micro_tokens * a.top_k * a.hidden * 2 * (ep - 1) / ep / _link_gbps(w, c, network_gbps)
         exposed = exposed + w.grad_accum * 6 * a.layers * (c.alltoall_latency_s + per_a2a)
-    step = step_compute + exposed + optimizer_seconds(w) + offload_seconds(w) + w.grad_accum * parallel_seconds(w, c, micro_tokens)
+    step = (
+        step_compute
+        + exposed
+        + optimizer_seconds(w)
+        + offload_seconds(w)
+        + w.grad_accum * parallel_seconds(w, c, micro_tokens)
+    )
 
     samples_per_step = w.batch * w.grad_accum  # ado batch_size is already per-device x devices
     devices = w.devices

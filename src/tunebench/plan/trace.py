@@ -186,8 +186,12 @@ def _traced_or_formula(structure: Structure, request: TraceRequest) -> Activatio
             error = error or exc
             continue
         if attention != request.attention:
-            note = f"{structure.model_type} cannot be traced with {request.attention} attention: traced with {attention}"
-            result = ActivationProfile(request.key, result.moments, result.written, result.source, (*result.notes, note))
+            note = (
+                f"{structure.model_type} cannot be traced with {request.attention} attention: traced with {attention}"
+            )
+            result = ActivationProfile(
+                request.key, result.moments, result.written, result.source, (*result.notes, note)
+            )
         return result
     log.warning("tracing %s failed (%s): activations from the llama formula", structure.name, error)
     return formula_profile(structure, request, f"{type(error).__name__}: {str(error)[:200]}")
@@ -298,7 +302,9 @@ def formula_profile(structure: Structure, request: TraceRequest, why: str) -> Ac
     layer's working set); the loss 6 bytes per vocabulary entry (bf16 logits + fp32 upcast and gradient).
     """
     h, kv, layers = structure.hidden, structure.kv_heads * structure.head_dim, structure.layers
-    width = max(1, structure.hidden * 4 if not structure.layers else structure.layer_params // max(1, layers) // max(1, h))
+    width = max(
+        1, structure.hidden * 4 if not structure.layers else structure.layer_params // max(1, layers) // max(1, h)
+    )
     layer = 2 * (7 * h + 2 * kv + 4 * width)
     per_token = (2 * h * layers + layer) if request.checkpointing else layer * layers
     peak = Moment(0.0, per_token + 6.0 * structure.vocab, 0.0, 0.0, vocab_bytes=6.0)

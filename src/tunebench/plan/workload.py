@@ -161,7 +161,10 @@ class Workload:
             autocast=self.autocast if self.autocast and self.autocast != dtype else None,
             attention=self.attention,
             target_modules=self.structure.stand_in_targets(
-                tuple(targets) if isinstance(targets, (list, tuple)) else targets) if lora else None,
+                tuple(targets) if isinstance(targets, (list, tuple)) else targets
+            )
+            if lora
+            else None,
             lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
             selective=self.selective_checkpointing,
@@ -363,7 +366,12 @@ class Workload:
 def group_key(values: Mapping[str, Any], method: str) -> tuple:
     """The categorical identity of an entity's settings (what a Workload shares)."""
     get = values.get
-    return (values["model_name"], method, (get("number_gpus") or 0) > 0, *[_hashable(get(name)) for name in CATEGORICAL])
+    return (
+        values["model_name"],
+        method,
+        (get("number_gpus") or 0) > 0,
+        *[_hashable(get(name)) for name in CATEGORICAL],
+    )
 
 
 def _hashable(v: Any) -> Any:
@@ -440,4 +448,3 @@ def total_steps(w: Workload) -> np.ndarray:
     per_epoch = steps_per_epoch(w.dataset.entries, w.batch, w.grad_accum)
     by_epochs = np.ceil(w.epochs * per_epoch)
     return np.where(w.max_steps > 0, w.max_steps, by_epochs)
-

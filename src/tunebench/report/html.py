@@ -87,8 +87,12 @@ TABLE_JS = """
 
 def page(data: ReportData, sections: Sequence[tuple[str, Sequence[Plot]]], *, version: str) -> str:
     """The whole HTML document: header, figure sections, table of results, environment."""
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>",
-             f"<style>{STYLE}</style></head><body>", f"<h1>{html.escape(data.title)}</h1>", _summary(data, version)]
+    parts = [
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{html.escape(data.title)}</h1>",
+        _summary(data, version),
+    ]
     first = True
     for heading, plots in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
@@ -107,8 +111,10 @@ def _summary(data: ReportData, version: str) -> str:
     text = ", ".join(f"{n:,} {source} {status}" for (source, status), n in sorted(counts.items())) or "no results"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     dims = ", ".join(data.dims) or "none"
-    return (f"<p>Store <code>{html.escape(data.store_url)}</code>: {len(frame):,} results ({html.escape(text)}). "
-            f"Swept dimensions: {html.escape(dims)}. Generated {when} by tunebench {html.escape(version)}.</p>")
+    return (
+        f"<p>Store <code>{html.escape(data.store_url)}</code>: {len(frame):,} results ({html.escape(text)}). "
+        f"Swept dimensions: {html.escape(dims)}. Generated {when} by tunebench {html.escape(version)}.</p>"
+    )
 
 
 def _figure(plot: Plot, first: bool) -> str:
@@ -120,10 +126,11 @@ def _figure(plot: Plot, first: bool) -> str:
     title = fit_title(plot.title)
     entries = sum(1 for t in plot.figure["data"] if t.get("showlegend", True) and t.get("name"))
     legend_lines = max(1, math.ceil(entries / LEGEND_PER_LINE))  # the legend sits above the plot, below the title
-    margin = {**LAYOUT["margin"],
-              "t": LAYOUT["margin"]["t"] + TITLE_LINE_PX * (title.count("<br>") + legend_lines - 1)}
-    figure = {"data": plot.figure["data"],
-              "layout": {**LAYOUT, "margin": margin, "title": {"text": title}, **plot.figure["layout"]}}
+    margin = {**LAYOUT["margin"], "t": LAYOUT["margin"]["t"] + TITLE_LINE_PX * (title.count("<br>") + legend_lines - 1)}
+    figure = {
+        "data": plot.figure["data"],
+        "layout": {**LAYOUT, "margin": margin, "title": {"text": title}, **plot.figure["layout"]},
+    }
     # validate=False: the figures are plain dicts in plotly.js's schema (validating 10,000s of values takes seconds)
     div = pio.to_html(figure, full_html=False, include_plotlyjs=bool(first), div_id=f"plot-{plot.key}",
                       config=PLOTLY_CONFIG, validate=False)  # fmt: skip
@@ -136,7 +143,7 @@ def fit_title(text: str, width: int = TITLE_CHARS, lines: int = TITLE_LINES) -> 
     a title and clips what passes either edge of the figure."""
     if len(text) > width * lines:
         keep = width * lines - 3  # the ellipsis and its blanks
-        text = f"{text[: keep - keep // 2]} … {text[len(text) - keep // 2:]}"
+        text = f"{text[: keep - keep // 2]} … {text[len(text) - keep // 2 :]}"
     out, line = [], ""
     for word in text.split(" "):
         while len(word) > width:  # a word longer than a line (a long id) is cut across lines
@@ -159,10 +166,22 @@ def table_columns(data: ReportData) -> list[str]:
     where every row ran on the CPU: spec.measured.shown_columns), the reason, the result id."""
     frame = data.frame
     fixed = ["experiment_id", "actuator", "source", "status", "outcome"]
-    entity = [c for c in frame.columns if c not in fixed and not c.startswith("_") and c not in
-              ("request_id", "result_id", "base_id", "entity_id", "reason") and c not in data.properties]
+    entity = [
+        c
+        for c in frame.columns
+        if c not in fixed
+        and not c.startswith("_")
+        and c not in ("request_id", "result_id", "base_id", "entity_id", "reason")
+        and c not in data.properties
+    ]
     gpus = frame["number_gpus"] if "number_gpus" in frame.columns else ()
-    return [*fixed, *entity, *shown_columns(data.properties, gpus), "reason", "result_id"]  # result_id: `report --series RESULT_ID`
+    return [
+        *fixed,
+        *entity,
+        *shown_columns(data.properties, gpus),
+        "reason",
+        "result_id",
+    ]  # result_id: `report --series RESULT_ID`
 
 
 def table_payload(data: ReportData) -> dict[str, Any]:
@@ -223,7 +242,9 @@ def _environment(data: ReportData) -> str:
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>"
                    for e in data.environment)  # fmt: skip
-    return ("<h2>Where the results come from</h2><p>Versions and hardware as the results' metadata records them "
-            "(read from an evenly spaced sample of each actuator's results: 'results read' of 'rows'). The planner's "
-            "rows name the calibration they were predicted with.</p>"
-            f"<table id='environment'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    return (
+        "<h2>Where the results come from</h2><p>Versions and hardware as the results' metadata records them "
+        "(read from an evenly spaced sample of each actuator's results: 'results read' of 'rows'). The planner's "
+        "rows name the calibration they were predicted with.</p>"
+        f"<table id='environment'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )

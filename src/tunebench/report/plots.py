@@ -85,8 +85,10 @@ def _scatter(x: list, y: list, name: str, **kw: Any) -> dict[str, Any]:
 
 
 def _figure(traces: list[dict[str, Any]], xaxis: str, yaxis: str, **layout: Any) -> dict[str, Any]:
-    return {"data": traces, "layout": {"xaxis": {"title": {"text": xaxis}}, "yaxis": {"title": {"text": yaxis}},
-                                       **layout}}
+    return {
+        "data": traces,
+        "layout": {"xaxis": {"title": {"text": xaxis}}, "yaxis": {"title": {"text": yaxis}}, **layout},
+    }
 
 
 def _r(values: Any) -> list[Any]:
@@ -137,12 +139,15 @@ def integer_ticks(values: Any, log: bool = False) -> dict[str, Any]:
     """Axis settings that label integers in full: the values themselves when at most MAX_TICKS, else
     MAX_TICKS - 2 evenly spaced (geometrically on a log axis) integers, no 1.5 or 2.5 between them, no
     log axis's '2 5' shorthand for 2,000 and 5,000."""
-    nums = sorted({int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna() if v >= (1 if log
-                                                                                                         else 0)})
+    nums = sorted(
+        {int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna() if v >= (1 if log else 0)}
+    )
     if not nums:
         return {}
     if len(nums) > MAX_TICKS:
-        spaced = np.geomspace(nums[0], nums[-1], MAX_TICKS - 2) if log else np.linspace(nums[0], nums[-1], MAX_TICKS - 2)
+        spaced = (
+            np.geomspace(nums[0], nums[-1], MAX_TICKS - 2) if log else np.linspace(nums[0], nums[-1], MAX_TICKS - 2)
+        )
         nums = sorted({min(nums, key=lambda n, t=t: abs(n - t)) for t in spaced})
     return {"tickmode": "array", "tickvals": nums, "ticktext": [str(n) for n in nums]}
 
@@ -432,8 +437,12 @@ def stability(data: ReportData) -> Plot:
     key, title = "stability", "Stability: outcomes of repeated runs"
     frame = data.frame
     if "f_gpu_oom" not in frame.columns or frame["f_gpu_oom"].notna().sum() == 0:
-        return Plot(key, title, "Nothing to draw: no result of the stability experiment "
-                                "(finetune_full_stability, properties f_gpu_oom, f_other_error, f_no_error).")
+        return Plot(
+            key,
+            title,
+            "Nothing to draw: no result of the stability experiment "
+            "(finetune_full_stability, properties f_gpu_oom, f_other_error, f_no_error).",
+        )
     rows = frame[frame["f_gpu_oom"].notna()].sort_values(["f_gpu_oom", "f_other_error"], ascending=False)
     note = ""
     if len(rows) > MAX_STABILITY_BARS:

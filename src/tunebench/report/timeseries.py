@@ -77,8 +77,18 @@ def _r(values: pd.Series) -> list[float | None]:
 
 def _warmup(fig: dict[str, Any], warmup_end_s: float | None) -> None:
     if warmup_end_s is not None:
-        fig["layout"]["shapes"] = [{"type": "line", "xref": "x", "yref": "paper", "x0": warmup_end_s,
-                                    "x1": warmup_end_s, "y0": 0, "y1": 1, "line": {"dash": "dot", "color": "#7f7f7f"}}]
+        fig["layout"]["shapes"] = [
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": warmup_end_s,
+                "x1": warmup_end_s,
+                "y0": 0,
+                "y1": 1,
+                "line": {"dash": "dot", "color": "#7f7f7f"},
+            }
+        ]
 
 
 def utilisation_plot(frame: pd.DataFrame, who: str, warmup_end_s: float | None = None) -> Plot:
@@ -89,13 +99,17 @@ def utilisation_plot(frame: pd.DataFrame, who: str, warmup_end_s: float | None =
         return Plot(key, title, f"Nothing to draw: {who} has no utilisation series.")
     fig = _figure(traces, "time since the first sample (s)", "%")
     _warmup(fig, warmup_end_s)
-    caption = (f"{who}: each GPU's compute and memory utilisation (NVML, %), the training process tree's CPU use "
-               "(100 = one core) and the node's memory in use (%), as sampled; the measured gpu_* and cpu_* "
-               "properties are their time-averages" + (" after the warm-up (dotted line)." if warmup_end_s else "."))
+    caption = (
+        f"{who}: each GPU's compute and memory utilisation (NVML, %), the training process tree's CPU use "
+        "(100 = one core) and the node's memory in use (%), as sampled; the measured gpu_* and cpu_* "
+        "properties are their time-averages" + (" after the warm-up (dotted line)." if warmup_end_s else ".")
+    )
     return Plot(key, title, caption, fig)
 
 
-def memory_plot(frame: pd.DataFrame, who: str, peak: float | None, source: str, warmup_end_s: float | None = None) -> Plot:
+def memory_plot(
+    frame: pd.DataFrame, who: str, peak: float | None, source: str, warmup_end_s: float | None = None
+) -> Plot:
     """Memory in use over time (each GPU's, or the process's on a CPU run) and the predicted peak as a line."""
     key, title = "series-memory", "Memory over time"
     gpu = _traces(frame, ("memory_used_gib",))
@@ -109,11 +123,16 @@ def memory_plot(frame: pd.DataFrame, who: str, peak: float | None, source: str, 
                                line=PREDICTED_LINE))  # fmt: skip
     fig = _figure(traces, "time since the first sample (s)", "GiB")
     _warmup(fig, warmup_end_s)
-    predicted = (f"; the dashed line is the planner's predicted peak memory per GPU ({PEAK}, {peak:.3g} GiB) from the "
-                 f"{source}" if peak is not None else f"; no predicted peak: {source}")
+    predicted = (
+        f"; the dashed line is the planner's predicted peak memory per GPU ({PEAK}, {peak:.3g} GiB) from the {source}"
+        if peak is not None
+        else f"; no predicted peak: {source}"
+    )
     if peak is not None and not gpu:
-        predicted += (" (on a CPU the planner sizes the training state: weights, gradients, optimizer states and "
-                      "activations, not the interpreter and libraries that resident memory also counts)")
+        predicted += (
+            " (on a CPU the planner sizes the training state: weights, gradients, optimizer states and "
+            "activations, not the interpreter and libraries that resident memory also counts)"
+        )
     return Plot(key, title, f"{who}: {what}, in GiB{predicted}.", fig)
 
 

@@ -174,6 +174,7 @@ def _benchmark(
         restricted=MappingProxyType({"torch_dtype": SPEC_TORCH_DTYPES, **(restrict or {})}),
     )
 
+
 PT_INIT_TEXT = "Classify if the tweet is a complaint or not:"  # fms-hf-tuning PromptTuningConfig default
 
 
@@ -287,9 +288,7 @@ def get_experiment(experiment_id: str, parameters: Mapping[str, Any] | None = No
     text = _ALIASES.get(text, text)
     exps = _catalog()
     if text not in exps:
-        raise InputError(
-            "experiment", f"unknown experiment {text!r}." + suggest(text, exps), allowed=one_of(exps)
-        )
+        raise InputError("experiment", f"unknown experiment {text!r}." + suggest(text, exps), allowed=one_of(exps))
     exp = exps[text]
     return exp.parameterise(parameters) if parameters else exp
 
@@ -320,9 +319,7 @@ def make_entity(experiment: Experiment, raw: Mapping[str, Any]) -> Entity:
     missing = [n for n in REQUIRED_PROPERTIES if n not in values]
     if missing:
         raise InputError(missing[0], f"is required by {experiment.base_id}", allowed=PROPERTIES[missing[0]].domain())
-    canonical = {
-        k: v for k, v in values.items() if k in REQUIRED_PROPERTIES or v != experiment.default(k)
-    }
+    canonical = {k: v for k, v in values.items() if k in REQUIRED_PROPERTIES or v != experiment.default(k)}
     _check_target_modules(experiment, {**resolved_defaults(experiment), **canonical})
     return Entity(values=MappingProxyType(canonical))
 

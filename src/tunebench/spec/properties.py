@@ -354,94 +354,275 @@ PROPERTIES: dict[str, Property] = {
     p.name: p
     for p in (
         _p("model_name", "model", "The model to fine-tune (catalog name, HF id of one, or a config.json path)."),
-        _p("model_max_length", "int", "Maximum sequence length in tokens; sequences are right padded and truncated.",
-           minimum=1),
-        _p("number_gpus", "int", "The effective number of GPUs, evenly distributed to number_nodes machines; 0 = CPU.",
-           minimum=0, maximum=MAX_GPUS),
-        _p("batch_size", "int", "The effective batch size, evenly distributed to max(1, number_gpus) devices "
-           "(excludes gradient accumulation)."),
-        _p("gpu_model", "gpu", "Kubernetes node label nvidia.com/gpu.product of the GPUs, e.g. NVIDIA-A100-80GB-PCIe; "
-           "must be non-empty when number_gpus > 0 (rule 5).", default=None, nullable=True),
-        _p("dataset_id", "dataset", "The artificial data set to train on.",
-           default="news-tokens-16384plus-entries-4096"),
-        _p("gradient_checkpointing", "bool", "Recompute activations in the backward pass to save memory.",
-           default=True),
-        _p("gradient_accumulation_steps", "int", "Micro-batches accumulated per optimizer step.", default=4,
-           minimum=1),
+        _p(
+            "model_max_length",
+            "int",
+            "Maximum sequence length in tokens; sequences are right padded and truncated.",
+            minimum=1,
+        ),
+        _p(
+            "number_gpus",
+            "int",
+            "The effective number of GPUs, evenly distributed to number_nodes machines; 0 = CPU.",
+            minimum=0,
+            maximum=MAX_GPUS,
+        ),
+        _p(
+            "batch_size",
+            "int",
+            "The effective batch size, evenly distributed to max(1, number_gpus) devices "
+            "(excludes gradient accumulation).",
+        ),
+        _p(
+            "gpu_model",
+            "gpu",
+            "Kubernetes node label nvidia.com/gpu.product of the GPUs, e.g. NVIDIA-A100-80GB-PCIe; "
+            "must be non-empty when number_gpus > 0 (rule 5).",
+            default=None,
+            nullable=True,
+        ),
+        _p(
+            "dataset_id",
+            "dataset",
+            "The artificial data set to train on.",
+            default="news-tokens-16384plus-entries-4096",
+        ),
+        _p(
+            "gradient_checkpointing", "bool", "Recompute activations in the backward pass to save memory.", default=True
+        ),
+        _p("gradient_accumulation_steps", "int", "Micro-batches accumulated per optimizer step.", default=4, minimum=1),
         _p("torch_dtype", "choice", "dtype the weights are loaded in.", default="bfloat16", choices=TORCH_DTYPES),
-        _p("max_steps", "int", "Optimizer steps to run; -1 (or 0: transformers runs max_steps only when > 0) "
-           "respects num_train_epochs instead.", default=-1, minimum=-1),
+        _p(
+            "max_steps",
+            "int",
+            "Optimizer steps to run; -1 (or 0: transformers runs max_steps only when > 0) "
+            "respects num_train_epochs instead.",
+            default=-1,
+            minimum=-1,
+        ),
         _p("num_train_epochs", "float", "Epochs to run; ignored if max_steps > 0.", default=1.0, minimum=1e-9),
-        _p("stop_after_seconds", "float", "Ask the trainer to stop after this many seconds (checked at each step "
-           "end); -1 (the default) or any value <= 0 = off.", default=-1.0, minimum=-1.0),
-        _p("auto_stop_method", "choice", "Automatic stop: WARMUP_60S_STABLE_120S_OR_10_STEPS excludes a 60 s warm-up "
-           "and then runs the longer of 120 s or 10 steps.", default=None, choices=AUTO_STOP_METHODS),
-        _p("distributed_backend", "choice", "Backend for multi-GPU runs (FSDP or DDP; DeepSpeed for planning); "
-           "single-GPU runs use none.",
-           default="FSDP", choices=DISTRIBUTED_BACKENDS),
-        _p("number_nodes", "int", "Machines to spread number_gpus over; each uses number_gpus/number_nodes GPUs.",
-           default=1, maximum=MAX_GPUS),
-        _p("fms_hf_tuning_version", "choice", "Version of the reference trainer stack the measurement corresponds "
-           "to (recorded; gates --fast_moe, which needs 2.4.0+).", default="2.1.2", choices=FMS_HF_TUNING_VERSIONS),
+        _p(
+            "stop_after_seconds",
+            "float",
+            "Ask the trainer to stop after this many seconds (checked at each step "
+            "end); -1 (the default) or any value <= 0 = off.",
+            default=-1.0,
+            minimum=-1.0,
+        ),
+        _p(
+            "auto_stop_method",
+            "choice",
+            "Automatic stop: WARMUP_60S_STABLE_120S_OR_10_STEPS excludes a 60 s warm-up "
+            "and then runs the longer of 120 s or 10 steps.",
+            default=None,
+            choices=AUTO_STOP_METHODS,
+        ),
+        _p(
+            "distributed_backend",
+            "choice",
+            "Backend for multi-GPU runs (FSDP or DDP; DeepSpeed for planning); single-GPU runs use none.",
+            default="FSDP",
+            choices=DISTRIBUTED_BACKENDS,
+        ),
+        _p(
+            "number_nodes",
+            "int",
+            "Machines to spread number_gpus over; each uses number_gpus/number_nodes GPUs.",
+            default=1,
+            maximum=MAX_GPUS,
+        ),
+        _p(
+            "fms_hf_tuning_version",
+            "choice",
+            "Version of the reference trainer stack the measurement corresponds "
+            "to (recorded; gates --fast_moe, which needs 2.4.0+).",
+            default="2.1.2",
+            choices=FMS_HF_TUNING_VERSIONS,
+        ),
         _p("enable_roce", "bool", "RDMA over Converged Ethernet for multi-node runs.", default=False),
-        _p("fast_moe", "int", "Expert-parallel degree (ep_degree) of fast MoE; 0 = off. number_gpus and the model's "
-           "num_local_experts must be divisible by it.", default=0, minimum=0),
-        _p("fast_kernels", "bool_list", "Fast kernels [fast_loss, fast_rms_layernorm, fast_rope_embeddings].",
-           default=None, nullable=True),
+        _p(
+            "fast_moe",
+            "int",
+            "Expert-parallel degree (ep_degree) of fast MoE; 0 = off. number_gpus and the model's "
+            "num_local_experts must be divisible by it.",
+            default=0,
+            minimum=0,
+        ),
+        _p(
+            "fast_kernels",
+            "bool_list",
+            "Fast kernels [fast_loss, fast_rms_layernorm, fast_rope_embeddings].",
+            default=None,
+            nullable=True,
+        ),
         _p("optim", "choice", "The optimizer.", default="adamw_torch", choices=OPTIMIZERS),
         _p("bf16", "bool", "bf16 mixed precision (AMP) instead of training in the load dtype.", default=False),
-        _p("gradient_checkpointing_use_reentrant", "bool", "Use the reentrant activation-checkpoint variant.",
-           default=False),
-        _p("fsdp_sharding_strategy", "choice", "FSDP sharding strategy ([1]..[5] accepted).", default="FULL_SHARD",
-           choices=FSDP_SHARDING_STRATEGIES),
-        _p("fsdp_state_dict_type", "choice", "FSDP state dict type.", default="FULL_STATE_DICT",
-           choices=FSDP_STATE_DICT_TYPES),
-        _p("fsdp_use_orig_params", "bool", "Allow non-uniform requires_grad (frozen and trainable params) under FSDP.",
-           default=True),
-        _p("accelerate_config_mixed_precision", "choice", "accelerate mixed precision.", default="no",
-           choices=MIXED_PRECISION),
-        _p("accelerate_config_fsdp_transformer_layer_cls_to_wrap", "str", "Layer classes FSDP wraps (comma "
-           "separated); None takes them from the catalog.", default=None, nullable=True, pattern=CLASS_NAMES),
-        _p("dataset_text_field", "str", "Data set field holding the text; None = output.", default=None,
-           nullable=True, pattern=FIELD_NAME),
-        _p("dataset_image_field", "str", "Data set field holding images (vision models).", default=None,
-           nullable=True, pattern=FIELD_NAME),
+        _p(
+            "gradient_checkpointing_use_reentrant",
+            "bool",
+            "Use the reentrant activation-checkpoint variant.",
+            default=False,
+        ),
+        _p(
+            "fsdp_sharding_strategy",
+            "choice",
+            "FSDP sharding strategy ([1]..[5] accepted).",
+            default="FULL_SHARD",
+            choices=FSDP_SHARDING_STRATEGIES,
+        ),
+        _p(
+            "fsdp_state_dict_type",
+            "choice",
+            "FSDP state dict type.",
+            default="FULL_STATE_DICT",
+            choices=FSDP_STATE_DICT_TYPES,
+        ),
+        _p(
+            "fsdp_use_orig_params",
+            "bool",
+            "Allow non-uniform requires_grad (frozen and trainable params) under FSDP.",
+            default=True,
+        ),
+        _p(
+            "accelerate_config_mixed_precision",
+            "choice",
+            "accelerate mixed precision.",
+            default="no",
+            choices=MIXED_PRECISION,
+        ),
+        _p(
+            "accelerate_config_fsdp_transformer_layer_cls_to_wrap",
+            "str",
+            "Layer classes FSDP wraps (comma separated); None takes them from the catalog.",
+            default=None,
+            nullable=True,
+            pattern=CLASS_NAMES,
+        ),
+        _p(
+            "dataset_text_field",
+            "str",
+            "Data set field holding the text; None = output.",
+            default=None,
+            nullable=True,
+            pattern=FIELD_NAME,
+        ),
+        _p(
+            "dataset_image_field",
+            "str",
+            "Data set field holding images (vision models).",
+            default=None,
+            nullable=True,
+            pattern=FIELD_NAME,
+        ),
         _p("remove_unused_columns", "bool", "Remove columns the model does not use.", default=True),
         _p("dataset_kwargs_skip_prepare_dataset", "bool", "Ask trl to skip preparing the data set.", default=False),
-        _p("flash_attn", "bool", "Use flash-attention 2 (tunebench: None = on with GPUs, off on the CPU, where it "
-           "cannot run).", default=None, nullable=True),
+        _p(
+            "flash_attn",
+            "bool",
+            "Use flash-attention 2 (tunebench: None = on with GPUs, off on the CPU, where it cannot run).",
+            default=None,
+            nullable=True,
+        ),
         # --- tunebench extensions (docs/experiments.md "Stack settings"): planning inputs ----------
-        _p("attn_implementation", "choice", "Attention kernel (transformers attn_implementation); None follows "
-           "flash_attn.", default=None, choices=(None, *ATTN_IMPLEMENTATIONS)),
-        _p("loss_implementation", "choice", "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
-           "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits); None = upcast, or "
-           "fms-acceleration's fused kernel with fast_kernels' fast_loss.", default=None,
-           choices=(None, *LOSS_IMPLEMENTATIONS)),
-        _p("adapter_dtype", "choice", "dtype of trainable adapter weights; None = float32 (peft's "
-           "autocast_adapter_dtype).", default=None, choices=(None, *ADAPTER_DTYPES)),
-        _p("gradient_checkpointing_mode", "choice", "Activation checkpointing granularity when "
-           "gradient_checkpointing is on: full (whole blocks) or selective (op-level); None = full.",
-           default=None, choices=(None, *CHECKPOINTING_MODES)),
-        _p("torch_compile", "bool", "Compile the model with torch.compile (fewer intermediates, faster "
-           "element-wise work).", default=False),
-        _p("deepspeed_zero_stage", "int", "DeepSpeed ZeRO stage when distributed_backend is DeepSpeed "
-           "(accelerate's default 2).", default=2, minimum=0, maximum=3),
-        _p("offload_optimizer_device", "choice", "DeepSpeed: where optimizer states live (ZeRO-Offload).",
-           default="none", choices=OFFLOAD_DEVICES),
-        _p("offload_param_device", "choice", "DeepSpeed ZeRO-3: where parameters live (ZeRO-Infinity).",
-           default="none", choices=OFFLOAD_DEVICES),
-        _p("fsdp_offload_params", "bool", "FSDP CPU offload: parameters, gradients and the optimizer step on "
-           "the host.", default=False),
-        _p("device_map", "choice", "auto: one process splits the model's layers over its GPUs (naive "
-           "pipeline, transformers device_map); None = one replica per GPU.", default=None, choices=DEVICE_MAPS),
-        _p("tensor_parallel_degree", "int", "GPUs each layer's matrices are split over (Megatron-style tensor "
-           "parallelism with sequence-parallel norms, torchtitan's tp); 1 = off.", default=1, minimum=1),
-        _p("sequence_parallel_degree", "int", "GPUs each sample's tokens are split over (DeepSpeed Ulysses, ring "
-           "attention, torchtitan's context parallel); 1 = off.", default=1, minimum=1),
+        _p(
+            "attn_implementation",
+            "choice",
+            "Attention kernel (transformers attn_implementation); None follows flash_attn.",
+            default=None,
+            choices=(None, *ATTN_IMPLEMENTATIONS),
+        ),
+        _p(
+            "loss_implementation",
+            "choice",
+            "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
+            "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits); None = upcast, or "
+            "fms-acceleration's fused kernel with fast_kernels' fast_loss.",
+            default=None,
+            choices=(None, *LOSS_IMPLEMENTATIONS),
+        ),
+        _p(
+            "adapter_dtype",
+            "choice",
+            "dtype of trainable adapter weights; None = float32 (peft's autocast_adapter_dtype).",
+            default=None,
+            choices=(None, *ADAPTER_DTYPES),
+        ),
+        _p(
+            "gradient_checkpointing_mode",
+            "choice",
+            "Activation checkpointing granularity when "
+            "gradient_checkpointing is on: full (whole blocks) or selective (op-level); None = full.",
+            default=None,
+            choices=(None, *CHECKPOINTING_MODES),
+        ),
+        _p(
+            "torch_compile",
+            "bool",
+            "Compile the model with torch.compile (fewer intermediates, faster element-wise work).",
+            default=False,
+        ),
+        _p(
+            "deepspeed_zero_stage",
+            "int",
+            "DeepSpeed ZeRO stage when distributed_backend is DeepSpeed (accelerate's default 2).",
+            default=2,
+            minimum=0,
+            maximum=3,
+        ),
+        _p(
+            "offload_optimizer_device",
+            "choice",
+            "DeepSpeed: where optimizer states live (ZeRO-Offload).",
+            default="none",
+            choices=OFFLOAD_DEVICES,
+        ),
+        _p(
+            "offload_param_device",
+            "choice",
+            "DeepSpeed ZeRO-3: where parameters live (ZeRO-Infinity).",
+            default="none",
+            choices=OFFLOAD_DEVICES,
+        ),
+        _p(
+            "fsdp_offload_params",
+            "bool",
+            "FSDP CPU offload: parameters, gradients and the optimizer step on the host.",
+            default=False,
+        ),
+        _p(
+            "device_map",
+            "choice",
+            "auto: one process splits the model's layers over its GPUs (naive "
+            "pipeline, transformers device_map); None = one replica per GPU.",
+            default=None,
+            choices=DEVICE_MAPS,
+        ),
+        _p(
+            "tensor_parallel_degree",
+            "int",
+            "GPUs each layer's matrices are split over (Megatron-style tensor "
+            "parallelism with sequence-parallel norms, torchtitan's tp); 1 = off.",
+            default=1,
+            minimum=1,
+        ),
+        _p(
+            "sequence_parallel_degree",
+            "int",
+            "GPUs each sample's tokens are split over (DeepSpeed Ulysses, ring "
+            "attention, torchtitan's context parallel); 1 = off.",
+            default=1,
+            minimum=1,
+        ),
         _p("r", "int", "The LoRA rank.", default=4, minimum=1, maximum=1024),
         _p("lora_alpha", "int", "The LoRA scaling numerator.", default=16, minimum=1),
-        _p("target_modules", "list", "LoRA target modules; None takes the experiment's per-model map.",
-           default=None, nullable=True, pattern=MODULE_NAMES),
+        _p(
+            "target_modules",
+            "list",
+            "LoRA target modules; None takes the experiment's per-model map.",
+            default=None,
+            nullable=True,
+            pattern=MODULE_NAMES,
+        ),
     )  # fmt: skip
 }
 

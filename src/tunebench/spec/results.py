@@ -24,6 +24,7 @@ STATUSES = ("valid", "invalid", "failed")
 
 LOG_TAIL_CHARS = 16_000  # a failed run keeps the last 16 kB of its log: enough for a Python traceback
 
+
 @dataclass
 class Result:
     """One outcome of measuring (or predicting) an entity under an experiment."""

@@ -51,7 +51,9 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
     ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
     if batch % ranks != 0:
-        over = f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
+        over = (
+            f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
+        )
         reasons.append(f"rule 1: batch_size {batch} is not divisible by {over}")
     # 2. number_gpus % number_nodes != 0, as the spec writes it: 0 GPUs divide over any number of nodes (the
     # reference's code tests max(1, number_gpus) instead; docs/experiments.md "Validity")
@@ -73,7 +75,9 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
         # 7. num_local_experts not divisible by fast_moe (fast_moe is ep_degree in fms-hf-tuning)
         experts = get_model(values["model_name"]).num_local_experts
         if not experts:
-            reasons.append(f"rule 7: fast_moe {fast_moe} needs a Mixture-of-Experts model; {values['model_name']} has none")
+            reasons.append(
+                f"rule 7: fast_moe {fast_moe} needs a Mixture-of-Experts model; {values['model_name']} has none"
+            )
         elif experts % fast_moe != 0:
             reasons.append(f"rule 7: num_local_experts {experts} is not divisible by fast_moe {fast_moe}")
         # reference: fast_moe is only supported by fms-hf-tuning 2.4.0+ (the SFTTrainer spec note)
@@ -103,13 +107,17 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     elif opt_dev == "nvme" and stage < 3:
         reasons.append(f"offload_optimizer_device nvme needs deepspeed_zero_stage 3 (got {stage})")
     if param_dev != "none" and (backend != "DeepSpeed" or stage != 3):
-        reasons.append(f"offload_param_device {param_dev} needs distributed_backend DeepSpeed with deepspeed_zero_stage 3")
+        reasons.append(
+            f"offload_param_device {param_dev} needs distributed_backend DeepSpeed with deepspeed_zero_stage 3"
+        )
     # accelerate fsdp_config fsdp_offload_params: an FSDP setting
     if values.get("fsdp_offload_params") and backend != "FSDP":
         reasons.append(f"fsdp_offload_params needs distributed_backend FSDP (got {backend})")
     # transformers device_map="auto" places one process's model over all its GPUs: no data-parallel backend
     if values.get("device_map") and backend is not None and values.get("number_gpus", 0) > 1:
-        reasons.append(f"device_map {values['device_map']} runs one process over the GPUs: set distributed_backend None (got {backend})")
+        reasons.append(
+            f"device_map {values['device_map']} runs one process over the GPUs: set distributed_backend None (got {backend})"
+        )
     tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
     if tp * sp > 1 and max(1, values.get("number_gpus", 0)) % (tp * sp) != 0:
         reasons.append(f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "

@@ -134,8 +134,10 @@ def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, i
 
     index, of = repeat
     when = str(row.timestamp) if row.timestamp else None
-    metadata: dict[str, Any] = {"source": f"{path.name}:{table}",
-                                "ado": {"operation": row.operation_id, "request": row.request_id, "timestamp": when}}
+    metadata: dict[str, Any] = {
+        "source": f"{path.name}:{table}",
+        "ado": {"operation": row.operation_id, "request": row.request_id, "timestamp": when},
+    }
     if of > 1:
         metadata["repeat"] = {"index": index, "of": of}
     if "measurements" not in item:  # ado's InvalidMeasurementResult: the measurement failed

@@ -56,7 +56,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, create_model
 
 from tunebench.errors import InputError, one_of
-from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB, STABILITY_MEASURED
+from tunebench.inputs import NonNegative, input_error, read_text
 from tunebench.spec.experiments import (
     REQUIRED_PROPERTIES,
     Experiment,
@@ -64,14 +64,14 @@ from tunebench.spec.experiments import (
     list_experiments,
     make_entity,
 )
-from tunebench.inputs import NonNegative, input_error, read_text
+from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB, STABILITY_MEASURED
 from tunebench.spec.properties import PROPERTIES
-from tunebench.store.fms_csv import is_fms_layout
-from tunebench.store.tables import ADO_PREFIX, build, write_csv
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check
-from tunebench.store.schema import INVALID, VALID
+from tunebench.store.fms_csv import is_fms_layout
 from tunebench.store.rows import Record, Selection
+from tunebench.store.schema import INVALID, VALID
+from tunebench.store.tables import ADO_PREFIX, build, write_csv
 
 if TYPE_CHECKING:
     from tunebench.store.store import Store
@@ -277,8 +277,11 @@ def repeats_of(row: dict[str, str], columns: dict[str, tuple[str, str | None]] |
         flags = flags if isinstance(flags, list) else [flags]
         for flag in flags:
             if flag not in (0, 1):
-                raise InputError(valid_column, f"{flag!r} is neither 0 nor 1" + (
-                    ": the repeats disagree on validity; export from ado without --aggregate" if aggregate else ""))
+                raise InputError(
+                    valid_column,
+                    f"{flag!r} is neither 0 nor 1"
+                    + (": the repeats disagree on validity; export from ado without --aggregate" if aggregate else ""),
+                )
         valid = [int(f) for f in flags]
     else:  # ado-sfttrainer.md §13.2: no is_valid column -> a train_runtime means the run completed
         runtime = next((cells[c] for c, (name, _) in columns.items() if name == "train_runtime" and c in cells), None)

@@ -39,10 +39,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import platformdirs
 from urllib.parse import quote
 
+import platformdirs
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
@@ -191,4 +190,3 @@ def read(engine: Engine) -> Iterator[Connection]:
         conn = conn.execution_options(tunebench_readonly=True)
         with conn.begin():
             yield conn
-

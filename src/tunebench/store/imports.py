@@ -160,7 +160,9 @@ def _follow_latest(conn: Connection, request_ids: list[int], now: float) -> None
     status_of: dict[int, str] = {}
     for i in range(0, len(result_ids), CHUNK):
         status_of.update(
-            conn.execute(select(results.c.id, results.c.status).where(results.c.id.in_(result_ids[i : i + CHUNK]))).all()
+            conn.execute(
+                select(results.c.id, results.c.status).where(results.c.id.in_(result_ids[i : i + CHUNK]))
+            ).all()
         )
     conn.execute(
         update(requests)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tunebench.store.store import Store
+
+
 def open_store(url: str | None, *, create: bool = True) -> Store:
     """The store at url (default: $TUNEBENCH_STORE, else the user's); InputError (--store) if it cannot be used.
 
@@ -19,8 +21,8 @@ def open_store(url: str | None, *, create: bool = True) -> Store:
 
     from tunebench.errors import InputError
     from tunebench.secrets import mask_secrets
-    from tunebench.store.migrations import SchemaError
     from tunebench.store.db import check_location, store_url
+    from tunebench.store.migrations import SchemaError
     from tunebench.store.store import Store
 
     target = store_url(url)

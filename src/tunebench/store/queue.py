@@ -397,4 +397,3 @@ def _user() -> str:
         return getpass.getuser()
     except Exception:  # no user name (containers)
         return "unknown"
-

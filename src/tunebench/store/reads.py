@@ -31,7 +31,16 @@ from tunebench.store.rows import (
     properties_of,
 )
 from tunebench.store.schema import (
-    DONE, ENTITY_COLUMNS, MEASURED_COLUMNS, VALID, entities, experiments, operation_points, requests, results, series,
+    DONE,
+    ENTITY_COLUMNS,
+    MEASURED_COLUMNS,
+    VALID,
+    entities,
+    experiments,
+    operation_points,
+    requests,
+    results,
+    series,
 )  # fmt: skip
 from tunebench.store.series import UnknownResult, stored_series
 
@@ -303,7 +312,9 @@ def outcomes_query(selection: Selection) -> Select:
     if selection.operation_id is not None:
         here = and_(operation_points.c.request_id == requests.c.id,
                     operation_points.c.operation_id == selection.operation_id)  # fmt: skip
-        query = query.add_columns(operation_points.c.origin).join(operation_points, here).order_by(operation_points.c.seq)
+        query = (
+            query.add_columns(operation_points.c.origin).join(operation_points, here).order_by(operation_points.c.seq)
+        )
     else:
         query = query.order_by(requests.c.id)
     if selection.every_result:

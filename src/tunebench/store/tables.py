@@ -32,8 +32,8 @@ from typing import IO, Any
 from tunebench.spec.experiments import ID_ORDER, Experiment, get_experiment
 from tunebench.spec.measured import REPORT_ORDER
 from tunebench.spec.properties import render_value
-from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 from tunebench.store.rows import Outcomes, Repeats, no_gc
+from tunebench.store.schema import ENTITY_COLUMNS, MEASURED_COLUMNS
 
 ADO_PREFIX = "SFTTrainer."  # the reference's actuator prefix of experiment ids (ado names measurements so)
 MEASURE = "measure"  # the actuator that measures; every other one predicts or tests
@@ -66,7 +66,11 @@ class Table:
 
 
 def build(
-    outcomes: Outcomes, *, ado: bool = False, constitutive: Sequence[str] = (), repeats: dict[int, Repeats] | None = None
+    outcomes: Outcomes,
+    *,
+    ado: bool = False,
+    constitutive: Sequence[str] = (),
+    repeats: dict[int, Repeats] | None = None,
 ) -> Table:
     """The report of ``Store.table()``; ado=True gives the reference's export layout; repeats
     (``Store.repeats()``) makes each row the aggregate of its request's results (see the module).

@@ -23,8 +23,9 @@ from tunebench.paths import home
 from tunebench.secrets import mask_secrets
 
 KINDS = ("mlflow", "aim")
-ALLOWED = ("mlflow, mlflow:URI (http(s)://host:port, sqlite:///file.db, ...), aim, aim:REPO (a directory, "
-           "aim://host:port)")
+ALLOWED = (
+    "mlflow, mlflow:URI (http(s)://host:port, sqlite:///file.db, ...), aim, aim:REPO (a directory, aim://host:port)"
+)
 # the module each kind imports, and the extra of pyproject.toml that installs it
 MODULES = {"mlflow": "mlflow", "aim": "aim"}
 

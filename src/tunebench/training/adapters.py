@@ -91,7 +91,9 @@ def build_peft_config(peft: PeftSettings, model: torch.nn.Module, tokenizer_path
     return None
 
 
-def apply_peft(peft: PeftSettings, model: torch.nn.Module, tokenizer_path: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+def apply_peft(
+    peft: PeftSettings, model: torch.nn.Module, tokenizer_path: str
+) -> tuple[torch.nn.Module, dict[str, Any]]:
     """Wrap the model for the PEFT method; returns (model, facts for the result)."""
     config = build_peft_config(peft, model, tokenizer_path)
     if config is None:

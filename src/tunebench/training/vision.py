@@ -250,12 +250,19 @@ def language_model_targets(names: list[str]) -> str:
 
 
 def build_model(
-    spec: ModelSpec, *, tiny: bool, tokenizer_vocab: int, special_ids: dict[str, int | None], image_token_id: int,
-    dtype: torch.dtype, device: torch.device, attn_implementation: str | None,
+    spec: ModelSpec,
+    *,
+    tiny: bool,
+    tokenizer_vocab: int,
+    special_ids: dict[str, int | None],
+    image_token_id: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    attn_implementation: str | None,
 ) -> torch.nn.Module:
     """A LlavaNext model with random weights (tiny: language model shrunk as model.shrink, vision tower
     to TINY_VISION with the same number of feature layers; image and patch size kept)."""
-    from transformers import AutoModelForImageTextToText, CONFIG_MAPPING
+    from transformers import CONFIG_MAPPING, AutoModelForImageTextToText
 
     from tunebench.training.model import training_config_dict
 

@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prompt_tuning_init", default="TEXT", choices=("TEXT", "RANDOM"))
     a("--prompt_tuning_init_text", default="Classify if the tweet is a complaint or not:")
     a("--optim", default="adamw_torch")  # the SFTTrainer spec "optim" default
-    a("--bf16", type=to_bool, default=False)  # the SFTTrainer spec: default False -> pure bf16 with torch_dtype bfloat16
+    a(
+        "--bf16", type=to_bool, default=False
+    )  # the SFTTrainer spec: default False -> pure bf16 with torch_dtype bfloat16
     a("--fp16", type=to_bool, default=False)
     a("--fast_moe", nargs="+", default=None, help="expert-parallel degree (fms-acceleration-moe)")
     a("--fast_kernels", nargs="+", default=None, help="fms-acceleration-foak: fast_loss rms_layernorm rope")

@@ -26,6 +26,7 @@ import threading
 import time
 
 import psutil
+
 from tunebench.units import GIB
 
 POLL_S = 0.05  # poll interval: 50 ms

@@ -39,9 +39,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
+
 from tunebench.units import GIB
 
-GPU_SERIES = ("compute_utilization", "memory_utilization", "power_watts", "power_percent")  # the SFTTrainer spec gpu_<X>
+GPU_SERIES = (
+    "compute_utilization",
+    "memory_utilization",
+    "power_watts",
+    "power_percent",
+)  # the SFTTrainer spec gpu_<X>
 
 
 @dataclass

@@ -70,7 +70,7 @@ def parse_step_line(line: str) -> StepProgress | None:
     if not line.startswith(STEP_TAG):
         return None
     try:
-        d = json.loads(line[len(STEP_TAG):])
+        d = json.loads(line[len(STEP_TAG) :])
         world = int(d.get("world_size", 1))
         return StepProgress(
             step=int(d["step"]), elapsed_s=float(d["elapsed_s"]), total_steps=d.get("max_steps") or None,

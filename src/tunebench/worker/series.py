@@ -80,7 +80,9 @@ def run_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     node0 = r0.get("node_rank", 0)
     ends = steps.get("end_monotonic") or []
     durations = steps.get("durations_s") or []
-    times = [clock(node0, t) for t in ends] if node0 in firsts and len(ends) == len(durations) else _cumulative(durations)
+    times = (
+        [clock(node0, t) for t in ends] if node0 in firsts and len(ends) == len(durations) else _cumulative(durations)
+    )
     for i, d in enumerate(durations):
         _add(series, "train.step_time_s", times[i], d, i + 1)
     for name, key in STEP_COUNTS.items():
@@ -107,7 +109,9 @@ def _add(series: dict[str, dict[str, list]], name: str, t: float | None, value: 
     """Append a point (a missing value or time adds nothing)."""
     if value is None or t is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    entry = series.setdefault(name, {"time_s": [], "value": []} if step is None else {"step": [], "time_s": [], "value": []})
+    entry = series.setdefault(
+        name, {"time_s": [], "value": []} if step is None else {"step": [], "time_s": [], "value": []}
+    )
     entry["time_s"].append(round(float(t), 6))  # microseconds: more is clock noise
     entry["value"].append(float(value))
     if step is not None:

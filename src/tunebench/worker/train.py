@@ -25,10 +25,13 @@ import torch
 
 from tunebench.catalog import ModelSpec
 from tunebench.spec.properties import loss_path
-from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
-from tunebench.training import adapters, data, loss as loss_mod, model as model_mod, tokenizer as tok_mod, vision
+from tunebench.training import adapters, data, vision
+from tunebench.training import loss as loss_mod
+from tunebench.training import model as model_mod
+from tunebench.training import tokenizer as tok_mod
 from tunebench.worker.args import WorkerConfig
 from tunebench.worker.meter import MeasureCallback, MeasuredTrainer, StepMeter
+from tunebench.worker.metrics import MetricsSampler, cuda_gpu_ids, gpu_names, torch_peak_memory_gib
 from tunebench.worker.stopping import AutoStopWindows, excluded_warmup_steps
 
 
@@ -155,7 +158,10 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         attn_implementation=getattr(model.config, "_attn_implementation", None),
     )  # fmt: skip
     settings = config
-    if settings.peft_method in ("lora", "qlora"):  # the SFTTrainer spec's per-model targets name the language model's layers
+    if settings.peft_method in (
+        "lora",
+        "qlora",
+    ):  # the SFTTrainer spec's per-model targets name the language model's layers
         targets = settings.target_modules or ["q_proj", "v_proj"]
         if targets != ["all-linear"]:
             settings = dataclasses.replace(settings, target_modules=[vision.language_model_targets(targets)])
@@ -278,8 +284,10 @@ def fms_acceleration(config: WorkerConfig) -> str | None:
         flags.append("--fast_moe " + " ".join(config.fast_moe))
     if not flags:
         return None
-    return (f"{', '.join(flags)}: fms-acceleration kernels, which the native worker does not run: measure with "
-            "--engine fms-hf-tuning")
+    return (
+        f"{', '.join(flags)}: fms-acceleration kernels, which the native worker does not run: measure with "
+        "--engine fms-hf-tuning"
+    )
 
 
 def not_applied(config: WorkerConfig) -> dict[str, str]:
