@@ -480,3 +480,25 @@ def test_trackers_are_not_part_of_the_operation(tmp_path):
     assert tracked.track == (Target("mlflow", "https://user:secret@host"),
                              Target("aim", str(Path("~/runs").expanduser().absolute())))  # fmt: skip
     assert str(tracked.track[0]) == "mlflow:https://user:***@host"
+
+
+def test_invalid_and_failed_results_are_tracked_with_why(tmp_path, capsys):
+    """Results that never trained: an entity that breaks a rule (invalid, its reasons; the planner predicts
+    nothing, and says why) and a failed one (MLflow status FAILED, its error)."""
+    store = str(tmp_path / "s.db")
+    assert main(["run", LORA, *INVALID, "--store", store]) == 0
+    failed = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=2",
+              "gpu_model=NVIDIA-A100-80GB-PCIe", "number_nodes=2"]  # fmt: skip
+    assert main(["run", LORA, *failed, "--store", store]) == 1
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    assert main(["track", "export", "--to", "mlflow", "--uri", uri, "--store", store, "--predicted"]) == 0
+    assert capsys.readouterr().out.endswith(": 2 runs created, 0 already there\n")
+    rows = {h.row["status"]: h for h in held(tmp_path / "s.db")}
+    runs = {r.data.tags["tunebench.status"]: r for r in mlflow_runs(uri, "tunebench run")}
+    invalid, bad = runs["invalid"], runs["failed"]
+    assert invalid.data.tags["tunebench.reasons"] == "; ".join(rows["invalid"].row["reasons"])
+    assert invalid.data.tags["tunebench.predicted"].startswith("no prediction: rule 1: batch_size 3")
+    assert invalid.data.metrics == {"is_valid": 0.0} and invalid.info.status == "FINISHED"
+    assert bad.info.status == "FAILED" and "is_valid" not in bad.data.metrics
+    assert bad.data.tags["tunebench.error"] == rows["failed"].row["error"]
+    assert invalid.data.params == as_mlflow_params(rows["invalid"].params())

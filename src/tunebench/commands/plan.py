@@ -456,7 +456,7 @@ def largest_command(name: str, model: str, props: list[str] | None, gpu_model: s
     from tunebench.commands.printing import print_largest
     from tunebench.plan.sweep import largest, method_job, padded_tokens
 
-    opts = planner_options(price, calibration, None, currency=currency, max_oom_risk=max_oom_risk)
+    opts = planner_options(price, calibration, None, currency=currency)
     gpu.register(gpu_model)
     raw = parse_assignments(props or [])
     given = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}

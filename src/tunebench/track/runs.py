@@ -157,7 +157,8 @@ def measured_metrics(properties: dict[str, Any]) -> dict[str, float]:
 
 def predicted_metrics(stored: StoredResult) -> dict[str, float]:
     """The planner's prediction of the result's entity (tunebench.plan.predict, the predict actuator), each
-    predicted property as ``predicted_<name>`` (also where it predicts the job does not fit)."""
+    predicted property as ``predicted_<name>`` (also where it predicts the job does not fit); ValueError with
+    the planner's reasons when it predicts nothing."""
     from tunebench.plan import predict
     from tunebench.spec.experiments import get_experiment, make_entity
 
@@ -166,7 +167,10 @@ def predicted_metrics(stored: StoredResult) -> dict[str, float]:
     if prediction.error:
         raise ValueError(prediction.error)
     values = prediction.metadata.get("predicted") or prediction.properties
-    return {PREDICTED_PREFIX + k: v for k, v in measured_metrics(values).items() if k != "is_valid"}
+    found = {PREDICTED_PREFIX + k: v for k, v in measured_metrics(values).items() if k != "is_valid"}
+    if not found:  # e.g. an entity that breaks a rule: nothing to plan
+        raise ValueError("; ".join(prediction.reasons) or "the planner predicted no property")
+    return found
 
 
 def result_tags(stored: StoredResult, store_url: str) -> dict[str, str]:
@@ -195,7 +199,8 @@ def tracked_run(store: StoreBase, stored: StoredResult, *, predicted: bool) -> T
             metrics.update(predicted_metrics(stored))
             tags[PREFIX + "predicted"] = "planner"
         except Exception as exc:  # the measurement is tracked all the same
-            tags[PREFIX + "predicted"] = _cut(one_line(f"no prediction: {type(exc).__name__}: {exc}"))
+            why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            tags[PREFIX + "predicted"] = _cut(one_line(f"no prediction: {why}"))
     wall = result.metadata.get("wall_seconds")
     start = stored.created_at - wall if isinstance(wall, (int, float)) and wall >= 0 else None
     logs = _worker_logs(result.metadata.get("output_dir"))
