@@ -12,8 +12,8 @@ import typer
 
 import tunebench.commands
 from tunebench.commands.main import app
-from tunebench.commands.options import OptionError, checked
-from tunebench.inputs import Options
+from tunebench.commands.options import Check, OptionError
+from tunebench.inputs import Options, Seconds
 
 
 def commands(group: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, click.Command]]:
@@ -92,7 +92,7 @@ def test_no_command_module_keeps_a_second_model_of_its_options():
 
 
 def test_a_bad_value_is_refused_with_its_flag_and_the_type_message():
-    parse = checked(__import__("tunebench.inputs", fromlist=["Seconds"]).Seconds, "--timeout")
+    parse = Check(Seconds, "--timeout")
     assert parse("2.5") == 2.5
     with pytest.raises(OptionError) as caught:
         parse("0")

@@ -17,12 +17,11 @@ from tunebench.actuators.registry import (
     MultiNode,
     check_options,
     needs_hardware,
-    noop,
     registered_actuators,
     resolve_actuator,
 )
 
 __all__ = [
-    "ENTRY_POINTS", "HARDWARE_FREE", "Actuator", "MultiNode", "check_options", "needs_hardware", "noop",
+    "ENTRY_POINTS", "HARDWARE_FREE", "Actuator", "MultiNode", "check_options", "needs_hardware",
     "registered_actuators", "resolve_actuator",
 ]  # fmt: skip

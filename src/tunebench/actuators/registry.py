@@ -67,7 +67,6 @@ def _noop(experiment: Experiment, entity: Entity, options: Mapping[str, Any]) ->
 
 
 NOOP = Actuator("noop", _noop, needs_hardware=False)  # store and scheduling overhead
-noop = NOOP
 
 
 def _measure() -> Actuator:

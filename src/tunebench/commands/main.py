@@ -26,7 +26,7 @@ from tunebench.catalog import list_gpus, list_models
 from tunebench.commands.datasets import app as datasets_app
 from tunebench.commands.engines import app as engines_app
 from tunebench.commands.explore import register as register_explore
-from tunebench.commands.options import OptionError, argument, option
+from tunebench.commands.options import ExperimentArg, OptionError, Params, Props, option
 from tunebench.commands.plan import register as register_plan
 from tunebench.commands.report import register as register_report
 from tunebench.commands.store import record_run, run_store
@@ -91,15 +91,7 @@ app = typer.Typer(
 console = Console(soft_wrap=True)  # long ids stay on one line (copy-pasteable)
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-Params = Annotated[
-    list[str] | None,
-    option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
-]
 Wide = Annotated[bool, typer.Option("--wide", help="Every column in full, however wide the lines get.")]
-Props = Annotated[
-    list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)
-]
-Experiment_ = Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")]
 EngineOpt = Annotated[
     str,
     option(
@@ -261,7 +253,7 @@ def describe_dict(experiment: Experiment) -> dict[str, Any]:
 
 @app.command()
 def describe(
-    experiment: Experiment_,
+    experiment: ExperimentArg,
     params: Params = None,
     as_json: Json = False,
 ) -> None:
@@ -290,7 +282,7 @@ def describe(
 
 @app.command()
 def validate(
-    experiment: Experiment_,
+    experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     as_json: Json = False,
@@ -313,7 +305,7 @@ def validate(
 
 @app.command("launch-plan")
 def launch_plan(
-    experiment: Experiment_,
+    experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     data_dir: Annotated[
@@ -411,7 +403,7 @@ def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]
 
 @app.command()
 def run(
-    experiment: Experiment_,
+    experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     weights: Annotated[

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import functools
 import typing
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -36,16 +35,20 @@ class OptionError(Exception):
         return self.error.field
 
 
-def checked(kind: Any, name: str) -> Callable[[Any], Any]:
-    """A parser of one command-line value: kind's validation, OptionError naming name on a bad value."""
+class Check:
+    """The parser of one command-line value: kind's validation (its pydantic adapter built on first use, so
+    `tunebench --help` builds none), OptionError naming name on a bad value."""
 
-    @functools.cache
-    def adapter() -> Any:  # built on first use: `tunebench --help` builds none
+    def __init__(self, kind: Any, name: str):
+        self.kind, self.name = kind, name
+
+    @functools.cached_property
+    def adapter(self) -> Any:
         from pydantic import TypeAdapter
 
-        return TypeAdapter(kind)
+        return TypeAdapter(self.kind)
 
-    def parse(value: Any) -> Any:
+    def __call__(self, value: Any) -> Any:
         from pydantic import ValidationError
 
         from tunebench.inputs import input_error
@@ -53,12 +56,9 @@ def checked(kind: Any, name: str) -> Callable[[Any], Any]:
         if value is None:
             return None
         try:
-            return adapter().validate_python(value)
+            return self.adapter.validate_python(value)
         except ValidationError as exc:
-            raise OptionError(input_error(exc, root=name)) from None
-
-    parse.kind = kind  # type: ignore[attr-defined]  # what tests/commands/test_options.py reads back
-    return parse
+            raise OptionError(input_error(exc, root=self.name)) from None
 
 
 def metavar(kind: Any) -> str:
@@ -72,9 +72,21 @@ def metavar(kind: Any) -> str:
 def option(kind: Any, *flags: str, help: str, **kwargs: Any) -> Any:
     """A typer option whose value kind checks (see the module docstring)."""
     kwargs.setdefault("metavar", metavar(kind))
-    return typer.Option(*flags, help=help, parser=checked(kind, flags[0]), **kwargs)
+    return typer.Option(*flags, help=help, parser=Check(kind, flags[0]), **kwargs)
 
 
 def argument(kind: Any, name: str, *, help: str, **kwargs: Any) -> Any:
     """A typer argument (named name in errors and help) whose value kind checks."""
-    return typer.Argument(help=help, metavar=name, parser=checked(kind, name), **kwargs)
+    return typer.Argument(help=help, metavar=name, parser=Check(kind, name), **kwargs)
+
+
+# What every command about an entity takes: the experiment, its parameters and the entity's properties
+# (parsed and checked by tunebench.spec.experiments.parse_assignments / get_experiment / make_entity).
+ExperimentArg = Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")]
+Params = Annotated[
+    list[str] | None,
+    option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
+]
+Props = Annotated[
+    list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)
+]

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
-from tunebench.commands.options import argument, option
+from tunebench.commands.options import ExperimentArg, Params, Props, argument, option
 from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
 from tunebench.commands.terminal import Column, print_table
 from tunebench.errors import InputError, parse_json
@@ -27,13 +27,6 @@ from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-Params = Annotated[
-    list[str] | None,
-    option(str, "--param", "-p", help="Parameterise the experiment: KEY=VALUE (repeatable).", metavar="KEY=VALUE"),
-]
-Props = Annotated[
-    list[str] | None, argument(str, "KEY=VALUE...", help="Entity properties as KEY=VALUE.", show_default=False)
-]
 Price = Annotated[
     float | None,
     option(
@@ -342,7 +335,7 @@ def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_
 
 @with_gpu_options
 def recommend(
-    experiment: Annotated[str, argument(str, "EXPERIMENT", help="Experiment id.")],
+    experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     gpus_per_node: Annotated[int, option(GpuCount, "--gpus-per-node", help="GPUs per node.")] = 8,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
-from tunebench.commands.options import argument, checked, option
+from tunebench.commands.options import Check, argument, option
 from tunebench.errors import InputError, one_of, suggest
 from tunebench.inputs import Count, InputFile, OutputFile, Text, TextFile
 from tunebench.paths import atomic_path, output_errors, write_atomic
@@ -311,7 +311,7 @@ def export(
     if fmt == "ado":  # --output is a folder
         _export_ado(output, space, operation, None if actuator == ALL else actuator, store)
         return
-    checked(OutputFile, "--output")(output)  # ado-csv: --output is a file
+    Check(OutputFile, "--output")(output)  # ado-csv: --output is a file
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
