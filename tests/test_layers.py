@@ -40,13 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 LAYER = {unit: n for n, units in enumerate(LAYERS) for unit in units}
 # Known edges against the layers, each with why and what removes it (docs/architecture.md lists them too).
 # A new one fails the test until it is fixed or added here with its reason.
-EXCEPTIONS = {
-    (
-        "tunebench.store.fms_csv",
-        "tunebench.plan.measurements",
-    ): "`import` reads fms-acceleration's CSV layout with the planner's reader; moving that reader "
-    "(FMS_MODELS, fms_row_records) below store/ removes it",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 # Only the command-line layer prints to a terminal or parses a command line.
 CLI_LIBRARIES = ("typer", "click", "rich")
 

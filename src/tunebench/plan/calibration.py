@@ -25,10 +25,10 @@ import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.plan.coefficients import Calibration, Coefficients
-from tunebench.plan.measurements import METHOD_EXPERIMENT, Record, resolve_model
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
 from tunebench.plan.workload import Workload, build_workload, group_key
+from tunebench.spec.runs import METHOD_EXPERIMENT, Record, resolve_model
 
 MEMORY_KEYS = {"allocated": "gpu_memory_allocated_peak_gib", "reserved": "gpu_memory_reserved_peak_gib",
                "smi": "gpu_memory_peak_gib"}  # fmt: skip

@@ -55,7 +55,7 @@ def is_fms_layout(columns: list[str]) -> bool:
 def fms_converter(rows: list[dict[str, str]], file_name: str, actuator: str) -> Callable[[int], list[Record]]:
     """A function of a row's index giving its Record (one: the file has no repeats); InputError where the
     row cannot be read. The planner's reading needs the whole file (tokens per sample of unpacked runs)."""
-    from tunebench.plan.measurements import FMS_MODELS, fms_model, fms_row_records
+    from tunebench.spec.runs import FMS_MODELS, fms_model, fms_row_records
 
     planned = fms_row_records(rows, file_name)
 
@@ -66,7 +66,7 @@ def fms_converter(rows: list[dict[str, str]], file_name: str, actuator: str) -> 
             why = "an unpacked run whose tokens per sample nothing in the file tells" if model in FMS_MODELS else (
                 "a model outside the catalog")  # fmt: skip
             raise InputError("model_name_or_path", f"{model or '(empty)'!r}: {why}",
-                             allowed="the checkpoints of tunebench.plan.measurements.FMS_MODELS")  # fmt: skip
+                             allowed="the checkpoints of tunebench.spec.runs.FMS_MODELS")  # fmt: skip
         experiment = get_experiment(rec.experiment_id)
         values = {k: v for k, v in rec.values.items() if k in PROPERTIES}  # without the planner's own _notes
         values["model_name"] = FMS_MODELS.get(model, model)
