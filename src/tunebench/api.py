@@ -192,37 +192,14 @@ def explore(
     """
     import dataclasses
 
-    from tunebench.actuators import check_options
-    from tunebench.explore.explorer import Settings
-    from tunebench.explore.explorer import explore as run
+    from tunebench.explore.run import run_space
     from tunebench.explore.space import load_space, parse_space
 
     spec = parse_space(dict(space)) if isinstance(space, Mapping) else load_space(space)
     if actuator:
         spec = dataclasses.replace(spec, actuator=actuator)
-    execution = spec.execution
-    settings = Settings(
-        max_parallel=max_parallel or execution.max_parallel,
-        max_retries=execution.max_retries if max_retries is None else max_retries,
-        remeasure=remeasure,
-        lease_seconds=execution.lease_seconds,
-        allow_actuator_import=allow_actuator_import,
-    )
-    check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
-    if (executor or execution.executor) == "ray":
-        from tunebench.executors.ray import RayExecutor
-
-        runner: Any = RayExecutor(execution.ray_address)
-    else:
-        from tunebench.executors.local import LocalExecutor
-
-        runner = LocalExecutor(settings.max_parallel)
-    opened = _open(store, create=True)
-    try:
-        return run(spec, opened, runner, settings)
-    finally:
-        if opened is not store:
-            opened.close()
+    return run_space(spec, store, executor=executor, max_parallel=max_parallel, max_retries=max_retries,
+                     remeasure=remeasure, allow_actuator_import=allow_actuator_import)  # fmt: skip
 
 
 def results(

@@ -247,14 +247,13 @@ def test_two_explorers_on_one_store_measure_disjoint_sets(tmp_path):
 
 def test_a_claim_whose_lease_expires_is_reclaimed_within_the_survivors_run(tmp_path):
     """Another host's explorer claimed a point and died: this explorer waits for the lease, then measures it."""
-    from tunebench.explore.samplers import sample
 
     log, db = tmp_path / "calls.jsonl", tmp_path / "s.db"
     space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log))
     spec = parse_space(space)
     with Store(db) as store:
         store.open_operation(spec.operation_id, sampler="grid", actuator=spec.actuator, space=spec.source, name=None)
-        store.register(spec.operation_id, sample(spec), actuator=spec.actuator, generator="grid")
+        store.register(spec.operation_id, spec.sample(), actuator=spec.actuator, generator="grid")
         (held,) = store.claim(spec.operation_id, "other-host:4242:1", 1, lease_seconds=2.0)  # ... and it died
     started = time.monotonic()
     summary = run(space, db, lease_seconds=30.0)

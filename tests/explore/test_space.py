@@ -7,7 +7,6 @@ import yaml
 from layout import REPO
 
 from tunebench.errors import InputError
-from tunebench.explore.samplers import sample
 from tunebench.explore.space import load_space, parse_space
 
 EXAMPLES = REPO / "examples"
@@ -25,7 +24,7 @@ def test_minimal_file_as_written():
     ]
     assert spec.actuator == "measure" and spec.options == {"weights": "random"}
     assert spec.operation.sampler == "grid" and spec.size == 4
-    points = sample(spec)
+    points = spec.sample()
     assert [p[1].id for p in points] == [
         "model_name.smollm2-135m-number_gpus.0-model_max_length.320-batch_size.1",
         "model_name.smollm2-135m-number_gpus.0-model_max_length.320-batch_size.2",
@@ -63,16 +62,16 @@ def test_ranges_fixed_values_and_operation_id():
 
 def test_random_and_grid_samples():
     grid = space(operation={"sampler": "grid", "n": 3})
-    assert len(sample(grid)) == 3
-    one = [p[1].id for p in sample(space(operation={"sampler": "random", "n": 3, "seed": 1}))]
-    two = [p[1].id for p in sample(space(operation={"sampler": "random", "n": 3, "seed": 1}))]
+    assert len(grid.sample()) == 3
+    one = [p[1].id for p in space(operation={"sampler": "random", "n": 3, "seed": 1}).sample()]
+    two = [p[1].id for p in space(operation={"sampler": "random", "n": 3, "seed": 1}).sample()]
     assert one == two and len(set(one)) == 3
-    assert len(sample(space(operation={"sampler": "random", "n": 99}))) == 4
+    assert len(space(operation={"sampler": "random", "n": 99}).sample()) == 4
 
 
 def test_invalid_by_rule_points_carry_reasons():
     spec = space(entity_space={**MINIMAL["entity_space"], "batch_size": [0, 1]})
-    reasons = [r for _, _, r in sample(spec)]
+    reasons = [r for _, _, r in spec.sample()]
     assert any("rule 4" in " ".join(r) for r in reasons) and [] in reasons
 
 

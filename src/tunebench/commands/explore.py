@@ -1,4 +1,4 @@
-"""Command ``explore``: ``register(app)`` adds it to tunebench's CLI (the store's commands: store/cli.py).
+"""Command ``explore``: ``register(app)`` adds it to tunebench's CLI (the store's commands: commands/store.py).
 
 Input errors raise ``InputError`` (tunebench's main prints one line and exits with code 2).
 """
@@ -17,12 +17,9 @@ from tunebench.commands.store import StoreOpt
 from tunebench.commands.track import TrackOpt
 from tunebench.errors import InputError
 from tunebench.inputs import Count, NonNegativeInt, OutputFile, Seconds, Text, TextFile
-from tunebench.store.open import open_store
 
 if TYPE_CHECKING:
-    from tunebench.explore.explorer import Settings, Summary
-    from tunebench.explore.space import Space
-    from tunebench.track import Trackers
+    from tunebench.explore.explorer import Summary
 
 
 def explore(
@@ -75,11 +72,8 @@ def explore(
     Progress: live in a terminal, else a log line per finished measurement and at least every 30 s.
     Exit code 1 when measurements failed (after their retries), 0 otherwise."""
     # over 60 lines only through its Typer options: the body is short
-    from tunebench.actuators import check_options
-    from tunebench.explore.explorer import Settings
-    from tunebench.explore.samplers import check_points
+    from tunebench.explore.run import run_space
     from tunebench.explore.space import load_space
-    from tunebench.track import Trackers, open_trackers
 
     spec = load_space(space)
     if actuator:
@@ -90,21 +84,11 @@ def explore(
         spec = dataclasses.replace(spec, track=parse_targets(track))  # instead of the space file's track:
     if skip_predicted_oom and spec.operation.sampler == "optimize":
         raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
-    execution = spec.execution
-    settings = Settings(
-        max_parallel=max_parallel or execution.max_parallel,
-        max_retries=execution.max_retries if max_retries is None else max_retries,
-        remeasure=remeasure,
-        lease_seconds=lease_seconds or execution.lease_seconds,
-        skip_predicted_oom=skip_predicted_oom,
-        allow_actuator_import=allow_actuator_import,
-    )
-    check_options(spec.actuator, spec.options, allow_import=allow_actuator_import)  # before the store is opened
-    check_points(spec)
-    field = "--track" if track else "track"  # trackers out of reach: an error before the store is opened
-    with open_trackers(spec.track, kind_field=field, location_field=field) if spec.track else Trackers([]) as trackers:
-        summary = _run(spec, settings, store, executor or execution.executor, ray_address or execution.ray_address,
-                       quiet, trackers)  # fmt: skip
+    with _display(quiet) as display:
+        summary = run_space(spec, store, executor=executor, ray_address=ray_address, max_parallel=max_parallel,
+                            max_retries=max_retries, lease_seconds=lease_seconds, remeasure=remeasure,
+                            skip_predicted_oom=skip_predicted_oom, allow_actuator_import=allow_actuator_import,
+                            on_progress=display.update, track_field="--track" if track else "track")  # fmt: skip
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
@@ -116,35 +100,19 @@ def explore(
     return 0
 
 
-def _run(spec: Space, settings: Settings, store: str | None, kind: str, ray_address: str | None, quiet: bool,
-         trackers: Trackers) -> Summary:  # fmt: skip
-    """Explore spec with the executor of kind on the store at the URL store, showing progress."""
+def _display(quiet: bool) -> Any:
+    """Where explore's progress goes: live in a terminal, a line per finished measurement (and every 30 s)
+    in a log or a pipe, nowhere with --quiet or TUNEBENCH_QUIET."""
     from rich.console import Console
 
     from tunebench.commands.explore_progress import ProgressDisplay, ProgressLog
-    from tunebench.explore.explorer import explore as run
     from tunebench.logs import is_quiet
 
-    sample_store = open_store(store)
-    runner: Any
-    if kind == "ray":
-        from tunebench.executors.ray import RayExecutor
-
-        runner = RayExecutor(ray_address)
-    else:
-        from tunebench.executors.local import LocalExecutor
-
-        runner = LocalExecutor(settings.max_parallel)
     quiet = quiet or is_quiet()
     console = Console(stderr=True)
-    display: Any = ProgressDisplay(console, enabled=not quiet)
-    if not quiet and not console.is_terminal:  # a log or a pipe: a line per finished measurement, and every 30 s
-        display = ProgressLog()
-    try:
-        with display:
-            return run(spec, sample_store, runner, settings, on_progress=display.update, trackers=trackers)
-    finally:
-        sample_store.close()
+    if not quiet and not console.is_terminal:
+        return ProgressLog()
+    return ProgressDisplay(console, enabled=not quiet)
 
 
 def print_summary(summary: Summary) -> None:

@@ -381,11 +381,12 @@ def _select(
         )
         return outcomes, dims, f"{operation} ({op['sampler']})"
     if space:
-        from tunebench.explore.samplers import lookup_points
         from tunebench.explore.space import load_space
 
         spec = load_space(space)
-        points = [(e.id, n.id) for e, n, _ in lookup_points(spec, "--space", f"use --operation {spec.operation_id}")]
+        points = [
+            (e.id, n.id) for e, n, _ in spec.points(field="--space", instead=f"use --operation {spec.operation_id}")
+        ]
         ids = store.request_ids(points, actuator=actuator or spec.actuator)
         outcomes = store.table(
             Selection(request_ids=[ids[p] for p in points if p in ids], statuses=statuses, every_result=every_result)

@@ -1,4 +1,4 @@
-"""Exploring entity spaces: space files, samplers (grid, random, optimize) and the explorer loop.
+"""Exploring entity spaces: space files and their points (grid, random, optimize), the explorer loop and run_space.
 
     from tunebench.explore import explore, load_space, Settings
 
@@ -14,6 +14,7 @@ _LAZY = {
     "Settings": "tunebench.explore.explorer",
     "Summary": "tunebench.explore.explorer",
     "explore": "tunebench.explore.explorer",
+    "run_space": "tunebench.explore.run",
     "Space": "tunebench.explore.space",
     "load_space": "tunebench.explore.space",
     "parse_space": "tunebench.explore.space",

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tunebench.actuators import check_options
 from tunebench.executors.task import Finished, Task, make_task
-from tunebench.explore.samplers import check_points, sample
 from tunebench.explore.search import POLL_S, FixedPoints, Search
 from tunebench.explore.space import Space
 from tunebench.logs import get as get_logger
@@ -121,7 +120,7 @@ def explore(
     settings = settings or Settings()
     # fail fast on a bad actuator, before anything is stored
     check_options(space.actuator, space.options, allow_import=settings.allow_actuator_import)
-    check_points(space)
+    space.check_explorable()
     if trackers is None and space.track:
         from tunebench.track import open_trackers
 
@@ -216,7 +215,7 @@ def _register(space: Space, store: Store, settings: Settings, progress: Progress
         progress.total = search.budget
         progress.memoised = search.evaluated
         return search
-    points = sample(space)
+    points = space.sample()
     if settings.skip_predicted_oom and space.actuator != "predict":
         points, skipped = screen_predicted_oom(points)
         progress.skipped = len(skipped)

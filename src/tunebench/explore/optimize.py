@@ -24,9 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tunebench.errors import InputError
-from tunebench.explore.samplers import point
 from tunebench.explore.search import POLL_S
-from tunebench.explore.space import Space
+from tunebench.explore.space import Space, point
 from tunebench.spec.experiments import Experiment
 from tunebench.store import DONE, FAILED, INVALID, PENDING, RUNNING, VALID, Store
 

@@ -48,6 +48,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -57,11 +59,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tunebench import yamlfile
 from tunebench.errors import InputError
 from tunebench.inputs import FiniteFloat, Printable, Seconds, input_error, read_text
-from tunebench.spec.experiments import REQUIRED_PROPERTIES, Experiment, get_experiment, make_entity
+from tunebench.spec.experiments import REQUIRED_PROPERTIES, Entity, Experiment, get_experiment, make_entity
 from tunebench.spec.properties import render_value
+from tunebench.spec.validity import check
 from tunebench.track.targets import Target, parse_targets
 
 MAX_GRID_POINTS = 10_000_000  # enumerating more than this many entities is surely a mistake
+# Points enumerated up front: an explore registers each in the store (about 10 k/s on SQLite), and show,
+# export and report look each up by id; past these the command would run for many minutes.
+MAX_EXPLORE_POINTS = 1_000_000
+MAX_LOOKUP_POINTS = 200_000
+
+# A point is (experiment, entity, rule violations): every sampled entity is measured under every
+# experiment of the space (ado's random_walk: numberEntities x experiments). Points that break a
+# validity rule carry the reasons and are recorded invalid without running.
+Point = tuple[Experiment, Entity, list[str]]
 
 
 class _Strict(BaseModel):
@@ -192,6 +204,64 @@ class Space:
             index, i = divmod(index, len(dim.values))
             values[dim.name] = dim.values[i]
         return {d.name: values[d.name] for d in self.dimensions}
+
+    # --- the points an operation visits: grid (all, or the first n), random (n, seeded), optimize (any) ---
+    def entity_indices(self) -> Iterable[int]:
+        """Grid indices of the entities a grid or random operation samples, in sampling order."""
+        op = self.operation
+        if op.sampler == "grid":
+            return range(min(self.size, op.n or self.size))
+        if op.sampler == "random":
+            # without replacement over the index space; never materialises the grid
+            return random.Random(op.seed).sample(range(self.size), min(op.n or self.size, self.size))
+        raise ValueError(f"sampler {op.sampler!r} does not enumerate points (optimize chooses them one by one)")
+
+    def point_count(self) -> int:
+        """How many points the operation visits: the first n or n random entities of the grid (all of it for
+        optimize, which may visit any) times the experiments; nothing is enumerated."""
+        op = self.operation
+        entities = self.size if op.sampler == "optimize" else min(self.size, op.n or self.size)
+        return entities * len(self.experiments)
+
+    def check_count(self, limit: int, field: str, instead: str) -> None:
+        """InputError naming field when the operation visits more than limit points; instead: what to do."""
+        n = self.point_count()
+        if n > limit:
+            raise InputError(
+                field, f"the space's operation visits {n:,} points; at most {limit:,} are enumerated: {instead}"
+            )
+
+    def check_explorable(self) -> None:
+        """InputError before an explore registers more than MAX_EXPLORE_POINTS points (optimize: the search
+        chooses its points one by one, up to its budget)."""
+        if self.operation.sampler != "optimize":
+            self.check_count(
+                MAX_EXPLORE_POINTS, "entity_space", "split the space, or sample n of it (sampler random, n)"
+            )
+
+    def sample(self) -> list[Point]:
+        """Every point of a grid or random operation, in sampling order (what explore registers)."""
+        out: list[Point] = []
+        for index in self.entity_indices():
+            values = self.entity_values(index)
+            out.extend(point(experiment, values) for experiment in self.experiments)
+        return out
+
+    def points(
+        self, limit: int = MAX_LOOKUP_POINTS, *, field: str = "space", instead: str = "split the space"
+    ) -> list[Point]:
+        """The points to look the operation's results up by (show, export, report, the API): the sampled
+        ones, or the whole grid for optimize; InputError naming field when there are more than limit."""
+        self.check_count(limit, field, instead)
+        if self.operation.sampler == "optimize":
+            return [point(e, self.entity_values(i)) for i in range(self.size) for e in self.experiments]
+        return self.sample()
+
+
+def point(experiment: Experiment, values: dict) -> Point:
+    """The point of experiment at values, with the validity rules it breaks."""
+    entity = make_entity(experiment, values)
+    return experiment, entity, list(check(experiment, entity).reasons)
 
 
 def load_space(path: str | Path) -> Space:

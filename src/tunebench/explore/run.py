@@ -1,0 +1,87 @@
+"""``run_space``: a space's operation with its execution settings, the one entry that ``tunebench explore``
+and ``tunebench.api.explore`` share.
+
+    summary = run_space(load_space("space.yaml"), "results.db", max_parallel=2)
+
+The order is the bad-input contract's: the actuator's options and the number of points are checked, then the
+trackers are opened (an unreachable one is an error here), and only then is the store opened (created) and
+anything written. Arguments left None take the space file's ``execution:`` section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tunebench.actuators import check_options
+from tunebench.explore.explorer import Progress, Settings, Summary, explore
+from tunebench.explore.space import Space
+from tunebench.store import Store
+from tunebench.store.open import open_store
+
+if TYPE_CHECKING:
+    from tunebench.track import Trackers
+
+
+def run_space(
+    space: Space,
+    store: str | Store | None = None,
+    *,
+    executor: str | None = None,
+    ray_address: str | None = None,
+    max_parallel: int | None = None,
+    max_retries: int | None = None,
+    lease_seconds: float | None = None,
+    remeasure: bool = False,
+    skip_predicted_oom: bool = False,
+    allow_actuator_import: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+    trackers: Trackers | None = None,
+    track_field: str = "track",
+) -> Summary:
+    """Run (or resume) space's operation on store (a URL, an SQLite path, an open Store; None: the user's).
+
+    executor: local | ray; trackers: already opened ones (None: the space's ``track:``, opened and checked
+    here, errors naming track_field)."""
+    execution = space.execution
+    settings = Settings(
+        max_parallel=max_parallel or execution.max_parallel,
+        max_retries=execution.max_retries if max_retries is None else max_retries,
+        remeasure=remeasure,
+        lease_seconds=lease_seconds or execution.lease_seconds,
+        skip_predicted_oom=skip_predicted_oom,
+        allow_actuator_import=allow_actuator_import,
+    )
+    check_options(space.actuator, space.options, allow_import=allow_actuator_import)
+    space.check_explorable()
+    if trackers is None and space.track:
+        from tunebench.track import open_trackers
+
+        with open_trackers(space.track, kind_field=track_field, location_field=track_field) as opened:
+            return run_space(space, store, executor=executor, ray_address=ray_address, on_progress=on_progress,
+                             trackers=opened, **_overrides(settings))  # fmt: skip
+    runner = _executor(executor or execution.executor, ray_address or execution.ray_address, settings.max_parallel)
+    opened_store = store if isinstance(store, Store) else open_store(store, create=True)
+    try:
+        return explore(space, opened_store, runner, settings, on_progress=on_progress, trackers=trackers)
+    finally:
+        if opened_store is not store:
+            opened_store.close()
+
+
+def _overrides(settings: Settings) -> dict[str, Any]:
+    """settings as run_space's keyword arguments (the recursion with opened trackers keeps them)."""
+    keep = ("max_parallel", "max_retries", "lease_seconds", "remeasure", "skip_predicted_oom", "allow_actuator_import")
+    return {k: v for k, v in dataclasses.asdict(settings).items() if k in keep}
+
+
+def _executor(kind: str, ray_address: str | None, max_parallel: int) -> Any:
+    """The executor of kind (local | ray): a Ray one connects to ray_address (None: a local Ray on demand)."""
+    if kind == "ray":
+        from tunebench.executors.ray import RayExecutor
+
+        return RayExecutor(ray_address)
+    from tunebench.executors.local import LocalExecutor
+
+    return LocalExecutor(max_parallel)
