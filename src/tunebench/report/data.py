@@ -236,10 +236,9 @@ def _safe_url(url: str) -> str:
 
 def space_points(path: Path) -> tuple[set[tuple[str, str]], list[str], str]:
     """(points, swept dimensions, title) of a space file: every sampled point, or the whole grid for optimize."""
-    from tunebench.explore.samplers import lookup_points
     from tunebench.explore.space import load_space
 
     spec = load_space(path)
-    points = lookup_points(spec, "SPACE", "report the whole store instead")
+    points = spec.points(field="SPACE", instead="report the whole store instead")
     dims = [d.name for d in spec.dimensions if len(d.values) > 1]
     return {(e.id, n.id) for e, n, _ in points}, dims, f"{spec.name or path.name}: {len(points)} points"
