@@ -5,7 +5,8 @@ out-of-memory result itself. When the kernel's OOM killer (of the container's cg
 host) is faster, the worker dies by SIGKILL and writes nothing; the parent then needs its own
 evidence to call the run out of memory rather than failed:
 
-- peak resident memory (RSS) of the run's process tree, sampled with psutil every ``POLL_S``;
+- peak resident memory (RSS) of the run's process tree, sampled with psutil every ``POLL_S`` (its
+  children listed again every second: tunebench.worker.proctree);
 - the limit that applied: tunebench's host memory limit, else the cgroup's (v2 ``memory.max``, v1
   ``memory.limit_in_bytes``), else ``/proc/meminfo`` MemTotal;
 - the cgroup's OOM-kill counter before and after the run (v2 ``memory.events``, v1
@@ -29,6 +30,7 @@ from typing import Any
 import psutil
 
 from tunebench.units import GIB
+from tunebench.worker.proctree import ProcessTree
 
 POLL_S = 0.1  # parent-side RSS sampling interval, s
 # A SIGKILL with the peak RSS within 10% of the limit is the limit's doing: the kernel kills when an
@@ -158,25 +160,16 @@ class MemoryWatch:
 
     def _loop(self, pid: int) -> None:
         try:
-            proc = psutil.Process(pid)
+            tree = ProcessTree(pid)
         except psutil.Error:
             return
         while True:
-            self._sample(proc)
+            self._sample(tree)
             if self._stop.wait(POLL_S):
                 return
 
-    def _sample(self, proc: psutil.Process) -> None:
-        total = 0
-        try:
-            tree = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            tree = [proc]
-        for p in tree:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                continue
+    def _sample(self, tree: ProcessTree) -> None:
+        total = tree.rss_bytes()
         ev = self.evidence
         ev.peak_rss_bytes = max(ev.peak_rss_bytes, total)
         available = meminfo().get("MemAvailable")

@@ -1,10 +1,10 @@
 """Host-memory limit of a training process: exceeding it is an out-of-memory outcome.
 
 Mechanism: a watchdog thread polls the resident set size (RSS) of the training process and its
-children with psutil every ``poll_s`` (50 ms). When it exceeds the limit, the watchdog records the
-event and sends SIGUSR1 to the process's main thread, whose handler raises
-:class:`HostMemoryLimitExceeded` (a ``MemoryError``) in the training code, which the worker
-classifies as ``oom``. If library code swallows the exception and training goes on, the signal is
+children with psutil every ``poll_s`` (50 ms; the children are listed again every second:
+worker/proctree.py). When it exceeds the limit, the watchdog records the event and sends SIGUSR1
+to the process's main thread, whose handler raises :class:`HostMemoryLimitExceeded` (a
+``MemoryError``) in the training code, which the worker classifies as ``oom``. If library code swallows the exception and training goes on, the signal is
 sent again (at most once a second) while RSS stays above the limit, and the worker still classifies
 the run as ``oom`` from the recorded event.
 
@@ -28,30 +28,13 @@ import time
 import psutil
 
 from tunebench.units import GIB
+from tunebench.worker.proctree import ProcessTree
 
 POLL_S = 0.05  # poll interval: 50 ms
 
 
 class HostMemoryLimitExceeded(MemoryError):
     """RSS of the training process went over --host_memory_limit_gib."""
-
-
-def process_tree_rss(proc: psutil.Process) -> int:
-    """RSS in bytes of a process and its live children."""
-    total = 0
-    for p in [proc, *_children(proc)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
-
-
-def _children(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
 
 
 class HostMemoryWatchdog:
@@ -71,7 +54,7 @@ class HostMemoryWatchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._previous_handler = None
-        self._proc = psutil.Process()
+        self._tree = ProcessTree(psutil.Process())
 
     def _on_signal(self, signum, frame):
         if self._armed and self.exceeded:
@@ -81,7 +64,7 @@ class HostMemoryWatchdog:
         last_sent = -1e9
         main_ident = threading.main_thread().ident
         while not self._stop.wait(self.poll_s):
-            rss = process_tree_rss(self._proc)
+            rss = self._tree.rss_bytes()
             self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
             if rss <= self.limit_bytes:
                 continue
@@ -98,7 +81,7 @@ class HostMemoryWatchdog:
     def __enter__(self) -> HostMemoryWatchdog:
         self._previous_handler = signal.signal(signal.SIGUSR1, self._on_signal)
         self._armed = True
-        self.peak_rss_bytes = process_tree_rss(self._proc)
+        self.peak_rss_bytes = self._tree.rss_bytes()
         self._thread = threading.Thread(target=self._loop, name="tunebench-hostmem", daemon=True)
         self._thread.start()
         return self

@@ -41,6 +41,7 @@ from typing import Any
 import psutil
 
 from tunebench.units import GIB
+from tunebench.worker.proctree import ProcessTree
 
 GPU_SERIES = (
     "compute_utilization",
@@ -185,40 +186,16 @@ class _ProcessTreeCpu:
     """CPU time and resident memory of a process and its live children (dataloader workers, ...)."""
 
     def __init__(self, pid: int):
-        self.root = psutil.Process(pid)
+        self.tree = ProcessTree(pid)
         self.last_t = time.monotonic()
-        self.last: dict[int, float] = self._times()
-
-    def _procs(self) -> list[psutil.Process]:
-        procs = [self.root]
-        try:
-            procs += self.root.children(recursive=True)
-        except psutil.Error:
-            pass
-        return procs
-
-    def _times(self) -> dict[int, float]:
-        out = {}
-        for proc in self._procs():
-            try:
-                t = proc.cpu_times()
-                out[proc.pid] = t.user + t.system
-            except psutil.Error:
-                continue
-        return out
+        self.last: dict[int, float] = self.tree.cpu_seconds()
 
     def rss_bytes(self) -> int:
-        total = 0
-        for proc in self._procs():
-            try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                continue
-        return total
+        return self.tree.rss_bytes()
 
     def interval(self) -> tuple[float, float]:
         """(CPU seconds used, wall seconds elapsed) since the previous call."""
-        now, times = time.monotonic(), self._times()
+        now, times = time.monotonic(), self.tree.cpu_seconds()
         used = sum(t - self.last.get(pid, 0.0) for pid, t in times.items())
         elapsed = now - self.last_t
         self.last, self.last_t = times, now
