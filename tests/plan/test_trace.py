@@ -105,3 +105,69 @@ def test_profiles_are_cached_on_disk(tmp_path, monkeypatch):
     module._PROFILES.clear()
     monkeypatch.setattr(module, "trace_profile", lambda *a: pytest.fail("traced again instead of read"))
     assert profile(s, req).to_dict() == first.to_dict()
+
+
+def test_the_shipped_profiles_cover_the_calibration_and_are_what_tracing_gives_now(tmp_path, monkeypatch):
+    """plan/data/traces.json.gz holds the profile of every calibration run's set-up (so the calibration,
+    the accuracy benchmark and a first plan of a catalog model need no tracing), and tracing a few of them
+    again, one per method, in a fresh home gives exactly the shipped profile: a change to tracing that is
+    not followed by `tunebench calibrate --ship-traces` fails here."""
+    from tunebench.plan import trace
+    from tunebench.plan.calibration import Batch
+    from tunebench.plan.measurements import default_records
+
+    shipped = trace.shipped_profiles()
+    groups = Batch.of(default_records()).groups
+    keys = {w.trace_request().key for w, _ in groups}
+    assert keys <= set(shipped), f"{len(keys - set(shipped))} calibration set-ups have no shipped profile"
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))  # an empty cache: every profile below is traced
+    chosen = {}
+    for w, _ in sorted(groups, key=lambda g: g[0].trace_request().key):
+        chosen.setdefault(w.method, w)
+    assert set(chosen) >= {"full", "lora", "qlora"}
+    with trace.without_shipped():
+        for w in chosen.values():
+            request = w.trace_request()
+            again = trace.profile(w.structure, request)
+            assert again.source == shipped[request.key].source
+            assert _same(again, shipped[request.key]), (w.structure.name, w.method)
+    assert any(tmp_path.rglob("trace-*.json"))  # traced, not read
+
+
+def _same(a, b) -> bool:
+    """Profiles equal to 1e-9 relative in every moment (floats through JSON)."""
+    if set(a.moments) != set(b.moments) or a.notes != b.notes:
+        return False
+    pairs = [(a.written, b.written), *((a.moments[k], b.moments[k]) for k in a.moments)]
+    return all(
+        getattr(x, f) == pytest.approx(getattr(y, f), rel=1e-9, abs=1e-6)
+        for x, y in pairs
+        for f in ("a0", "a1", "a2", "grad_share", "vocab_bytes")
+    )
+
+
+def test_ship_traces_writes_a_set_the_planner_reads(tmp_path, monkeypatch):
+    """calibrate --ship-traces's step: the profiles of the given runs, traced afresh, in a file the planner
+    reads in place of tracing (with these library versions; another version's set is ignored)."""
+    import gzip
+
+    from tunebench.plan import trace
+    from tunebench.plan.calibration import Batch, ship_traces
+    from tunebench.plan.measurements import default_records
+
+    runs = [r for r in default_records() if r.method == "lora"][:1]
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
+    path = tmp_path / "traces.json.gz"
+    assert ship_traces(runs, path) == 1
+    monkeypatch.setattr(trace, "SHIPPED", path)
+    trace._load_shipped.cache_clear()
+    try:
+        ((w, _),) = Batch.of(runs).groups
+        assert set(trace.shipped_profiles()) == {w.trace_request().key}
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        data["versions"] = data["versions"].replace("transformers-", "transformers-0.")
+        path.write_bytes(gzip.compress(json.dumps(data).encode()))
+        trace._load_shipped.cache_clear()
+        assert trace.shipped_profiles() == {}  # traced with other versions: not used
+    finally:
+        trace._load_shipped.cache_clear()

@@ -60,6 +60,15 @@ def calibrate(
             "store (what the shipped calibration is fitted on).",
         ),
     ] = False,
+    ship_traces: Annotated[
+        bool,
+        typer.Option(
+            "--ship-traces",
+            help="Maintainers, after a change to tracing or to the reference runs: trace the activation profiles "
+            "the runs need afresh and write them to the package's shipped set (plan/data/traces.json.gz), "
+            "with a fresh TUNEBENCH_HOME, --no-store and --output src/tunebench/plan/data/default_calibration.json.",
+        ),
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Refit the planner's coefficients on measurements; report leave-one-model-out error.
@@ -79,6 +88,9 @@ def calibrate(
     if save:  # before the fit (minutes): a result that cannot be written is known now
         with output_errors(field, target):
             check_writable(target)
+    if ship_traces:  # first: the fit then uses the profiles shipped
+        shipped = cal.ship_traces(records)
+        typer.echo(f"shipped {shipped} activation profiles", err=True)
     result = _calibrate_with_progress(cal, records, label, lomo)
     if save:
         with output_errors(field, target):

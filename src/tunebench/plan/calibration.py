@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,17 @@ class Batch:
                 out["tps"][idx] = t.train_tokens_per_gpu_per_second
                 out["dtps"][idx] = t.dataset_tokens_per_second / w.devices
         return out
+
+
+def ship_traces(records: list[Record], path: Path | None = None) -> int:
+    """Trace the activation profiles records need afresh (not from the shipped set) and ship them with the
+    package (plan.trace.SHIPPED); returns how many. Profiles in the user's cache are reused: run it with
+    a fresh TUNEBENCH_HOME."""
+    from tunebench.plan import trace
+
+    with trace.without_shipped():
+        profiles = [w.activations for w, _ in Batch.of(records).groups]
+    return trace.ship_profiles(profiles, path or trace.SHIPPED)
 
 
 def measured(records: list[Record], key: str) -> np.ndarray:

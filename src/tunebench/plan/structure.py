@@ -254,11 +254,11 @@ def _structure(spec: ModelSpec) -> Structure:  # ModelSpec hashes by name and di
 
 def cache_dir() -> Path:
     """Where structures and traces are cached (per library versions, see _versions)."""
-    return paths.home() / "cache" / "planner" / _versions()
+    return paths.home() / "cache" / "planner" / library_versions()
 
 
 @functools.cache
-def _versions() -> str:
+def library_versions() -> str:
     """torch, transformers and peft versions (what a structure or trace depends on), without importing them."""
     from importlib.metadata import PackageNotFoundError, version
 

@@ -18,7 +18,10 @@ temporaries (e.g. the embedding's gradient) and ``a2`` the quadratic attention t
 attention scores, materialised masks). Two more traces with half the vocabulary measure the loss's
 bytes per vocabulary entry per token (the slope over length), so fused loss kernels can be accounted.
 Profiles are cached on disk per (config, method, checkpointing and its mode, dtype, autocast, attention,
-adapters and their dtype, loss path).
+adapters and their dtype, loss path). The profiles the shipped calibration was fitted with ship with the
+package (``data/traces.json.gz``, SHIPPED): with the library versions they were traced with (torch's local
+build tag aside: fake tensors trace the same on a CPU and a CUDA build), the catalog's models at the
+calibration runs' set-ups plan without tracing (85 profiles: about 3 minutes of tracing on 2 cores).
 
 What tracing cannot see stays outside: CUDA context, allocator caching, NCCL buffers, FSDP gathers,
 4-bit weight bytes and dequantisation transients, kernels outside PyTorch (flash-attention 2 is
@@ -28,21 +31,23 @@ traced as PyTorch's flash SDPA kernel, which keeps the same output and log-sum-e
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.plan.meta_model import quiet
-from tunebench.plan.structure import Structure, cache_dir, write_json
+from tunebench.plan.structure import Structure, cache_dir, library_versions, write_json
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +124,13 @@ class ActivationProfile:
 
 
 _PROFILES: dict[str, ActivationProfile] = {}
+SHIPPED = (
+    Path(__file__).parent / "data" / "traces.json.gz"
+)  # written by ship_profiles (tunebench calibrate --ship-traces)
 
 
 def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
-    """The activation profile of a request: in memory, on disk, else traced (seconds) and cached."""
+    """The activation profile of a request: in memory, on disk, shipped, else traced (seconds) and cached."""
     key = request.key
     if key in _PROFILES:
         return _PROFILES[key]
@@ -130,11 +138,58 @@ def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
     try:
         result = ActivationProfile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, KeyError):
-        with _tracing_notice(structure.name):
-            result = _traced_or_formula(structure, request)
-        write_json(path, result.to_dict())
+        result = shipped_profiles().get(key)
+        if result is None:
+            with _tracing_notice(structure.name):
+                result = _traced_or_formula(structure, request)
+            write_json(path, result.to_dict())
     _PROFILES[key] = result
     return result
+
+
+def _release(versions: str) -> str:
+    """Library versions without torch's local build tag (2.13.0+cpu and 2.13.0+cu128 trace alike)."""
+    return "-".join(part.split("_", 1)[0] if part[:1].isdigit() else part for part in versions.split("-"))
+
+
+_shipped_off = threading.Event()  # set while without_shipped() runs
+
+
+@contextmanager
+def without_shipped() -> Iterator[None]:
+    """Trace what the user's cache lacks even where a shipped profile exists (to ship them afresh)."""
+    _shipped_off.set()
+    _PROFILES.clear()
+    try:
+        yield
+    finally:
+        _shipped_off.clear()
+
+
+def shipped_profiles() -> dict[str, ActivationProfile]:
+    """The profiles shipped with the package, by key; none when they were traced with other library versions."""
+    return {} if _shipped_off.is_set() else _load_shipped()
+
+
+@functools.cache
+def _load_shipped() -> dict[str, ActivationProfile]:
+    try:
+        data = json.loads(gzip.decompress(SHIPPED.read_bytes()))
+    except (OSError, ValueError):
+        return {}
+    if _release(data.get("versions", "")) != _release(library_versions()) or data.get("trace_version") != TRACE_VERSION:
+        return {}
+    return {key: ActivationProfile.from_dict(d) for key, d in data["profiles"].items()}
+
+
+def ship_profiles(profiles: Iterable[ActivationProfile], path: Path = SHIPPED) -> int:
+    """Write profiles as the package's shipped set (replacing it); returns how many. Maintainers run it through
+    ``tunebench calibrate --ship-traces`` after a change to tracing or to the calibration runs."""
+    by_key = {p.key: p.to_dict() for p in profiles}
+    data = {"versions": library_versions(), "trace_version": TRACE_VERSION, "profiles": dict(sorted(by_key.items()))}
+    path.write_bytes(gzip.compress(json.dumps(data, sort_keys=True).encode(), mtime=0))
+    _load_shipped.cache_clear()
+    return len(by_key)
 
 
 NOTICE_AFTER_S = 2.0  # a trace that takes longer than this is announced (a cached profile takes milliseconds)
@@ -323,7 +378,7 @@ def trace_step(structure: Structure, request: TraceRequest, plan: tuple[str, ...
     layers = _decoder_layer_list(model, len(plan))
     tracker = _tracker_class()(layers[0], layers[-1])
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = model.to_empty(device="cpu")
+        _to_fake_empty(model)
         v = vocab or structure.vocab
         ids = torch.randint(0, v, (1, length))
         kwargs: dict[str, Any] = {"input_ids": ids, "labels": ids}
@@ -338,6 +393,30 @@ def trace_step(structure: Structure, request: TraceRequest, plan: tuple[str, ...
             del loss
         grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     return {**tracker.moments, "grads": grads, "written": tracker.written}
+
+
+def _to_fake_empty(model: Any) -> None:
+    """Module.to_empty(device="cpu") under a FakeTensorMode, one new tensor per distinct parameter or buffer.
+
+    to_empty swaps each parameter in place (torch.utils.swap_tensors, since the new one is a FakeTensor);
+    a tied parameter (an output layer sharing the embedding, prompt tuning's copy of it) is visited twice,
+    and the second swap fails ("Cannot swap t1 because it has weakref associated with it") whenever the
+    fake mode's memo of the first swap is still alive, which depends on the garbage collector: the trace then
+    fell back to another attention implementation at random. Here tied tensors stay tied, swapped once."""
+    import torch
+
+    new: dict[int, Any] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in new:
+                    new[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="cpu"), requires_grad=p.requires_grad)
+                module._parameters[name] = new[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in new:
+                    new[id(b)] = torch.empty_like(b, device="cpu")
+                module._buffers[name] = new[id(b)]
 
 
 def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str, ...], vocab: int | None):
