@@ -20,7 +20,7 @@ def space(**changes):
 def test_minimal_file_as_written():
     spec = load_space(EXAMPLES / "minimal-cpu-lora.yaml")
     assert [e.id for e in spec.experiments] == [
-        "finetune_lora_benchmark-v1.0.0-dataset_id.news-chars-1024-entries-4096-max_steps.2"
+        "finetune_lora_benchmark-v1.0.0-dataset_id.news-chars-1024-entries-4096-gradient_accumulation_steps.1-max_steps.2"
     ]
     assert spec.actuator == "measure" and spec.options == {"weights": "random"}
     assert spec.operation.sampler == "grid" and spec.size == 4
