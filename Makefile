@@ -30,8 +30,10 @@ demo: $(STAMP)
 	$(BIN)/tunebench demo --dir demo
 
 # Two pytest-xdist workers (the CI machine's two cores), one test file per worker at a time so that a
-# file's module-scoped setup (a trained model, a built environment) is made once.
-XDIST := -n 2 --dist loadfile
+# file's module-scoped setup (a trained model, a built environment) is made once; files handed out in
+# collection order, the longest first (tests/conftest.py LONGEST_FIRST), not xdist's default reorder by
+# number of tests, which left the longest single-test file to run alone at the end.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(XDIST)

@@ -40,7 +40,25 @@ def engines_dir(tmp_path_factory):
         os.environ["TUNEBENCH_ENGINES_DIR"] = old
 
 
-def _measure(tmp_path, method="lora", version=NEWEST, engine=FMS, **params):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Where this module's measurements go: each distinct one is run once and shared (_measure)."""
+    return tmp_path_factory.mktemp("fms-runs")
+
+
+_MEASURED: dict[tuple, object] = {}
+
+
+def _measure(runs, method="lora", version=NEWEST, engine=FMS, **params):
+    """The measurement of smollm2-135m (random weights) by engine at version, run once per module and
+    argument set: three tests compare the newest release's LoRA run with others."""
+    key = (str(runs), method, version, engine, tuple(sorted(params.items())))
+    if key not in _MEASURED:
+        _MEASURED[key] = _run(runs, method, version, engine, **params)
+    return _MEASURED[key]
+
+
+def _run(tmp_path, method, version, engine, **params):
     experiment_id = {"lora": "finetune_lora_benchmark-v1.0.0", "full": "finetune_full_benchmark-v1.0.0"}[method]
     exp = get_experiment(experiment_id, {"max_steps": STEPS, "dataset_id": DATASET, "gradient_accumulation_steps": 1,
                                          "fms_hf_tuning_version": version, **params})  # fmt: skip
@@ -53,8 +71,8 @@ def _measure(tmp_path, method="lora", version=NEWEST, engine=FMS, **params):
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
-def test_fms_hf_tuning_trains_and_returns_every_measured_property(engines_dir, tmp_path, method):
-    result = _measure(tmp_path, method)
+def test_fms_hf_tuning_trains_and_returns_every_measured_property(engines_dir, runs, method):
+    result = _measure(runs, method)
     assert result.status == "valid", (result.error, result.reasons, result.log_tail)
     assert result.actuator == FMS
     props = result.properties
@@ -66,7 +84,7 @@ def test_fms_hf_tuning_trains_and_returns_every_measured_property(engines_dir, t
     # fms-hf-tuning's own code trained: its environment's versions ran, and its main() logged the run
     assert meta["engine"]["version"] == NEWEST and meta["engine"]["packages"]["fms-hf-tuning"] == NEWEST
     assert meta["versions"]["transformers"] == meta["engine"]["packages"]["transformers"] != _project("transformers")
-    log = (tmp_path / f"{FMS}-{method}-{NEWEST}" / "worker.log").read_text()
+    log = (runs / f"{FMS}-{method}-{NEWEST}" / "worker.log").read_text()
     assert "fms-hf-tuning execution start" in log
     peft = meta.get("peft")
     assert (peft is not None) == (method == "lora"), peft
@@ -78,9 +96,9 @@ def _project(package: str) -> str:
     return version(package)
 
 
-def test_a_version_switch_changes_the_library_that_ran(engines_dir, tmp_path):
-    newest = _measure(tmp_path, version=NEWEST)
-    default = _measure(tmp_path, version=DEFAULT_VERSION)
+def test_a_version_switch_changes_the_library_that_ran(engines_dir, runs):
+    newest = _measure(runs, version=NEWEST)
+    default = _measure(runs, version=DEFAULT_VERSION)
     assert newest.status == default.status == "valid", (default.error, default.log_tail)
     assert default.metadata["engine"]["packages"]["fms-hf-tuning"] == DEFAULT_VERSION
     assert newest.metadata["engine"]["packages"]["fms-hf-tuning"] == NEWEST
@@ -90,8 +108,8 @@ def test_a_version_switch_changes_the_library_that_ran(engines_dir, tmp_path):
     assert default.experiment_id != newest.experiment_id  # the version parameterises the experiment id
 
 
-def test_the_same_entity_through_both_engines_counts_the_same_tokens(engines_dir, tmp_path):
-    native, fms = _measure(tmp_path, engine=NATIVE), _measure(tmp_path, engine=FMS)
+def test_the_same_entity_through_both_engines_counts_the_same_tokens(engines_dir, runs):
+    native, fms = _measure(runs, engine=NATIVE), _measure(runs, engine=FMS)
     assert native.status == fms.status == "valid", (fms.error, fms.log_tail)
     assert native.actuator == "measure" and fms.actuator == FMS  # the store keeps them apart
     tokens = [r.properties["dataset_tokens_per_second"] * r.properties["train_runtime"] for r in (native, fms)]
