@@ -24,12 +24,29 @@ EXPERIMENTS = {"lora": "finetune_lora_benchmark-v1.0.0", "full": "finetune_full_
 
 
 def _rate(method: str, engine: str, version: str, out: Path) -> float:
-    exp = get_experiment(EXPERIMENTS[method], {"max_steps": STEPS, "dataset_id": "news-chars-512-entries-4096",
-                                               "gradient_accumulation_steps": 1, "fms_hf_tuning_version": version})  # fmt: skip
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": LENGTH, "number_gpus": 0,
-                               "batch_size": BATCH})  # fmt: skip
-    result = measure(exp, entity, {"weights": "random", "output_dir": str(out), "timeout_seconds": 900,
-                                   "extra_worker_args": ("--tunebench_tiny", "True")}, engine=engine)  # fmt: skip
+    exp = get_experiment(
+        EXPERIMENTS[method],
+        {
+            "max_steps": STEPS,
+            "dataset_id": "news-chars-512-entries-4096",
+            "gradient_accumulation_steps": 1,
+            "fms_hf_tuning_version": version,
+        },
+    )
+    entity = make_entity(
+        exp, {"model_name": "smollm2-135m", "model_max_length": LENGTH, "number_gpus": 0, "batch_size": BATCH}
+    )
+    result = measure(
+        exp,
+        entity,
+        {
+            "weights": "random",
+            "output_dir": str(out),
+            "timeout_seconds": 900,
+            "extra_worker_args": ("--tunebench_tiny", "True"),
+        },
+        engine=engine,
+    )
     if result.status != "valid":
         raise SystemExit(f"{engine} {method}: {result.status} {result.reasons} {result.error}")
     return result.properties["dataset_tokens_per_second"]

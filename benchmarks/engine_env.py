@@ -36,8 +36,11 @@ def main(versions: list[str]) -> None:
             fresh_s, gib = _build(version, Path(tmp) / "engines", cache)
             cache_gib = envs.disk_gib(cache)
             warm_s, _ = _build(version, Path(tmp) / "engines", cache)
-            print(f"{version}: fresh {fresh_s:.1f} s (downloaded {cache_gib:.2f} GiB into the uv cache), "
-                  f"warm rebuild {warm_s:.1f} s, environment {gib:.2f} GiB", flush=True)  # fmt: skip
+            print(
+                f"{version}: fresh {fresh_s:.1f} s (downloaded {cache_gib:.2f} GiB into the uv cache), "
+                f"warm rebuild {warm_s:.1f} s, environment {gib:.2f} GiB",
+                flush=True,
+            )
             rows.append((version, fresh_s, warm_s, gib, cache_gib))
     print("\n| fms-hf-tuning | fresh machine (s) | warm uv cache (s) | environment (GiB) | uv cache (GiB) |")
     print("|---|---|---|---|---|")

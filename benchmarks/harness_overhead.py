@@ -52,8 +52,7 @@ def bare_loop(steps: int, dtype: str) -> float:
     return steps * BATCH * SEQ / (time.perf_counter() - start)
 
 
-def tunebench_run(steps: int, dtype: str, config_path: str, out: Path,
-                  track: str | None = None) -> tuple[float, float]:  # fmt: skip
+def tunebench_run(steps: int, dtype: str, config_path: str, out: Path, track: str | None = None) -> tuple[float, float]:
     """(the measurement's dataset tokens/s, seconds the tracker took after it: 0 without --track).
 
     With track, as `tunebench run --track` does: the tracker is opened and checked before the training (open
@@ -67,11 +66,17 @@ def tunebench_run(steps: int, dtype: str, config_path: str, out: Path,
 
     exp = get_experiment(
         "finetune_full_benchmark-v1.0.0",
-        {"max_steps": steps, "dataset_id": "news-chars-1024-entries-64", "gradient_accumulation_steps": 1,
-         "gradient_checkpointing": False, "torch_dtype": dtype},
-    )  # fmt: skip
-    entity = make_entity(exp, {"model_name": config_path, "model_max_length": SEQ, "number_gpus": 0,
-                               "batch_size": BATCH})  # fmt: skip
+        {
+            "max_steps": steps,
+            "dataset_id": "news-chars-1024-entries-64",
+            "gradient_accumulation_steps": 1,
+            "gradient_checkpointing": False,
+            "torch_dtype": dtype,
+        },
+    )
+    entity = make_entity(
+        exp, {"model_name": config_path, "model_max_length": SEQ, "number_gpus": 0, "batch_size": BATCH}
+    )
     with open_trackers(parse_targets(track)) if track else contextlib.nullcontext(Trackers([])) as trackers:
         result = measure(exp, entity, {"weights": "random", "output_dir": str(out), "timeout_seconds": 1800})
         if result.status != "valid":
@@ -107,12 +112,17 @@ def main() -> None:
         ours.append(tokens)
         tracking.append(seconds)
         tracked = f", then {args.track} {seconds:.2f} s" if args.track else ""
-        print(f"repeat {i + 1}: bare {bare[-1]:,.0f} tokens/s, tunebench {ours[-1]:,.0f} tokens/s, "
-              f"ratio {ours[-1] / bare[-1]:.3f}{tracked}", flush=True)  # fmt: skip
+        print(
+            f"repeat {i + 1}: bare {bare[-1]:,.0f} tokens/s, tunebench {ours[-1]:,.0f} tokens/s, "
+            f"ratio {ours[-1] / bare[-1]:.3f}{tracked}",
+            flush=True,
+        )
     ratio = statistics.median(ours) / statistics.median(bare)
     target = 0.97 if args.track else 0.95
-    print(f"model llama {CONFIG['hidden_size']}x{CONFIG['num_hidden_layers']} layers, batch {BATCH} x {SEQ} tokens, "
-          f"{args.steps} steps, {args.dtype}, {args.repeats} repeats, tracking {args.track or 'off'}")  # fmt: skip
+    print(
+        f"model llama {CONFIG['hidden_size']}x{CONFIG['num_hidden_layers']} layers, batch {BATCH} x {SEQ} tokens, "
+        f"{args.steps} steps, {args.dtype}, {args.repeats} repeats, tracking {args.track or 'off'}"
+    )
     print(f"median bare loop   {statistics.median(bare):,.0f} tokens/s")
     print(f"median tunebench   {statistics.median(ours):,.0f} tokens/s")
     if args.track:
@@ -121,8 +131,10 @@ def main() -> None:
     # each repeat's pair ran back to back: on a shared VM whose load drifts between repeats, the median of the
     # pairs' ratios follows the overhead more closely than the ratio of the medians
     paired = statistics.median(o / b for o, b in zip(ours, bare))
-    print(f"median of the repeats' ratios = {paired:.3f}  "
-          f"(target >= {target}: {'met' if paired >= target else 'NOT met'})")  # fmt: skip
+    print(
+        f"median of the repeats' ratios = {paired:.3f}  "
+        f"(target >= {target}: {'met' if paired >= target else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

@@ -83,18 +83,34 @@ def files(d: Path) -> None:
     """The inputs the cases name."""
     sparse(d / "one_gb_line.csv", 2**30)  # a CSV of one 1 GB line (peaked at 5.2 GB before its error)
     sparse(d / "space_400mb.yaml", 400 * 2**20)  # ran past 75 s
-    space = {"experiments": [{"id": LORA}], "actuator": {"name": "predict"},
-             "entity_space": {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": {"min": 1, "max": 10_000},
-                              "batch_size": {"min": 1, "max": 1000}}}  # fmt: skip
+    space = {
+        "experiments": [{"id": LORA}],
+        "actuator": {"name": "predict"},
+        "entity_space": {
+            "model_name": "smollm2-135m",
+            "number_gpus": 0,
+            "model_max_length": {"min": 1, "max": 10_000},
+            "batch_size": {"min": 1, "max": 1000},
+        },
+    }
     (d / "ten_million.yaml").write_text(json.dumps(space))  # JSON is YAML
-    cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 10**9, "num_attention_heads": 4,
-           "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 10**9,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
     (d / "layers.json").write_text(json.dumps(cfg))
     import tunebench  # a store holding ado's CPU example (what show and report read)
 
     ado = Path(tunebench.__file__).parent / "plan/data/measurements/ado/ado_docs_example_smollm2_cpu_measurements.csv"
-    subprocess.run([sys.executable, "-m", "tunebench", "import", str(ado), "--store", str(d / "s.db")], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "tunebench", "import", str(ado), "--store", str(d / "s.db")],
+        check=True,
+        capture_output=True,
+    )
 
 
 def cases(d: Path) -> list[tuple[str, list[str]]]:
@@ -103,26 +119,47 @@ def cases(d: Path) -> list[tuple[str, list[str]]]:
         ("import: a CSV of one 1 GB line", ["import", str(d / "one_gb_line.csv"), "--store", str(d / "s.db")]),
         ("explore: a 400 MB space file", ["explore", str(d / "space_400mb.yaml")]),
         ("explore: a 10-million-point space", ["explore", str(d / "ten_million.yaml")]),
-        ("show --space: a 10-million-point space", ["show", "--space", str(d / "ten_million.yaml"), "--store", str(d / "s.db")]),
-        ("report: a 10-million-point space", ["report", str(d / "ten_million.yaml"), "--store", str(d / "s.db"),
-                                               "-o", str(d / "r.html")]),
-        ("plan: a config of 10^9 layers", ["plan", LORA, f"model_name={d / 'layers.json'}", "model_max_length=64",
-                                           "number_gpus=1", "batch_size=1", "gpu_model=A100"]),
+        (
+            "show --space: a 10-million-point space",
+            ["show", "--space", str(d / "ten_million.yaml"), "--store", str(d / "s.db")],
+        ),
+        (
+            "report: a 10-million-point space",
+            ["report", str(d / "ten_million.yaml"), "--store", str(d / "s.db"), "-o", str(d / "r.html")],
+        ),
+        (
+            "plan: a config of 10^9 layers",
+            [
+                "plan",
+                LORA,
+                f"model_name={d / 'layers.json'}",
+                "model_max_length=64",
+                "number_gpus=1",
+                "batch_size=1",
+                "gpu_model=A100",
+            ],
+        ),
         ("launch-plan: number_nodes=100000", ["launch-plan", LORA, *GPU, "number_nodes=100000"]),
         ("recommend --max-gpus 1000000", ["recommend", LORA, *GPU, "--max-gpus", "1000000"]),
         ("run --cpu-processes 100000", ["run", LORA, *SMALL, "--cpu-processes", "100000"]),
         ("deploy-spec --params-b 1e30", ["deploy-spec", "--params-b", "1e30"]),
-        ("deploy-spec --post: an endless reply", ["deploy-spec", "--params-b", "7", "--post", flood, "--token-env", "TB_T"]),
-        ("deploy-spec --post: a dripping reply, --timeout 3", ["deploy-spec", "--params-b", "7", "--post", drip,
-                                                               "--token-env", "TB_T", "--timeout", "3"]),
-    ]  # fmt: skip
+        (
+            "deploy-spec --post: an endless reply",
+            ["deploy-spec", "--params-b", "7", "--post", flood, "--token-env", "TB_T"],
+        ),
+        (
+            "deploy-spec --post: a dripping reply, --timeout 3",
+            ["deploy-spec", "--params-b", "7", "--post", drip, "--token-env", "TB_T", "--timeout", "3"],
+        ),
+    ]
 
 
 def measure(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, float, float, str]:
     """(exit code, wall s, peak RSS MB, first line of stderr) of one command in a fresh process."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "tunebench", *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env, cwd=cwd)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunebench", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd
+    )
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.monotonic() - start
@@ -146,8 +183,10 @@ def main() -> int:
         ok = rc == 2 and wall < 5 and mb < 500 and line.startswith("error: ")
         failed += not ok
         print(f"{name:52} {rc:>3} {wall:>7.2f} {mb:>8.0f}  {line[:110]}{'' if ok else '   <- NOT MET'}")
-    print(f"\nworst: {worst_s:.2f} s, {worst_mb:.0f} MB; target < 5 s and < 500 MB, exit code 2: "
-          f"{'met' if not failed else f'NOT MET ({failed} cases)'}")  # fmt: skip
+    print(
+        f"\nworst: {worst_s:.2f} s, {worst_mb:.0f} MB; target < 5 s and < 500 MB, exit code 2: "
+        f"{'met' if not failed else f'NOT MET ({failed} cases)'}"
+    )
     return 0 if not failed else 1
 
 

@@ -31,10 +31,25 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="measure-latency-"))
     (tmp / "config.json").write_text(json.dumps(TINY))
     env = {**os.environ, "TUNEBENCH_HOME": str(tmp / "home")}
-    command = [sys.executable, "-m", "tunebench.commands.main", "run", "finetune_lora_benchmark-v1.0.0",
-               f"model_name={tmp / 'config.json'}", "model_max_length=128", "number_gpus=0", "batch_size=4",
-               "target_modules=q_proj,v_proj", "-p", "max_steps=4", "-p", "dataset_id=news-chars-512-entries-4096",
-               "--weights", "random", "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tunebench.commands.main",
+        "run",
+        "finetune_lora_benchmark-v1.0.0",
+        f"model_name={tmp / 'config.json'}",
+        "model_max_length=128",
+        "number_gpus=0",
+        "batch_size=4",
+        "target_modules=q_proj,v_proj",
+        "-p",
+        "max_steps=4",
+        "-p",
+        "dataset_id=news-chars-512-entries-4096",
+        "--weights",
+        "random",
+        "--json",
+    ]
     # the data set is generated once per data directory; the first run pays for it
     times = []
     for i in range(args.repeats + 1):

@@ -118,8 +118,16 @@ QUESTIONS = [
 
 def run(command: str, folder: Path, env: dict[str, str]) -> str:
     """The command's stdout and stderr as a terminal shows them (one stream, in order)."""
-    proc = subprocess.run(["bash", "-c", command], cwd=folder, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=1800, check=False)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", "-c", command],
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     return proc.stdout.rstrip() + ("" if proc.returncode == 0 else f"\n[exit code {proc.returncode}]")
 
 

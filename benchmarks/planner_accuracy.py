@@ -30,7 +30,7 @@ from tunebench.plan.calibration import (
     mdape,
     measured,
     scores,
-)  # fmt: skip
+)
 from tunebench.plan.measurements import default_records
 
 COLUMNS = (("peak_mdape_pct", "peak"), ("peak_full_mdape_pct", "full"), ("peak_lora_mdape_pct", "LoRA"),
@@ -51,8 +51,12 @@ def naive_scores(records, capacity) -> dict[str, dict[str, float]]:
     out = {}
     nan = np.full(n, np.nan)
     for name in ("accelerate", "deepspeed"):  # one number against every memory kind, scored like the planner
-        pred = {k: est[name] for k in MEMORY_KEYS} | {"fits": (est[name] <= capacity).astype(float),
-                                                       "capacity": capacity, "tps": nan, "dtps": nan}  # fmt: skip
+        pred = {k: est[name] for k in MEMORY_KEYS} | {
+            "fits": (est[name] <= capacity).astype(float),
+            "capacity": capacity,
+            "tps": nan,
+            "dtps": nan,
+        }
         out[name] = scores(records, pred)
     speed = measured(records, "train_tokens_per_gpu_per_second")
     out["rule of thumb (40% MFU)"] = {k: float("nan") for k, _ in COLUMNS} | {
@@ -88,14 +92,23 @@ def main(argv=None) -> int:
     origins = sorted({r.origin for r in records if r.origin})
     by_source = {o: subset(records, pooled, lambda r, o=o: r.origin == o) for o in origins}
     elapsed = time.time() - t0
-    report = {"records": len(records), "seconds": round(elapsed, 1), "in_sample": scores(records, in_sample_pred),
-              "leave_one_model_out": lomo, "leave_one_source_out": loso, "by_source_lomo": by_source, "naive": naive}  # fmt: skip
+    report = {
+        "records": len(records),
+        "seconds": round(elapsed, 1),
+        "in_sample": scores(records, in_sample_pred),
+        "leave_one_model_out": lomo,
+        "leave_one_source_out": loso,
+        "by_source_lomo": by_source,
+        "naive": naive,
+    }
     if args.json:
         print(json.dumps(report, indent=2, default=lambda x: None))
         return 0
     counts = {o: sum(r.origin == o for r in records) for o in origins}
-    print(f"tunebench planner accuracy: {len(records)} runs ({', '.join(f'{o} {n}' for o, n in counts.items())}), "
-          f"{len(lomo['per_group'])} model families ({elapsed:.0f} s)\n")  # fmt: skip
+    print(
+        f"tunebench planner accuracy: {len(records)} runs ({', '.join(f'{o} {n}' for o, n in counts.items())}), "
+        f"{len(lomo['per_group'])} model families ({elapsed:.0f} s)\n"
+    )
     header = f"{'MdAPE %, accuracy %':34s}" + "".join(f"{label:>9s}" for _, label in COLUMNS)
     print(header + "\n" + "-" * len(header))
     print(row("tunebench leave-one-model-out", lomo["pooled"]))
@@ -104,9 +117,11 @@ def main(argv=None) -> int:
     for name, m in naive.items():
         print(row(name, m))
     p = lomo["pooled"]
-    print(f"\nmeasurements: memory {p['peak_n']} (allocated {p['allocated_n']}, reserved {p['reserved_n']}, "
-          f"nvidia-smi {p['smi_n']}), OOM verdicts {p['oom_n']} ({p['oom_near_limit_n']} near the limit), "
-          f"throughput {p['throughput_n']}")  # fmt: skip
+    print(
+        f"\nmeasurements: memory {p['peak_n']} (allocated {p['allocated_n']}, reserved {p['reserved_n']}, "
+        f"nvidia-smi {p['smi_n']}), OOM verdicts {p['oom_n']} ({p['oom_near_limit_n']} near the limit), "
+        f"throughput {p['throughput_n']}"
+    )
     print("\nby source (leave-one-model-out):")
     for name, m in by_source.items():
         print(row(f"  {name}", m))
@@ -118,12 +133,15 @@ def main(argv=None) -> int:
         print(row(f"  {name.split('/configs/')[-1].removesuffix('/config.json')}", m))
     print("\ntargets:")
     for title, m in (("leave-one-model-out", lomo["pooled"]), ("leave-one-source-out", loso["pooled"])):
-        checks = [("peak memory MdAPE", m["peak_mdape_pct"], "<=", 10.0),
-                  *((f"peak memory MdAPE {k}", m[f"peak_{k}_mdape_pct"], "<=", 10.0) for k in ("full", "lora", "qlora")),
-                  ("OOM accuracy", m["oom_accuracy_pct"], ">=", 95.0),
-                  ("OOM accuracy near the limit", m["oom_near_limit_accuracy_pct"], ">=", 95.0),
-                  ("OOM precision", m["oom_precision_pct"], ">=", 80.0), ("OOM recall", m["oom_recall_pct"], ">=", 80.0),
-                  ("throughput MdAPE", m["throughput_mdape_pct"], "<=", 20.0)]  # fmt: skip
+        checks = [
+            ("peak memory MdAPE", m["peak_mdape_pct"], "<=", 10.0),
+            *((f"peak memory MdAPE {k}", m[f"peak_{k}_mdape_pct"], "<=", 10.0) for k in ("full", "lora", "qlora")),
+            ("OOM accuracy", m["oom_accuracy_pct"], ">=", 95.0),
+            ("OOM accuracy near the limit", m["oom_near_limit_accuracy_pct"], ">=", 95.0),
+            ("OOM precision", m["oom_precision_pct"], ">=", 80.0),
+            ("OOM recall", m["oom_recall_pct"], ">=", 80.0),
+            ("throughput MdAPE", m["throughput_mdape_pct"], "<=", 20.0),
+        ]
         for name, value, op, target in checks:
             ok = value == value and (value <= target if op == "<=" else value >= target)
             print(f"  {title:21s} {name:28s} {value:6.1f} % {op} {target:g} %  {'met' if ok else 'NOT MET'}")

@@ -31,13 +31,30 @@ DATASETS = ("news-tokens-16384plus-entries-4096", "news-chars-2048-entries-4096"
 
 def space(n: int):
     exps = [get_experiment("finetune_full_benchmark-v1.0.0"), get_experiment("finetune_lora_benchmark-v1.0.0")]
-    grid = itertools.product((1, 2, 4, 8), (512, 1024, 2048, 4096, 8192), (8, 16, 32, 64, 128),
-                             ("A100-80GB", "H100", "L40S", "H200"), (1, 2, 4), (True, False), DATASETS, (4, 8, 16),
-                             exps, MODELS)  # fmt: skip
+    grid = itertools.product(
+        (1, 2, 4, 8),
+        (512, 1024, 2048, 4096, 8192),
+        (8, 16, 32, 64, 128),
+        ("A100-80GB", "H100", "L40S", "H200"),
+        (1, 2, 4),
+        (True, False),
+        DATASETS,
+        (4, 8, 16),
+        exps,
+        MODELS,
+    )
     out = []
     for gpus, length, batch, gpu, ga, gc, data, r, exp, model in grid:
-        raw = {"model_name": model, "number_gpus": gpus, "model_max_length": length, "batch_size": batch,
-               "gpu_model": gpu, "gradient_accumulation_steps": ga, "gradient_checkpointing": gc, "dataset_id": data}  # fmt: skip
+        raw = {
+            "model_name": model,
+            "number_gpus": gpus,
+            "model_max_length": length,
+            "batch_size": batch,
+            "gpu_model": gpu,
+            "gradient_accumulation_steps": ga,
+            "gradient_checkpointing": gc,
+            "dataset_id": data,
+        }
         if exp.uses_lora:
             raw["r"] = r
             if model == "granite-34b-code-base":
@@ -57,9 +74,20 @@ def cold_plan_seconds(model: dict) -> float:
         with open(path, "w") as fh:
             json.dump(model, fh)
         env = {**os.environ, "TUNEBENCH_HOME": os.path.join(tmp, "home")}
-        cmd = [sys.executable, "-m", "tunebench.commands.main", "plan", "finetune_lora_benchmark-v1.0.0", f"model_name={path}",
-               "model_max_length=4096", "number_gpus=1", "batch_size=4", "gpu_model=A100-80GB",
-               "target_modules=q_proj,v_proj", "--json"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "tunebench.commands.main",
+            "plan",
+            "finetune_lora_benchmark-v1.0.0",
+            f"model_name={path}",
+            "model_max_length=4096",
+            "number_gpus=1",
+            "batch_size=4",
+            "gpu_model=A100-80GB",
+            "target_modules=q_proj,v_proj",
+            "--json",
+        ]
         t = time.perf_counter()
         subprocess.run(cmd, env=env, check=True, capture_output=True)
         return time.perf_counter() - t
@@ -84,13 +112,24 @@ def main(argv=None) -> int:
     models = len({values["model_name"] for _, values in raw})
     print(f"entities: {len(items):,} over {models} architectures (built in {build:.2f} s, not counted)")
     print(f"first pass (tracing every architecture and set-up, filling the cache): {cold:.1f} s")
-    print(f"predict_many, warm: {wall:.2f} s wall, {cpu:.2f} s CPU, {len(items) / wall:,.0f} entities/s "
-          f"(load average {load:.1f} on {os.cpu_count()} CPUs)")  # fmt: skip
+    print(
+        f"predict_many, warm: {wall:.2f} s wall, {cpu:.2f} s CPU, {len(items) / wall:,.0f} entities/s "
+        f"(load average {load:.1f} on {os.cpu_count()} CPUs)"
+    )
     print(f"valid (fit and obey the rules): {valid:,}; invalid: {len(items) - valid:,}")
     print(f"target < 5 s warm: {'met' if wall < 5 else 'NOT MET'}")
-    new = {"model_type": "qwen3", "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-           "max_position_embeddings": 40960, "tie_word_embeddings": True}  # Qwen3-4B's config.json  # fmt: skip
+    new = {
+        "model_type": "qwen3",
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    }  # Qwen3-4B's config.json
     seconds = cold_plan_seconds(new)
     print(f"cold `tunebench plan` of a new architecture (Qwen3-4B config, empty cache, fresh process): {seconds:.1f} s")
     print(f"target < 20 s cold: {'met' if seconds < 20 else 'NOT MET'}")

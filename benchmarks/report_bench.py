@@ -41,8 +41,13 @@ def entities(n: int) -> list[tuple]:
         if batch % gpus:
             continue
         experiment = get_experiment(method)
-        values = {"model_name": model, "number_gpus": gpus, "gpu_model": GPU, "batch_size": batch,
-                  "model_max_length": length}  # fmt: skip
+        values = {
+            "model_name": model,
+            "number_gpus": gpus,
+            "gpu_model": GPU,
+            "batch_size": batch,
+            "model_max_length": length,
+        }
         out.append((experiment, make_entity(experiment, values)))
         if len(out) == n:
             return out
@@ -57,9 +62,17 @@ def fill(store: Store, results: int) -> None:
         factor = 0.8 + 0.4 * ((i * 7) % 11) / 10
         if predicted.status == "valid":
             props = {k: v * factor for k, v in predicted.properties.items() if k != "is_valid"}
-            measured = Result.valid(experiment.id, entity.id, props, metadata={
-                "host": "bench", "device": "cuda", "gpus": [{"id": 0, "name": GPU}],
-                "versions": {"torch": "2.13.0", "transformers": "5.23.0"}})  # fmt: skip
+            measured = Result.valid(
+                experiment.id,
+                entity.id,
+                props,
+                metadata={
+                    "host": "bench",
+                    "device": "cuda",
+                    "gpus": [{"id": 0, "name": GPU}],
+                    "versions": {"torch": "2.13.0", "transformers": "5.23.0"},
+                },
+            )
         else:
             measured = Result.invalid(experiment.id, entity.id, ["GPU out of memory: CUDA out of memory"])
         records.append(Record(experiment, entity, measured, actuator="measure"))
@@ -76,8 +89,13 @@ def fill(store: Store, results: int) -> None:
             },
         )
         oom = min(1.0, (i % 64) / 63)
-        records.append(Record(stability, entity, Result.valid(stability.id, entity.id, {
-            "f_gpu_oom": oom, "f_other_error": 0.0, "f_no_error": 1 - oom})))  # fmt: skip
+        records.append(
+            Record(
+                stability,
+                entity,
+                Result.valid(stability.id, entity.id, {"f_gpu_oom": oom, "f_other_error": 0.0, "f_no_error": 1 - oom}),
+            )
+        )
     added, _ = store.record_many(records)
     assert added == results, (added, results)
 
@@ -101,8 +119,11 @@ def main() -> None:
     times = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tunebench.commands.main", "report", "--store", url, "-o", str(output)],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "tunebench.commands.main", "report", "--store", url, "-o", str(output)],
+            check=True,
+            capture_output=True,
+        )
         times.append(time.perf_counter() - started)
     size = output.stat().st_size / 1e6
     print(f"results in the store: {n:,}")

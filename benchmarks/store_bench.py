@@ -45,13 +45,19 @@ PROPERTIES = {
 
 def overhead(directory: Path, points: int, max_parallel: int) -> float:
     """Milliseconds of store + scheduling per measurement (no-op actuator)."""
-    space = parse_space({
-        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
-        "entity_space": {"model_name": "smollm2-135m", "number_gpus": 0, "batch_size": 1,
-                         "model_max_length": {"min": 1, "max": points, "step": 1}},
-        "actuator": {"name": "noop"},
-        "operation": {"sampler": "grid"},
-    })  # fmt: skip
+    space = parse_space(
+        {
+            "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+            "entity_space": {
+                "model_name": "smollm2-135m",
+                "number_gpus": 0,
+                "batch_size": 1,
+                "model_max_length": {"min": 1, "max": points, "step": 1},
+            },
+            "actuator": {"name": "noop"},
+            "operation": {"sampler": "grid"},
+        }
+    )
     with Store(directory / f"overhead-{max_parallel}.db") as store:
         started = time.perf_counter()
         summary = explore(space, store, LocalExecutor(max_parallel), Settings(max_parallel=max_parallel))
@@ -66,11 +72,25 @@ def populate(path: Path, n: int) -> float:
     started = time.perf_counter()
     records = []
     for i in range(n):
-        entity = make_entity(exp, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 1 + i // 100,
-                                   "batch_size": 1 + i % 100})  # fmt: skip
+        entity = make_entity(
+            exp,
+            {
+                "model_name": "smollm2-135m",
+                "number_gpus": 0,
+                "model_max_length": 1 + i // 100,
+                "batch_size": 1 + i % 100,
+            },
+        )
         props = {**PROPERTIES, "dataset_tokens_per_second": 2000.0 + i * 0.01}
-        records.append(Record(exp, entity, Result.valid(exp.id, entity.id, props, actuator="import"),
-                              generator="bench", source_key=f"bench-{i}"))  # fmt: skip
+        records.append(
+            Record(
+                exp,
+                entity,
+                Result.valid(exp.id, entity.id, props, actuator="import"),
+                generator="bench",
+                source_key=f"bench-{i}",
+            )
+        )
     with Store(path) as store:
         for start in range(0, n, 20_000):
             store.record_many(records[start : start + 20_000])
@@ -107,8 +127,10 @@ def main() -> None:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, files in {directory}")
     for parallel in (1, 4):
         ms = overhead(directory, args.points, parallel)
-        print(f"overhead: {args.points} no-op measurements, max_parallel {parallel}: {ms:.2f} ms per measurement "
-              f"(target < 20 ms) {'OK' if ms < 20 else 'SLOW'}")  # fmt: skip
+        print(
+            f"overhead: {args.points} no-op measurements, max_parallel {parallel}: {ms:.2f} ms per measurement "
+            f"(target < 20 ms) {'OK' if ms < 20 else 'SLOW'}"
+        )
     db = directory / "show.db"
     if db.exists():
         db.unlink()
@@ -117,8 +139,10 @@ def main() -> None:
     print(f"show (in process, query + table + csv): {rows:,} rows in {seconds:.2f} s")
     # median of 3 fresh processes each: this shared 2-core VM varies by +-20 % from run to run
     table = statistics.median(show_cli(db) for _ in range(3))
-    print(f"tunebench show over {args.results:,} results (table, fresh process, imports included): "
-          f"{table:.2f} s (target < 2 s) {'OK' if table < 2 else 'SLOW'}")  # fmt: skip
+    print(
+        f"tunebench show over {args.results:,} results (table, fresh process, imports included): "
+        f"{table:.2f} s (target < 2 s) {'OK' if table < 2 else 'SLOW'}"
+    )
     csv_s = statistics.median(
         show_cli(db, "--format", "csv", "--output", str(directory / "show.csv")) for _ in range(3)
     )

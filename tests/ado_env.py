@@ -35,8 +35,18 @@ def build(path: Path, extra: tuple[str, ...] = ()) -> Path:
     env = clean_env()
     if not (path / "bin" / "python").exists():
         subprocess.run([find_uv_bin(), "venv", "--quiet", "--python", sys.executable, str(path)], check=True, env=env)
-    cmd = [find_uv_bin(), "pip", "install", "--quiet", "--python", str(path / "bin" / "python"),
-           "--exclude-newer", EXCLUDE_NEWER, *ADO_PACKAGES, *extra]  # fmt: skip
+    cmd = [
+        find_uv_bin(),
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(path / "bin" / "python"),
+        "--exclude-newer",
+        EXCLUDE_NEWER,
+        *ADO_PACKAGES,
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"installing ado failed: {proc.stderr[-2000:]}")
@@ -74,17 +84,30 @@ class Ado:
     home: Path
 
     def run(self, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([str(self.bin / "ado"), *args], capture_output=True, text=True, cwd=cwd,
-                              env=clean_env(self.home), timeout=TIMEOUT)  # fmt: skip
+        proc = subprocess.run(
+            [str(self.bin / "ado"), *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=clean_env(self.home),
+            timeout=TIMEOUT,
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"ado {' '.join(args)} failed ({proc.returncode}): {proc.stdout[-1500:]}"
-                                 f"{proc.stderr[-3000:]}")  # fmt: skip
+            raise AssertionError(
+                f"ado {' '.join(args)} failed ({proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-3000:]}"
+            )
         return proc
 
     def python(self, script: Path, *args: str, cwd: Path | None = None) -> str:
         """Run a script with ado's Python; its stdout."""
-        proc = subprocess.run([str(self.bin / "python"), str(script), *args], capture_output=True,
-                              text=True, cwd=cwd, env=clean_env(self.home), timeout=TIMEOUT)  # fmt: skip
+        proc = subprocess.run(
+            [str(self.bin / "python"), str(script), *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=clean_env(self.home),
+            timeout=TIMEOUT,
+        )
         if proc.returncode != 0:
             raise AssertionError(f"{script} failed ({proc.returncode}): {proc.stderr[-3000:]}")
         return proc.stdout

@@ -36,8 +36,19 @@ def _log(options: dict[str, Any], entity: Entity, experiment: Experiment, event:
     path = options.get("call_log")
     if not path:
         return
-    line = json.dumps({"pid": os.getpid(), "entity": entity.id, "experiment": experiment.id, "event": event,
-                       "visible_devices": options.get("visible_devices"), "t": time.time()}) + "\n"  # fmt: skip
+    line = (
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "entity": entity.id,
+                "experiment": experiment.id,
+                "event": event,
+                "visible_devices": options.get("visible_devices"),
+                "t": time.time(),
+            }
+        )
+        + "\n"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -103,14 +114,20 @@ def made_up_series(entity: Entity, steps: int = 5) -> dict[str, Any]:
     times = [0.5 * i for i in range(2 * steps + 1)]
     batch = entity.values["batch_size"]
     return {
-        "format": "tunebench.series/1", "warmup_steps": 0, "warmup_end_s": None, "gpus": [],
+        "format": "tunebench.series/1",
+        "warmup_steps": 0,
+        "warmup_end_s": None,
+        "gpus": [],
         "series": {
             "process.cpu_percent": {"time_s": times[1:], "value": [90.0 + i % 3 for i in range(len(times) - 1)]},
             "process.rss_gib": {"time_s": times, "value": [0.5 + 0.1 * batch * min(i, 2) for i in range(len(times))]},
-            "train.loss": {"step": list(range(1, steps + 1)), "time_s": [float(s) for s in range(1, steps + 1)],
-                           "value": [4.0 / s for s in range(1, steps + 1)]},
+            "train.loss": {
+                "step": list(range(1, steps + 1)),
+                "time_s": [float(s) for s in range(1, steps + 1)],
+                "value": [4.0 / s for s in range(1, steps + 1)],
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def in_subprocess(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
@@ -130,18 +147,24 @@ def in_subprocess(experiment: Experiment, entity: Entity, options: dict[str, Any
     out = json.loads(proc.stdout)
     _log(options, entity, experiment, "end")
     return Result.valid(
-        experiment.id, entity.id, {"dataset_tokens_per_second": float(out["value"])}, actuator="testing",
+        experiment.id,
+        entity.id,
+        {"dataset_tokens_per_second": float(out["value"])},
+        actuator="testing",
         metadata={"child_cuda_visible_devices": out["cvd"]},
-    )  # fmt: skip
+    )
 
 
 def where(experiment: Experiment, entity: Entity, options: dict[str, Any]) -> Result:
     """Valid at once; records where it ran (the executor adds node_id/host in metadata["execution"])."""
     _log(options, entity, experiment, "where")
     return Result.valid(
-        experiment.id, entity.id, {"dataset_tokens_per_second": throughput(entity, options)}, actuator="testing",
+        experiment.id,
+        entity.id,
+        {"dataset_tokens_per_second": throughput(entity, options)},
+        actuator="testing",
         metadata={"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")},
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------ multi-node: gloo all_reduce per node
@@ -177,12 +200,24 @@ def _gloo_plan(experiment: Experiment, entity: Entity, options: dict[str, Any], 
     from tunebench.actuators.launch import OUTPUT_DIR, LaunchPlan, NodePlan
 
     nodes = int(entity.values.get("number_nodes", 1))
-    plan = LaunchPlan(experiment.id, entity.id, mode="DDP", number_gpus=nodes, number_nodes=nodes,
-                      processes_per_node=1, per_device_train_batch_size=1, worker_args=[])  # fmt: skip
+    plan = LaunchPlan(
+        experiment.id,
+        entity.id,
+        mode="DDP",
+        number_gpus=nodes,
+        number_nodes=nodes,
+        processes_per_node=1,
+        per_device_train_batch_size=1,
+        worker_args=[],
+    )
     for rank in range(nodes):
-        env = {"MASTER_ADDR": "{main_process_ip}", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(nodes),
-               "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+        env = {
+            "MASTER_ADDR": "{main_process_ip}",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nodes),
+            "CUDA_VISIBLE_DEVICES": "",
+        }
         plan.nodes.append(NodePlan(machine_rank=rank, command=["python", "-c", GLOO_SCRIPT, OUTPUT_DIR], env=env))
     return plan
 
@@ -192,15 +227,23 @@ def _gloo_collect(experiment: Experiment, entity: Entity, options: dict[str, Any
     for node in nodes:
         path = Path(node.output_dir) / f"result.rank{node.machine_rank}.json"
         if node.returncode != 0 or not path.exists():
-            return Result.failed(experiment.id, entity.id, f"node {node.machine_rank} exited {node.returncode}",
-                                 log_tail=node.log_tail, actuator="testing")  # fmt: skip
+            return Result.failed(
+                experiment.id,
+                entity.id,
+                f"node {node.machine_rank} exited {node.returncode}",
+                log_tail=node.log_tail,
+                actuator="testing",
+            )
         sums.append(json.loads(path.read_text())["sum"])
     if any(s != expected for s in sums):
         return Result.failed(experiment.id, entity.id, f"all_reduce sums {sums} != {expected}", actuator="testing")
     return Result.valid(
-        experiment.id, entity.id, {"train_runtime": max(n.duration_s for n in nodes)}, actuator="testing",
+        experiment.id,
+        entity.id,
+        {"train_runtime": max(n.duration_s for n in nodes)},
+        actuator="testing",
         metadata={"allreduce_sums": sums, "node_ips": [n.node_ip for n in nodes]},
-    )  # fmt: skip
+    )
 
 
 def _measure_run_node(*args: Any, **kwargs: Any):

@@ -57,13 +57,24 @@ class Server:
         return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=self.directory)
 
     def start(self) -> None:
-        made = self._run("initdb", "-D", str(self.data), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
-                         "--no-sync", "--no-instructions")  # fmt: skip
+        made = self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            SUPERUSER,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         if made.returncode:
             raise RuntimeError(f"initdb failed: {made.stderr or made.stdout}")
         options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -F -c max_connections=200"
-        started = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.directory / "log"), "-w", "-t", "60",
-                            "-o", options, "start")  # fmt: skip
+        started = self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.directory / "log"), "-w", "-t", "60", "-o", options, "start"
+        )
         if started.returncode:
             log = (self.directory / "log").read_text() if (self.directory / "log").exists() else ""
             raise RuntimeError(f"pg_ctl start failed: {started.stderr or started.stdout} {log[-2000:]}")

@@ -61,14 +61,21 @@ def measured_rows() -> list[dict[str, object]]:
     from tunebench.spec.experiments import get_experiment
 
     experiment = get_experiment("finetune_full_benchmark-v1.0.0")
-    values = [{"model_name": MODEL, "number_gpus": 1, "gpu_model": GPU, "model_max_length": n, "batch_size": b}
-              for n in LENGTHS for b in BATCHES]  # fmt: skip
+    values = [
+        {"model_name": MODEL, "number_gpus": 1, "gpu_model": GPU, "model_max_length": n, "batch_size": b}
+        for n in LENGTHS
+        for b in BATCHES
+    ]
     rows = []
     for i, (v, result) in enumerate(zip(values, predict_many([(experiment, v) for v in values]))):
         factor = 0.8 + 0.4 * ((i * 7) % 11) / 10  # 0.8 .. 1.2, the same every run
         pred = result.metadata["predicted"]
-        row: dict[str, object] = {"identifier": result.entity_id, "generatorid": "explicit_grid_sample_generator",
-                                  "experiment_id": "SFTTrainer.finetune_full_benchmark-v1.0.0", **v}  # fmt: skip
+        row: dict[str, object] = {
+            "identifier": result.entity_id,
+            "generatorid": "explicit_grid_sample_generator",
+            "experiment_id": "SFTTrainer.finetune_full_benchmark-v1.0.0",
+            **v,
+        }
         if result.metadata["fits"]:
             row.update({k: pred[k] * factor for k in MEASURED_COLUMNS[:-1]})
             row["gpu_memory_utilization_peak"] = min(99.0, pred["gpu_memory_utilization_peak"] * factor)
@@ -85,13 +92,22 @@ def stability_rows() -> list[dict[str, object]]:
     for i, batch in enumerate((8, 16, 32, 64)):
         oom = min(1.0, i / 3)
         other = 0.1 if i == 1 else 0.0
-        rows.append({
-            "identifier": f"model_name.{MODEL}-number_gpus.1-model_max_length.4096-batch_size.{batch}-gpu_model.{GPU}",
-            "generatorid": "explicit_grid_sample_generator",
-            "experiment_id": "SFTTrainer.finetune_full_stability-v1.0.0", "model_name": MODEL, "number_gpus": 1,
-            "gpu_model": GPU, "model_max_length": 4096, "batch_size": batch, "f_gpu_oom": oom,
-            "f_other_error": other, "f_no_error": 1 - oom - other, "is_valid": 1,
-        })  # fmt: skip
+        rows.append(
+            {
+                "identifier": f"model_name.{MODEL}-number_gpus.1-model_max_length.4096-batch_size.{batch}-gpu_model.{GPU}",
+                "generatorid": "explicit_grid_sample_generator",
+                "experiment_id": "SFTTrainer.finetune_full_stability-v1.0.0",
+                "model_name": MODEL,
+                "number_gpus": 1,
+                "gpu_model": GPU,
+                "model_max_length": 4096,
+                "batch_size": batch,
+                "f_gpu_oom": oom,
+                "f_other_error": other,
+                "f_no_error": 1 - oom - other,
+                "is_valid": 1,
+            }
+        )
     return rows
 
 
@@ -162,12 +178,21 @@ def cpu_rows() -> list[dict[str, object]]:
     """ado-layout measurements of full fine-tuning on the CPU: GPU memory 0, as the worker records it there."""
     rows = []
     for i, (length, batch) in enumerate([(512, 1), (512, 2), (1024, 1), (1024, 2)]):
-        rows.append({"identifier": f"model_name.smollm2-135m-number_gpus.0-model_max_length.{length}-batch_size.{batch}",
-                     "generatorid": "explicit_grid_sample_generator",
-                     "experiment_id": "SFTTrainer.finetune_full_benchmark-v1.0.0", "model_name": "smollm2-135m",
-                     "number_gpus": 0, "model_max_length": length, "batch_size": batch,
-                     "gpu_memory_utilization_peak": 0.0, "train_runtime": 30.0 + i,
-                     "dataset_tokens_per_second": 2000.0 + 500 * i, "is_valid": 1})  # fmt: skip
+        rows.append(
+            {
+                "identifier": f"model_name.smollm2-135m-number_gpus.0-model_max_length.{length}-batch_size.{batch}",
+                "generatorid": "explicit_grid_sample_generator",
+                "experiment_id": "SFTTrainer.finetune_full_benchmark-v1.0.0",
+                "model_name": "smollm2-135m",
+                "number_gpus": 0,
+                "model_max_length": length,
+                "batch_size": batch,
+                "gpu_memory_utilization_peak": 0.0,
+                "train_runtime": 30.0 + i,
+                "dataset_tokens_per_second": 2000.0 + 500 * i,
+                "is_valid": 1,
+            }
+        )
     return rows
 
 

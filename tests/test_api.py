@@ -23,10 +23,16 @@ LORA = "finetune_lora_benchmark-v1.0.0"
 
 
 def jobs() -> pd.DataFrame:
-    return pd.DataFrame({
-        "model_name": ["llama3.1-8b", "llama3.1-8b", "llama3.1-8b"], "number_gpus": [1, 1, 4], "gpu_model": A100,
-        "model_max_length": [2048, 8192, 512], "batch_size": [8, 64, 6],
-    }, index=["fits", "too big", "rule"])  # fmt: skip
+    return pd.DataFrame(
+        {
+            "model_name": ["llama3.1-8b", "llama3.1-8b", "llama3.1-8b"],
+            "number_gpus": [1, 1, 4],
+            "gpu_model": A100,
+            "model_max_length": [2048, 8192, 512],
+            "batch_size": [8, 64, 6],
+        },
+        index=["fits", "too big", "rule"],
+    )
 
 
 def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
@@ -51,11 +57,16 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
 
 @pytest.mark.slow
 def test_plan_reads_gaps_floats_and_an_experiment_column():
-    frame = pd.DataFrame({
-        "model_name": ["smollm2-135m", "smollm2-135m"], "number_gpus": [0, 0], "model_max_length": [512.0, 1024.0],
-        "batch_size": [2, 4], "gradient_checkpointing": [np.nan, 0.0],
-        "experiment": ["finetune_full_benchmark-v1.0.0", LORA],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "model_name": ["smollm2-135m", "smollm2-135m"],
+            "number_gpus": [0, 0],
+            "model_max_length": [512.0, 1024.0],
+            "batch_size": [2, 4],
+            "gradient_checkpointing": [np.nan, 0.0],
+            "experiment": ["finetune_full_benchmark-v1.0.0", LORA],
+        }
+    )
     plans = api.plan(frame)
     assert plans["experiment_id"].tolist() == ["finetune_full_benchmark-v1.0.0", LORA]
     assert plans.loc[0, "entity_id"] == "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.2"
@@ -74,10 +85,18 @@ def test_plan_of_a_bad_row_names_the_row_and_the_field():
 
 def test_explore_then_results_as_a_dataframe(tmp_path):
     store = str(tmp_path / "runs.db")
-    space = {"experiments": [{"id": LORA}],
-             "entity_space": {"model_name": ["llama3.1-8b"], "number_gpus": 1, "gpu_model": A100,
-                              "model_max_length": [1024, 4096], "batch_size": [8, 32]},
-             "actuator": {"name": "predict"}, "operation": {"sampler": "grid"}}  # fmt: skip
+    space = {
+        "experiments": [{"id": LORA}],
+        "entity_space": {
+            "model_name": ["llama3.1-8b"],
+            "number_gpus": 1,
+            "gpu_model": A100,
+            "model_max_length": [1024, 4096],
+            "batch_size": [8, 32],
+        },
+        "actuator": {"name": "predict"},
+        "operation": {"sampler": "grid"},
+    }
     summary = api.explore(space, store=store)
     assert (summary.total, summary.done, summary.memoised) == (4, 4, 0)
     again = api.explore(space, store=store)  # resumed: nothing measured twice
@@ -148,11 +167,19 @@ def test_plan_says_it_defaults_to_full_fine_tuning_and_recommend_sizes_a_job():
 
     assert inspect.signature(api.plan).parameters["experiment"].default == "finetune_full_benchmark-v1.0.0"
     assert "full fine-tuning" in api.plan.__doc__.lower()
-    rec = api.recommend(LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8,
-                               "gpu_model": A100}, max_gpus=8)  # fmt: skip
+    rec = api.recommend(
+        LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8, "gpu_model": A100}, max_gpus=8
+    )
     assert rec["minimum"]["number_gpus"] == 2 and rec["minimum"]["oom_probability"] <= 0.1
-    assert api.recommend(LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8,
-                                "gpu_model": A100}, max_gpus=8, max_oom_risk=0.5)["minimum"]["number_gpus"] == 1  # fmt: skip
+    assert (
+        api.recommend(
+            LORA,
+            {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8, "gpu_model": A100},
+            max_gpus=8,
+            max_oom_risk=0.5,
+        )["minimum"]["number_gpus"]
+        == 1
+    )
     with pytest.raises(InputError) as err:
         api.recommend(LORA, {"model_name": "llama3.1-8b", "gpu_model": A100}, max_oom_risk=2)
     assert err.value.field == "--max-oom-risk"

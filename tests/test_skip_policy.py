@@ -25,8 +25,19 @@ def pytest_in(tmp_path: Path, *files: str) -> subprocess.CompletedProcess:
     (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -ra\nmarkers =\n    gpu: needs an NVIDIA GPU\n")
     for name in files:
         (tmp_path / name).write_text(SAMPLES[name])
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-               "-c", str(tmp_path / "pytest.ini"), *files]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        "-c",
+        str(tmp_path / "pytest.ini"),
+        *files,
+    ]
     return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
 
 

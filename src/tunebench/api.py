@@ -68,8 +68,12 @@ def plan(
     from tunebench.spec.experiments import get_experiment, make_entity
 
     frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
-    options: dict[str, Any] = {"price_per_gpu_hour": price_per_gpu_hour, "network_gbps": network_gbps,
-                               "host_memory_gib": host_memory_gib, "lengths": _lengths(avg_tokens, lengths)}  # fmt: skip
+    options: dict[str, Any] = {
+        "price_per_gpu_hour": price_per_gpu_hour,
+        "network_gbps": network_gbps,
+        "host_memory_gib": host_memory_gib,
+        "lengths": _lengths(avg_tokens, lengths),
+    }
     if calibration is not None:
         options["calibration"] = load_calibration(calibration)
     experiments: dict[str, Any] = {experiment: get_experiment(experiment, dict(parameters or {}))}
@@ -88,11 +92,17 @@ def plan(
     for result in results:
         meta = result.metadata
         predicted = meta.get("predicted") or {}
-        records.append({
-            "experiment_id": result.experiment_id, "entity_id": result.entity_id, "status": result.status,
-            "is_valid": result.status == "valid", "reasons": "; ".join(result.reasons) or (result.error or ""),
-            **{p: predicted.get(p) for p in PREDICTED}, **{k: meta.get(k) for k in PLAN_DETAILS},
-        })  # fmt: skip
+        records.append(
+            {
+                "experiment_id": result.experiment_id,
+                "entity_id": result.entity_id,
+                "status": result.status,
+                "is_valid": result.status == "valid",
+                "reasons": "; ".join(result.reasons) or (result.error or ""),
+                **{p: predicted.get(p) for p in PREDICTED},
+                **{k: meta.get(k) for k in PLAN_DETAILS},
+            }
+        )
     added = pd.DataFrame.from_records(records, index=frame.index, columns=_plan_columns(PREDICTED))
     return pd.concat([frame.drop(columns=[c for c in added.columns if c in frame.columns]), added], axis=1)
 
@@ -133,8 +143,12 @@ def recommend(
     risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     check_recommend(gpus_per_node, max_gpus)
     parse(PlannerOptions, price=price_per_gpu_hour, network=network_gbps, max_oom_risk=risk)
-    options = PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price_per_gpu_hour,
-                          network_gbps=network_gbps, lengths=_lengths(avg_tokens, lengths))  # fmt: skip
+    options = PlanOptions(
+        calibration=load_calibration(calibration),
+        price_per_gpu_hour=price_per_gpu_hour,
+        network_gbps=network_gbps,
+        lengths=_lengths(avg_tokens, lengths),
+    )
     exp = get_experiment(experiment, dict(parameters or {}))
     out = run(exp, dict(entity), options, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=risk)
     return finite(out)
@@ -152,8 +166,9 @@ def _lengths(avg_tokens: float | None, lengths: str | Path | None) -> Any:
         return user_lengths(avg_tokens, path)
     except InputError as exc:  # named as this function's arguments, not as the command's options
         field = exc.field.replace("--avg-tokens", "avg_tokens").replace("--lengths", "lengths")
-        raise InputError(field, exc.message.replace("--avg-tokens", "avg_tokens").replace("--lengths", "lengths"),
-                         exc.allowed) from None  # fmt: skip
+        raise InputError(
+            field, exc.message.replace("--avg-tokens", "avg_tokens").replace("--lengths", "lengths"), exc.allowed
+        ) from None
 
 
 def _plan_columns(predicted: Iterable[str]) -> list[str]:
@@ -198,8 +213,15 @@ def explore(
     spec = parse_space(dict(space)) if isinstance(space, Mapping) else load_space(space)
     if actuator:
         spec = dataclasses.replace(spec, actuator=actuator)
-    return run_space(spec, store, executor=executor, max_parallel=max_parallel, max_retries=max_retries,
-                     remeasure=remeasure, allow_actuator_import=allow_actuator_import)  # fmt: skip
+    return run_space(
+        spec,
+        store,
+        executor=executor,
+        max_parallel=max_parallel,
+        max_retries=max_retries,
+        remeasure=remeasure,
+        allow_actuator_import=allow_actuator_import,
+    )
 
 
 def results(
@@ -222,8 +244,9 @@ def results(
 
     opened = _open(store, create=False)
     try:
-        rows = opened.rows(operation_id=operation, actuator=actuator,
-                           statuses=list(statuses) if statuses is not None else None)  # fmt: skip
+        rows = opened.rows(
+            operation_id=operation, actuator=actuator, statuses=list(statuses) if statuses is not None else None
+        )
     finally:
         if opened is not store:
             opened.close()

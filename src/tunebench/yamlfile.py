@@ -27,8 +27,7 @@ class StrictLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=True)
             if isinstance(key, (str, int, float, bool)) or key is None:
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicated key {key!r}", key_node.start_mark)  # fmt: skip
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicated key {key!r}", key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)
 

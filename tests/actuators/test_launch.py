@@ -82,8 +82,14 @@ def test_fsdp_plan_follows_the_spec_block():
     assert cfg["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "GraniteDecoderLayer"
     assert cfg["mixed_precision"] == "no" and "main_process_ip" not in cfg
     cmd = plan.nodes[0].command
-    assert cmd[:6] == ["accelerate", "launch", "--config_file", "{output_dir}/accelerate_config.yaml",
-                       "--num_processes", "4"]  # fmt: skip
+    assert cmd[:6] == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "{output_dir}/accelerate_config.yaml",
+        "--num_processes",
+        "4",
+    ]
     assert cmd[cmd.index("--per_device_train_batch_size") + 1] == "4"
     assert cmd[cmd.index("--max_steps") + 1] == "10"
     # the YAML round-trips, with "no" kept a string (bare `no` is a YAML boolean)
@@ -99,8 +105,10 @@ def test_multi_node_plans_differ_only_in_machine_rank():
     assert first["main_process_ip"] == "10.0.0.7" and first["main_process_port"] == 29511
     assert {**first, "machine_rank": 1} == second
     # each node sees exactly its 4 GPUs; RoCE on
-    assert all(n.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_IB_DISABLE": "0"}
-               for n in plan.nodes)  # fmt: skip
+    assert all(
+        n.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "NCCL_IB_DISABLE": "0"}
+        for n in plan.nodes
+    )
     assert "--fast_moe" in plan.nodes[0].command  # fms-hf-tuning 3.1.0 >= 2.4.0
 
 
@@ -136,7 +144,9 @@ def test_command_line_is_a_faithful_bash_line(tmp_path):
 
 def test_invalid_entity_has_no_plan():
     exp = get_experiment("finetune_full_benchmark-v1.0.0")
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 4,
-                               "batch_size": 6, "gpu_model": A100})  # fmt: skip
+    entity = make_entity(
+        exp,
+        {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 4, "batch_size": 6, "gpu_model": A100},
+    )
     with pytest.raises(InputError, match="rule 1"):
         build_launch_plan(exp, entity)

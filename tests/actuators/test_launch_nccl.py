@@ -38,8 +38,9 @@ def test_without_roce_infiniband_stays_off_and_socket_settings_apply():
 def test_single_node_roce_is_not_in_effect_and_cpu_plans_get_no_nccl():
     one = _plan({**TWO_NODES, "number_nodes": 1, "number_gpus": 4, "batch_size": 4}, nccl_env={"NCCL_DEBUG": "INFO"})
     assert one.nodes[0].env == {**GPUS, "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO"}  # spec: multi-node only
-    cpu = _plan({"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2},
-                nccl_env=ROCE)  # fmt: skip
+    cpu = _plan(
+        {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2}, nccl_env=ROCE
+    )
     assert cpu.nodes[0].env == {"CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -58,8 +59,15 @@ def test_bad_nccl_settings_are_refused(bad):
 
 
 def test_cli_launch_plan_takes_nccl_env_and_refuses_bad_input():
-    base = [sys.executable, "-c", "import sys; from tunebench.commands.main import main; sys.exit(main())", "launch-plan",
-            "finetune_full_benchmark-v1.0.0", *[f"{k}={v}" for k, v in TWO_NODES.items()], "--json"]  # fmt: skip
+    base = [
+        sys.executable,
+        "-c",
+        "import sys; from tunebench.commands.main import main; sys.exit(main())",
+        "launch-plan",
+        "finetune_full_benchmark-v1.0.0",
+        *[f"{k}={v}" for k, v in TWO_NODES.items()],
+        "--json",
+    ]
     ok = subprocess.run(base + ["--nccl-env", "NCCL_IB_GID_INDEX=3"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert '"NCCL_IB_GID_INDEX": "3"' in ok.stdout
@@ -73,9 +81,19 @@ def test_multi_node_bundle_asks_for_a_roce_node_only_with_enable_roce():
     from tunebench.executors.task import Task
 
     def task(roce: bool) -> Task:
-        return Task(request_id=1, attempt=1, actuator="measure", base_id="finetune_full_benchmark-v1.0.0",
-                    parameters={}, experiment_id="e", entity_id="x", entity_values={**TWO_NODES, "enable_roce": roce},
-                    number_gpus=8, number_nodes=2, gpu_model="NVIDIA-H100-80GB-HBM3")  # fmt: skip
+        return Task(
+            request_id=1,
+            attempt=1,
+            actuator="measure",
+            base_id="finetune_full_benchmark-v1.0.0",
+            parameters={},
+            experiment_id="e",
+            entity_id="x",
+            entity_values={**TWO_NODES, "enable_roce": roce},
+            number_gpus=8,
+            number_nodes=2,
+            gpu_model="NVIDIA-H100-80GB-HBM3",
+        )
 
     assert node_bundle(task(True)) == {"CPU": 8, "GPU": 4, "NVIDIA-H100-80GB-HBM3": 4, "RoCE": 1}
     assert "RoCE" not in node_bundle(task(False))

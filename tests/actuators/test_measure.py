@@ -42,18 +42,29 @@ def tiny(tmp_path_factory) -> str:
 
 
 def entity_of(experiment, model: str, **extra):
-    return make_entity(experiment, {"model_name": model, "model_max_length": LENGTH, "number_gpus": 0,
-                                    "batch_size": 4, "target_modules": "q_proj,v_proj", **extra}
-                       if experiment.uses_lora else
-                       {"model_name": model, "model_max_length": LENGTH, "number_gpus": 0, "batch_size": 4, **extra})  # fmt: skip
+    return make_entity(
+        experiment,
+        {
+            "model_name": model,
+            "model_max_length": LENGTH,
+            "number_gpus": 0,
+            "batch_size": 4,
+            "target_modules": "q_proj,v_proj",
+            **extra,
+        }
+        if experiment.uses_lora
+        else {"model_name": model, "model_max_length": LENGTH, "number_gpus": 0, "batch_size": 4, **extra},
+    )
 
 
 def opts(tmp_path: Path, **extra) -> dict:
     return {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 300, **extra}
 
 
-@pytest.mark.parametrize("experiment_id", ["finetune_full_benchmark-v1.0.0", "finetune_lora_benchmark-v1.0.0",
-                                           "finetune_pt_benchmark-v1.0.0"])  # fmt: skip
+@pytest.mark.parametrize(
+    "experiment_id",
+    ["finetune_full_benchmark-v1.0.0", "finetune_lora_benchmark-v1.0.0", "finetune_pt_benchmark-v1.0.0"],
+)
 def test_methods_produce_every_measured_property(tmp_path, tiny, experiment_id):
     exp = get_experiment(experiment_id, PARAMS)
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
@@ -125,8 +136,9 @@ def test_kernel_oom_kill_is_out_of_memory_with_evidence(tmp_path, tiny, monkeypa
     thread of the test plays the kernel) is an out-of-memory invalid result with the parent's evidence."""
     limit_gib = 0.25
     # 4 MiB of written (resident) memory every 50 ms, past the limit
-    _replace_command(monkeypatch, "import time\nheld = []\nwhile True:\n    held.append(b'x' * (4 << 20))\n"
-                                  "    time.sleep(0.05)")  # fmt: skip
+    _replace_command(
+        monkeypatch, "import time\nheld = []\nwhile True:\n    held.append(b'x' * (4 << 20))\n    time.sleep(0.05)"
+    )
     killed: list[int] = []
 
     def kernel() -> None:
@@ -181,8 +193,16 @@ def test_stop_after_seconds_drops_the_two_token_rates(tmp_path, tiny):
 
 def test_stability_experiment_reports_fractions(tmp_path, tiny):
     exp = get_experiment("finetune_full_stability-v1.0.0", {"dataset_id": "news-chars-256-entries-32"})
-    entity = make_entity(exp, {"model_name": tiny, "model_max_length": LENGTH, "number_gpus": 0, "batch_size": 2,
-                               "gradient_accumulation_steps": 1})  # fmt: skip
+    entity = make_entity(
+        exp,
+        {
+            "model_name": tiny,
+            "model_max_length": LENGTH,
+            "number_gpus": 0,
+            "batch_size": 2,
+            "gradient_accumulation_steps": 1,
+        },
+    )
     result = measure(exp, entity, opts(tmp_path))
     assert result.status == "valid", result.metadata
     assert result.properties == {"f_gpu_oom": 0.0, "f_other_error": 0.0, "f_no_error": 1.0, "is_valid": 1}

@@ -22,8 +22,9 @@ ENTITY = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64,
 
 
 def node(rank: int, returncode: int | None, records: list | None = None, aggregate: dict | None = None) -> NodeResult:
-    return NodeResult(rank, returncode, 1.0, f"log of node {rank}", f"/tmp/node{rank}", records=records or [],
-                      aggregate=aggregate)  # fmt: skip
+    return NodeResult(
+        rank, returncode, 1.0, f"log of node {rank}", f"/tmp/node{rank}", records=records or [], aggregate=aggregate
+    )
 
 
 def ok(rank: int) -> dict:
@@ -63,8 +64,7 @@ def test_the_cli_and_the_registry_import_no_torch_transformers_or_ray():
         "assert resolve_actuator('measure').run.__module__ == 'tunebench.actuators.measure'\n"
         "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC),
-                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

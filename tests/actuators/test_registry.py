@@ -53,9 +53,20 @@ def test_ray_refuses_a_multi_node_entity_of_a_one_node_actuator_before_placing_n
     from tunebench.executors.task import Task
 
     values = {"model_name": "smollm2-135m", "number_gpus": 2, "number_nodes": 2, "gpu_model": "NVIDIA-A100-80GB-PCIe"}
-    task = Task(request_id=1, attempt=1, actuator="fake_actuators:sleepy", base_id="finetune_full_benchmark-v1.0.0",
-                parameters={}, experiment_id="finetune_full_benchmark-v1.0.0", entity_id="e", entity_values=values,
-                number_gpus=2, number_nodes=2, gpu_model=values["gpu_model"], allow_import=True)  # fmt: skip
+    task = Task(
+        request_id=1,
+        attempt=1,
+        actuator="fake_actuators:sleepy",
+        base_id="finetune_full_benchmark-v1.0.0",
+        parameters={},
+        experiment_id="finetune_full_benchmark-v1.0.0",
+        entity_id="e",
+        entity_values=values,
+        number_gpus=2,
+        number_nodes=2,
+        gpu_model=values["gpu_model"],
+        allow_import=True,
+    )
     executor = object.__new__(RayExecutor)  # no Ray: refused before any call to it
     executor.ray = None
     result = executor._run_multinode(task)
@@ -78,12 +89,15 @@ def test_names_that_are_neither_registered_nor_a_path_are_unknown(name):
 def test_a_space_file_naming_os_system_runs_nothing_and_stores_nothing(tmp_path):
     space = {**SPACE, "actuator": {"name": "os:system"}}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC),
-                                                         os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-m", "tunebench", "explore", "space.yaml", "--store", "s.db", "--quiet"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.startswith("error: actuator.name: 'os:system' is not a registered")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml"]  # no store, no operation, no run
 

@@ -33,9 +33,24 @@ def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys):
     store = str(tmp_path / "store.db")
     assert main(["import", str(DATA / "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", store]) == 0
     capsys.readouterr()
-    args = ["plan", "finetune_full_benchmark-v1.0.0", "-p", "fms_hf_tuning_version=2.8.2", "-p",
-            "stop_after_seconds=30", "-p", "flash_attn=false", "model_name=smollm2-135m", "number_gpus=0",
-            "model_max_length=1024", "batch_size=2", "--compare", "--store", store, "--json"]  # fmt: skip
+    args = [
+        "plan",
+        "finetune_full_benchmark-v1.0.0",
+        "-p",
+        "fms_hf_tuning_version=2.8.2",
+        "-p",
+        "stop_after_seconds=30",
+        "-p",
+        "flash_attn=false",
+        "model_name=smollm2-135m",
+        "number_gpus=0",
+        "model_max_length=1024",
+        "batch_size=2",
+        "--compare",
+        "--store",
+        store,
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {r["property"]: r for r in out["comparison"]}
@@ -82,13 +97,21 @@ def _space(tmp_path: Path, body: dict) -> str:
 @pytest.mark.slow
 def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
     store = str(tmp_path / "store.db")
-    space = _space(tmp_path, {
-        "experiments": [{"id": "finetune_lora_benchmark-v1.0.0"}],
-        "entity_space": {"model_name": ["llama3.1-8b", "llama3.1-70b"], "model_max_length": [2048, 8192],
-                         "batch_size": [8], "number_gpus": [1, 8], "gpu_model": ["NVIDIA-A100-80GB-PCIe"]},
-        "actuator": {"weights": "random"},  # a space written for measuring screens as it is
-        "operation": {"sampler": "grid"},
-    })  # fmt: skip
+    space = _space(
+        tmp_path,
+        {
+            "experiments": [{"id": "finetune_lora_benchmark-v1.0.0"}],
+            "entity_space": {
+                "model_name": ["llama3.1-8b", "llama3.1-70b"],
+                "model_max_length": [2048, 8192],
+                "batch_size": [8],
+                "number_gpus": [1, 8],
+                "gpu_model": ["NVIDIA-A100-80GB-PCIe"],
+            },
+            "actuator": {"weights": "random"},  # a space written for measuring screens as it is
+            "operation": {"sampler": "grid"},
+        },
+    )
     assert main(["explore", space, "--actuator", "predict", "--store", store, "--json", "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["total"], summary["done"], summary["failed"], summary["valid"], summary["invalid"]) == (
@@ -114,8 +137,16 @@ def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
     for (model, gpus, length), row in rows.items():
         if (model, gpus, length) in invalid:
             continue
-        direct = predict(experiment, {"model_name": model, "model_max_length": length, "batch_size": 8,
-                                      "number_gpus": gpus, "gpu_model": "NVIDIA-A100-80GB-PCIe"}).properties  # fmt: skip
+        direct = predict(
+            experiment,
+            {
+                "model_name": model,
+                "model_max_length": length,
+                "batch_size": 8,
+                "number_gpus": gpus,
+                "gpu_model": "NVIDIA-A100-80GB-PCIe",
+            },
+        ).properties
         assert row["dataset_tokens_per_second"] == direct["dataset_tokens_per_second"]  # stored as predicted
         sps = row["train_samples_per_second"]
         # news-tokens-16384plus fills every sample: tokens/s = samples/s x length
@@ -133,13 +164,21 @@ def test_explore_with_the_predict_actuator_screens_a_space(tmp_path, capsys):
 @pytest.mark.slow
 def test_skip_predicted_oom_measures_only_what_fits(tmp_path, capsys):
     store = str(tmp_path / "store.db")
-    space = _space(tmp_path, {
-        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
-        "entity_space": {"model_name": ["smollm2-135m", "llama3.1-70b"], "model_max_length": [4096],
-                         "batch_size": [8], "number_gpus": [1], "gpu_model": ["NVIDIA-A100-80GB-PCIe"]},
-        "actuator": {"name": "noop"},
-        "operation": {"sampler": "grid"},
-    })  # fmt: skip
+    space = _space(
+        tmp_path,
+        {
+            "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+            "entity_space": {
+                "model_name": ["smollm2-135m", "llama3.1-70b"],
+                "model_max_length": [4096],
+                "batch_size": [8],
+                "number_gpus": [1],
+                "gpu_model": ["NVIDIA-A100-80GB-PCIe"],
+            },
+            "actuator": {"name": "noop"},
+            "operation": {"sampler": "grid"},
+        },
+    )
     assert main(["explore", space, "--skip-predicted-oom", "--store", store, "--json", "--quiet"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["skipped"] == 1 and summary["total"] == 1 and summary["measured"] == 1

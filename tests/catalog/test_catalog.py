@@ -105,26 +105,74 @@ def test_every_case_has_its_expected_reading():
     ("cfg", "expected"),
     [
         # MPT (transformers' own names): d_model, n_heads, n_layers, expansion_ratio, attn_config.kv_n_heads
-        ({"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "expansion_ratio": 4, "vocab_size": 512,
-          "max_seq_len": 2048, "attn_config": {"kv_n_heads": 2}}, (64, 2, 4, 2, 256, 2048)),
+        (
+            {
+                "model_type": "mpt",
+                "d_model": 64,
+                "n_heads": 4,
+                "n_layers": 2,
+                "expansion_ratio": 4,
+                "vocab_size": 512,
+                "max_seq_len": 2048,
+                "attn_config": {"kv_n_heads": 2},
+            },
+            (64, 2, 4, 2, 256, 2048),
+        ),
         # first-generation Qwen (remote code): kv_channels is the head dimension, seq_length the context
-        ({"model_type": "qwen", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "intermediate_size": 344, "vocab_size": 512, "kv_channels": 16, "seq_length": 8192}, (64, 2, 4, 4, 344, 8192)),
+        (
+            {
+                "model_type": "qwen",
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 344,
+                "vocab_size": 512,
+                "kv_channels": 16,
+                "seq_length": 8192,
+            },
+            (64, 2, 4, 4, 344, 8192),
+        ),
         # ChatGLM (remote code): num_layers, multi_query_group_num (with multi_query_attention, whose default in
         # THUDM configuration_chatglm.py is False), padded_vocab_size, ffn_hidden_size
-        ({"model_type": "chatglm", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
-          "multi_query_attention": True, "multi_query_group_num": 2, "ffn_hidden_size": 128,
-          "padded_vocab_size": 512}, (64, 2, 4, 2, 128, None)),
-        ({"model_type": "chatglm", "hidden_size": 64, "num_layers": 2, "num_attention_heads": 4,
-          "multi_query_group_num": 2, "ffn_hidden_size": 128, "padded_vocab_size": 512}, (64, 2, 4, 4, 128, None)),
+        (
+            {
+                "model_type": "chatglm",
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_attention_heads": 4,
+                "multi_query_attention": True,
+                "multi_query_group_num": 2,
+                "ffn_hidden_size": 128,
+                "padded_vocab_size": 512,
+            },
+            (64, 2, 4, 2, 128, None),
+        ),
+        (
+            {
+                "model_type": "chatglm",
+                "hidden_size": 64,
+                "num_layers": 2,
+                "num_attention_heads": 4,
+                "multi_query_group_num": 2,
+                "ffn_hidden_size": 128,
+                "padded_vocab_size": 512,
+            },
+            (64, 2, 4, 4, 128, None),
+        ),
     ],
-)  # fmt: skip
+)
 def test_any_model_type_is_read_by_its_usual_field_names(tmp_path, cfg, expected):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     spec = get_model(str(path))
-    got = (spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
-           spec.intermediate_size, spec.max_position_embeddings)  # fmt: skip
+    got = (
+        spec.hidden_size,
+        spec.num_hidden_layers,
+        spec.num_attention_heads,
+        spec.num_key_value_heads,
+        spec.intermediate_size,
+        spec.max_position_embeddings,
+    )
     assert got == expected and spec.model_type == cfg["model_type"] and spec.vocab_size == 512
 
 
@@ -135,8 +183,15 @@ def test_config_json_models(tmp_path, model_type):
     (folder / "config.json").write_text(json.dumps({"model_type": model_type, **CONFIGS[model_type]}))
     for given in (str(folder / "config.json"), str(folder)):  # the file or the folder holding it
         spec = get_model(given)
-        got = (spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads, spec.num_key_value_heads,
-               spec.intermediate_size, spec.tie_word_embeddings, spec.wrap_classes)  # fmt: skip
+        got = (
+            spec.hidden_size,
+            spec.num_hidden_layers,
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.intermediate_size,
+            spec.tie_word_embeddings,
+            spec.wrap_classes,
+        )
         assert got == EXPECTED[model_type]
         assert spec.name == str((folder / "config.json").resolve()) == spec.config_path
         assert spec.vocab_size == 512

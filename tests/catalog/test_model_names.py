@@ -40,9 +40,15 @@ def fake_hub_cache(root, repo=REPO, config=MISTRAL_V03):
 
 @pytest.mark.parametrize(
     ("typed", "name"),
-    [("mistral-7b", "mistral-7b-v0.1"), ("Mistral-7B", "mistral-7b-v0.1"), ("llama-3.1-8b", "llama3.1-8b"),
-     ("llama-3-8b", "llama3-8b"), ("llama-2-70b", "llama2-70b"), ("meta-llama/Llama-3.1-8B", "llama3.1-8b")],
-)  # fmt: skip
+    [
+        ("mistral-7b", "mistral-7b-v0.1"),
+        ("Mistral-7B", "mistral-7b-v0.1"),
+        ("llama-3.1-8b", "llama3.1-8b"),
+        ("llama-3-8b", "llama3-8b"),
+        ("llama-2-70b", "llama2-70b"),
+        ("meta-llama/Llama-3.1-8B", "llama3.1-8b"),
+    ],
+)
 def test_short_names_and_hub_ids_of_catalog_models(typed, name):
     assert get_model(typed).name == name
 
@@ -77,9 +83,23 @@ def _plan(hf_home, *more):
     """`tunebench plan` of the LoRA experiment for REPO in a fresh process reading HF_HOME (its hub/ folder)."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "tunebench", "plan", "finetune_lora_benchmark-v1.0.0",
-                           f"model_name={REPO}", *ENTITY, *more], check=False, capture_output=True, text=True, timeout=300,
-                          env=env)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunebench",
+            "plan",
+            "finetune_lora_benchmark-v1.0.0",
+            f"model_name={REPO}",
+            *ENTITY,
+            *more,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_plan_a_hub_id_from_the_cache_under_hf_home(tmp_path):

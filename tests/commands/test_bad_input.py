@@ -266,7 +266,7 @@ CASES: list[tuple[str, list[str]]] = [
             "layers_huge.json",
             "deep_config.json",
         )
-    ],  # fmt: skip
+    ],
     c("target_modules", "validate", LORA, *ENTITY, 'target_modules=["q_proj"'),
     c("target_modules", "plan", LORA, *ENTITY, "target_modules=" + "[" * 50_000),
     c("space", "explore", "dupkey.yaml"),
@@ -470,8 +470,12 @@ def files(tmp_path_factory) -> Path:
     neg = [list(r) for r in rows]
     neg[0][header.index("batch_size")] = "-1"
     neg[0][header.index("identifier")] = neg[0][header.index("identifier")].replace("batch_size.1", "batch_size.-1")
-    for name, table in (("neg_batch", [header, *neg]), ("dup_header", [[*header, "batch_size"], *[[*r, "4"] for r in rows]]),
-                        ("ragged", [header, [*rows[0], "x"], *rows[1:]]), ("short_row", [header, rows[0][:5], *rows[1:]])):  # fmt: skip
+    for name, table in (
+        ("neg_batch", [header, *neg]),
+        ("dup_header", [[*header, "batch_size"], *[[*r, "4"] for r in rows]]),
+        ("ragged", [header, [*rows[0], "x"], *rows[1:]]),
+        ("short_row", [header, rows[0][:5], *rows[1:]]),
+    ):
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows(table)
         (root / f"{name}.csv").write_text(out.getvalue())
@@ -494,8 +498,11 @@ def files(tmp_path_factory) -> Path:
     ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, **extra}))
     # a space file's extra worker flags: never one tunebench sets (the worker keeps the last of a repeated flag)
-    measure = {**space, "experiments": [{"id": LORA, "parameters": {"max_steps": 1, "dataset_id": "news-chars-64-entries-2"}}],
-               "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300}}  # fmt: skip
+    measure = {
+        **space,
+        "experiments": [{"id": LORA, "parameters": {"max_steps": 1, "dataset_id": "news-chars-64-entries-2"}}],
+        "actuator": {"name": "measure", "weights": "random", "timeout_seconds": 300},
+    }
     (root / "victim.txt").write_text("a file the space file must not reach\n")
     for name, extra in (
         ("extra_result_path", ["--result_path", "victim.txt"]),
@@ -510,19 +517,33 @@ def files(tmp_path_factory) -> Path:
         )
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
-    for name, option in (("opt_processes", {"cpu_processes": "abc"}), ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
-                         ("opt_weights", {"weights": "rnd"})):  # fmt: skip
+    for name, option in (
+        ("opt_processes", {"cpu_processes": "abc"}),
+        ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
+        ("opt_weights", {"weights": "rnd"}),
+    ):
         (root / f"{name}.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "measure", **option}}))
     (root / "bomb.yaml").write_text(
         "a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\n"
         "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n"
     )
     (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
-    tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
-    for name, changed in (("heads0", {"num_attention_heads": 0}), ("hidden_huge", {"hidden_size": 10**15}),
-                          ("hidden_text", {"hidden_size": "abc"}), ("no_hidden", {"hidden_size": None}),
-                          ("layers_neg", {"num_hidden_layers": -1}), ("layers_huge", {"num_hidden_layers": 10**9})):  # fmt: skip
+    tiny = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    for name, changed in (
+        ("heads0", {"num_attention_heads": 0}),
+        ("hidden_huge", {"hidden_size": 10**15}),
+        ("hidden_text", {"hidden_size": "abc"}),
+        ("no_hidden", {"hidden_size": None}),
+        ("layers_neg", {"num_hidden_layers": -1}),
+        ("layers_huge", {"num_hidden_layers": 10**9}),
+    ):
         (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
     (root / "dupkey.yaml").write_text(
         (root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}")
@@ -533,10 +554,23 @@ def files(tmp_path_factory) -> Path:
     (root / "gpus_dupkey.yaml").write_text(
         "gpus:\n  - {name: X, name: Y, memory_gib: 8, bf16_tflops: 1, interconnect_gbps: 1}\n"
     )
-    (root / "ten_million.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
-        **space["entity_space"], "model_max_length": {"min": 1, "max": 10_000}, "batch_size": {"min": 1, "max": 1000}}}))  # fmt: skip
-    (root / "range_huge.yaml").write_text(yaml.safe_dump({**space, "entity_space": {
-        **space["entity_space"], "model_max_length": {"min": 1, "max": 1e308}}}))  # fmt: skip
+    (root / "ten_million.yaml").write_text(
+        yaml.safe_dump(
+            {
+                **space,
+                "entity_space": {
+                    **space["entity_space"],
+                    "model_max_length": {"min": 1, "max": 10_000},
+                    "batch_size": {"min": 1, "max": 1000},
+                },
+            }
+        )
+    )
+    (root / "range_huge.yaml").write_text(
+        yaml.safe_dump(
+            {**space, "entity_space": {**space["entity_space"], "model_max_length": {"min": 1, "max": 1e308}}}
+        )
+    )
     (root / "deep_config.json").write_text('{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     (root / "notyaml.yaml").write_text("experiments: [\n  - id: x\n")
     return root
@@ -574,8 +608,11 @@ def test_the_table_covers_every_command():
     from tunebench.commands.main import app
 
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
-    commands |= {f"{g.name} {c.name or c.callback.__name__.replace('_', '-')}" for g in app.registered_groups
-                 for c in g.typer_instance.registered_commands}  # fmt: skip
+    commands |= {
+        f"{g.name} {c.name or c.callback.__name__.replace('_', '-')}"
+        for g in app.registered_groups
+        for c in g.typer_instance.registered_commands
+    }
     commands -= {"version", "_root"}  # take no input (bad arguments to them are covered as usage errors)
     groups = {g.name for g in app.registered_groups}
     named = {" ".join(a[:2]) if a[0] in groups else a[0] for _, a in CASES}
@@ -664,8 +701,13 @@ def test_bad_environment_settings_are_named(workdir, capsys, monkeypatch, name, 
 def test_python_dash_m_tunebench_exits_with_the_commands_code(workdir):
     src = str(SRC)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "tunebench", "show", "--limit", "0"], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunebench", "show", "--limit", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     check(proc.returncode, proc.stdout, proc.stderr, "--limit")
 
 
@@ -719,12 +761,25 @@ def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked
 
 
-@pytest.mark.parametrize(("field", "argv"), [
-    ("FILE", ["import", "big.txt", "--store", "new.db"]),
-    ("SPACE", ["explore", "big.txt"]),
-    ("model_name", ["plan", LORA, "model_name=./big.txt", "model_max_length=64", "number_gpus=1", "batch_size=1",
-                    "gpu_model=A100"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "argv"),
+    [
+        ("FILE", ["import", "big.txt", "--store", "new.db"]),
+        ("SPACE", ["explore", "big.txt"]),
+        (
+            "model_name",
+            [
+                "plan",
+                LORA,
+                "model_name=./big.txt",
+                "model_max_length=64",
+                "number_gpus=1",
+                "batch_size=1",
+                "gpu_model=A100",
+            ],
+        ),
+    ],
+)
 def test_text_inputs_larger_than_the_cap_are_refused_before_reading(tmp_path, monkeypatch, capsys, field, argv):
     # 65 MiB of size in a sparse file (no blocks written): refused from its size, nothing created
     monkeypatch.chdir(tmp_path)
@@ -791,8 +846,11 @@ def on_a_full_disk(workdir: Path, name: str, argv: list[str]) -> tuple[int, str,
     full.mkdir()
     argv = [*console_script(), *(a.replace("FULL", str(full)) for a in argv)]
     src = str(SRC)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-           "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     if unshare_works() and not os.environ.get("TUNEBENCH_TEST_NO_UNSHARE"):
         driver = ["unshare", "-rm", sys.executable, "-c", FULL_DISK_DRIVER, str(full), name, json.dumps(argv)]
         proc = subprocess.run(driver, capture_output=True, text=True, timeout=400, env=env, preexec_fn=_limits(None))
@@ -833,8 +891,9 @@ def test_a_failed_write_leaves_the_users_file_as_it_was(workdir, argv):
 
 def test_calibrate_checks_its_output_before_fitting(workdir):
     """calibrate fits for minutes: a result it could not write is refused before the fit starts."""
-    code, err, left = on_a_full_disk(workdir, "cal.json", ["calibrate", "--from", "good.csv", "--replace",
-                                                            "--no-lomo", "-o", "FULL/cal.json"])  # fmt: skip
+    code, err, left = on_a_full_disk(
+        workdir, "cal.json", ["calibrate", "--from", "good.csv", "--replace", "--no-lomo", "-o", "FULL/cal.json"]
+    )
     assert code == 2 and "fitting" not in err, err
     assert err.strip().startswith("error: --output: ") and len(err.strip().splitlines()) == 1, err
     assert left.get("cal.json") == "precious" and set(left) <= {"cal.json", "filler"}, left

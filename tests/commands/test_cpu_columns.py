@@ -42,11 +42,17 @@ def _store(tmp_path, runs):
     url = f"sqlite:///{tmp_path / 'runs.db'}"
     records = []
     for i, (gpus, props) in enumerate(runs):
-        values = {"model_name": "smollm2-135m", "model_max_length": 256 * (i + 1), "number_gpus": gpus,
-                  "batch_size": 2, **({"gpu_model": "A100-80GB"} if gpus else {})}  # fmt: skip
+        values = {
+            "model_name": "smollm2-135m",
+            "model_max_length": 256 * (i + 1),
+            "number_gpus": gpus,
+            "batch_size": 2,
+            **({"gpu_model": "A100-80GB"} if gpus else {}),
+        }
         entity = make_entity(EXP, values)
-        records.append(Record(EXP, entity, Result.valid(EXP.id, entity.id, props), actuator="measure",
-                              source_key=f"k{i}"))  # fmt: skip
+        records.append(
+            Record(EXP, entity, Result.valid(EXP.id, entity.id, props), actuator="measure", source_key=f"k{i}")
+        )
     with Store(url) as store:
         store.record_many(records)
     return url

@@ -37,8 +37,9 @@ LINE = re.compile(r"^\d\d:\d\d:\d\d op-[0-9a-f]+: (\d+)/(\d+) done — valid \d+
 def tunebench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """tunebench in a fresh process with stdout and stderr pipes (not a terminal)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "tunebench", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tunebench", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 class Lines(logging.Handler):
@@ -108,8 +109,11 @@ def test_calibrate_shows_progress(tmp_path, capsys):
     err = capsys.readouterr().err
     assert re.search(r"calibrate: fitting on 2 runs \(\d+ s elapsed\)", err), err
     # which model is held out (k/N), the elapsed time and an ETA; the hint that --no-lomo skips that pass
-    assert re.search(r"calibrate: held out 1/2: .* \(\d+ s elapsed, ETA \d+ s\)\n.*calibrate: held out 2/2: "
-                     r".* \(\d+ s elapsed, ETA \d+ s\)", err), err  # fmt: skip
+    assert re.search(
+        r"calibrate: held out 1/2: .* \(\d+ s elapsed, ETA \d+ s\)\n.*calibrate: held out 2/2: "
+        r".* \(\d+ s elapsed, ETA \d+ s\)",
+        err,
+    ), err
     assert re.search(r"leave-one-model-out refits once per model family \(2 refits.*\): --no-lomo skips it", err)
     assert err.index("--no-lomo skips it") < err.index("fitting on 2 runs"), err  # said at the start
     assert main(["calibrate", "--from", str(csv), "--replace", "--no-save", "--json", "--no-lomo"]) == 0
@@ -145,11 +149,30 @@ def test_a_cold_plan_says_it_traces_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(trace, "NOTICE_AFTER_S", 0.0)  # every trace is announced (the default: 2 s)
     model = tmp_path / "tiny-progress.json"
-    model.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                                 "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                 "vocab_size": 512, "max_position_embeddings": 512}))  # fmt: skip
-    args = ["plan", "finetune_full_benchmark-v1.0.0", f"model_name={model}", "model_max_length=256",
-            "number_gpus=1", "batch_size=2", "gpu_model=NVIDIA-A100-80GB-PCIe", "--json"]  # fmt: skip
+    model.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+                "max_position_embeddings": 512,
+            }
+        )
+    )
+    args = [
+        "plan",
+        "finetune_full_benchmark-v1.0.0",
+        f"model_name={model}",
+        "model_max_length=256",
+        "number_gpus=1",
+        "batch_size=2",
+        "gpu_model=NVIDIA-A100-80GB-PCIe",
+        "--json",
+    ]
     assert main(args) == 0
     err = capsys.readouterr().err
     notices = re.findall(r"tracing (.+) \(first plan of this architecture, ~\d+ s\)", err)

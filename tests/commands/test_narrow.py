@@ -109,8 +109,15 @@ def store_of(url: str, actuator: str, n: int, memory: bool = True) -> None:
     with Store(url) as store:
         records = []
         for i in range(n):
-            entity = make_entity(EXP, {"model_name": LONG if i % 2 else "smollm2-135m", "number_gpus": 0,
-                                       "model_max_length": 128, "batch_size": i + 1})  # fmt: skip
+            entity = make_entity(
+                EXP,
+                {
+                    "model_name": LONG if i % 2 else "smollm2-135m",
+                    "number_gpus": 0,
+                    "model_max_length": 128,
+                    "batch_size": i + 1,
+                },
+            )
             props = {"dataset_tokens_per_second": 1000.0 + i, "train_runtime": 3.0, "is_valid": 1}
             if memory:
                 props["gpu_memory_allocated_peak_gib"] = 0.5 * (i + 1)
@@ -142,26 +149,50 @@ def test_show_names_the_other_actuators_rows_and_the_command(tmp_path, capsys):
     assert "no results" in text and "3 rows of actuator predict" in text
     assert f"tunebench show --store {url} --actuator predict" in text
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({
-        "experiments": [{"id": EXP.base_id, "parameters": {"stop_after_seconds": 30}}],
-        "entity_space": {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 128, "batch_size": [1, 3]},
-    }))  # fmt: skip
+    space.write_text(
+        yaml.safe_dump(
+            {
+                "experiments": [{"id": EXP.base_id, "parameters": {"stop_after_seconds": 30}}],
+                "entity_space": {
+                    "model_name": "smollm2-135m",
+                    "number_gpus": 0,
+                    "model_max_length": 128,
+                    "batch_size": [1, 3],
+                },
+            }
+        )
+    )
     assert main(["show", "--store", url, "--space", str(space), "--format", "csv"]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 1  # the header: the space's actuator (measure) has no rows
     assert "2 rows of actuator predict" in captured.err
     assert f"tunebench show --store {url} --space {space} --actuator predict" in captured.err
-    assert len(json.loads(out(capsys, "show", "--store", url, "--space", str(space), "--actuator", "predict",
-                              "--format", "json"))) == 2  # fmt: skip
+    assert (
+        len(
+            json.loads(
+                out(capsys, "show", "--store", url, "--space", str(space), "--actuator", "predict", "--format", "json")
+            )
+        )
+        == 2
+    )
 
 
 def test_operations_lists_the_stores_operations(tmp_path, capsys):
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({
-        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}], "actuator": {"name": "noop"},
-        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
-                         "batch_size": [1, 2, 3]},
-    }))  # fmt: skip
+    space.write_text(
+        yaml.safe_dump(
+            {
+                "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+                "actuator": {"name": "noop"},
+                "entity_space": {
+                    "model_name": "smollm2-135m",
+                    "model_max_length": 64,
+                    "number_gpus": 0,
+                    "batch_size": [1, 2, 3],
+                },
+            }
+        )
+    )
     url = str(tmp_path / "s.db")
     assert main(["--quiet", "explore", str(space), "--store", url]) == 0
     capsys.readouterr()
@@ -188,8 +219,19 @@ def test_explore_progress_fits_80_columns():
 def test_recommend_per_method_table_on_80_columns(capsys):
     """recommend's per-method table keeps every header whole on 80 columns, and the notes that say why a
     method does not fit; the least important columns are named under it."""
-    text = out(capsys, "recommend", "finetune_lora_benchmark-v1.0.0", "model_name=mistral-7b-v0.1", "model_max_length=4096",
-               "batch_size=8", "gpu_model=H100", "--max-gpus", "1", "--price-per-gpu-hour", "3")  # fmt: skip
+    text = out(
+        capsys,
+        "recommend",
+        "finetune_lora_benchmark-v1.0.0",
+        "model_name=mistral-7b-v0.1",
+        "model_max_length=4096",
+        "batch_size=8",
+        "gpu_model=H100",
+        "--max-gpus",
+        "1",
+        "--price-per-gpu-hour",
+        "3",
+    )
     fits(text)
     table = text[text.index("Per method on") :]
     for header in ("method", "GPUs", "P(OOM)", "tokens/s", "notes"):

@@ -86,8 +86,11 @@ def test_no_command_module_keeps_a_second_model_of_its_options():
     models = []
     for info in pkgutil.iter_modules(tunebench.commands.__path__):
         module = importlib.import_module(f"tunebench.commands.{info.name}")
-        models += [f"{info.name}.{n}" for n, v in vars(module).items()
-                   if inspect.isclass(v) and issubclass(v, Options) and v.__module__ == module.__name__]  # fmt: skip
+        models += [
+            f"{info.name}.{n}"
+            for n, v in vars(module).items()
+            if inspect.isclass(v) and issubclass(v, Options) and v.__module__ == module.__name__
+        ]
     assert models == []
 
 

@@ -29,8 +29,15 @@ def test_the_published_configs_are_shipped():
 @pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.parent.name)
 def test_plan_works_on_every_published_config(config: Path):
-    out = plan_json(FULL, f"model_name={config}", "model_max_length=512", "number_gpus=4", "batch_size=4",
-                    "gpu_model=NVIDIA-A10G", "gradient_accumulation_steps=1")  # fmt: skip
+    out = plan_json(
+        FULL,
+        f"model_name={config}",
+        "model_max_length=512",
+        "number_gpus=4",
+        "batch_size=4",
+        "gpu_model=NVIDIA-A10G",
+        "gradient_accumulation_steps=1",
+    )
     assert out["gpu_memory_allocated_peak_gib"] > 0 and 0 <= out["oom_probability"] <= 1
     assert out["train_tokens_per_second"] > 0
     assert out["is_valid"] == (out["oom_probability"] <= 0.5)
@@ -38,29 +45,66 @@ def test_plan_works_on_every_published_config(config: Path):
 
 @pytest.mark.slow
 def test_remote_code_config_is_planned_with_its_assumptions(tmp_path):
-    qwen = {"model_type": "qwen", "hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 16,
-            "intermediate_size": 11008, "vocab_size": 151936, "kv_channels": 128, "seq_length": 8192}  # fmt: skip
+    qwen = {
+        "model_type": "qwen",
+        "hidden_size": 2048,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "intermediate_size": 11008,
+        "vocab_size": 151936,
+        "kv_channels": 128,
+        "seq_length": 8192,
+    }
     path = tmp_path / "Qwen-1_8B" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(qwen))
-    out = plan_json(LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
-                    "gpu_model=A100-80GB", "target_modules=c_attn,q_proj,v_proj")  # fmt: skip
+    out = plan_json(
+        LORA,
+        f"model_name={path}",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=4",
+        "gpu_model=A100-80GB",
+        "target_modules=c_attn,q_proj,v_proj",
+    )
     assert out["is_valid"] is True
     assert any("not built into transformers" in n for n in out["notes"])
     assert any("intermediate_size / 2" in n for n in out["notes"])
     # Qwen's modelling code fuses q, k, v into c_attn: llama's names match nothing there (peft would fail)
     assert any("target_modules q_proj, v_proj match no layer" in n for n in out["notes"])
-    table = invoke("plan", LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
-                   "gpu_model=A100-80GB", "target_modules=c_attn")  # fmt: skip
+    table = invoke(
+        "plan",
+        LORA,
+        f"model_name={path}",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=4",
+        "gpu_model=A100-80GB",
+        "target_modules=c_attn",
+    )
     assert table.exit_code == 0 and "remote code" in table.output
-    llama_names = plan_json(LORA, f"model_name={path}", "model_max_length=1024", "number_gpus=1", "batch_size=4",
-                            "gpu_model=A100-80GB", "target_modules=q_proj,v_proj")  # fmt: skip
+    llama_names = plan_json(
+        LORA,
+        f"model_name={path}",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=4",
+        "gpu_model=A100-80GB",
+        "target_modules=q_proj,v_proj",
+    )
     assert llama_names["is_valid"] is False and "c_attn" in llama_names["reasons"][0]
 
 
 def test_lora_targets_that_match_nothing_make_the_entity_invalid():
-    out = plan_json(LORA, "model_name=llama3.2-1b", "model_max_length=512", "number_gpus=1", "batch_size=1",
-                    "gpu_model=A100-80GB", "target_modules=c_attn")  # fmt: skip
+    out = plan_json(
+        LORA,
+        "model_name=llama3.2-1b",
+        "model_max_length=512",
+        "number_gpus=1",
+        "batch_size=1",
+        "gpu_model=A100-80GB",
+        "target_modules=c_attn",
+    )
     assert out["is_valid"] is False and "match no layer" in out["reasons"][0] and "q_proj" in out["reasons"][0]
 
 
@@ -68,15 +112,44 @@ COMMON = ("model_name=llama3.2-1b", "model_max_length=1024", "number_gpus=2", "b
 
 
 def test_a_gpu_given_by_its_numbers():
-    slow = plan_json(LORA, *COMMON, "gpu_model=Acme-X1", "--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200",
-                     "--gpu-interconnect-gbps", "64")  # fmt: skip
-    fast = plan_json(LORA, *COMMON, "gpu_model=Acme-X2", "--gpu-memory-gib", "48", "--gpu-bf16-tflops", "800",
-                     "--gpu-interconnect-gbps", "64", "--gpu-memory-bandwidth-gbps", "4000")  # fmt: skip
+    slow = plan_json(
+        LORA,
+        *COMMON,
+        "gpu_model=Acme-X1",
+        "--gpu-memory-gib",
+        "48",
+        "--gpu-bf16-tflops",
+        "200",
+        "--gpu-interconnect-gbps",
+        "64",
+    )
+    fast = plan_json(
+        LORA,
+        *COMMON,
+        "gpu_model=Acme-X2",
+        "--gpu-memory-gib",
+        "48",
+        "--gpu-bf16-tflops",
+        "800",
+        "--gpu-interconnect-gbps",
+        "64",
+        "--gpu-memory-bandwidth-gbps",
+        "4000",
+    )
     assert slow["capacity_gib"] == 48 and fast["capacity_gib"] == 48
     assert fast["train_tokens_per_second"] > 1.5 * slow["train_tokens_per_second"]  # 4x the FLOP/s; fixed costs stay
     assert fast["gpu_memory_allocated_peak_gib"] == pytest.approx(slow["gpu_memory_allocated_peak_gib"])
-    small = plan_json(LORA, *COMMON, "gpu_model=Acme-Tiny", "--gpu-memory-gib", "2", "--gpu-bf16-tflops", "50",
-                      "--gpu-interconnect-gbps", "16")  # fmt: skip
+    small = plan_json(
+        LORA,
+        *COMMON,
+        "gpu_model=Acme-Tiny",
+        "--gpu-memory-gib",
+        "2",
+        "--gpu-bf16-tflops",
+        "50",
+        "--gpu-interconnect-gbps",
+        "16",
+    )
     assert small["is_valid"] is False and small["oom_probability"] > 0.5 and small["headroom_gib"] < 0
 
 
@@ -101,14 +174,22 @@ def test_an_unknown_gpu_without_numbers_says_what_to_give():
 
 def test_a_user_gpu_catalog_file(tmp_path):
     catalog = tmp_path / "gpus.yaml"
-    catalog.write_text("gpus:\n  - name: Acme-Accel-96\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
-                       "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [ACME96]\n")  # fmt: skip
+    catalog.write_text(
+        "gpus:\n  - name: Acme-Accel-96\n    memory_gib: 95.6\n    bf16_tflops: 500\n"
+        "    interconnect_gbps: 128\n    memory_bandwidth_gbps: 1792\n    aliases: [ACME96]\n"
+    )
     out = plan_json(
         LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(catalog)
     )
     assert out["capacity_gib"] == pytest.approx(95.6, abs=0.01) and out["is_valid"] is True
-    env_out = plan_json(LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=Acme-Accel-96",
-                        env={"TUNEBENCH_GPU_CATALOG": str(catalog)})  # fmt: skip
+    env_out = plan_json(
+        LORA,
+        *COMMON[:-2],
+        "number_gpus=1",
+        "batch_size=4",
+        "gpu_model=Acme-Accel-96",
+        env={"TUNEBENCH_GPU_CATALOG": str(catalog)},
+    )
     assert env_out["gpu_memory_allocated_peak_gib"] == out["gpu_memory_allocated_peak_gib"]
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps([{"name": "X", "memory_gib": 10, "bf16_tflops": 100}]))
@@ -142,8 +223,12 @@ def test_compare_over_a_whole_store(tmp_path):
         predicted = plan_json(*args)["dataset_tokens_per_second"]
         measured = float(row["dataset_tokens_per_second"])
         errors.append(abs(100 * (predicted - measured) / measured))
-        item = next(i for i in out["entities"] if i["entity_id"].endswith(f"batch_size.{row['batch_size']}")
-                    and f"model_max_length.{row['model_max_length']}" in i["entity_id"])  # fmt: skip
+        item = next(
+            i
+            for i in out["entities"]
+            if i["entity_id"].endswith(f"batch_size.{row['batch_size']}")
+            and f"model_max_length.{row['model_max_length']}" in i["entity_id"]
+        )
         got = next(r for r in item["comparison"] if r["property"] == "dataset_tokens_per_second")
         assert got["measured"] == pytest.approx(measured)
         assert got["error_percent"] == pytest.approx(100 * (predicted - measured) / measured, rel=1e-3)
@@ -186,9 +271,11 @@ def _phi3_without_factors(tmp_path) -> Path:
 def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path):
     bad = _phi3_without_factors(tmp_path)
     entity = {"model_max_length": 512, "number_gpus": 1, "batch_size": 1, "gpu_model": "A100"}
-    lines = [{"experiment": LORA, "entity": {"model_name": "llama3.2-1b", **entity}},
-             {"experiment": LORA, "entity": {"model_name": str(bad), "target_modules": ["qkv_proj"], **entity}},
-             {"experiment": LORA, "entity": {"model_name": "smollm2-135m", **entity}}]  # fmt: skip
+    lines = [
+        {"experiment": LORA, "entity": {"model_name": "llama3.2-1b", **entity}},
+        {"experiment": LORA, "entity": {"model_name": str(bad), "target_modules": ["qkv_proj"], **entity}},
+        {"experiment": LORA, "entity": {"model_name": "smollm2-135m", **entity}},
+    ]
     batch = tmp_path / "batch.jsonl"
     batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
     res = invoke("plan", "--batch", str(batch), "--json")
@@ -209,8 +296,18 @@ def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, 
 
     bad = _phi3_without_factors(tmp_path)
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
-    code = main(["plan", LORA, f"model_name={bad}", "model_max_length=512", "number_gpus=1", "batch_size=1",
-                 "gpu_model=A100", "target_modules=qkv_proj"])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            LORA,
+            f"model_name={bad}",
+            "model_max_length=512",
+            "number_gpus=1",
+            "batch_size=1",
+            "gpu_model=A100",
+            "target_modules=qkv_proj",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
     assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "Traceback" not in err

@@ -27,15 +27,38 @@ STEP = re.compile(r"^\d\d:\d\d:\d\d measuring: (?:training|trained) step (\d+)/3
 def test_run_shows_step_rate_and_eta_outside_a_terminal(tmp_path):
     model = tmp_path / "config.json"
     model.write_text(json.dumps(TINY_LLAMA))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-           "TUNEBENCH_HOME": str(tmp_path / "home")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+        "TUNEBENCH_HOME": str(tmp_path / "home"),
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "tunebench", "run", "finetune_full_benchmark-v1.0.0", f"model_name={model}",
-         "model_max_length=192", "number_gpus=0", "batch_size=4", "-p", "max_steps=3",
-         "-p", "dataset_id=news-chars-256-entries-32", "--weights", "random", "--no-store",
-         "--output-dir", str(tmp_path / "run")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tunebench",
+            "run",
+            "finetune_full_benchmark-v1.0.0",
+            f"model_name={model}",
+            "model_max_length=192",
+            "number_gpus=0",
+            "batch_size=4",
+            "-p",
+            "max_steps=3",
+            "-p",
+            "dataset_id=news-chars-256-entries-32",
+            "--weights",
+            "random",
+            "--no-store",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     lines = STEP.findall(proc.stderr)
     assert lines, proc.stderr
@@ -47,8 +70,15 @@ def test_run_shows_step_rate_and_eta_outside_a_terminal(tmp_path):
 
 
 def test_step_line_round_trip_and_eta():
-    record = {"step": 4, "max_steps": 10, "elapsed_s": 8.0, "non_pad_tokens_total": 1000, "world_size": 2,
-              "loss": 2.5, "stop_after_s": -1.0}  # fmt: skip
+    record = {
+        "step": 4,
+        "max_steps": 10,
+        "elapsed_s": 8.0,
+        "non_pad_tokens_total": 1000,
+        "world_size": 2,
+        "loss": 2.5,
+        "stop_after_s": -1.0,
+    }
     p = parse_step_line(step_line(record))
     assert p == StepProgress(step=4, elapsed_s=8.0, total_steps=10, tokens=2000, loss=2.5)
     assert p.tokens_per_second == 250.0 and p.eta_s == 12.0  # 6 steps left at 2 s each

@@ -30,8 +30,7 @@ def records(actuator: str, n: int, *, start: int = 0, memory: bool = False) -> l
     out = []
     for i in range(start, start + n):
         gpu = {"number_gpus": 1, "gpu_model": "A100-80GB"} if memory else {"number_gpus": 0}  # GPU memory: a GPU run
-        entity = make_entity(EXP, {"model_name": "smollm2-135m", **gpu, "model_max_length": 128,
-                                   "batch_size": i + 1})  # fmt: skip
+        entity = make_entity(EXP, {"model_name": "smollm2-135m", **gpu, "model_max_length": 128, "batch_size": i + 1})
         props = {"dataset_tokens_per_second": 1000.0 + 10 * (i + 1), "train_runtime": 3.0, "is_valid": 1}
         if memory:
             props["gpu_memory_allocated_peak_gib"] = 0.5 * (i + 1)
@@ -90,7 +89,8 @@ def test_repeats_are_one_row_with_their_mean_and_spread_or_each_its_own_row(tmp_
     rows = show_json(url, capsys)
     assert [(r["batch_size"], r["repeats"]) for r in rows] == [(1, 2), (2, 1)]
     assert rows[0]["dataset_tokens_per_second"] == 1020.0 and rows[0]["dataset_tokens_per_second-std"] == pytest.approx(
-        (2 * 10.0**2) ** 0.5)  # sample standard deviation of 1010 and 1030  # fmt: skip
+        (2 * 10.0**2) ** 0.5
+    )  # sample standard deviation of 1010 and 1030
     assert rows[1]["dataset_tokens_per_second"] == 1020.0 and rows[1]["dataset_tokens_per_second-std"] is None
     every = show_json(url, capsys, "--repeats")
     assert [(r["batch_size"], r["dataset_tokens_per_second"]) for r in every] == [(1, 1010.0), (1, 1030.0), (2, 1020.0)]
@@ -179,11 +179,20 @@ def test_export_of_other_actuators_is_never_read_back_as_measured(tmp_path, caps
 def test_explore_run_and_plan_compare_on_the_store(any_store_url, tmp_path, capsys):
     """explore (and its resume), run and plan --compare, on SQLite and on a PostgreSQL server."""
     space = tmp_path / "space.yaml"
-    space.write_text(json.dumps({
-        "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
-        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": [1, 2]},
-        "actuator": {"name": "noop"},
-    }))  # fmt: skip
+    space.write_text(
+        json.dumps(
+            {
+                "experiments": [{"id": "finetune_full_benchmark-v1.0.0"}],
+                "entity_space": {
+                    "model_name": "smollm2-135m",
+                    "model_max_length": 64,
+                    "number_gpus": 0,
+                    "batch_size": [1, 2],
+                },
+                "actuator": {"name": "noop"},
+            }
+        )
+    )
     assert main(["explore", str(space), "--store", any_store_url, "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["valid"] == 2
     assert main(["explore", str(space), "--store", any_store_url, "--json", "--quiet"]) == 0
@@ -193,9 +202,29 @@ def test_explore_run_and_plan_compare_on_the_store(any_store_url, tmp_path, caps
     capsys.readouterr()
     rows = show_json(any_store_url, capsys, "--sort", "batch_size")
     assert [(r["actuator"], r["batch_size"], r["status"]) for r in rows] == [
-        ("noop", 1, "valid"), ("noop", 2, "valid"), ("measure", 3, "invalid")]  # fmt: skip
+        ("noop", 1, "valid"),
+        ("noop", 2, "valid"),
+        ("measure", 3, "invalid"),
+    ]
     fill(any_store_url, records("measure", 1))  # batch size 1 of EXP, 1010 tokens/s
-    assert main(["plan", EXP.base_id, "-p", "stop_after_seconds=30", "model_name=smollm2-135m", "number_gpus=0",
-                 "model_max_length=128", "batch_size=1", "--compare", "--store", any_store_url, "--json"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                EXP.base_id,
+                "-p",
+                "stop_after_seconds=30",
+                "model_name=smollm2-135m",
+                "number_gpus=0",
+                "model_max_length=128",
+                "batch_size=1",
+                "--compare",
+                "--store",
+                any_store_url,
+                "--json",
+            ]
+        )
+        == 0
+    )
     compared = json.loads(capsys.readouterr().out)
     assert compared["measured"]["properties"]["dataset_tokens_per_second"] == 1010.0

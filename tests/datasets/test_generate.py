@@ -194,8 +194,11 @@ def test_a_stale_file_of_the_117_character_template_is_regenerated(tmp_path):
     path.write_bytes(stale)
     mpath = tmp_path / f"{SMALL}.manifest.json"
     m = json.loads(mpath.read_text())
-    mpath.write_text(json.dumps({**m, "generator_version": "1", "size_bytes": len(stale),
-                                 "sha256": hashlib.sha256(stale).hexdigest()}))  # fmt: skip
+    mpath.write_text(
+        json.dumps(
+            {**m, "generator_version": "1", "size_bytes": len(stale), "sha256": hashlib.sha256(stale).hexdigest()}
+        )
+    )
     assert ensure_dataset(SMALL, tmp_path) == path
     assert {len(json.loads(line)["output"]) for line in path.read_text().splitlines()} == {64 + 127 + 64}
 
@@ -271,8 +274,10 @@ def test_temporaries_of_a_killed_generation_are_removed_by_the_next(tmp_path):
     import signal
     import socket
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(tunebench.__file__).parents[1]),
-                                                        os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(tunebench.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     big = "news-chars-512-entries-100000"  # ~100 MB: still being written when killed
     command = [sys.executable, "-m", "tunebench", "datasets", "generate", big, "--dir", str(tmp_path)]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_bounded)

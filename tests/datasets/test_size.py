@@ -16,9 +16,14 @@ from tunebench.limits import free_disk
 
 @pytest.mark.parametrize(
     "dataset_id",
-    ["news-chars-64-entries-300", "news-chars-2048-entries-100", "news-tokens-100plus-entries-200",
-     "news-tokens-4096plus-entries-40", "vision-384x384-200plus-entries-300"],
-)  # fmt: skip
+    [
+        "news-chars-64-entries-300",
+        "news-chars-2048-entries-100",
+        "news-tokens-100plus-entries-200",
+        "news-tokens-4096plus-entries-40",
+        "vision-384x384-200plus-entries-300",
+    ],
+)
 def test_estimates_follow_the_generator(tmp_path, dataset_id):
     spec = parse_dataset_id(dataset_id)
     if spec.is_vision:
@@ -38,8 +43,11 @@ def test_estimates_follow_the_generator(tmp_path, dataset_id):
 
 
 def test_a_data_set_this_machine_cannot_hold_is_refused_before_anything_is_written(tmp_path):
-    for dataset_id in ("news-chars-512-entries-999999999999", "news-tokens-99999999999plus-entries-1",
-                       "vision-999999x999999-16plus-entries-1"):  # fmt: skip
+    for dataset_id in (
+        "news-chars-512-entries-999999999999",
+        "news-tokens-99999999999plus-entries-1",
+        "vision-999999x999999-16plus-entries-1",
+    ):
         with pytest.raises(InputError) as caught:
             check_room(parse_dataset_id(dataset_id), tmp_path / "data")
         assert caught.value.field == "dataset_id" and "needs about" in caught.value.message

@@ -60,14 +60,31 @@ def _measure(runs, method="lora", version=NEWEST, engine=FMS, **params):
 
 def _run(tmp_path, method, version, engine, **params):
     experiment_id = {"lora": "finetune_lora_benchmark-v1.0.0", "full": "finetune_full_benchmark-v1.0.0"}[method]
-    exp = get_experiment(experiment_id, {"max_steps": STEPS, "dataset_id": DATASET, "gradient_accumulation_steps": 1,
-                                         "fms_hf_tuning_version": version, **params})  # fmt: skip
-    entity = make_entity(exp, {"model_name": "smollm2-135m", "model_max_length": LENGTH, "number_gpus": 0,
-                               "batch_size": BATCH})  # fmt: skip
-    return measure(exp, entity, {
-        "weights": "random", "output_dir": str(tmp_path / f"{engine}-{method}-{version}"),
-        "data_dir": str(tmp_path / "data"), "timeout_seconds": 600, "extra_worker_args": ("--tunebench_tiny", "True"),
-    }, engine=engine)  # fmt: skip
+    exp = get_experiment(
+        experiment_id,
+        {
+            "max_steps": STEPS,
+            "dataset_id": DATASET,
+            "gradient_accumulation_steps": 1,
+            "fms_hf_tuning_version": version,
+            **params,
+        },
+    )
+    entity = make_entity(
+        exp, {"model_name": "smollm2-135m", "model_max_length": LENGTH, "number_gpus": 0, "batch_size": BATCH}
+    )
+    return measure(
+        exp,
+        entity,
+        {
+            "weights": "random",
+            "output_dir": str(tmp_path / f"{engine}-{method}-{version}"),
+            "data_dir": str(tmp_path / "data"),
+            "timeout_seconds": 600,
+            "extra_worker_args": ("--tunebench_tiny", "True"),
+        },
+        engine=engine,
+    )
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
@@ -118,8 +135,9 @@ def test_the_same_entity_through_both_engines_counts_the_same_tokens(engines_dir
 
 def test_a_plugin_the_version_does_not_drive_is_invalid(engines_dir, tmp_path):
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", {"fms_hf_tuning_version": "2.1.2", "fast_moe": 1})
-    entity = make_entity(exp, {"model_name": "granite-3.0-1b-a400m-base", "model_max_length": 128,
-                               "number_gpus": 0, "batch_size": 2})  # fmt: skip
+    entity = make_entity(
+        exp, {"model_name": "granite-3.0-1b-a400m-base", "model_max_length": 128, "number_gpus": 0, "batch_size": 2}
+    )
     result = measure(exp, entity, {"output_dir": str(tmp_path / "moe")}, engine=FMS)
     assert result.status == "invalid" and result.actuator == FMS
     assert any("2.4.0" in r for r in result.reasons), result.reasons
@@ -179,10 +197,26 @@ def test_the_launch_plan_runs_fms_hf_tuning_where_the_spec_runs_tuning_sft_train
     from tunebench.actuators.launch import build_launch_plan
 
     exp = get_experiment("finetune_lora_benchmark-v1.0.0")
-    one = make_entity(exp, {"model_name": "llama3-8b", "model_max_length": 1024, "number_gpus": 1,
-                            "gpu_model": "NVIDIA-A100-SXM4-80GB", "batch_size": 4})  # fmt: skip
-    four = make_entity(exp, {"model_name": "llama3-8b", "model_max_length": 1024, "number_gpus": 4,
-                             "gpu_model": "NVIDIA-A100-SXM4-80GB", "batch_size": 4})  # fmt: skip
+    one = make_entity(
+        exp,
+        {
+            "model_name": "llama3-8b",
+            "model_max_length": 1024,
+            "number_gpus": 1,
+            "gpu_model": "NVIDIA-A100-SXM4-80GB",
+            "batch_size": 4,
+        },
+    )
+    four = make_entity(
+        exp,
+        {
+            "model_name": "llama3-8b",
+            "model_max_length": 1024,
+            "number_gpus": 4,
+            "gpu_model": "NVIDIA-A100-SXM4-80GB",
+            "batch_size": 4,
+        },
+    )
     single = build_launch_plan(exp, one, engine=FMS).nodes[0].command
     assert single[:3] == ["python", "-m", "tunebench.engines.fms_worker"]  # spec: python -m tuning.sft_trainer
     fsdp = build_launch_plan(exp, four, engine=FMS).nodes[0].command

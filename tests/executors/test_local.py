@@ -137,8 +137,12 @@ def test_detect_gpus_on_this_machine():
     """The real NVML against the driver's own tool: nvidia-smi's list (none where it is absent)."""
     expected = []
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if out.returncode == 0:
             expected = [
                 Gpu(*(x.strip() for x in line.split(",", 1))) for line in out.stdout.splitlines() if line.strip()
@@ -152,8 +156,10 @@ def test_detect_gpus_on_this_machine():
 def test_cpu_entity_over_several_nodes_reaches_the_actuator_which_judges_it(tmp_path):
     """number_gpus 0 with number_nodes 2 satisfies rule 2 (0 % 2 == 0); a CPU run asks for one machine, and the
     measuring actuator judges it (no node would run a process): invalid, not a retried executor failure."""
-    entity = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 2,
-                               "number_gpus": 0, "number_nodes": 2})  # fmt: skip
+    entity = make_entity(
+        EXP,
+        {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 2, "number_gpus": 0, "number_nodes": 2},
+    )
     options = {"weights": "random", "output_dir": str(tmp_path / "run")}
     t = make_task(0, 1, "measure", EXP, entity, options)
     assert t.number_nodes == 1 and t.number_gpus == 0

@@ -118,18 +118,47 @@ def test_two_node_ddp_training_with_the_measuring_actuator(cluster, tmp_path, ac
     from tunebench.executors.ray import RayExecutor
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                  "vocab_size": 512, "max_position_embeddings": 512}))  # fmt: skip
-    spec = parse_space({
-        "experiments": [{"id": "finetune_full_benchmark-v1.0.0",
-                         "parameters": {"max_steps": 3, "dataset_id": "news-chars-256-entries-32",
-                                        "gradient_accumulation_steps": 1, "fms_hf_tuning_version": "3.2.2"}}],
-        "entity_space": {"model_name": str(config), "model_max_length": 192, "number_gpus": 2, "number_nodes": 2,
-                         "batch_size": 4, "gpu_model": L40S, "distributed_backend": "DDP", "flash_attn": False},
-        "actuator": {"name": actuator, "weights": "random", "timeout_seconds": 300},
-        "operation": {"sampler": "grid"},
-    })  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+                "max_position_embeddings": 512,
+            }
+        )
+    )
+    spec = parse_space(
+        {
+            "experiments": [
+                {
+                    "id": "finetune_full_benchmark-v1.0.0",
+                    "parameters": {
+                        "max_steps": 3,
+                        "dataset_id": "news-chars-256-entries-32",
+                        "gradient_accumulation_steps": 1,
+                        "fms_hf_tuning_version": "3.2.2",
+                    },
+                }
+            ],
+            "entity_space": {
+                "model_name": str(config),
+                "model_max_length": 192,
+                "number_gpus": 2,
+                "number_nodes": 2,
+                "batch_size": 4,
+                "gpu_model": L40S,
+                "distributed_backend": "DDP",
+                "flash_attn": False,
+            },
+            "actuator": {"name": actuator, "weights": "random", "timeout_seconds": 300},
+            "operation": {"sampler": "grid"},
+        }
+    )
     with Store(tmp_path / "s.db") as store:
         summary = explore(spec, store, RayExecutor(), Settings(max_parallel=1, max_retries=0, output_root=tmp_path))
         (row,) = store.rows(operation_id=summary.operation_id)

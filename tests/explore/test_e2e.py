@@ -20,7 +20,11 @@ def test_minimal_space_measured_for_real(tmp_path):
         rows = store.rows(operation_id=summary.operation_id)
         assert summary.valid == 4, [r["error"] for r in rows]
         assert sorted((r["entity"]["model_max_length"], r["entity"]["batch_size"]) for r in rows) == [
-            (320, 1), (320, 2), (384, 1), (384, 2)]  # fmt: skip
+            (320, 1),
+            (320, 2),
+            (384, 1),
+            (384, 2),
+        ]
         for row in rows:
             props, length, batch = row["properties"], row["entity"]["model_max_length"], row["entity"]["batch_size"]
             runtime = props["train_runtime"]

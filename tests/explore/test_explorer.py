@@ -31,7 +31,7 @@ def make_space(actuator: str, *, lengths=(64, 128), batches=(1, 2), operation=No
             "model_max_length": list(lengths),
             "batch_size": list(batches),
             "number_gpus": [0],
-        },  # fmt: skip
+        },
         "actuator": {"name": f"{TESTING}:{actuator}", **options},
         "operation": operation or {"sampler": "grid"},
     }
@@ -124,9 +124,15 @@ def test_failed_measurements_are_reported_after_max_retries(tmp_path, capsys):
 def test_optimize_finds_the_best_point_with_fewer_measurements_than_the_grid(tmp_path):
     log = tmp_path / "calls.jsonl"
     lengths, batches = tuple(range(64, 513, 64)), (1, 2, 3, 4, 6, 8)  # 8 x 6 = 48 entities
-    space = make_space("sleepy", lengths=lengths, batches=batches, call_log=str(log), peak_len=256, peak_batch=4,
-                       operation={"sampler": "optimize", "metric": "dataset_tokens_per_second", "budget": 20,
-                                  "seed": 0})  # fmt: skip
+    space = make_space(
+        "sleepy",
+        lengths=lengths,
+        batches=batches,
+        call_log=str(log),
+        peak_len=256,
+        peak_batch=4,
+        operation={"sampler": "optimize", "metric": "dataset_tokens_per_second", "budget": 20, "seed": 0},
+    )
     summary = run(space, tmp_path / "s.db")
     measured = {c["entity"] for c in calls(log) if c["event"] == "end"}
     assert summary.best["entity"]["model_max_length"] == 256 and summary.best["entity"]["batch_size"] == 4
@@ -138,17 +144,33 @@ def test_optimize_finds_the_best_point_with_fewer_measurements_than_the_grid(tmp
 
 
 def test_optimize_treats_invalid_as_worst(tmp_path):
-    space = make_space("oom_above", lengths=(64, 128, 192, 256), batches=(1, 2, 4, 8, 16), max_batch=4,
-                       operation={"sampler": "optimize", "budget": 12, "seed": 3})  # fmt: skip
+    space = make_space(
+        "oom_above",
+        lengths=(64, 128, 192, 256),
+        batches=(1, 2, 4, 8, 16),
+        max_batch=4,
+        operation={"sampler": "optimize", "budget": 12, "seed": 3},
+    )
     summary = run(space, tmp_path / "s.db")
     with Store(tmp_path / "s.db") as store:
         rows = store.rows(operation_id=summary.operation_id)
     measured = [(r["entity"]["model_max_length"], r["entity"]["batch_size"], r["status"]) for r in rows]
     # what TPE (Optuna, seed 3; 4 random start-up trials, then 8 guided by the scores) asks for when an
     # invalid point scores -inf (the worst): a different score for invalid points changes the sequence
-    assert measured == [(192, 8, "invalid"), (128, 4, "valid"), (256, 16, "invalid"), (64, 2, "valid"),
-                        (192, 1, "valid"), (64, 16, "invalid"), (256, 4, "valid"), (192, 2, "valid"),
-                        (128, 1, "valid"), (256, 2, "valid"), (64, 8, "invalid"), (256, 8, "invalid")]  # fmt: skip
+    assert measured == [
+        (192, 8, "invalid"),
+        (128, 4, "valid"),
+        (256, 16, "invalid"),
+        (64, 2, "valid"),
+        (192, 1, "valid"),
+        (64, 16, "invalid"),
+        (256, 4, "valid"),
+        (192, 2, "valid"),
+        (128, 1, "valid"),
+        (256, 2, "valid"),
+        (64, 8, "invalid"),
+        (256, 8, "invalid"),
+    ]
     assert all((status == "invalid") == (batch > 4) for _, batch, status in measured)  # max_batch=4
     for r in rows:  # the made-up property of tests/fake_actuators.py, written out
         length, batch = r["entity"]["model_max_length"], r["entity"]["batch_size"]
@@ -270,8 +292,9 @@ def test_kill_9_of_one_of_two_explorers_the_survivor_finishes_its_points(tmp_pat
     the dead one's point (dead process on this host) and every point ends measured, none left running."""
     log, db, release = tmp_path / "calls.jsonl", tmp_path / "s.db", tmp_path / "release"
     # every measurement waits for the release file: neither explorer can finish before both measure
-    space = make_space("sleepy", lengths=(64, 128), batches=(1,), call_log=str(log), sleep_s=0.5,
-                       hold_until=str(release))  # fmt: skip
+    space = make_space(
+        "sleepy", lengths=(64, 128), batches=(1,), call_log=str(log), sleep_s=0.5, hold_until=str(release)
+    )
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     Store(db).close()
     victim = start_explorer(tmp_path / "space.yaml", db, "--max-parallel", "1")

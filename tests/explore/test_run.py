@@ -19,7 +19,7 @@ SPACE = {
         "number_gpus": 0,
         "model_max_length": [128, 256],
         "batch_size": [0, 1, 2],
-    },  # fmt: skip
+    },
     "actuator": {"name": "noop"},
     "operation": {"sampler": "grid"},
     "execution": {"max_parallel": 2, "max_retries": 0},

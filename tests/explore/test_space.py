@@ -48,13 +48,25 @@ def test_every_example_parses():
 
 
 def test_ranges_fixed_values_and_operation_id():
-    spec = space(entity_space={"model_name": "smollm2-135m", "number_gpus": 0, "batch_size": [1, 2],
-                               "model_max_length": {"min": 64, "max": 300, "step": 64}})  # fmt: skip
+    spec = space(
+        entity_space={
+            "model_name": "smollm2-135m",
+            "number_gpus": 0,
+            "batch_size": [1, 2],
+            "model_max_length": {"min": 64, "max": 300, "step": 64},
+        }
+    )
     dims = {d.name: d.values for d in spec.dimensions}
     assert dims["model_max_length"] == (64, 128, 192, 256) and dims["number_gpus"] == (0,)
     assert spec.size == 8
-    same = space(entity_space={"model_name": "smollm2-135m", "number_gpus": 0, "batch_size": [1, 2],
-                               "model_max_length": [64, 128, 192, 256]})  # fmt: skip
+    same = space(
+        entity_space={
+            "model_name": "smollm2-135m",
+            "number_gpus": 0,
+            "batch_size": [1, 2],
+            "model_max_length": [64, 128, 192, 256],
+        }
+    )
     assert same.operation_id == spec.operation_id  # the range and the list are the same points
     assert space(actuator={"weights": "pretrained"}).operation_id == space().operation_id  # options are not identity
     assert space(operation={"sampler": "random", "n": 2}).operation_id != space().operation_id

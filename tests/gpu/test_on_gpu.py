@@ -29,8 +29,13 @@ GIB = 2**30
 def nvidia_smi(*fields: str) -> list[list[str]]:
     """One row per GPU of ``nvidia-smi --query-gpu=<fields>`` (the driver's tool, not NVML's Python binding)."""
     assert shutil.which("nvidia-smi"), "nvidia-smi is not on PATH"
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return [[x.strip() for x in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -87,8 +92,14 @@ def _gptq_checkpoint(tmp_path: Path) -> Path:
 
     texts = [json.loads(line)["output"] for line in write_data(tmp_path / "data.jsonl").read_text().splitlines()]
     tok = train_bpe_tokenizer(texts, 300)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tok))  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tok),
+    )
     plain = tmp_path / "plain"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float16).save_pretrained(plain)
     tok.save_pretrained(plain)
@@ -106,9 +117,16 @@ def test_gptq_lora_trains_on_the_gpu(tmp_path):
     --fused_lora are refused by it (only the fms-hf-tuning engine runs them)."""
     checkpoint = _gptq_checkpoint(tmp_path)
     rc, r, agg = gpu_run(
-        tmp_path, "--auto_gptq", "triton_v2", peft_method="lora", fp16="true", torch_dtype="float16",
-        model_name_or_path=str(checkpoint), weights="pretrained", tunebench_tiny="False",
-    )  # fmt: skip
+        tmp_path,
+        "--auto_gptq",
+        "triton_v2",
+        peft_method="lora",
+        fp16="true",
+        torch_dtype="float16",
+        model_name_or_path=str(checkpoint),
+        weights="pretrained",
+        tunebench_tiny="False",
+    )
     assert rc == 0 and r["status"] == "ok", r.get("reason")
     assert r["metadata"]["quantization"] == "gptq" and r["metadata"]["weights"] == "pretrained"
     assert_trained_on_the_gpu(r, agg, tmp_path)
@@ -151,9 +169,17 @@ def test_nvml_agrees_with_nvidia_smi_while_the_gpu_works():
 
 
 def tiny_config(tmp_path: Path, **dims) -> str:
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-              "max_position_embeddings": 4096, **dims}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        **dims,
+    }
     path = tmp_path / "model" / "config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config))
@@ -164,8 +190,10 @@ def measure_on_gpu(tmp_path: Path, config: str, parameters: dict, entity: dict):
     from tunebench.actuators.measure import measure
     from tunebench.spec.experiments import get_experiment, make_entity
 
-    exp = get_experiment("finetune_full_benchmark-v1.0.0", {"dataset_id": "news-chars-2048-entries-4096",
-                                                            "gradient_accumulation_steps": 1, **parameters})  # fmt: skip
+    exp = get_experiment(
+        "finetune_full_benchmark-v1.0.0",
+        {"dataset_id": "news-chars-2048-entries-4096", "gradient_accumulation_steps": 1, **parameters},
+    )
     from tunebench.catalog import get_gpu
 
     gpu_model = get_gpu(nvidia_smi("name")[0][0]).name  # this machine's GPU as the catalog names it
@@ -188,13 +216,23 @@ def test_torch_peak_memory_holds_weights_gradients_and_adam_states(tmp_path):
     """Full fine-tuning in float32 with AdamW keeps 4 B of weights, 4 B of gradients and 8 B of optimizer
     state per parameter after the first step: the allocated peak is at least 16 B x parameters, and
     the activations of 4 x 256 tokens of a 1,024-wide, 8-layer model add well under 2 GiB."""
-    dims = {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
-            "num_key_value_heads": 16, "vocab_size": 32000}  # fmt: skip
+    dims = {
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 32000,
+    }
     per_layer = 4 * 1024 * 1024 + 3 * 1024 * 2816 + 2 * 1024  # q k v o, gate up down, two RMSNorms
     params = 8 * per_layer + 2 * 32000 * 1024 + 1024  # + embeddings, untied head, final norm
     config = tiny_config(tmp_path, **dims)
-    result = measure_on_gpu(tmp_path, config, {"max_steps": 3, "torch_dtype": "float32", "gradient_checkpointing": False},
-                            {"model_max_length": 256, "batch_size": 4})  # fmt: skip
+    result = measure_on_gpu(
+        tmp_path,
+        config,
+        {"max_steps": 3, "torch_dtype": "float32", "gradient_checkpointing": False},
+        {"model_max_length": 256, "batch_size": 4},
+    )
     assert result.status == "valid", (result.error, result.log_tail)
     p = result.properties
     floor = 16 * params / GIB

@@ -60,8 +60,11 @@ def test_read_spec_layout(tmp_path):
     path = tmp_path / "ado.csv"
     path.write_text(SPEC_CSV)
     recs = read_csv(path)
-    assert [r.experiment_id for r in recs] == ["finetune_full_benchmark-v1.0.0", "finetune_lora_benchmark-v1.0.0",
-                                               "finetune_full_benchmark-v1.0.0"]  # fmt: skip
+    assert [r.experiment_id for r in recs] == [
+        "finetune_full_benchmark-v1.0.0",
+        "finetune_lora_benchmark-v1.0.0",
+        "finetune_full_benchmark-v1.0.0",
+    ]
     assert recs[0].values["stop_after_seconds"] == 30 and recs[0].values["flash_attn"] is False
     assert recs[0].values["fms_hf_tuning_version"] == "2.8.2"
     assert recs[1].properties["gpu_memory_peak_gib"] == pytest.approx(0.55 * 80)
@@ -71,11 +74,21 @@ def test_read_spec_layout(tmp_path):
 
 
 def test_records_from_store_triples():
-    recs = records_from_store([
-        ("finetune_lora_benchmark-v1.0.0", {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 1,
-                                            "batch_size": 4, "gpu_model": "NVIDIA-A100-SXM4-80GB"},
-         {"is_valid": 1, "gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0}),
-    ])  # fmt: skip
+    recs = records_from_store(
+        [
+            (
+                "finetune_lora_benchmark-v1.0.0",
+                {
+                    "model_name": "llama3.1-8b",
+                    "model_max_length": 2048,
+                    "number_gpus": 1,
+                    "batch_size": 4,
+                    "gpu_model": "NVIDIA-A100-SXM4-80GB",
+                },
+                {"is_valid": 1, "gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0},
+            ),
+        ]
+    )
     assert recs[0].values["target_modules"] == ("q_proj", "v_proj") and recs[0].values["r"] == 4
 
 
@@ -99,8 +112,16 @@ def test_store_records_use_measurements_only(tmp_path):
     from tunebench.store.store import Record as StoreRecord
 
     exp = get_experiment("finetune_lora_benchmark-v1.0.0")
-    ent = make_entity(exp, {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 1, "batch_size": 4,
-                            "gpu_model": "A100-80GB"})  # fmt: skip
+    ent = make_entity(
+        exp,
+        {
+            "model_name": "llama3.1-8b",
+            "model_max_length": 2048,
+            "number_gpus": 1,
+            "batch_size": 4,
+            "gpu_model": "A100-80GB",
+        },
+    )
     measured = Result.valid(
         exp.id, ent.id, {"gpu_memory_utilization_peak": 50.0, "train_tokens_per_gpu_per_second": 3000.0}
     )
@@ -119,8 +140,18 @@ def test_cli_calibrate_from_csv(fms_csv, tmp_path):
     saved = Calibration.load(out)
     assert saved.records == 9 and "mistral-7b-v0.1" in saved.models
     assert json.loads(res.stdout)["saved_to"] == str(out)
-    res = invoke("plan", "finetune_lora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024",
-                 "number_gpus=1", "batch_size=2", "gpu_model=A100-80GB", "--calibration", str(out), "--json")  # fmt: skip
+    res = invoke(
+        "plan",
+        "finetune_lora_benchmark-v1.0.0",
+        "model_name=llama3.1-8b",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=2",
+        "gpu_model=A100-80GB",
+        "--calibration",
+        str(out),
+        "--json",
+    )
     assert res.exit_code == 0 and json.loads(res.output)["calibration"] == saved.source
 
 

@@ -29,8 +29,18 @@ def test_seed_002_worked_examples(quantization, exact, rounded):
     assert spec.gpu_memory_gb == exact
     assert spec.cpu_memory_gb == rounded
     assert (spec.num_gpus, spec.num_cpus) == (1, 2)
-    res = invoke("deploy-spec", "--params-b", "10", "--quantization", quantization, "--adapters", "2",
-                 "--adapter-size-gb", "0.125", "--json")  # fmt: skip
+    res = invoke(
+        "deploy-spec",
+        "--params-b",
+        "10",
+        "--quantization",
+        quantization,
+        "--adapters",
+        "2",
+        "--adapter-size-gb",
+        "0.125",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["gpu_memory_gb"] == exact and out["cpu_memory_gb"] == rounded
@@ -94,8 +104,19 @@ def test_post_sends_the_body_with_a_bearer_token_to_a_local_server():
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/v2/hardware_specifications?space_id=s1"
-        res = invoke("deploy-spec", "--params-b", "10", "--adapters", "2", "--post", url, "--token-env", "TB_TEST_TOKEN",
-                     "--json", env={"TB_TEST_TOKEN": "secret-1"})  # fmt: skip
+        res = invoke(
+            "deploy-spec",
+            "--params-b",
+            "10",
+            "--adapters",
+            "2",
+            "--post",
+            url,
+            "--token-env",
+            "TB_TEST_TOKEN",
+            "--json",
+            env={"TB_TEST_TOKEN": "secret-1"},
+        )
         assert res.exit_code == 0, res.output
         out = json.loads(res.stdout)
         assert out["post"]["status"] == 201 and out["post"]["body"]["metadata"]["asset_id"] == "hw-1"
@@ -108,8 +129,16 @@ def test_post_sends_the_body_with_a_bearer_token_to_a_local_server():
 
 
 def test_post_without_a_token_is_an_input_error():
-    res = invoke("deploy-spec", "--params-b", "10", "--post", "http://127.0.0.1:9/x", "--token-env", "TB_UNSET_TOKEN_X",
-                 env={"TB_UNSET_TOKEN_X": ""})  # fmt: skip
+    res = invoke(
+        "deploy-spec",
+        "--params-b",
+        "10",
+        "--post",
+        "http://127.0.0.1:9/x",
+        "--token-env",
+        "TB_UNSET_TOKEN_X",
+        env={"TB_UNSET_TOKEN_X": ""},
+    )
     assert isinstance(res.exception, InputError) and res.exception.field == "--token-env"
 
 
@@ -165,8 +194,17 @@ def test_post_does_not_follow_a_redirect_to_another_origin(code):
     _Redirector.code, _Redirector.to = code, f"http://localhost:{thief.server_port}/steal"
     try:
         url = f"http://127.0.0.1:{origin.server_port}/v2/hardware_specifications"
-        res = invoke("deploy-spec", "--params-b", "10", "--post", url, "--token-env", "TB_TEST_TOKEN", "--json",
-                     env={"TB_TEST_TOKEN": "secret-2"})  # fmt: skip
+        res = invoke(
+            "deploy-spec",
+            "--params-b",
+            "10",
+            "--post",
+            url,
+            "--token-env",
+            "TB_TEST_TOKEN",
+            "--json",
+            env={"TB_TEST_TOKEN": "secret-2"},
+        )
         assert res.exit_code == 1, res.output  # not ok: the spec was not created
         out = json.loads(res.stdout)
         assert out["post"]["status"] == code and out["post"]["ok"] is False
@@ -260,24 +298,62 @@ def test_an_endless_reply_is_cut_at_the_cap_in_bounded_memory():
     with _serving(_Flood) as url:
         env = {**os.environ, "TB_TEST_TOKEN": "t"}
         limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))  # noqa: E731
-        proc = subprocess.run([sys.executable, "-m", "tunebench", "deploy-spec", "--params-b", "7", "--post", url,
-                               "--token-env", "TB_TEST_TOKEN"], capture_output=True, text=True, timeout=60, env=env,
-                              preexec_fn=limit)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunebench",
+                "deploy-spec",
+                "--params-b",
+                "7",
+                "--post",
+                url,
+                "--token-env",
+                "TB_TEST_TOKEN",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            preexec_fn=limit,
+        )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "error: --post: the reply is larger than 1024 KiB: not a hardware spec reply"]  # fmt: skip
+        "error: --post: the reply is larger than 1024 KiB: not a hardware spec reply"
+    ]
 
 
 def test_a_reply_that_drips_is_cut_at_the_total_deadline():
     # a real process under bounded memory and CPU time: per-read timeouts alone would wait 1,000 x 0.2 s
     with _serving(_Drip) as url:
         env = {**os.environ, "TB_TEST_TOKEN": "t"}
-        limit = lambda: (resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29)),  # noqa: E731
-                         resource.setrlimit(resource.RLIMIT_CPU, (60, 60)))  # fmt: skip
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))
+            resource.setrlimit(resource.RLIMIT_CPU, (60, 60))
+
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "tunebench", "deploy-spec", "--params-b", "7", "--post", url,
-                               "--token-env", "TB_TEST_TOKEN", "--timeout", "2"], capture_output=True, text=True,
-                              timeout=60, env=env, preexec_fn=limit)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tunebench",
+                "deploy-spec",
+                "--params-b",
+                "7",
+                "--post",
+                url,
+                "--token-env",
+                "TB_TEST_TOKEN",
+                "--timeout",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            preexec_fn=limit,
+        )
         elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
     assert re.fullmatch(r"error: --post: no complete reply from \S+ within 2 s", proc.stderr.strip()), proc.stderr
@@ -301,8 +377,17 @@ class _Echo(BaseHTTPRequestHandler):
 
 def test_a_server_that_echoes_the_request_never_gets_the_token_printed():
     with _serving(_Echo) as url:
-        res = invoke("deploy-spec", "--params-b", "7", "--post", url, "--token-env", "TB_TEST_TOKEN", "--json",
-                     env={"TB_TEST_TOKEN": "s3cr3t-value-42"})  # fmt: skip
+        res = invoke(
+            "deploy-spec",
+            "--params-b",
+            "7",
+            "--post",
+            url,
+            "--token-env",
+            "TB_TEST_TOKEN",
+            "--json",
+            env={"TB_TEST_TOKEN": "s3cr3t-value-42"},
+        )
     assert res.exit_code == 0, res.output
     assert "s3cr3t-value-42" not in res.output
     assert json.loads(res.stdout)["post"]["body"]["headers"]["Authorization"] == "Bearer ***"
@@ -310,7 +395,15 @@ def test_a_server_that_echoes_the_request_never_gets_the_token_printed():
 
 @pytest.mark.parametrize("token", ["abc\nsecond-half", "abc\x01second-half", "abc\u00e9second-half"])
 def test_a_token_that_is_not_one_line_of_ascii_is_refused_unshown(token):
-    res = invoke("deploy-spec", "--params-b", "7", "--post", "http://127.0.0.1:9/x", "--token-env", "TB_TEST_TOKEN",
-                 env={"TB_TEST_TOKEN": token})  # fmt: skip
+    res = invoke(
+        "deploy-spec",
+        "--params-b",
+        "7",
+        "--post",
+        "http://127.0.0.1:9/x",
+        "--token-env",
+        "TB_TEST_TOKEN",
+        env={"TB_TEST_TOKEN": token},
+    )
     assert isinstance(res.exception, InputError) and res.exception.field == "--token-env"
     assert "second-half" not in str(res.exception) and "second-half" not in res.output

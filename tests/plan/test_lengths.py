@@ -48,8 +48,10 @@ def test_avg_tokens_shortens_time_and_cost_as_the_throughput_model_says(capsys):
     # same plan at 1 token per sample measures.
     experiment = get_experiment(LORA)
     _, values = _effective_values(experiment, make_entity(experiment, parse_assignments(ENTITY)), {})
-    fpt = {n: flops_per_token(build_workload("lora", [values], lengths=SampleLengths((n,), "", False)))[0]
-           for n in (256, 4096)}  # fmt: skip
+    fpt = {
+        n: flops_per_token(build_workload("lora", [values], lengths=SampleLengths((n,), "", False)))[0]
+        for n in (256, 4096)
+    }
     assert fpt[256] < fpt[4096]
     assert ratio >= 256 / 4096 * fpt[256] / fpt[4096]
     assert ratio <= 256 / 4096 + one["step_seconds"] / full["step_seconds"]
@@ -71,8 +73,9 @@ def test_recommend_and_the_api_take_the_lengths_too(capsys):
     row = dict(a.split("=") for a in ENTITY)
     plans = api.plan([row, row], LORA, avg_tokens=256)
     assert plans["tokens_per_sample"].tolist() == [256, 256]
-    assert plans["train_runtime"].iloc[0] == pytest.approx(plan_json(capsys, *ENTITY, "--avg-tokens", "256")
-                                                         ["train_runtime"], rel=1e-3)  # fmt: skip
+    assert plans["train_runtime"].iloc[0] == pytest.approx(
+        plan_json(capsys, *ENTITY, "--avg-tokens", "256")["train_runtime"], rel=1e-3
+    )
     rec = api.recommend(LORA, row, max_gpus=2, avg_tokens=256)
     assert rec["cheapest"]["train_runtime"] == pytest.approx(short["cheapest"]["train_runtime"], rel=1e-3)
     with pytest.raises(InputError) as err:
@@ -104,8 +107,9 @@ def test_a_jsonl_file_gives_its_mean_and_memory_its_longest(tmp_path, capsys):
     # padding to the longest of each micro-batch of 8: more time than samples of the mean length
     assert out["train_runtime"] > mean_only["train_runtime"]
     assert any(f"longest sample ({max(counts)} tokens" in n and "exact" in n for n in out["notes"])
-    assert api.plan([dict(a.split("=") for a in [*SMALL, "model_max_length=2048"])], LORA, lengths=tmp_path / "data.jsonl")[
-        "tokens_per_sample"].iloc[0] == pytest.approx(np.mean(counts), rel=1e-4)  # fmt: skip
+    assert api.plan(
+        [dict(a.split("=") for a in [*SMALL, "model_max_length=2048"])], LORA, lengths=tmp_path / "data.jsonl"
+    )["tokens_per_sample"].iloc[0] == pytest.approx(np.mean(counts), rel=1e-4)
 
 
 def test_padding_is_the_expected_longest_of_a_micro_batch():
@@ -121,12 +125,17 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [(["--avg-tokens", "0"], "--avg-tokens"), (["--avg-tokens", "nan"], "--avg-tokens"),
-     (["--avg-tokens", "many"], "--avg-tokens"), (["--avg-tokens", "256", "--lengths", "{ok}"], "--avg-tokens"),
-     (["--lengths", "{tmp}/missing.jsonl"], "--lengths"), (["--lengths", "{tmp}/empty.jsonl"], "--lengths"),
-     (["--lengths", "{tmp}/notjson.jsonl"], "--lengths notjson.jsonl line 2"),
-     (["--lengths", "{tmp}/notext.jsonl"], "--lengths notext.jsonl line 1")],
-)  # fmt: skip
+    [
+        (["--avg-tokens", "0"], "--avg-tokens"),
+        (["--avg-tokens", "nan"], "--avg-tokens"),
+        (["--avg-tokens", "many"], "--avg-tokens"),
+        (["--avg-tokens", "256", "--lengths", "{ok}"], "--avg-tokens"),
+        (["--lengths", "{tmp}/missing.jsonl"], "--lengths"),
+        (["--lengths", "{tmp}/empty.jsonl"], "--lengths"),
+        (["--lengths", "{tmp}/notjson.jsonl"], "--lengths notjson.jsonl line 2"),
+        (["--lengths", "{tmp}/notext.jsonl"], "--lengths notext.jsonl line 1"),
+    ],
+)
 @pytest.mark.parametrize("command", ["plan", "recommend"])
 def test_bad_lengths_are_one_line_exit_2(tmp_path, capsys, args, field, command):
     (tmp_path / "ok.jsonl").write_text('{"output": "a b c"}\n')

@@ -31,9 +31,15 @@ def workload(method: str = "full", **props):
     """A Workload of one entity; keys starting with '_' are the planner's private settings (records)."""
     exp = get_experiment(EXP[method])
     private = {k: v for k, v in props.items() if k.startswith("_")}
-    raw = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
-           "gpu_model": "A100-80GB", "gradient_accumulation_steps": 1,
-           **{k: v for k, v in props.items() if k not in private}}  # fmt: skip
+    raw = {
+        "model_name": "smollm2-135m",
+        "model_max_length": 512,
+        "number_gpus": 1,
+        "batch_size": 1,
+        "gpu_model": "A100-80GB",
+        "gradient_accumulation_steps": 1,
+        **{k: v for k, v in props.items() if k not in private},
+    }
     values = {**effective_values(exp, make_entity(exp, raw)), **private}
     return build_workload(exp.method, [values])
 
@@ -90,11 +96,13 @@ def test_shard_grad_op_keeps_every_parameter_gathered():
 
 def test_hybrid_shard_shards_within_a_node_and_no_shard_not_at_all():
     n = get_model("smollm2-135m").total_params
-    hybrid = memory_breakdown(workload("full", number_gpus=8, number_nodes=2, batch_size=8,
-                                       fsdp_sharding_strategy="HYBRID_SHARD"), UNIT)  # fmt: skip
+    hybrid = memory_breakdown(
+        workload("full", number_gpus=8, number_nodes=2, batch_size=8, fsdp_sharding_strategy="HYBRID_SHARD"), UNIT
+    )
     assert states(hybrid) == pytest.approx(10 * n / 4)  # 4 GPUs per node
-    zero2 = memory_breakdown(workload("full", number_gpus=8, number_nodes=2, batch_size=8,
-                                      fsdp_sharding_strategy="HYBRID_SHARD_ZERO2"), UNIT)  # fmt: skip
+    zero2 = memory_breakdown(
+        workload("full", number_gpus=8, number_nodes=2, batch_size=8, fsdp_sharding_strategy="HYBRID_SHARD_ZERO2"), UNIT
+    )
     assert zero2["gathered_weights"][0] == pytest.approx(n * 2 * 3 / 4)
     none = memory_breakdown(workload("full", number_gpus=8, batch_size=8, fsdp_sharding_strategy="NO_SHARD"), UNIT)
     assert states(none) == pytest.approx(10 * n) and none["gathered_weights"][0] == 0
@@ -209,8 +217,13 @@ def test_more_gpus_with_fsdp_never_raise_per_gpu_model_states(model, method):
 def test_longer_sequences_never_lower_activation_memory(model, checkpointing):
     previous = -1.0
     for length in (128, 512, 1024, 4096, 16384, 32768, 65536):
-        w = workload("lora", model_name=model, model_max_length=length, gradient_checkpointing=checkpointing,
-                     target_modules="q_proj,v_proj")  # fmt: skip
+        w = workload(
+            "lora",
+            model_name=model,
+            model_max_length=length,
+            gradient_checkpointing=checkpointing,
+            target_modules="q_proj,v_proj",
+        )
         b = memory_breakdown(w, UNIT)
         acts = float(b["activations"][0] + b["loss"][0])
         assert acts >= previous
@@ -239,9 +252,18 @@ def test_oom_probability_is_the_normal_error_of_the_log_ratio():
 @pytest.mark.slow
 def test_config_json_models_plan_like_their_catalog_twin(tmp_path):
     spec = get_model("llama3.2-1b")
-    cfg = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
-           "max_position_embeddings": 131072, "tie_word_embeddings": True}  # fmt: skip
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     from_config = get_model(str(path))
@@ -253,9 +275,18 @@ def test_config_json_models_plan_like_their_catalog_twin(tmp_path):
 
 
 def test_config_json_moe_model(tmp_path):
-    cfg = {"model_type": "mixtral", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,
-           "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000, "num_local_experts": 4,
-           "num_experts_per_tok": 2, "tie_word_embeddings": False}  # fmt: skip
+    cfg = {
+        "model_type": "mixtral",
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    }
     path = tmp_path / "moe" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(cfg))

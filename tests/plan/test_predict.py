@@ -52,8 +52,11 @@ def invoke(*args: str):
 def test_valid_result_predicts_the_measured_properties():
     r = predict(LORA, BASE)
     assert r.actuator == "predict" and r.status == "valid" and r.is_valid
-    spec_names = set(BENCHMARK_MEASURED) | {"gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib",
-                                           "gpu_memory_peak_gib"}  # fmt: skip
+    spec_names = set(BENCHMARK_MEASURED) | {
+        "gpu_memory_allocated_peak_gib",
+        "gpu_memory_reserved_peak_gib",
+        "gpu_memory_peak_gib",
+    }
     assert set(PREDICTED) <= spec_names
     assert set(r.properties) == set(PREDICTED) | set(PREDICTED_COST) | {"is_valid"}
     p = r.properties
@@ -79,12 +82,15 @@ def test_rule_breaks_and_out_of_memory_are_invalid_with_reasons():
 
 @pytest.mark.slow
 def test_batch_equals_single():
-    entities = [
-        (FULL, {**BASE, "number_gpus": g, "batch_size": 8 * g, "model_max_length": ml})
-        for g in (1, 2, 4) for ml in (512, 4096)
-    ] + [(LORA, {**BASE, "r": r, "gradient_accumulation_steps": 1}) for r in (4, 16)] + [
-        (LORA, {**BASE, "model_name": "granite-4.0-h-tiny"}), (FULL, {**BASE, "batch_size": 7})
-    ]  # fmt: skip
+    entities = (
+        [
+            (FULL, {**BASE, "number_gpus": g, "batch_size": 8 * g, "model_max_length": ml})
+            for g in (1, 2, 4)
+            for ml in (512, 4096)
+        ]
+        + [(LORA, {**BASE, "r": r, "gradient_accumulation_steps": 1}) for r in (4, 16)]
+        + [(LORA, {**BASE, "model_name": "granite-4.0-h-tiny"}), (FULL, {**BASE, "batch_size": 7})]
+    )
     many = predict_many(entities)
     for (exp, ent), batch_result in zip(entities, many, strict=True):
         assert predict(exp, ent).to_dict() == batch_result.to_dict()
@@ -92,8 +98,12 @@ def test_batch_equals_single():
 
 def test_fast_effective_values_equal_the_experiments_module():
     cache: dict = {}
-    for exp, raw in ((FULL, BASE), (LORA, {**BASE, "r": 8}), (get_experiment("finetune_gptq-lora_benchmark-v1.0.0"),
-                     {**BASE, "model_name": "mistral-7b-v0.1"}), (get_experiment("finetune_pt_benchmark-v1.0.0"), BASE)):  # fmt: skip
+    for exp, raw in (
+        (FULL, BASE),
+        (LORA, {**BASE, "r": 8}),
+        (get_experiment("finetune_gptq-lora_benchmark-v1.0.0"), {**BASE, "model_name": "mistral-7b-v0.1"}),
+        (get_experiment("finetune_pt_benchmark-v1.0.0"), BASE),
+    ):
         ent = make_entity(exp, raw)
         assert _effective_values(exp, ent, cache)[1] == effective_values(exp, ent)
 
@@ -245,16 +255,36 @@ def test_cli_plan_input_error():
 
 @pytest.mark.slow
 def test_cli_recommend():
-    res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8",
-                 "gpu_model=A100-80GB", "--max-gpus", "8", "--json", "--price-per-gpu-hour", "1.5")  # fmt: skip
+    res = invoke(
+        "recommend",
+        LORA.id,
+        "model_name=llama3.2-1b",
+        "model_max_length=1024",
+        "batch_size=8",
+        "gpu_model=A100-80GB",
+        "--max-gpus",
+        "8",
+        "--json",
+        "--price-per-gpu-hour",
+        "1.5",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["minimum"]["number_gpus"] == 1 and out["minimum"]["fits"]
     assert out["fastest"]["dataset_tokens_per_second"] >= out["minimum"]["dataset_tokens_per_second"]
     assert [row["method"] for row in out["methods"]] == ["full", "lora", "qlora"]
     assert all(row.get("cost") is not None for row in out["methods"] if row.get("fits"))
-    table = invoke("recommend", FULL.id, "model_name=llama3.1-8b", "model_max_length=4096", "batch_size=8",
-                   "gpu_model=A100-80GB", "gradient_accumulation_steps=1", "--max-gpus", "8")  # fmt: skip
+    table = invoke(
+        "recommend",
+        FULL.id,
+        "model_name=llama3.1-8b",
+        "model_max_length=4096",
+        "batch_size=8",
+        "gpu_model=A100-80GB",
+        "gradient_accumulation_steps=1",
+        "--max-gpus",
+        "8",
+    )
     assert table.exit_code == 0 and "minimum" in table.output
 
 
@@ -273,8 +303,10 @@ def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
     assert "up to 64" not in text.split("fastest")[0]
     assert "the largest part is gradients" in text and "unsharded gradients" in text
     assert "nearest fit: gradient_accumulation_steps=1 fits on 16 GPU(s)" in text
-    command = ("tunebench recommend finetune_full_benchmark-v1.0.0 model_name=llama3.1-70b model_max_length=4096 "
-               "batch_size=16 gpu_model=H100 gradient_accumulation_steps=1")  # fmt: skip
+    command = (
+        "tunebench recommend finetune_full_benchmark-v1.0.0 model_name=llama3.1-70b model_max_length=4096 "
+        "batch_size=16 gpu_model=H100 gradient_accumulation_steps=1"
+    )
     assert command in text
     pasted = invoke(*command.split()[1:], "--json")  # the command it gives fits
     out = json.loads(pasted.stdout)
@@ -336,8 +368,13 @@ def test_minimum_gpus_grow_with_the_model():
     opts = PlanOptions(calibration=load_calibration())
     counts = []
     for model in ("llama3.2-1b", "llama3.1-8b", "llama3-70b"):
-        values = effective_values(FULL, make_entity(FULL, {**BASE, "model_name": model, "number_gpus": 1,
-                                                            "batch_size": 16, "gradient_accumulation_steps": 1}))  # fmt: skip
+        values = effective_values(
+            FULL,
+            make_entity(
+                FULL,
+                {**BASE, "model_name": model, "number_gpus": 1, "batch_size": 16, "gradient_accumulation_steps": 1},
+            ),
+        )
         cand = minimum_gpus(FULL, values, opts, gpus_per_node=8, max_gpus=64)
         counts.append(cand.number_gpus if cand else np.inf)
     assert counts == sorted(counts) and counts[0] == 1
@@ -375,8 +412,15 @@ def test_cpu_prediction_is_this_hosts_rate_within_a_factor_of_3(tmp_path, monkey
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_CPU_LLAMA))
-    exp = get_experiment("finetune_full_benchmark-v1.0.0", {"max_steps": 5, "dataset_id": "news-chars-256-entries-32",
-                                                            "gradient_accumulation_steps": 1, "torch_dtype": "float32"})  # fmt: skip
+    exp = get_experiment(
+        "finetune_full_benchmark-v1.0.0",
+        {
+            "max_steps": 5,
+            "dataset_id": "news-chars-256-entries-32",
+            "gradient_accumulation_steps": 1,
+            "torch_dtype": "float32",
+        },
+    )
     entity = make_entity(exp, {"model_name": str(config), "model_max_length": 192, "number_gpus": 0, "batch_size": 4})
     run = measure(exp, entity, {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 300})
     assert run.status == "valid", (run.error, run.log_tail)
@@ -403,8 +447,13 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     assert host.host_flops("float32", None, True) == first and len(calls) == 1  # in-process memo
     monkeypatch.setattr(host, "_MEMO", {})  # a new process: the disk cache answers
     assert host.host_flops("float32", None, True) == first and len(calls) == 1
-    entity = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2,
-              "torch_dtype": "float32"}  # fmt: skip
+    entity = {
+        "model_name": "smollm2-135m",
+        "model_max_length": 512,
+        "number_gpus": 0,
+        "batch_size": 2,
+        "torch_dtype": "float32",
+    }
     r = predict(FULL, entity)
     assert len(calls) == 1 and r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
     assert any(f"{first / 1e9:.3g} GFLOP/s" in n for n in r.metadata["notes"])
@@ -414,8 +463,14 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
 def test_recommend_nearest_fit_spreads_a_larger_batch_over_more_gpus():
     # a batch of 1 runs on one GPU (rule 1); 32,000 tokens of full fine-tuning need the model sharded over two:
     # the nearest change is a batch of 2, one sample on each of 2 GPUs
-    long_full = ["model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1", "gpu_model=A100-80GB",
-                 "dataset_id=news-tokens-128kplus-entries-4096", "gradient_accumulation_steps=1"]  # fmt: skip
+    long_full = [
+        "model_name=granite-3.1-8b-instruct",
+        "model_max_length=32000",
+        "batch_size=1",
+        "gpu_model=A100-80GB",
+        "dataset_id=news-tokens-128kplus-entries-4096",
+        "gradient_accumulation_steps=1",
+    ]
     out = json.loads(invoke("recommend", FULL.id, *long_full, "--json").stdout)
     assert out["minimum"] is None and out["max_gpus_tried"] == 1
     assert out["nearest"]["change"] == "batch_size=2 over more GPUs"
@@ -454,7 +509,8 @@ def test_plan_prints_the_catalog_price_and_refuses_another_currency_without_a_pr
     res = invoke(*args, "--currency", "EUR")
     assert isinstance(res.exception, InputError) and res.exception.field == "--currency"
     assert "EUR needs --price-per-gpu-hour" in str(res.exception)
-    rec = json.loads(invoke("recommend", LORA.id, *[f"{k}={v}" for k, v in BASE.items()], "--max-gpus", "2",
-                            "--json").stdout)  # fmt: skip
+    rec = json.loads(
+        invoke("recommend", LORA.id, *[f"{k}={v}" for k, v in BASE.items()], "--max-gpus", "2", "--json").stdout
+    )
     assert rec["price_per_gpu_hour"] == pytest.approx(2.736) and rec["currency"] == "USD"
     assert rec["cheapest"]["cost"] == pytest.approx(rec["cheapest"]["gpu_hours"] * 2.736, rel=1e-3)

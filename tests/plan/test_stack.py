@@ -43,13 +43,24 @@ def test_zero_offload_moves_states_to_the_host_per_node():
     m = predict_memory(off, UNIT)
     # per process: fp32 master + m + v + fp32 gradients (16 B) over 8 ranks; 8 processes on the node
     assert m.host_gib[0] == pytest.approx(16 * n / GIB)
-    infinity = workload("full", **DS, deepspeed_zero_stage=3, bf16=True, optim="adamw_torch_fused",
-                        offload_optimizer_device="cpu", offload_param_device="cpu")  # fmt: skip
+    infinity = workload(
+        "full",
+        **DS,
+        deepspeed_zero_stage=3,
+        bf16=True,
+        optim="adamw_torch_fused",
+        offload_optimizer_device="cpu",
+        offload_param_device="cpu",
+    )
     mi = predict_memory(infinity, UNIT)
     assert memory_breakdown(infinity, UNIT)["weights"][0] == 0
     assert mi.host_gib[0] == pytest.approx((16 + 2) * n / GIB)
-    nvme = predict_memory(workload("full", **DS, deepspeed_zero_stage=3, offload_optimizer_device="nvme", bf16=True,
-                                   optim="adamw_torch_fused"), UNIT)  # fmt: skip
+    nvme = predict_memory(
+        workload(
+            "full", **DS, deepspeed_zero_stage=3, offload_optimizer_device="nvme", bf16=True, optim="adamw_torch_fused"
+        ),
+        UNIT,
+    )
     assert nvme.host_gib[0] == 0 and nvme.nvme_gib[0] == pytest.approx(16 * n / GIB)
 
 
@@ -90,7 +101,7 @@ def test_loss_paths_order_by_what_they_keep():
         impl: memory_breakdown(
             workload("lora", batch_size=4, model_max_length=2048, loss_implementation=impl),
             UNIT.replace(fused_loss_bytes_per_vocab=4.0),
-        )["loss"][0]  # fmt: skip
+        )["loss"][0]
         for impl in ("upcast", "chunked", "fused_linear")
     }
     assert peaks["upcast"] > peaks["chunked"] > peaks["fused_linear"] == 0
@@ -136,9 +147,18 @@ def test_compile_keeps_fewer_activations_and_runs_faster():
 
 def test_host_memory_is_checked_against_the_nodes_ram():
     exp = get_experiment("finetune_full_benchmark-v1.0.0")
-    entity = {"model_name": "llama3-8b", "number_gpus": 8, "batch_size": 8, "model_max_length": 1024,
-              "gpu_model": "A100", "distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "bf16": True,
-              "offload_optimizer_device": "cpu", "offload_param_device": "cpu"}  # fmt: skip
+    entity = {
+        "model_name": "llama3-8b",
+        "number_gpus": 8,
+        "batch_size": 8,
+        "model_max_length": 1024,
+        "gpu_model": "A100",
+        "distributed_backend": "DeepSpeed",
+        "deepspeed_zero_stage": 3,
+        "bf16": True,
+        "offload_optimizer_device": "cpu",
+        "offload_param_device": "cpu",
+    }
     unchecked = predict(exp, entity)
     assert unchecked.status == "valid" and unchecked.metadata["host_memory_gib"] > 100
     assert any("not checked" in n for n in unchecked.metadata["notes"])
@@ -163,12 +183,25 @@ def test_host_memory_is_checked_against_the_nodes_ram():
     ],
 )
 def test_stack_settings_that_cannot_run_together_are_invalid(values, reason):
-    base = {"model_name": "smollm2-135m", "number_gpus": 4, "batch_size": 4, "gpu_model": "A100",
-            "distributed_backend": "FSDP", "deepspeed_zero_stage": 2}  # fmt: skip
+    base = {
+        "model_name": "smollm2-135m",
+        "number_gpus": 4,
+        "batch_size": 4,
+        "gpu_model": "A100",
+        "distributed_backend": "FSDP",
+        "deepspeed_zero_stage": 2,
+    }
     v = check_values({**base, **values})
     assert not v.is_valid and any(reason in r for r in v.reasons), v.reasons
-    ok = check_values({**base, "distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3,
-                       "offload_optimizer_device": "nvme", "offload_param_device": "nvme"})  # fmt: skip
+    ok = check_values(
+        {
+            **base,
+            "distributed_backend": "DeepSpeed",
+            "deepspeed_zero_stage": 3,
+            "offload_optimizer_device": "nvme",
+            "offload_param_device": "nvme",
+        }
+    )
     assert ok.is_valid
 
 
@@ -188,8 +221,9 @@ def test_sequence_parallelism_splits_each_samples_tokens():
 
 def test_tensor_parallelism_splits_states_and_activations():
     dp = workload("full", number_gpus=4, batch_size=4, distributed_backend="DDP", model_max_length=1024)
-    tp = workload("full", number_gpus=4, batch_size=2, distributed_backend="DDP", model_max_length=1024,
-                  tensor_parallel_degree=2)  # fmt: skip
+    tp = workload(
+        "full", number_gpus=4, batch_size=2, distributed_backend="DDP", model_max_length=1024, tensor_parallel_degree=2
+    )
     a, b = memory_breakdown(dp, UNIT), memory_breakdown(tp, UNIT)
     assert b["weights"][0] == pytest.approx(a["weights"][0] / 2)
     assert b["activations"][0] == pytest.approx(a["activations"][0] / 2, rel=0.02)

@@ -98,16 +98,20 @@ def test_chunked_loss_run_trains_like_the_upcast_run(tmp_path):
         rc, r, _ = run(tmp_path / loss, loss_implementation=loss, peft_method="lora", steps=3)
         assert rc == 0, r.get("reason")
         runs[loss] = r["metadata"]
-    assert runs["chunked"]["loss"] == {"implementation": "chunked", "function": "tunebench chunked_causal_lm_loss",
-                                       "chunk_tokens": 1024}  # fmt: skip
+    assert runs["chunked"]["loss"] == {
+        "implementation": "chunked",
+        "function": "tunebench chunked_causal_lm_loss",
+        "chunk_tokens": 1024,
+    }
     assert runs["upcast"]["loss"]["implementation"] == "upcast"
     up, ch = runs["upcast"]["train_losses"], runs["chunked"]["train_losses"]
     assert len(up) == len(ch) == 3 and all(math.isfinite(x) for x in ch)
     assert ch == pytest.approx(up, rel=1e-4)
 
 
-@pytest.mark.parametrize("flags", [("--fast_kernels", "True", "False", "False"), ("--fused_lora", "auto_gptq", "true"),
-                                   ("--fast_moe", "2")])  # fmt: skip
+@pytest.mark.parametrize(
+    "flags", [("--fast_kernels", "True", "False", "False"), ("--fused_lora", "auto_gptq", "true"), ("--fast_moe", "2")]
+)
 def test_native_worker_refuses_fms_acceleration_kernels(tmp_path, flags):
     """A worker started by hand with fms-acceleration flags fails at setup, naming the engine that runs them:
     no result of the native worker carries a kernel setting that did not run."""
@@ -155,16 +159,18 @@ def test_worker_refuses_flash_attention_and_fused_linear_on_the_cpu(tmp_path):
 @pytest.mark.slow
 def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny):
     exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
-    entity = entity_of(exp, tiny, attn_implementation="eager", loss_implementation="chunked",
-                       adapter_dtype="bfloat16")  # fmt: skip
+    entity = entity_of(exp, tiny, attn_implementation="eager", loss_implementation="chunked", adapter_dtype="bfloat16")
     result = measure(exp, entity, opts(tmp_path))
     assert result.status == "valid", (result.error, result.reasons, result.log_tail)
     meta = result.metadata
     assert meta["attn_implementation"] == "eager" and meta["loss"]["implementation"] == "chunked"
     assert meta["trainable_dtypes"] == ["bfloat16"]
     command = meta["command"]
-    for flag, value in (("--attn_implementation", "eager"), ("--loss_implementation", "chunked"),
-                        ("--adapter_dtype", "bfloat16")):  # fmt: skip
+    for flag, value in (
+        ("--attn_implementation", "eager"),
+        ("--loss_implementation", "chunked"),
+        ("--adapter_dtype", "bfloat16"),
+    ):
         assert command[command.index(flag) + 1] == value
 
 
@@ -229,8 +235,9 @@ JUDGED = [
 
 
 @pytest.mark.parametrize("engine, experiment_id, settings, reason", JUDGED)
-def test_judged_settings_are_invalid_and_nothing_runs(tmp_path, tiny, monkeypatch, engine, experiment_id, settings,
-                                                      reason):  # fmt: skip
+def test_judged_settings_are_invalid_and_nothing_runs(
+    tmp_path, tiny, monkeypatch, engine, experiment_id, settings, reason
+):
     def no_process(*args, **kwargs):
         raise AssertionError("a judged entity started a process")
 
@@ -273,13 +280,16 @@ def test_fast_moe_on_a_mixture_of_experts_model_is_judged_not_failed(tmp_path, m
     _no_process(monkeypatch)
     moe = tmp_path / "moe" / "config.json"
     moe.parent.mkdir()
-    moe.write_text(json.dumps({**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4,
-                               "num_experts_per_tok": 2}))  # fmt: skip
+    moe.write_text(
+        json.dumps({**TINY_LLAMA, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2})
+    )
     exp = get_experiment(LORA, {**PARAMS, "fms_hf_tuning_version": "2.4.0"})
     result = measure(exp, entity_of(exp, str(moe), fast_moe=2), opts(tmp_path))
     assert result.status == "invalid", (result.error, result.reasons)
-    assert result.reasons == ["fast_moe 2: fms-acceleration kernels (fms-acceleration-moe) that only the "
-                              "fms-hf-tuning engine runs: measure with --engine fms-hf-tuning"]  # fmt: skip
+    assert result.reasons == [
+        "fast_moe 2: fms-acceleration kernels (fms-acceleration-moe) that only the "
+        "fms-hf-tuning engine runs: measure with --engine fms-hf-tuning"
+    ]
 
 
 def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, monkeypatch):
@@ -303,20 +313,48 @@ def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, 
 
 def test_launch_plan_passes_stack_flags_and_refuses_judged_entities(tiny):
     exp = get_experiment(FULL, PARAMS)
-    entity = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
-                               "gpu_model": A100, "attn_implementation": "sdpa", "torch_compile": True})  # fmt: skip
+    entity = make_entity(
+        exp,
+        {
+            "model_name": tiny,
+            "model_max_length": 192,
+            "number_gpus": 2,
+            "batch_size": 4,
+            "gpu_model": A100,
+            "attn_implementation": "sdpa",
+            "torch_compile": True,
+        },
+    )
     plan = build_launch_plan(exp, entity)
     assert plan.mode == "FSDP"
     args = plan.worker_args
     assert args[args.index("--use_flash_attn") + 1] == "False"  # attn_implementation decides
     assert args[args.index("--attn_implementation") + 1] == "sdpa"
     assert args[args.index("--torch_compile") + 1] == "True"
-    judged = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
-                               "gpu_model": A100, "gradient_checkpointing_mode": "selective"})  # fmt: skip
+    judged = make_entity(
+        exp,
+        {
+            "model_name": tiny,
+            "model_max_length": 192,
+            "number_gpus": 2,
+            "batch_size": 4,
+            "gpu_model": A100,
+            "gradient_checkpointing_mode": "selective",
+        },
+    )
     with pytest.raises(InputError, match="gradient_checkpointing_mode selective"):
         build_launch_plan(exp, judged)
-    offload = make_entity(exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "batch_size": 4,
-                                "gpu_model": A100, "fsdp_offload_params": True})  # fmt: skip
+    offload = make_entity(
+        exp,
+        {
+            "model_name": tiny,
+            "model_max_length": 192,
+            "number_gpus": 2,
+            "batch_size": 4,
+            "gpu_model": A100,
+            "fsdp_offload_params": True,
+        },
+    )
     with pytest.raises(InputError, match="fsdp_offload_params is planning only"):
         build_launch_plan(exp, offload)
 
@@ -334,11 +372,29 @@ def test_ray_judges_a_multi_node_entity_before_placing_nodes(tiny, actuator, eng
     from tunebench.executors.task import Task
 
     exp = get_experiment(FULL, PARAMS)
-    values = {"model_name": tiny, "model_max_length": 192, "number_gpus": 2, "number_nodes": 2, "batch_size": 4,
-              "gpu_model": A100, "gradient_checkpointing_mode": "selective"}  # fmt: skip
+    values = {
+        "model_name": tiny,
+        "model_max_length": 192,
+        "number_gpus": 2,
+        "number_nodes": 2,
+        "batch_size": 4,
+        "gpu_model": A100,
+        "gradient_checkpointing_mode": "selective",
+    }
     entity = make_entity(exp, values)
-    task = Task(request_id=1, attempt=1, actuator=actuator, base_id=FULL, parameters=PARAMS, experiment_id=exp.id,
-                entity_id=entity.id, entity_values=values, number_gpus=2, number_nodes=2, gpu_model=A100)  # fmt: skip
+    task = Task(
+        request_id=1,
+        attempt=1,
+        actuator=actuator,
+        base_id=FULL,
+        parameters=PARAMS,
+        experiment_id=exp.id,
+        entity_id=entity.id,
+        entity_values=values,
+        number_gpus=2,
+        number_nodes=2,
+        gpu_model=A100,
+    )
     executor = object.__new__(RayExecutor)  # no Ray: the judge comes before any call to it
     executor.ray = None
     result = executor._run_multinode(task)
@@ -357,8 +413,10 @@ def test_fused_linear_patches_only_the_loss_and_refuses_unpatched_model_types(mo
     from tunebench.training import loss as loss_mod
 
     calls = []
-    modules = {name: types.ModuleType(name) for name in
-               ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.monkey_patch")}  # fmt: skip
+    modules = {
+        name: types.ModuleType(name)
+        for name in ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.monkey_patch")
+    }
     for name, module in modules.items():
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         monkeypatch.setitem(sys.modules, name, module)

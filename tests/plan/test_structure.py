@@ -96,8 +96,9 @@ def test_lora_trainable_parameters_equal_peft(tmp_path, model_type, targets):
     import peft
 
     path, cfg = write_config(tmp_path, model_type)
-    lora = peft.get_peft_model(real_model(cfg), peft.LoraConfig(r=4, target_modules=targets if isinstance(targets, str)
-                                                                else list(targets)))  # fmt: skip
+    lora = peft.get_peft_model(
+        real_model(cfg), peft.LoraConfig(r=4, target_modules=targets if isinstance(targets, str) else list(targets))
+    )
     trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     per_rank, unmatched = structure_of(get_model(str(path))).lora_params_per_rank(targets)
     assert 4 * per_rank == trainable
@@ -132,9 +133,19 @@ def test_catalog_model_without_dimensions_is_an_input_error():
 
 def test_remote_code_config_is_read_generically_with_its_assumptions(tmp_path):
     # first-generation Qwen (Qwen/Qwen-7B config.json): model_type "qwen" needs trust_remote_code
-    qwen = {"model_type": "qwen", "architectures": ["QWenLMHeadModel"], "hidden_size": 4096, "num_hidden_layers": 32,
-            "num_attention_heads": 32, "intermediate_size": 22016, "vocab_size": 151936, "kv_channels": 128,
-            "seq_length": 8192, "no_bias": True, "tie_word_embeddings": False}  # fmt: skip
+    qwen = {
+        "model_type": "qwen",
+        "architectures": ["QWenLMHeadModel"],
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "intermediate_size": 22016,
+        "vocab_size": 151936,
+        "kv_channels": 128,
+        "seq_length": 8192,
+        "no_bias": True,
+        "tie_word_embeddings": False,
+    }
     path = tmp_path / "qwen" / "config.json"
     path.parent.mkdir()
     path.write_text(json.dumps(qwen))
@@ -157,8 +168,9 @@ def test_config_without_the_usual_fields_is_an_input_error(tmp_path):
 
 def test_encoder_decoder_config_is_an_input_error(tmp_path):
     path = tmp_path / "t5.json"  # T5 has no causal-LM class in transformers
-    path.write_text(json.dumps({"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4, "d_ff": 128,
-                                "vocab_size": 512}))  # fmt: skip
+    path.write_text(
+        json.dumps({"model_type": "t5", "d_model": 64, "num_layers": 2, "num_heads": 4, "d_ff": 128, "vocab_size": 512})
+    )
     with pytest.raises(InputError) as err:
         structure_of(get_model(str(path)))
     assert err.value.field == "model_name" and "causal" in str(err.value)

@@ -19,15 +19,22 @@ JOB = ["model_name=llama3.1-8b", "number_gpus=1", "gpu_model=L40S"]
 
 @pytest.mark.parametrize(
     ("text", "values"),
-    [("512..8192", ["512", "1024", "2048", "4096", "8192"]), ("500..600", ["512"]), ("1..1", ["1"]),
-     ("3..20", ["4", "8", "16"]), ("1,2,4", ["1", "2", "4"]), ("true,false", ["true", "false"])],
-)  # fmt: skip
+    [
+        ("512..8192", ["512", "1024", "2048", "4096", "8192"]),
+        ("500..600", ["512"]),
+        ("1..1", ["1"]),
+        ("3..20", ["4", "8", "16"]),
+        ("1,2,4", ["1", "2", "4"]),
+        ("true,false", ["true", "false"]),
+    ],
+)
 def test_grid_values(text, values):
     assert grid_values("batch_size", text) == values
 
 
-@pytest.mark.parametrize(("text", "message"), [("600..1000", "no power of two"), ("8..4", "runs backwards"),
-                                               ("1,,2", "empty value")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "message"), [("600..1000", "no power of two"), ("8..4", "runs backwards"), ("1,,2", "empty value")]
+)
 def test_grid_values_refused(text, message):
     with pytest.raises(InputError) as info:
         grid_values("batch_size", text)
@@ -37,7 +44,9 @@ def test_grid_values_refused(text, message):
 def test_parse_grid_names_the_spec_property():
     exp = get_experiment(LORA)
     assert parse_grid(exp, ["batch_size=1,2", "model_max_length=512..1024"]) == {
-        "batch_size": ["1", "2"], "model_max_length": ["512", "1024"]}  # fmt: skip
+        "batch_size": ["1", "2"],
+        "model_max_length": ["512", "1024"],
+    }
     with pytest.raises(InputError) as info:
         parse_grid(exp, ["seq_len=512..1024"])
     assert info.value.field == "seq_len" and "Did you mean 'model_max_length'" in str(info.value)
@@ -54,7 +63,11 @@ def test_plan_grid_judges_every_point_in_order():
     base = {"model_name": "llama3.1-8b", "number_gpus": 1, "gpu_model": "L40S"}
     points = plan_grid(exp, base, {"batch_size": ["1", "16"], "model_max_length": ["512", "8192"]}, PlanOptions())
     assert [(p.values["batch_size"], p.values["model_max_length"]) for p in points] == [
-        (1, 512), (1, 8192), (16, 512), (16, 8192)]  # fmt: skip
+        (1, 512),
+        (1, 8192),
+        (16, 512),
+        (16, 8192),
+    ]
     verdicts = [p.verdict for p in points]
     assert verdicts[0] == "fits" and verdicts[-1] == "OOM"  # 16 x 8192 tokens of an 8 B model on 48 GB
     assert points[-1].candidate.oom_probability > 0.5 > points[0].candidate.oom_probability
@@ -66,8 +79,16 @@ def _fits(exp, values, name, n):
 
 @pytest.mark.parametrize(("gpus", "length"), [(1, 2048), (2, 4096)])
 def test_largest_batch_fits_and_the_next_multiple_of_the_gpus_does_not(gpus, length):
-    exp, values, _ = method_job("lora", {"model_name": "llama3.1-8b", "gpu_model": "A100-80GB", "number_gpus": gpus,
-                                         "batch_size": gpus, "model_max_length": length})  # fmt: skip
+    exp, values, _ = method_job(
+        "lora",
+        {
+            "model_name": "llama3.1-8b",
+            "gpu_model": "A100-80GB",
+            "number_gpus": gpus,
+            "batch_size": gpus,
+            "model_max_length": length,
+        },
+    )
     found = largest(exp, values, "batch_size", PlanOptions())
     assert found.value is not None and found.value % gpus == 0 and found.next_value == found.value + gpus
     assert _fits(exp, values, "batch_size", found.value)
@@ -75,9 +96,17 @@ def test_largest_batch_fits_and_the_next_multiple_of_the_gpus_does_not(gpus, len
 
 
 def test_largest_length_on_a_data_set_of_long_samples():
-    exp, values, _ = method_job("lora", {"model_name": "llama3.1-8b", "gpu_model": "L40S", "number_gpus": 1,
-                                         "batch_size": 1, "model_max_length": 1,
-                                         "dataset_id": "news-tokens-128kplus-entries-320"})  # fmt: skip
+    exp, values, _ = method_job(
+        "lora",
+        {
+            "model_name": "llama3.1-8b",
+            "gpu_model": "L40S",
+            "number_gpus": 1,
+            "batch_size": 1,
+            "model_max_length": 1,
+            "dataset_id": "news-tokens-128kplus-entries-320",
+        },
+    )
     found = largest(exp, values, "model_max_length", PlanOptions())
     assert 4096 < found.value < 131072 and found.next_value == found.value + 1
     assert _fits(exp, values, "model_max_length", found.value)
@@ -85,15 +114,19 @@ def test_largest_length_on_a_data_set_of_long_samples():
 
 
 def test_largest_length_stops_at_the_models_context():
-    exp, values, _ = method_job("full", {"model_name": "mistral-7b", "gpu_model": "H100", "number_gpus": 1,
-                                         "batch_size": 1, "model_max_length": 1})  # fmt: skip
+    exp, values, _ = method_job(
+        "full",
+        {"model_name": "mistral-7b", "gpu_model": "H100", "number_gpus": 1, "batch_size": 1, "model_max_length": 1},
+    )
     found = largest(exp, values, "model_max_length", PlanOptions())
     assert found.value == 32768 and found.next_value is None and "max_position_embeddings" in found.limited_by
 
 
 def test_nothing_fits():
-    exp, values, _ = method_job("full", {"model_name": "llama3.1-8b", "gpu_model": "L40S", "number_gpus": 1,
-                                         "batch_size": 1, "model_max_length": 512})  # fmt: skip
+    exp, values, _ = method_job(
+        "full",
+        {"model_name": "llama3.1-8b", "gpu_model": "L40S", "number_gpus": 1, "batch_size": 1, "model_max_length": 512},
+    )
     found = largest(exp, values, "batch_size", PlanOptions())
     assert found.value is None and found.next_value == 1 and not found.next_fit.fits
 
@@ -118,12 +151,14 @@ def test_plan_grid_json(capsys):
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [(["--grid", "seq_len=512..1024", "batch_size=1"], "seq_len"),
-     (["--grid", "batch_size=a,b", "model_max_length=512"], "batch_size"),
-     (["--grid", "batch_size=8..4", "model_max_length=512"], "batch_size"),
-     (["--grid", "batch_size=1,2", "batch_size=4", "model_max_length=512"], "batch_size"),
-     (["--grid", "batch_size", "model_max_length=512"], "--grid")],
-)  # fmt: skip
+    [
+        (["--grid", "seq_len=512..1024", "batch_size=1"], "seq_len"),
+        (["--grid", "batch_size=a,b", "model_max_length=512"], "batch_size"),
+        (["--grid", "batch_size=8..4", "model_max_length=512"], "batch_size"),
+        (["--grid", "batch_size=1,2", "batch_size=4", "model_max_length=512"], "batch_size"),
+        (["--grid", "batch_size", "model_max_length=512"], "--grid"),
+    ],
+)
 def test_plan_grid_bad_input_is_one_line_exit_2(capsys, args, field):
     assert main(["plan", LORA, *JOB, *args]) == 2
     captured = capsys.readouterr()
@@ -144,8 +179,21 @@ def test_max_batch_command(capsys, monkeypatch):
 
 
 def test_max_length_command(capsys):
-    assert main(["max-length", "mistral-7b", "--gpu-model", "H100", "--method", "qlora", "--json",
-                 "dataset_id=news-tokens-128kplus-entries-320"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "max-length",
+                "mistral-7b",
+                "--gpu-model",
+                "H100",
+                "--method",
+                "qlora",
+                "--json",
+                "dataset_id=news-tokens-128kplus-entries-320",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["experiment_id"] == "finetune_qlora_benchmark-v1.0.0" and out["property"] == "model_max_length"
     assert out["job"]["model_name"] == "mistral-7b-v0.1" and out["largest"] > 4096
@@ -153,13 +201,15 @@ def test_max_length_command(capsys):
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [(["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "--method", "sft"], "--method"),
-     (["max-batch", "llama-3.1-8b"], "--gpu-model"),
-     (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "seq_len=512"], "seq_len"),
-     (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "model_name=x"], "model_name"),
-     (["max-length", "no-such-model", "--gpu-model", "L40S"], "model_name"),
-     (["max-length", "llama-3.1-8b", "--gpu-model", "L40S", "--max-oom-risk", "2"], "--max-oom-risk")],
-)  # fmt: skip
+    [
+        (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "--method", "sft"], "--method"),
+        (["max-batch", "llama-3.1-8b"], "--gpu-model"),
+        (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "seq_len=512"], "seq_len"),
+        (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "model_name=x"], "model_name"),
+        (["max-length", "no-such-model", "--gpu-model", "L40S"], "model_name"),
+        (["max-length", "llama-3.1-8b", "--gpu-model", "L40S", "--max-oom-risk", "2"], "--max-oom-risk"),
+    ],
+)
 def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):
     assert main(args) == 2
     captured = capsys.readouterr()

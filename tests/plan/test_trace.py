@@ -20,8 +20,19 @@ def small_model(tmp_path, name: str, cfg: dict):
 
 
 def request(s, method="lora", checkpointing=False, attention="flash", dtype="bfloat16", targets=("q_proj", "v_proj")):
-    return TraceRequest(s.config_key, method, False, checkpointing, False, dtype, None, attention,
-                        targets if method == "lora" else None, method == "lora", 0)  # fmt: skip
+    return TraceRequest(
+        s.config_key,
+        method,
+        False,
+        checkpointing,
+        False,
+        dtype,
+        None,
+        attention,
+        targets if method == "lora" else None,
+        method == "lora",
+        0,
+    )
 
 
 LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 6,
@@ -30,9 +41,14 @@ LLAMA = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "n
 
 @pytest.mark.parametrize(
     ("method", "checkpointing", "attention"),
-    [("lora", False, "flash"), ("lora", True, "flash"), ("full", False, "flash"), ("full", True, "sdpa"),
-     ("lora", False, "eager")],
-)  # fmt: skip
+    [
+        ("lora", False, "flash"),
+        ("lora", True, "flash"),
+        ("full", False, "flash"),
+        ("full", True, "sdpa"),
+        ("lora", False, "eager"),
+    ],
+)
 @pytest.mark.slow
 def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, checkpointing, attention):
     s = small_model(tmp_path, "llama", LLAMA)
@@ -48,11 +64,23 @@ def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, check
 
 @pytest.mark.slow
 def test_hybrid_layers_extrapolate_per_kind(tmp_path):
-    cfg = {"model_type": "granitemoehybrid", "hidden_size": 64, "intermediate_size": 32, "shared_intermediate_size": 128,
-           "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500,
-           "layer_types": ["mamba", "mamba", "attention", "mamba", "attention"], "num_local_experts": 0,
-           "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 64,
-           "max_position_embeddings": 8192}  # fmt: skip
+    cfg = {
+        "model_type": "granitemoehybrid",
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "shared_intermediate_size": 128,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 500,
+        "layer_types": ["mamba", "mamba", "attention", "mamba", "attention"],
+        "num_local_experts": 0,
+        "mamba_n_heads": 4,
+        "mamba_d_head": 32,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 64,
+        "max_position_embeddings": 8192,
+    }
     s = small_model(tmp_path, "hybrid", cfg)
     plans, counts = layer_plans(s)
     mamba, attention = (kind for kind, _ in s.layer_kinds)  # transformers' names of the two kinds
@@ -67,8 +95,11 @@ def test_hybrid_layers_extrapolate_per_kind(tmp_path):
 def test_extrapolate_and_fit_by_hand():
     # base 10, first kind +3 per layer, second kind +5: (k0,) = 13, (k0, k0) = 16, (k0, k1) = 18
     assert extrapolate([("a",), ("a", "a"), ("a", "b")], {"a": 4, "b": 2}, [13, 16, 18]) == 10 + 4 * 3 + 2 * 5
-    a0, a1, a2 = fit_tokens((100, 200, 400), [5 + 2 * 100 + 0.5 * 100**2, 5 + 2 * 200 + 0.5 * 200**2,
-                                               5 + 2 * 400 + 0.5 * 400**2], quadratic=True)  # fmt: skip
+    a0, a1, a2 = fit_tokens(
+        (100, 200, 400),
+        [5 + 2 * 100 + 0.5 * 100**2, 5 + 2 * 200 + 0.5 * 200**2, 5 + 2 * 400 + 0.5 * 400**2],
+        quadratic=True,
+    )
     assert (a0, a1, a2) == pytest.approx((5, 2, 0.5))
 
 

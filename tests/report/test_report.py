@@ -75,8 +75,12 @@ def open_report(browser, path: Path):
 
 
 def report(store: str, out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tunebench", "report", *args, "--store", store, "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tunebench", "report", *args, "--store", store, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def table_data(path: Path) -> dict:
@@ -99,10 +103,20 @@ def test_report_of_a_mixed_store_renders_every_plot_in_chromium(mixed, browser, 
     assert text.count("* plotly.js v") == 1  # the bundle inlined once, for the first figure
     page, errors, remote = open_report(browser, out)
     figures = {f["id"]: f for f in page.evaluate(FIGURES_JS)}
-    expected = {"predicted-vs-measured-memory", "predicted-vs-measured-throughput", "pareto", "oom-boundary-0",
-                "oom-boundary-1", "stability", "property-dataset_tokens_per_second",
-                "property-train_tokens_per_second", "property-gpu_memory_utilization_peak",
-                "series-utilisation", "series-memory", "series-loss"}  # fmt: skip
+    expected = {
+        "predicted-vs-measured-memory",
+        "predicted-vs-measured-throughput",
+        "pareto",
+        "oom-boundary-0",
+        "oom-boundary-1",
+        "stability",
+        "property-dataset_tokens_per_second",
+        "property-train_tokens_per_second",
+        "property-gpu_memory_utilization_peak",
+        "series-utilisation",
+        "series-memory",
+        "series-loss",
+    }
     assert expected <= {k for k, f in figures.items() if f["plot"]}, sorted(figures)
     for f in figures.values():
         assert f["caption"].strip(), f["id"]
@@ -237,11 +251,14 @@ def test_pareto_front():
 
 @pytest.mark.parametrize(
     ("status", "reasons", "expected"),
-    [("valid", [], "fits"), ("invalid", ["GPU out of memory: CUDA out of memory"], "out of memory"),
-     ("invalid", ["out of GPU memory (probability 1.00): predicted peak 90 GiB"], "out of memory"),
-     ("invalid", ["rule 1: batch_size 6 is not divisible by number_gpus 4"], "invalid by rule"),
-     ("failed", [], "failed")],
-)  # fmt: skip
+    [
+        ("valid", [], "fits"),
+        ("invalid", ["GPU out of memory: CUDA out of memory"], "out of memory"),
+        ("invalid", ["out of GPU memory (probability 1.00): predicted peak 90 GiB"], "out of memory"),
+        ("invalid", ["rule 1: batch_size 6 is not divisible by number_gpus 4"], "invalid by rule"),
+        ("failed", [], "failed"),
+    ],
+)
 def test_outcome(status, reasons, expected):
     from tunebench.report.data import outcome
 
@@ -250,13 +267,27 @@ def test_outcome(status, reasons, expected):
 
 @pytest.mark.parametrize(
     ("args", "field"),
-    [(["--store", "{tmp}/missing.db"], "--store"), (["{tmp}/nope.yaml", "--store", "{store}"], "SPACE"),
-     (["--store", "{store}", "-o", "{tmp}/no/such/dir/r.html"], "--output")],
-)  # fmt: skip
+    [
+        (["--store", "{tmp}/missing.db"], "--store"),
+        (["{tmp}/nope.yaml", "--store", "{store}"], "SPACE"),
+        (["--store", "{store}", "-o", "{tmp}/no/such/dir/r.html"], "--output"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(mixed, tmp_path, args, field):
     args = [a.format(tmp=tmp_path, store=mixed[1]) for a in args]
-    out = subprocess.run([sys.executable, "-m", "tunebench", "report", *args, *(["-o", str(tmp_path / "r.html")]
-                          if "-o" not in args else [])], capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tunebench",
+            "report",
+            *args,
+            *(["-o", str(tmp_path / "r.html")] if "-o" not in args else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), out.stderr
@@ -264,8 +295,10 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(mixed, tmp_path, args, 
 
 
 def test_importing_tunebench_does_not_import_plotly():
-    code = ("import sys, tunebench, tunebench.commands.main; "
-            "import tunebench.report, tunebench.commands.report; print('plotly' in sys.modules)")  # fmt: skip
+    code = (
+        "import sys, tunebench, tunebench.commands.main; "
+        "import tunebench.report, tunebench.commands.report; print('plotly' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
@@ -424,10 +457,15 @@ def test_cost_and_gpu_hours_are_drawn_gpu_against_gpu_and_method_against_method(
 
 @pytest.mark.parametrize(
     ("values", "expected"),
-    [(("float32", False, "no"), "float32"), ((None, False, None), "bfloat16"), (("float32", True, "no"), "float32 + bf16 AMP"),
-     (("float32", False, "fp16"), "float32 + fp16 AMP"), (("bfloat16", True, "no"), "bfloat16"),
-     (("float16", False, "fp16"), "float16")],
-)  # fmt: skip
+    [
+        (("float32", False, "no"), "float32"),
+        ((None, False, None), "bfloat16"),
+        (("float32", True, "no"), "float32 + bf16 AMP"),
+        (("float32", False, "fp16"), "float32 + fp16 AMP"),
+        (("bfloat16", True, "no"), "bfloat16"),
+        (("float16", False, "fp16"), "float16"),
+    ],
+)
 def test_precision_names_the_dtype_and_the_autocast(values, expected):
     from tunebench.report.data import precision
 

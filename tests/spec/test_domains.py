@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow  # trains tiny models
 
 def test_max_steps_0_trains_num_train_epochs(tmp_path):
     lora = get_experiment("finetune_lora_benchmark-v1.0.0")
-    entity = make_entity(lora, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
-                                "batch_size": 2, "max_steps": 0})  # fmt: skip
+    entity = make_entity(
+        lora, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 2, "max_steps": 0}
+    )
     args = build_launch_plan(lora, entity).worker_args
     assert args[args.index("--max_steps") + 1] == "-1"  # what every transformers version reads as "the epochs"
     rc, r, agg = run(tmp_path, steps=0, num_train_epochs=1)  # 48 records, 2 per micro-batch
@@ -44,8 +45,16 @@ def test_stop_after_seconds_0_is_off(tmp_path):
 
 def test_stability_experiment_trains_in_float64(tmp_path):
     stability = get_experiment("finetune_full_stability-v1.0.0")
-    entity = make_entity(stability, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
-                                     "batch_size": 2, "torch_dtype": "float64"})  # fmt: skip
+    entity = make_entity(
+        stability,
+        {
+            "model_name": "smollm2-135m",
+            "model_max_length": 64,
+            "number_gpus": 0,
+            "batch_size": 2,
+            "torch_dtype": "float64",
+        },
+    )
     args = build_launch_plan(stability, entity).worker_args
     assert args[args.index("--torch_dtype") + 1] == "float64"
     rc, r, _ = run(tmp_path, steps=2, torch_dtype="float64", peft_method="none")

@@ -54,9 +54,19 @@ def test_identity_is_canonical():
     base = make_entity(exp, SMOL)
     assert base.id == "model_name.smollm2-135m-number_gpus.0-model_max_length.512-batch_size.2"
     # argument order, string values, aliases and spelled-out defaults do not change the id
-    shuffled = make_entity(exp, {"batch_size": "2", "number_gpus": "0", "model_max_length": "512",
-                                 "model_name": "HuggingFaceTB/SmolLM2-135M", "r": 4, "torch_dtype": "bfloat16",
-                                 "gradient_checkpointing": "true", "dataset_id": "news-tokens-16384plus-entries-4096"})  # fmt: skip
+    shuffled = make_entity(
+        exp,
+        {
+            "batch_size": "2",
+            "number_gpus": "0",
+            "model_max_length": "512",
+            "model_name": "HuggingFaceTB/SmolLM2-135M",
+            "r": 4,
+            "torch_dtype": "bfloat16",
+            "gradient_checkpointing": "true",
+            "dataset_id": "news-tokens-16384plus-entries-4096",
+        },
+    )
     assert shuffled.id == base.id and shuffled == base
     # a non-default value does
     other = make_entity(exp, {**SMOL, "r": 8})
@@ -83,8 +93,10 @@ def test_target_modules_from_map_or_override(tmp_path):
     bloom = {**SMOL, "model_name": "hf-tiny-model-private/tiny-random-BloomForCausalLM"}
     assert effective_values(exp, make_entity(exp, bloom))["target_modules"] == ("dense_h_to_4h", "dense_4h_to_4h")
     cfg = tmp_path / "config.json"
-    cfg.write_text('{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
-                   ' "vocab_size": 100}')  # fmt: skip
+    cfg.write_text(
+        '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
+        ' "vocab_size": 100}'
+    )
     with pytest.raises(InputError, match="^target_modules: .*no target-module mapping"):
         make_entity(exp, {**SMOL, "model_name": str(cfg)})
     entity = make_entity(exp, {**SMOL, "model_name": str(cfg), "target_modules": "q_proj, o_proj"})
@@ -101,8 +113,9 @@ def test_any_node_label_is_a_gpu_model_and_known_ones_are_canonical():
 
 def test_open_domains_accept_what_real_jobs_use():
     exp = get_experiment(IDS[2])
-    big = make_entity(exp, {**SMOL, "number_gpus": 512, "batch_size": 8192, "gpu_model": "H100",
-                            "number_nodes": 64, "r": 1024})  # fmt: skip
+    big = make_entity(
+        exp, {**SMOL, "number_gpus": 512, "batch_size": 8192, "gpu_model": "H100", "number_nodes": 64, "r": 1024}
+    )
     assert big["r"] == 1024 and big["number_gpus"] == 512
 
 
@@ -161,8 +174,14 @@ def test_domains_are_the_specs_validity_or_the_run_judges_the_rest():
     assert make_entity(lora, {**SMOL, "stop_after_seconds": 0})["stop_after_seconds"] == 0.0
     assert make_entity(lora, {**SMOL, "stop_after_seconds": -0.5})["stop_after_seconds"] == -0.5
     stability = get_experiment("finetune_full_stability-v1.0.0")
-    for raw, dtype in (("float64", "float64"), ("double", "float64"), ("torch.float64", "float64"),
-                       ("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")):  # fmt: skip
+    for raw, dtype in (
+        ("float64", "float64"),
+        ("double", "float64"),
+        ("torch.float64", "float64"),
+        ("half", "float16"),
+        ("float", "float32"),
+        ("bfloat16", "bfloat16"),
+    ):
         assert stability.parse("torch_dtype", raw) == dtype
     assert make_entity(stability, {**SMOL, "torch_dtype": "float64"}).id.endswith("-torch_dtype.float64")
     assert lora.parse("torch_dtype", "half") == "float16"  # an alias of a value the benchmark takes

@@ -29,9 +29,25 @@ scalars = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=40),
-    st.sampled_from(["--host_memory_limit_gib 0.01", "q_proj v_proj", "-1", "1e309", "nan", "inf", "None",
-                     "[\"q_proj\", \"--x\"]", "a\x1bb", "FULL_SHARD", "3", "true", "adamw_torch", "H100"]),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            "--host_memory_limit_gib 0.01",
+            "q_proj v_proj",
+            "-1",
+            "1e309",
+            "nan",
+            "inf",
+            "None",
+            '["q_proj", "--x"]',
+            "a\x1bb",
+            "FULL_SHARD",
+            "3",
+            "true",
+            "adamw_torch",
+            "H100",
+        ]
+    ),
+)
 values = st.one_of(scalars, st.lists(scalars, max_size=4))
 
 
@@ -70,8 +86,11 @@ def check_entity(raw: dict) -> None:
 
 
 @CHECKS
-@given(st.dictionaries(st.sampled_from(["target_modules", "dataset_text_field", "dataset_image_field"]), values,
-                       min_size=1))  # fmt: skip
+@given(
+    st.dictionaries(
+        st.sampled_from(["target_modules", "dataset_text_field", "dataset_image_field"]), values, min_size=1
+    )
+)
 def test_nothing_parsed_becomes_a_worker_flag(extra):
     entity = _entity_or_input_error({**BASE, **extra})
     if entity is None:
@@ -95,10 +114,12 @@ def test_assignments_parse_or_are_input_errors(pairs):
 
 def space_dicts():
     experiments = st.lists(
-        st.fixed_dictionaries({"id": st.sampled_from([LORA.id, "finetune_full_benchmark-v1.0.0", "nope"])},
-                              optional={"parameters": st.dictionaries(st.sampled_from(NAMES), scalars, max_size=2)}),
+        st.fixed_dictionaries(
+            {"id": st.sampled_from([LORA.id, "finetune_full_benchmark-v1.0.0", "nope"])},
+            optional={"parameters": st.dictionaries(st.sampled_from(NAMES), scalars, max_size=2)},
+        ),
         max_size=2,
-    )  # fmt: skip
+    )
     dimension = st.one_of(
         scalars,
         st.lists(scalars, max_size=4),
@@ -108,13 +129,17 @@ def space_dicts():
     return st.fixed_dictionaries(
         {"experiments": experiments, "entity_space": entity_space.map(lambda d: {**BASE, **d})},
         optional={
-            "actuator": st.fixed_dictionaries({"name": st.sampled_from(["measure", "predict", "os:system", ""])},
-                                              optional={"timeout_seconds": scalars, "weights": scalars}),
-            "operation": st.fixed_dictionaries({"sampler": st.sampled_from(["grid", "random", "optimize", "x"])},
-                                               optional={"n": scalars, "budget": scalars, "seed": scalars}),
+            "actuator": st.fixed_dictionaries(
+                {"name": st.sampled_from(["measure", "predict", "os:system", ""])},
+                optional={"timeout_seconds": scalars, "weights": scalars},
+            ),
+            "operation": st.fixed_dictionaries(
+                {"sampler": st.sampled_from(["grid", "random", "optimize", "x"])},
+                optional={"n": scalars, "budget": scalars, "seed": scalars},
+            ),
             "execution": st.fixed_dictionaries({}, optional={"max_parallel": scalars, "lease_seconds": scalars}),
         },
-    )  # fmt: skip
+    )
 
 
 @CHECKS

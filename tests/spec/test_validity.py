@@ -85,9 +85,11 @@ def test_rules_6_and_7(changes, valid, rule):
 
 def test_rule_7_reads_experts_from_config_json(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text('{"model_type": "granitemoe", "hidden_size": 64, "num_hidden_layers": 2, '
-                   '"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, '
-                   '"vocab_size": 100, "num_local_experts": 6, "num_experts_per_tok": 2}')  # fmt: skip
+    cfg.write_text(
+        '{"model_type": "granitemoe", "hidden_size": 64, "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32, '
+        '"vocab_size": 100, "num_local_experts": 6, "num_experts_per_tok": 2}'
+    )
     base = {**MOE, "model_name": str(cfg), "target_modules": "q_proj,v_proj"}
     assert verdict(**base, number_gpus=6, batch_size=6, fast_moe=3)[0] is True
     assert "rule 7" in verdict(**base, number_gpus=4, fast_moe=4)[1]
@@ -130,8 +132,14 @@ def test_validate_and_plan_print_the_platform_notes():
 
     from tunebench.commands.main import app
 
-    args = ["finetune_qlora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
-            "batch_size=1", "gpu_model=NVIDIA-L40S"]  # fmt: skip
+    args = [
+        "finetune_qlora_benchmark-v1.0.0",
+        "model_name=llama3.1-8b",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=1",
+        "gpu_model=NVIDIA-L40S",
+    ]
     validate = CliRunner().invoke(app, ["validate", *args])
     assert validate.exit_code == 0 and "QLoRA fine tuning is not supported on NVIDIA L40S" in validate.output
     plan = CliRunner().invoke(app, ["plan", *args, "--json"])
@@ -159,8 +167,14 @@ def test_mig_slice_gets_the_watsonx_partitioning_note_and_is_planned_by_its_own_
     assert result.is_valid and len(result.notes) == 1
     assert "cannot be partitioned" in result.notes[0] and mig in result.notes[0]
     assert check(LORA, make_entity(LORA, {**BASE, "number_gpus": 1, "batch_size": 1})).notes == []  # whole A100
-    args = ["finetune_lora_benchmark-v1.0.0", "model_name=llama3.1-8b", "model_max_length=1024", "number_gpus=1",
-            "batch_size=1", f"gpu_model={mig}"]  # fmt: skip
+    args = [
+        "finetune_lora_benchmark-v1.0.0",
+        "model_name=llama3.1-8b",
+        "model_max_length=1024",
+        "number_gpus=1",
+        "batch_size=1",
+        f"gpu_model={mig}",
+    ]
     validate = CliRunner().invoke(app, ["validate", *args])
     assert validate.exit_code == 0 and "cannot be partitioned" in validate.output
     plan = CliRunner().invoke(app, ["plan", *args, "--json"])

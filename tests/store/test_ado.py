@@ -74,8 +74,19 @@ def measured(ado, tmp_path_factory):
         ("observed", ("--property-format", "observed")),
         ("observed-mean", ("--property-format", "observed", "--aggregate", "mean")),
     ):
-        ado.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
-                "--output-file", str(work / f"{name}.csv"), *extra)  # fmt: skip
+        ado.run(
+            "show",
+            "measurements",
+            "space",
+            space,
+            "--include",
+            "matching",
+            "-o",
+            "csv",
+            "--output-file",
+            str(work / f"{name}.csv"),
+            *extra,
+        )
     return space, work
 
 
@@ -131,8 +142,18 @@ def test_a_spread_ado_aggregated_is_refused_naming_the_column(measured, tmp_path
 
 def _repeats(capsys, db):
     rows = _json(capsys, ["show", "--repeats", "--format", "json", "--store", db])
-    return sorted((r["experiment_id"], r["identifier"], r["status"], r["is_valid"], r.get("dataset_tokens_per_second"),
-                   r.get("train_runtime"), r.get("cpu_memory_utilization")) for r in rows)  # fmt: skip
+    return sorted(
+        (
+            r["experiment_id"],
+            r["identifier"],
+            r["status"],
+            r["is_valid"],
+            r.get("dataset_tokens_per_second"),
+            r.get("train_runtime"),
+            r.get("cpu_memory_utilization"),
+        )
+        for r in rows
+    )
 
 
 def test_ados_observed_property_format_imports_as_its_target_format(measured, tmp_path, capsys):
@@ -201,8 +222,18 @@ def test_a_tunebench_export_loads_into_ado_with_its_experiments_and_repeats(meas
     home = Ado(ado.bin, tmp_path / "home")  # a new ado project: nothing but tunebench's export in it
     space = home.create("space", out / "space.yaml")
     assert json.loads(home.python(LOADER, str(out), space))["added"] == 4
-    home.run("show", "measurements", "space", space, "--include", "matching", "-o", "csv",
-             "--output-file", str(tmp_path / "back.csv"))  # fmt: skip
+    home.run(
+        "show",
+        "measurements",
+        "space",
+        space,
+        "--include",
+        "matching",
+        "-o",
+        "csv",
+        "--output-file",
+        str(tmp_path / "back.csv"),
+    )
     back = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((tmp_path / "back.csv").open())}
     mine = {(r["experiment_id"], r["identifier"]): r for r in csv.DictReader((work / "lists.csv").open())}
     assert back.keys() == mine.keys()  # ado's own ids, both experiments with their parameters
@@ -255,15 +286,34 @@ def test_ados_resource_files_are_a_tunebench_space(measured, ado, tmp_path, caps
     ado.create("actuatorconfiguration", tmp_path / "ac.yaml")
     assert "valid" in ado.run("create", "operation", "-f", str(tmp_path / "op.yaml"), "--dry-run").stderr
     out = tmp_path / "tunebench.yaml"
-    assert main(["space", "from-ado", str(tmp_path / "space.yaml"), "--operation", str(tmp_path / "op.yaml"),
-                 "--actuator-config", str(tmp_path / "ac.yaml"), "--output", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "space",
+                "from-ado",
+                str(tmp_path / "space.yaml"),
+                "--operation",
+                str(tmp_path / "op.yaml"),
+                "--actuator-config",
+                str(tmp_path / "ac.yaml"),
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     import yaml
 
     converted = yaml.safe_load(out.read_text())
-    assert converted["experiments"][1] == {"id": "finetune_lora_benchmark-v1.0.0",
-                                           "parameters": {"max_steps": 3, "torch_dtype": "float32"}}  # fmt: skip
-    assert converted["actuator"] == {"name": "measure", "data_dir": "/data/sft",
-                                     "model_map": {"smollm2-135m": "/models/smollm2"}}  # fmt: skip
+    assert converted["experiments"][1] == {
+        "id": "finetune_lora_benchmark-v1.0.0",
+        "parameters": {"max_steps": 3, "torch_dtype": "float32"},
+    }
+    assert converted["actuator"] == {
+        "name": "measure",
+        "data_dir": "/data/sft",
+        "model_map": {"smollm2-135m": "/models/smollm2"},
+    }
     assert converted["operation"] == {"sampler": "grid", "n": 2}
     assert converted["execution"] == {"max_parallel": 1, "max_retries": 1}
     # explore reads ado's space file as it is: the planner screens its 2 entities x 2 experiments
@@ -354,16 +404,20 @@ def test_the_screened_sample_store_imports_as_predictions_with_their_reasons(scr
     ado_rows = {r["identifier"]: r for r in csv.DictReader((work / "screened.csv").open())}
     for row in rows:
         if row["status"] == "valid":  # the values ado stored, exactly
-            theirs = next(r for r in ado_rows.values() if int(r["model_max_length"]) == row["model_max_length"]
-                          and int(r["batch_size"]) == row["batch_size"])  # fmt: skip
+            theirs = next(
+                r
+                for r in ado_rows.values()
+                if int(r["model_max_length"]) == row["model_max_length"] and int(r["batch_size"]) == row["batch_size"]
+            )
             assert row["gpu_memory_peak_gib"] == float(theirs["gpu_memory_peak_gib"])
             assert row["train_tokens_per_second"] == float(theirs["train_tokens_per_second"])
 
 
 def test_ado_checks_a_tunebench_predict_configuration_with_the_planners_options(screened, tmp_path):
     ado = screened[0]
-    (tmp_path / "bad.yaml").write_text("actuatorIdentifier: tunebench_predict\nparameters:\n"
-                                       "  calibration: /nonexistent/calibration.json\n")  # fmt: skip
+    (tmp_path / "bad.yaml").write_text(
+        "actuatorIdentifier: tunebench_predict\nparameters:\n  calibration: /nonexistent/calibration.json\n"
+    )
     proc = ado.run("create", "actuatorconfiguration", "-f", str(tmp_path / "bad.yaml"), check=False)
     assert proc.returncode != 0 and "actuator.options.calibration: no file" in proc.stdout + proc.stderr
     good = "actuatorIdentifier: tunebench_predict\nparameters: {price_per_gpu_hour: 2.5}\n"

@@ -95,8 +95,10 @@ def test_experiment_ids_with_unknown_parameters_are_named():
     with pytest.raises(InputError, match="unknown experiment"):
         parse_experiment_id("SFTTrainer.finetune-full-fsdp-v1.3.0")
     assert parse_entity_id("dataset_id.news-tokens-16384plus-entries-4096-model_name.llama3-8b-number_gpus.2.0") == {
-        "dataset_id": "news-tokens-16384plus-entries-4096", "model_name": "llama3-8b", "number_gpus": "2.0",
-    }  # fmt: skip
+        "dataset_id": "news-tokens-16384plus-entries-4096",
+        "model_name": "llama3-8b",
+        "number_gpus": "2.0",
+    }
 
 
 def test_cli_import_export_show(tmp_path, capsys):
@@ -147,12 +149,15 @@ def test_ado_lists_of_repeats_become_one_result_each(tmp_path):
     assert results[1][1].metadata["repeat"] == {"index": 2, "of": 2}
 
 
-@pytest.mark.parametrize("cells, column", [
-    (('"[1, 1]","[51.7, 58.6, 60.0]"',), "train_runtime"),  # three values for two repeats
-    (('"[1, 1]","[51.7, fast]"',), "train_runtime"),
-    (('"[1, 2]",51.7',), "is_valid"),
-    (('1,"[[51.7]]"',), "train_runtime"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "cells, column",
+    [
+        (('"[1, 1]","[51.7, 58.6, 60.0]"',), "train_runtime"),  # three values for two repeats
+        (('"[1, 1]","[51.7, fast]"',), "train_runtime"),
+        (('"[1, 2]",51.7',), "is_valid"),
+        (('1,"[[51.7]]"',), "train_runtime"),
+    ],
+)
 def test_an_unreadable_ado_cell_names_its_column_and_writes_nothing(tmp_path, capsys, cells, column):
     db = tmp_path / "s.db"
     assert main(["import", str(_ado_csv(tmp_path, *cells)), "--store", str(db)]) == 2
@@ -163,8 +168,10 @@ def test_an_unreadable_ado_cell_names_its_column_and_writes_nothing(tmp_path, ca
 
 def test_ado_aggregated_columns(tmp_path, capsys):
     path = tmp_path / "mean.csv"
-    path.write_text(HEADER.replace("is_valid,train_runtime", "is_valid-mean,train_runtime-mean") + "\n"
-                    f"0,x,g,{EXPERIMENT},smollm2-135m,256,2,0,1.0,55.15\n")  # fmt: skip
+    path.write_text(
+        HEADER.replace("is_valid,train_runtime", "is_valid-mean,train_runtime-mean") + "\n"
+        f"0,x,g,{EXPERIMENT},smollm2-135m,256,2,0,1.0,55.15\n"
+    )
     with Store(tmp_path / "s.db") as store:
         assert import_csv(store, path).valid == 1
         (row,) = store.rows()

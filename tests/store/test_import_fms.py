@@ -37,12 +37,24 @@ def test_import_the_shipped_fms_acceleration_csv(tmp_path, capsys):
     rows = _stored(db, capsys)
     assert len(rows) == 192 and {r["actuator"] for r in rows} == {"measure"}
     # one row by hand: a valid LoRA run of Llama-3-8B on 2 GPUs
-    source = next(r for r in _rows(LIGER) if r["num_gpus"] == "2" and r["peft_method"] == "lora"
-                  and r["train_tokens_per_second"] and r["model_name_or_path"] == "meta-llama/Meta-Llama-3-8B")  # fmt: skip
+    source = next(
+        r
+        for r in _rows(LIGER)
+        if r["num_gpus"] == "2"
+        and r["peft_method"] == "lora"
+        and r["train_tokens_per_second"]
+        and r["model_name_or_path"] == "meta-llama/Meta-Llama-3-8B"
+    )
     per_device = int(source["per_device_train_batch_size"])
-    stored = [r for r in rows if r["model_name"] == "llama3-8b" and r["number_gpus"] == 2
-              and r["batch_size"] == 2 * per_device and r["experiment_id"] == "finetune_lora_benchmark-v1.0.0"
-              and r.get("train_tokens_per_gpu_per_second") == float(source["train_tokens_per_second"])]  # fmt: skip
+    stored = [
+        r
+        for r in rows
+        if r["model_name"] == "llama3-8b"
+        and r["number_gpus"] == 2
+        and r["batch_size"] == 2 * per_device
+        and r["experiment_id"] == "finetune_lora_benchmark-v1.0.0"
+        and r.get("train_tokens_per_gpu_per_second") == float(source["train_tokens_per_second"])
+    ]
     assert len(stored) == 1, "the row's entity: llama3-8b, 2 GPUs, batch = per-device batch x GPUs"
     props = stored[0]
     assert props["model_max_length"] == 4096 and props["gpu_model"] == "NVIDIA-A100-SXM4-80GB"
@@ -63,8 +75,9 @@ def test_a_model_outside_the_catalog_stops_the_import_naming_its_line(tmp_path, 
     db = tmp_path / "runs.db"
     assert main(["import", str(REFS), "--store", str(db)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: refs_a100_80gb.csv line 2: model_name: unknown model "
-                                                "'bigcode/gpt_bigcode-santacoder'")  # fmt: skip
+    assert len(err) == 1 and err[0].startswith(
+        "error: refs_a100_80gb.csv line 2: model_name: unknown model 'bigcode/gpt_bigcode-santacoder'"
+    )
     assert not db.exists()  # nothing written
     assert main(["import", str(REFS), "--store", str(db), "--skip-bad-rows"]) == 0
     out = capsys.readouterr().out
@@ -72,8 +85,9 @@ def test_a_model_outside_the_catalog_stops_the_import_naming_its_line(tmp_path, 
     assert len(_stored(db, capsys)) == 108
 
 
-@pytest.mark.parametrize(("column", "value"), [("train_runtime", "-5"), ("mem_nvidia_mem_reserved", "inf"),
-                                                ("num_gpus", "two")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("column", "value"), [("train_runtime", "-5"), ("mem_nvidia_mem_reserved", "inf"), ("num_gpus", "two")]
+)
 def test_a_bad_cell_is_one_line_naming_its_column(tmp_path, capsys, column, value):
     rows = _rows(LIGER)
     rows[3][column] = value

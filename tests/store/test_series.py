@@ -56,8 +56,21 @@ def measured(tmp_path_factory) -> Measured:
     entity_args = [f"model_name={config}", "model_max_length=192", "number_gpus=0", "batch_size=4"]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["run", FULL, *entity_args, *(a for k, v in PARAMS.items() for a in ("--param", f"{k}={v}")), "--weights", "random",
-                     "--output-dir", str(tmp / "run"), "--store", url, "--json"])  # fmt: skip
+        code = main(
+            [
+                "run",
+                FULL,
+                *entity_args,
+                *(a for k, v in PARAMS.items() for a in ("--param", f"{k}={v}")),
+                "--weights",
+                "random",
+                "--output-dir",
+                str(tmp / "run"),
+                "--store",
+                url,
+                "--json",
+            ]
+        )
     assert code == 0, err.getvalue()[-3000:]
     result = Result.from_dict(json.loads(out.getvalue()))
     assert result.status == "valid", (result.error, result.log_tail)
@@ -66,8 +79,9 @@ def measured(tmp_path_factory) -> Measured:
     assert f"tunebench show --series {result_id}" in line
     rank0 = json.loads((tmp / "run" / "result.rank0.json").read_text())
     experiment = get_experiment(FULL, PARAMS)
-    entity = make_entity(experiment, {"model_name": str(config), "model_max_length": 192, "number_gpus": 0,
-                                      "batch_size": 4})  # fmt: skip
+    entity = make_entity(
+        experiment, {"model_name": str(config), "model_max_length": 192, "number_gpus": 0, "batch_size": 4}
+    )
     return Measured(url, result_id, result, rank0, experiment, entity)
 
 
@@ -109,8 +123,9 @@ def test_the_stored_series_are_what_the_worker_sampled(measured):
 
 def read_raw(url: str, result_id: int) -> dict:
     with Store(url) as store, store.engine.connect() as conn:
-        row = conn.execute(select(series.c.format, series.c.points, series.c.data)
-                           .where(series.c.result_id == result_id)).one()  # fmt: skip
+        row = conn.execute(
+            select(series.c.format, series.c.points, series.c.data).where(series.c.result_id == result_id)
+        ).one()
     data = decode(row.data, row.format)
     assert row.points == sum(len(s["value"]) for s in data["series"].values())
     return data
@@ -204,8 +219,9 @@ def test_the_report_draws_utilisation_memory_with_the_predicted_peak_and_the_los
         planned = predict(measured.experiment, measured.entity).metadata["predicted"]["gpu_memory_peak_gib"]
         line = memory.figure["data"][-1]
         assert line["y"] == [planned, planned] and "planner, run now" in line["name"]
-        stored = Result.valid(measured.experiment.id, measured.entity.id, {"gpu_memory_peak_gib": 1.25},
-                              actuator="predict")  # fmt: skip
+        stored = Result.valid(
+            measured.experiment.id, measured.entity.id, {"gpu_memory_peak_gib": 1.25}, actuator="predict"
+        )
         store.record_one(Record(measured.experiment, measured.entity, stored, actuator="predict"))
         _, memory, _ = series_plots(store, result_id)
     names = [t["name"] for t in utilisation.figure["data"]]
@@ -257,22 +273,31 @@ def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend
         str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("postgres_server").fresh_database()
     )
     experiment = get_experiment(FULL, PARAMS)
-    entity = make_entity(experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
-                                      "batch_size": 1})  # fmt: skip
+    entity = make_entity(
+        experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 1}
+    )
     with Store(url) as fresh:  # build the old shape: every table of version 1, stamped 1, and one result
         engine = fresh.engine
         with engine.begin() as conn:
             metadata.drop_all(conn)
             metadata.create_all(conn, tables=[t for t in TABLES if t is not series])
             conn.execute(insert(schema_version).values(version=1, description="create", applied_at=time.time()))
-            exp_pk = conn.execute(insert(experiments).values(experiment_row(experiment, id_hash(experiment.id), 0.0))
-                                  ).inserted_primary_key[0]  # fmt: skip
+            exp_pk = conn.execute(
+                insert(experiments).values(experiment_row(experiment, id_hash(experiment.id), 0.0))
+            ).inserted_primary_key[0]
             ent_pk = conn.execute(insert(entities).values(entity_row(entity, id_hash(entity.id)))).inserted_primary_key[
                 0
             ]
-            request_id = conn.execute(insert(requests).values(
-                experiment_pk=exp_pk, entity_pk=ent_pk, actuator="measure", status="valid", attempts=1, created_at=0.0,
-            )).inserted_primary_key[0]  # fmt: skip
+            request_id = conn.execute(
+                insert(requests).values(
+                    experiment_pk=exp_pk,
+                    entity_pk=ent_pk,
+                    actuator="measure",
+                    status="valid",
+                    attempts=1,
+                    created_at=0.0,
+                )
+            ).inserted_primary_key[0]
             old = Result.valid(experiment.id, entity.id, {"train_runtime": 2.0})
             old_id = conn.execute(insert(results).values(result_row(request_id, old))).inserted_primary_key[0]
             conn.execute(update(requests).values(result_id=old_id))
@@ -299,8 +324,9 @@ def test_a_diverged_loss_is_kept_in_the_store_and_null_in_strict_json(tmp_path):
     """NaN in a series: the store's blob keeps it (a diverged run is a measurement too); `run --json` writes
     strict JSON, with null in its place (json.dumps(allow_nan=False) raised on it)."""
     experiment = get_experiment(FULL, PARAMS)
-    entity = make_entity(experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0,
-                                      "batch_size": 1})  # fmt: skip
+    entity = make_entity(
+        experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 1}
+    )
     result = Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, series=_series())
     printed = json.loads(result.to_json())
     assert printed["series"]["series"]["train.loss"]["value"] == [2.5, None]
@@ -331,9 +357,12 @@ def test_gpu_series_are_numbered_over_nodes_from_the_samplers_readings():
         sampler.start()
         time.sleep(0.15)
         sampler.stop()
-        steps = {"durations_s": [0.05, 0.05], "end_monotonic": [sampler.samples[0].t + 0.05, sampler.samples[0].t + 0.1],
-                 "log": [{"step": 1, "loss": 3.0, "learning_rate": 1e-5}, {"step": 2, "loss": 2.0}],
-                 "local": {"padded_tokens": [10, 10], "dataset_tokens": [8, 9]}}  # fmt: skip
+        steps = {
+            "durations_s": [0.05, 0.05],
+            "end_monotonic": [sampler.samples[0].t + 0.05, sampler.samples[0].t + 0.1],
+            "log": [{"step": 1, "loss": 3.0, "learning_rate": 1e-5}, {"step": 2, "loss": 2.0}],
+            "local": {"padded_tokens": [10, 10], "dataset_tokens": [8, 9]},
+        }
         records.append({"rank": 2 * node, "node_rank": node, "system": sampler.summary(), "steps": steps})
     data = run_series(records)
     assert [g["series"] for g in data["gpus"]] == ["gpu0", "gpu1", "gpu2", "gpu3"]

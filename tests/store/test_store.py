@@ -25,10 +25,15 @@ EXP = get_experiment("finetune_lora_benchmark-v1.0.0", {"max_steps": 2})
 
 def points(n: int, reasons: list[str] | None = None):
     return [
-        (EXP, make_entity(EXP, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 64 * (i + 1),
-                                "batch_size": 1}), list(reasons or []))
+        (
+            EXP,
+            make_entity(
+                EXP, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 64 * (i + 1), "batch_size": 1}
+            ),
+            list(reasons or []),
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture
@@ -112,8 +117,9 @@ def test_register_claim_complete_and_memoise(store):
 
 
 def test_invalid_by_rule_is_recorded_without_running(store):
-    regs = store.register("op-test", points(1, reasons=["rule 4: batch_size must be greater than 0"]), actuator="noop",
-                          generator="grid")  # fmt: skip
+    regs = store.register(
+        "op-test", points(1, reasons=["rule 4: batch_size must be greater than 0"]), actuator="noop", generator="grid"
+    )
     assert regs[0].origin == "rules" and regs[0].status == "invalid"
     assert store.claim("op-test", owner_id(), 5, 60) == []
     (row,) = store.rows(operation_id="op-test")
@@ -202,10 +208,14 @@ def test_release_gives_claims_back_uncounted(store):
 
 def test_record_many_is_idempotent_and_sets_status(store):
     recs = [
-        Record(EXP, e, Result.valid(EXP.id, e.id, {"dataset_tokens_per_second": 100.0 + i}, actuator="import"),
-               source_key=f"key{i}")
+        Record(
+            EXP,
+            e,
+            Result.valid(EXP.id, e.id, {"dataset_tokens_per_second": 100.0 + i}, actuator="import"),
+            source_key=f"key{i}",
+        )
         for i, (_, e, _) in enumerate(points(5))
-    ]  # fmt: skip
+    ]
     assert store.record_many(recs) == (5, 0)
     assert store.record_many(recs) == (0, 5)
     regs = store.register("op-test", points(5), actuator="measure", generator="grid")
@@ -302,10 +312,23 @@ def test_three_explorers_on_a_fresh_postgresql_database(postgres_server, tmp_pat
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     for _ in range(2):  # two fresh databases: the race is won differently each time
         url = postgres_server.fresh_database()
-        command = [sys.executable, "-m", "tunebench", "explore", str(tmp_path / "space.yaml"), "--store", url,
-                   "--quiet", "--allow-actuator-import"]  # fmt: skip
-        explorers = [subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      preexec_fn=_bounded) for _ in range(3)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "tunebench",
+            "explore",
+            str(tmp_path / "space.yaml"),
+            "--store",
+            url,
+            "--quiet",
+            "--allow-actuator-import",
+        ]
+        explorers = [
+            subprocess.Popen(
+                command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_bounded
+            )
+            for _ in range(3)
+        ]
         outs = [p.communicate(timeout=240) for p in explorers]
         assert [p.returncode for p in explorers] == [0, 0, 0], [err[-1500:] for _, err in outs]
         with Store(url) as s:
@@ -341,10 +364,15 @@ def test_concurrent_first_opens_of_a_postgresql_store_create_it_once(postgres_se
 def test_postgresql_sessions_have_timeouts(postgres_server):
     url = postgres_server.fresh_database()
     with Store(url) as s, s.engine.connect() as conn:
-        shown = {name: conn.exec_driver_sql(f"SHOW {name}").scalar()
-                 for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")}  # fmt: skip
-        assert shown == {"statement_timeout": "5min", "lock_timeout": "1min",
-                         "idle_in_transaction_session_timeout": "5min"}  # fmt: skip
+        shown = {
+            name: conn.exec_driver_sql(f"SHOW {name}").scalar()
+            for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+        }
+        assert shown == {
+            "statement_timeout": "5min",
+            "lock_timeout": "1min",
+            "idle_in_transaction_session_timeout": "5min",
+        }
     with Store(url + "?options=-c%20statement_timeout%3D7s", readonly=True) as s, s.engine.connect() as conn:
         assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "7s"  # the URL's own settings win
         assert conn.exec_driver_sql("SHOW default_transaction_read_only").scalar() == "on"
@@ -374,11 +402,19 @@ def test_a_database_server_that_never_answers_is_an_error_not_a_hang(tmp_path):
     thread.start()
     url = f"postgresql+psycopg://me:s3cret-pw@127.0.0.1:{listener.getsockname()[1]}/tunebench"
     try:
-        for argv in (["show", "--store", url], ["import", str(DATA /
-                     "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", url]):  # fmt: skip
+        for argv in (
+            ["show", "--store", url],
+            ["import", str(DATA / "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", url],
+        ):
             started = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "tunebench", *argv], capture_output=True, text=True,
-                                  timeout=PG_CONNECT_TIMEOUT_S + 60, env=_env(), preexec_fn=_bounded)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, "-m", "tunebench", *argv],
+                capture_output=True,
+                text=True,
+                timeout=PG_CONNECT_TIMEOUT_S + 60,
+                env=_env(),
+                preexec_fn=_bounded,
+            )
             took = time.monotonic() - started
             assert proc.returncode == 2, proc.stderr
             (line,) = proc.stderr.strip().splitlines()

@@ -122,8 +122,9 @@ def cli(*args: str, home: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     if home is not None:
         env["TUNEBENCH_HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "tunebench", *args], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tunebench", *args], env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def mlflow_runs(uri: str, experiment: str) -> list:
@@ -145,8 +146,14 @@ def aim_metrics(run) -> dict[str, pd.DataFrame]:
     return {m.name: m.dataframe().sort_values("step") for m in run.metrics()}
 
 
-def check_mlflow_run(uri: str, h: Held, *, predicted: Path | None, experiment: str = "tunebench run",
-                     series: dict[str, list[tuple[int, float]]] | None = None) -> None:  # fmt: skip
+def check_mlflow_run(
+    uri: str,
+    h: Held,
+    *,
+    predicted: Path | None,
+    experiment: str = "tunebench run",
+    series: dict[str, list[tuple[int, float]]] | None = None,
+) -> None:
     """The MLflow run of a stored result holds its params, metrics, tags, series and worker log (predicted: the
     home of the process that sent it with the planner's prediction; None: sent without)."""
     from mlflow.tracking import MlflowClient
@@ -176,8 +183,9 @@ def check_mlflow_run(uri: str, h: Held, *, predicted: Path | None, experiment: s
     assert Path(local).read_text() == log.read_text()
 
 
-def check_aim_run(run, h: Held, *, experiment: str = "tunebench run",
-                  series: dict[str, list[tuple[int, float]]] | None = None) -> None:  # fmt: skip
+def check_aim_run(
+    run, h: Held, *, experiment: str = "tunebench run", series: dict[str, list[tuple[int, float]]] | None = None
+) -> None:
     """The Aim run of a stored result holds its hparams, metrics, tags, series and worker log."""
     assert run.experiment == experiment and run.name.endswith(" | " + h.row["entity_id"])
     assert run["hparams"] == as_aim_params(h.params())
@@ -217,9 +225,25 @@ def measured(tmp_path_factory) -> Measured:
     model.parent.mkdir()
     model.write_text(json.dumps(TINY_LLAMA))
     m = Measured(root, root / "home", root / "s.db", root / "aim", "")
-    done = cli("run", LORA, *PARAMS, f"model_name={model}", "model_max_length=192", "number_gpus=0", "batch_size=4",
-               "target_modules=q_proj,v_proj", "--weights", "random", "--store", str(m.store), "--track", "mlflow",
-               "--track", f"aim:{m.aim}", home=m.home)  # fmt: skip
+    done = cli(
+        "run",
+        LORA,
+        *PARAMS,
+        f"model_name={model}",
+        "model_max_length=192",
+        "number_gpus=0",
+        "batch_size=4",
+        "target_modules=q_proj,v_proj",
+        "--weights",
+        "random",
+        "--store",
+        str(m.store),
+        "--track",
+        "mlflow",
+        "--track",
+        f"aim:{m.aim}",
+        home=m.home,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     m.stderr = done.stderr
     return m
@@ -232,10 +256,27 @@ def mlflow_server(tmp_path_factory):
     port = free_port()
     log = open(root / "server.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'server.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=root,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300  # the server's first start creates its tables: a minute on 2 busy cores
     try:
@@ -311,12 +352,14 @@ def test_series_of_the_run_go_in_at_their_steps(measured, tmp_path, monkeypatch)
 
     (h,) = held(measured.store)
     loss = h.metadata["train_losses"]
-    frame = pd.DataFrame({
-        "series": ["train.loss"] * len(loss) + ["process.rss_gib"] * 3,
-        "step": pd.array([*range(1, len(loss) + 1), None, None, None], dtype="Int64"),
-        "time_s": [0.4 * i for i in range(1, len(loss) + 1)] + [0.0, 0.5, 1.25],
-        "value": [*loss, 1.5, 1.75, 1.625],
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "series": ["train.loss"] * len(loss) + ["process.rss_gib"] * 3,
+            "step": pd.array([*range(1, len(loss) + 1), None, None, None], dtype="Int64"),
+            "time_s": [0.4 * i for i in range(1, len(loss) + 1)] + [0.0, 0.5, 1.25],
+            "value": [*loss, 1.5, 1.75, 1.625],
+        }
+    )
     monkeypatch.setattr(runs, "series_frame", lambda store, stored: frame)
     series = {"train.loss": losses(h), "process.rss_gib": [(0, 1.5), (500, 1.75), (1250, 1.625)]}
     uri, aim = f"sqlite:///{tmp_path / 'm.db'}", tmp_path / "aim"
@@ -339,8 +382,18 @@ def test_mlflow_tracking_server(measured, mlflow_server):
     """`track export` to a real tracking server, twice: one run, equal to the store's result."""
     (h,) = held(measured.store)
     for created in ("1 runs created, 0 already there", "0 runs created, 1 already there"):
-        done = cli("track", "export", "--to", "mlflow", "--uri", mlflow_server, "--store", str(measured.store),
-                   "--predicted", home=measured.home)  # fmt: skip
+        done = cli(
+            "track",
+            "export",
+            "--to",
+            "mlflow",
+            "--uri",
+            mlflow_server,
+            "--store",
+            str(measured.store),
+            "--predicted",
+            home=measured.home,
+        )
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"mlflow:{mlflow_server}: {created}"
     check_mlflow_run(mlflow_server, h, predicted=measured.home, series={"train.loss": losses(h)})
@@ -352,11 +405,15 @@ def test_mlflow_tracking_server(measured, mlflow_server):
 def explore_space(tmp_path: Path, track: list[str], **options) -> Path:
     space = {
         "experiments": [{"id": LORA, "parameters": {"max_steps": 2}}],
-        "entity_space": {"model_name": ["smollm2-135m"], "model_max_length": [64, 128], "batch_size": [1],
-                         "number_gpus": [0]},
+        "entity_space": {
+            "model_name": ["smollm2-135m"],
+            "model_max_length": [64, 128],
+            "batch_size": [1],
+            "number_gpus": [0],
+        },
         "actuator": {"name": "fake_actuators:logs_and_blocks", **options},
         "track": track,
-    }  # fmt: skip
+    }
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     return path
@@ -365,8 +422,15 @@ def explore_space(tmp_path: Path, track: list[str], **options) -> Path:
 @pytest.mark.slow
 def test_explore_tracks_each_result_to_a_server_and_aim(tmp_path, mlflow_server):
     path = explore_space(tmp_path, [f"mlflow:{mlflow_server}", f"aim:{tmp_path / 'aim'}"])
-    done = cli("explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--json",
-               home=tmp_path / "home")  # fmt: skip
+    done = cli(
+        "explore",
+        str(path),
+        "--store",
+        str(tmp_path / "s.db"),
+        "--allow-actuator-import",
+        "--json",
+        home=tmp_path / "home",
+    )
     assert done.returncode == 0, done.stderr
     op = json.loads(done.stdout)["operation_id"]
     stored = held(tmp_path / "s.db")
@@ -387,14 +451,22 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     uri, aim = f"sqlite:///{tmp_path / 'mlflow' / 'm.db'}", tmp_path / "aim"
     blocked = [tmp_path / "mlflow" / "artifacts", aim / "artifacts"]
     path = explore_space(tmp_path, [f"mlflow:{uri}", f"aim:{aim}"], block_paths=[str(p) for p in blocked])
-    done = cli("explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--quiet",
-               home=tmp_path / "home")  # fmt: skip
+    done = cli(
+        "explore",
+        str(path),
+        "--store",
+        str(tmp_path / "s.db"),
+        "--allow-actuator-import",
+        "--quiet",
+        home=tmp_path / "home",
+    )
     assert done.returncode == 0, done.stderr
     stored = held(tmp_path / "s.db")
     assert [h.row["status"] for h in stored] == ["valid", "valid"]
     warnings = [line for line in done.stderr.splitlines() if "was not tracked" in line]
-    assert len(warnings) == 4 and all("NotADirectoryError" in w and "tunebench track export --to" in w
-                                      for w in warnings)  # fmt: skip
+    assert len(warnings) == 4 and all(
+        "NotADirectoryError" in w and "tunebench track export --to" in w for w in warnings
+    )
     for h in stored:
         kept = h.metadata["tracking_warnings"]
         assert [w.split(":")[0] for w in kept] == ["mlflow", "aim"] and f"result {h.result_id} " in kept[0]
@@ -406,7 +478,8 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
         assert done.stdout.strip().endswith(": 2 runs created, 0 already there")
     op = parse_space(yaml.safe_load(path.read_text())).operation_id
     assert sorted(r.data.tags["tunebench.result_id"] for r in mlflow_runs(uri, f"tunebench {op}")) == sorted(
-        str(h.result_id) for h in stored)  # fmt: skip
+        str(h.result_id) for h in stored
+    )
     assert sorted(r["tunebench"]["result_id"] for r in aim_runs(aim)) == sorted(str(h.result_id) for h in stored)
     for h in stored:
         check_mlflow_run(uri, h, predicted=None, experiment=f"tunebench {op}")  # export's default: no prediction
@@ -417,8 +490,10 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
 
 def test_an_unreachable_tracking_server_is_an_error_before_training(tmp_path, capsys):
     port = free_port()  # nothing listens there
-    for track, says in ((f"mlflow:http://127.0.0.1:{port}", "cannot reach the MLflow tracking server"),
-                        (f"aim:aim://127.0.0.1:{port}", "cannot reach the Aim server")):  # fmt: skip
+    for track, says in (
+        (f"mlflow:http://127.0.0.1:{port}", "cannot reach the MLflow tracking server"),
+        (f"aim:aim://127.0.0.1:{port}", "cannot reach the Aim server"),
+    ):
         started = time.monotonic()
         assert main(["run", LORA, *INVALID, "--store", str(tmp_path / "s.db"), "--track", track]) == 2
         err = capsys.readouterr().err
@@ -454,12 +529,16 @@ def test_track_needs_the_store(tmp_path, capsys):
 
 
 def test_bad_track_values(tmp_path, capsys):
-    base = {"experiments": [{"id": LORA}], "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64,
-                                                            "batch_size": 1, "number_gpus": 0}}  # fmt: skip
-    for value, field, says in (("mlfow", "track", "unknown tracker 'mlfow'. Did you mean 'mlflow'?"),
-                               (["aim", "mlflow:"], "track[1]", "names no location after 'mlflow:'"),
-                               (["mlflow", "mlflow:sqlite:///x.db"], "track", "mlflow is given twice"),
-                               (3, "track", "is neither a tracker nor a list")):  # fmt: skip
+    base = {
+        "experiments": [{"id": LORA}],
+        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 1, "number_gpus": 0},
+    }
+    for value, field, says in (
+        ("mlfow", "track", "unknown tracker 'mlfow'. Did you mean 'mlflow'?"),
+        (["aim", "mlflow:"], "track[1]", "names no location after 'mlflow:'"),
+        (["mlflow", "mlflow:sqlite:///x.db"], "track", "mlflow is given twice"),
+        (3, "track", "is neither a tracker nor a list"),
+    ):
         with pytest.raises(InputError) as exc:
             parse_space({**base, "track": value})
         assert (exc.value.field, says in exc.value.message) == (field, True), exc.value
@@ -472,13 +551,17 @@ def test_bad_track_values(tmp_path, capsys):
 def test_trackers_are_not_part_of_the_operation(tmp_path):
     """A space's trackers change neither its operation id nor what the store keeps of it (a URI may hold a
     password)."""
-    base = {"experiments": [{"id": LORA}], "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64,
-                                                            "batch_size": 1, "number_gpus": 0}}  # fmt: skip
+    base = {
+        "experiments": [{"id": LORA}],
+        "entity_space": {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 1, "number_gpus": 0},
+    }
     plain = parse_space(base)
     tracked = parse_space({**base, "track": ["mlflow:https://user:secret@host", "aim:~/runs"]})
     assert tracked.operation_id == plain.operation_id and "track" not in tracked.source
-    assert tracked.track == (Target("mlflow", "https://user:secret@host"),
-                             Target("aim", str(Path("~/runs").expanduser().absolute())))  # fmt: skip
+    assert tracked.track == (
+        Target("mlflow", "https://user:secret@host"),
+        Target("aim", str(Path("~/runs").expanduser().absolute())),
+    )
     assert str(tracked.track[0]) == "mlflow:https://user:***@host"
 
 
@@ -487,8 +570,14 @@ def test_invalid_and_failed_results_are_tracked_with_why(tmp_path, capsys):
     nothing, and says why) and a failed one (MLflow status FAILED, its error)."""
     store = str(tmp_path / "s.db")
     assert main(["run", LORA, *INVALID, "--store", store]) == 0
-    failed = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=2",
-              "gpu_model=NVIDIA-A100-80GB-PCIe", "number_nodes=2"]  # fmt: skip
+    failed = [
+        "model_name=smollm2-135m",
+        "model_max_length=64",
+        "number_gpus=2",
+        "batch_size=2",
+        "gpu_model=NVIDIA-A100-80GB-PCIe",
+        "number_nodes=2",
+    ]
     assert main(["run", LORA, *failed, "--store", store]) == 1
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     assert main(["track", "export", "--to", "mlflow", "--uri", uri, "--store", store, "--predicted"]) == 0

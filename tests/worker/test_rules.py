@@ -145,7 +145,7 @@ def _rank(rank, durations, samples, non_pad, padded, warmup=0, system=None, torc
                 "non_pad_tokens": [non_pad] * n,
                 "padded_tokens": [padded] * n,
                 "dataset_tokens": [dataset] * n,
-            },  # fmt: skip
+            },
             "global": None,
         },
         "system": system,
@@ -171,11 +171,26 @@ def test_properties_sum_ranks_and_divide_per_gpu():
         "gpus": [_gpu("GPU-a", 80.0, 50.0, 70.0, 300.0, 43.0), _gpu("GPU-b", 60.0, 30.0, 90.0, 200.0, 29.0)],
     }
     ranks = [
-        _rank(0, [2.0, 1.0, 1.0], 4, 400, 512, dataset=396, system=system,
-              torch_memory={"max_allocated_gib": 10.0, "max_reserved_gib": 12.0}),
-        _rank(1, [2.0, 1.0, 1.0], 4, 300, 640, dataset=298,
-              torch_memory={"max_allocated_gib": 11.0, "max_reserved_gib": 11.5}),
-    ]  # fmt: skip
+        _rank(
+            0,
+            [2.0, 1.0, 1.0],
+            4,
+            400,
+            512,
+            dataset=396,
+            system=system,
+            torch_memory={"max_allocated_gib": 10.0, "max_reserved_gib": 12.0},
+        ),
+        _rank(
+            1,
+            [2.0, 1.0, 1.0],
+            4,
+            300,
+            640,
+            dataset=298,
+            torch_memory={"max_allocated_gib": 11.0, "max_reserved_gib": 11.5},
+        ),
+    ]
     p = properties_from_results(ranks, number_gpus=2)
     assert p["train_runtime"] == 4.0
     assert p["train_samples_per_second"] == 24 / 4
@@ -273,9 +288,11 @@ def test_completion_only_labels():
     long_text = text + " rose" * 5000
     assert tokenize_record(tok, long_text, "\n### Response:", 40).input_ids == tok(long_text)["input_ids"][:40]
     batch = CompletionCollator(tok.pad_token_id)(
-        [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "entry_index": 7, "dataset_tokens": 2},
-         {"input_ids": [1], "labels": [1], "entry_index": 2, "dataset_tokens": 1}]
-    )  # fmt: skip
+        [
+            {"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "entry_index": 7, "dataset_tokens": 2},
+            {"input_ids": [1], "labels": [1], "entry_index": 2, "dataset_tokens": 1},
+        ]
+    )
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3], [1, -100, -100]] and batch["entry_index"] == [7, 2]
     assert batch["dataset_tokens"] == [2, 1]
@@ -293,8 +310,10 @@ def test_trained_tokens_sum_every_step_and_rank_and_name_the_cause_when_zero():
     for r in ranks:
         r["steps"]["local"]["trained_tokens"] = [0, 0]
     assert trained_tokens(ranks) == 0
-    cut = no_trained_tokens_reason({"records": 32, "records_without_response_template": 0, "max_length": 64,
-                                    "records_without_label_tokens": 32}, "\n### Response:")  # fmt: skip
+    cut = no_trained_tokens_reason(
+        {"records": 32, "records_without_response_template": 0, "max_length": 64, "records_without_label_tokens": 32},
+        "\n### Response:",
+    )
     assert cut.startswith("no label tokens trained") and "cut off" in cut and "max_length 64" in cut
     assert "32 of 32 records" in cut and "raise model_max_length" in cut
     missing = no_trained_tokens_reason({"records": 4, "records_without_response_template": 4}, "\n### Response:")

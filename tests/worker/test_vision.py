@@ -107,15 +107,28 @@ def test_lora_adapts_only_the_language_models_q_and_v():
     tok = train_bpe_tokenizer(["the market rose after earnings"] * 32, 512)
     vision.build_processor(spec, tok)
     model = vision.build_model(
-        spec, tiny=True, tokenizer_vocab=len(tok), special_ids={}, image_token_id=tok.convert_tokens_to_ids("<image>"),
-        dtype=torch.float32, device=torch.device("cpu"), attn_implementation=None,
-    )  # fmt: skip
+        spec,
+        tiny=True,
+        tokenizer_vocab=len(tok),
+        special_ids={},
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        attn_implementation=None,
+    )
     assert any("vision_tower" in n and n.endswith("q_proj") for n, _ in model.named_modules())  # SigLIP has q_proj too
     settings = adapters.PeftSettings(
-        peft_method="lora", target_modules=[vision.language_model_targets(["q_proj", "v_proj"])], r=4, lora_alpha=16,
-        lora_dropout=0.05, num_virtual_tokens=8, prompt_tuning_init="RANDOM", prompt_tuning_init_text="",
-        gradient_checkpointing=False, gradient_checkpointing_kwargs={},
-    )  # fmt: skip
+        peft_method="lora",
+        target_modules=[vision.language_model_targets(["q_proj", "v_proj"])],
+        r=4,
+        lora_alpha=16,
+        lora_dropout=0.05,
+        num_virtual_tokens=8,
+        prompt_tuning_init="RANDOM",
+        prompt_tuning_init_text="",
+        gradient_checkpointing=False,
+        gradient_checkpointing_kwargs={},
+    )
     peft_model, _ = adapters.apply_peft(settings, model, "")
     adapted = {n.rsplit(".lora_A", 1)[0] for n, _ in peft_model.named_modules() if n.endswith("lora_A")}
     assert adapted and all("language_model" in n and n.endswith(("q_proj", "v_proj")) for n in adapted)
@@ -127,10 +140,15 @@ def test_pretrained_vision_checkpoint_from_a_local_directory(tmp_path):
     tok = train_bpe_tokenizer(["the market rose after earnings"] * 32, 512)
     processor = vision.build_processor(spec, tok)
     model = vision.build_model(
-        spec, tiny=True, tokenizer_vocab=len(tok), special_ids={"pad_token_id": tok.pad_token_id},
-        image_token_id=tok.convert_tokens_to_ids("<image>"), dtype=torch.float32, device=torch.device("cpu"),
+        spec,
+        tiny=True,
+        tokenizer_vocab=len(tok),
+        special_ids={"pad_token_id": tok.pad_token_id},
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
         attn_implementation=None,
-    )  # fmt: skip
+    )
     ckpt = tmp_path / "ckpt"
     model.save_pretrained(ckpt)
     processor.save_pretrained(ckpt)
@@ -146,13 +164,23 @@ def _run(tmp_path: Path, *, model: str, method: str, **flags: str) -> tuple[int,
     generate_dataset(DATASET, tmp_path / "data")
     data = tmp_path / "data" / f"{DATASET}.parquet"
     argv = {
-        "tunebench_model": model, "tunebench_tiny": "True", "weights": "random",
-        "training_data_path": str(data), "dataset_text_field": "output", "dataset_image_field": "images",
-        "max_steps": "2", "per_device_train_batch_size": "1", "max_seq_length": "4096",
-        "torch_dtype": "float32", "use_flash_attn": "False", "peft_method": method,
-        "output_dir": str(tmp_path / "out"), "result_path": str(tmp_path / "result.json"),
-        "metrics_interval_seconds": "0.2", **flags,
-    }  # fmt: skip
+        "tunebench_model": model,
+        "tunebench_tiny": "True",
+        "weights": "random",
+        "training_data_path": str(data),
+        "dataset_text_field": "output",
+        "dataset_image_field": "images",
+        "max_steps": "2",
+        "per_device_train_batch_size": "1",
+        "max_seq_length": "4096",
+        "torch_dtype": "float32",
+        "use_flash_attn": "False",
+        "peft_method": method,
+        "output_dir": str(tmp_path / "out"),
+        "result_path": str(tmp_path / "result.json"),
+        "metrics_interval_seconds": "0.2",
+        **flags,
+    }
     rc = main([x for k, v in argv.items() for x in (f"--{k}", v)])
     r = json.loads((tmp_path / "result.json.rank0.json").read_text())
     agg_path = tmp_path / "result.json"
@@ -165,14 +193,23 @@ def test_measuring_actuator_runs_the_vision_lora_experiment(tmp_path):
     from tunebench.actuators.measure import measure
     from tunebench.spec.experiments import get_experiment, make_entity
 
-    exp = get_experiment("finetune_lora_benchmark-v1.0.0",
-                         {"max_steps": 2, "dataset_id": DATASET, "gradient_accumulation_steps": 1})  # fmt: skip
-    entity = make_entity(exp, {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 0,
-                               "batch_size": 1})  # fmt: skip
-    result = measure(exp, entity, {
-        "weights": "random", "output_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data"),
-        "timeout_seconds": 300, "extra_worker_args": ("--tunebench_tiny", "True"),
-    })  # fmt: skip
+    exp = get_experiment(
+        "finetune_lora_benchmark-v1.0.0", {"max_steps": 2, "dataset_id": DATASET, "gradient_accumulation_steps": 1}
+    )
+    entity = make_entity(
+        exp, {"model_name": "granite-vision-3.2-2b", "model_max_length": 4096, "number_gpus": 0, "batch_size": 1}
+    )
+    result = measure(
+        exp,
+        entity,
+        {
+            "weights": "random",
+            "output_dir": str(tmp_path / "run"),
+            "data_dir": str(tmp_path / "data"),
+            "timeout_seconds": 300,
+            "extra_worker_args": ("--tunebench_tiny", "True"),
+        },
+    )
     assert result.status == "valid", (result.error, result.log_tail)
     p = result.properties
     assert set(BENCHMARK_MEASURED) <= set(p) and p["is_valid"] == 1

@@ -22,6 +22,12 @@ from tunebench.actuators.registry import (
 )
 
 __all__ = [
-    "ENTRY_POINTS", "HARDWARE_FREE", "Actuator", "MultiNode", "check_options", "needs_hardware",
-    "registered_actuators", "resolve_actuator",
-]  # fmt: skip
+    "ENTRY_POINTS",
+    "HARDWARE_FREE",
+    "Actuator",
+    "MultiNode",
+    "check_options",
+    "needs_hardware",
+    "registered_actuators",
+    "resolve_actuator",
+]

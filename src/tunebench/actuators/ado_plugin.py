@@ -64,23 +64,26 @@ def ado_domain(prop: Property, allowed: tuple | None = None) -> PropertyDomain:
         low = min((prop.minimum if prop.minimum is not None else INT_MIN, *prop.special))
         high = prop.maximum if prop.maximum is not None else INT_MAX
         if high - low <= _MAX_LISTED:  # ado's discrete ranges are half-open: [low, high + 1)
-            return PropertyDomain(domainRange=[int(low), int(high) + 1], interval=1,
-                                  variableType=VariableTypeEnum.DISCRETE_VARIABLE_TYPE)  # fmt: skip
+            return PropertyDomain(
+                domainRange=[int(low), int(high) + 1], interval=1, variableType=VariableTypeEnum.DISCRETE_VARIABLE_TYPE
+            )
         continuous = VariableTypeEnum.CONTINUOUS_VARIABLE_TYPE
         return PropertyDomain(domainRange=[int(low), int(high) + 1], variableType=continuous)
     if prop.kind == "float":  # a float domain open above: any number (the planner judges the value)
         bounded = prop.minimum is not None and prop.maximum is not None
         low = min((prop.minimum, *prop.special)) if bounded else None
-        return PropertyDomain(domainRange=[low, prop.maximum] if bounded else None,
-                              variableType=VariableTypeEnum.CONTINUOUS_VARIABLE_TYPE)  # fmt: skip
+        return PropertyDomain(
+            domainRange=[low, prop.maximum] if bounded else None, variableType=VariableTypeEnum.CONTINUOUS_VARIABLE_TYPE
+        )
     # model, gpu, dataset, names and lists: any value tunebench's catalogs or forms accept
     return PropertyDomain(variableType=VariableTypeEnum.OPEN_CATEGORICAL_VARIABLE_TYPE)
 
 
 def _constitutive(name: str, allowed: tuple | None = None) -> ConstitutiveProperty:
     prop = PROPERTIES[name]
-    return ConstitutiveProperty(identifier=name, propertyDomain=ado_domain(prop, allowed),
-                                metadata={"description": prop.description})  # fmt: skip
+    return ConstitutiveProperty(
+        identifier=name, propertyDomain=ado_domain(prop, allowed), metadata={"description": prop.description}
+    )
 
 
 @functools.cache
@@ -91,20 +94,27 @@ def build_catalog() -> ExperimentCatalog:
     catalog = ExperimentCatalog(catalogIdentifier=IDENTIFIER)
     for experiment in list_experiments():
         optional = sorted(experiment.optional)
-        catalog.addExperiment(Experiment(
-            identifier=experiment.base_id,
-            actuatorIdentifier=IDENTIFIER,
-            metadata={"description": experiment.description, "method": experiment.method,
-                      "predicted_by": "tunebench planner (tunebench.plan)"},
-            targetProperties=[AbstractPropertyDescriptor(identifier=p) for p in ("is_valid", *PREDICTED)],
-            requiredProperties=[_constitutive(name) for name in REQUIRED_PROPERTIES],
-            optionalProperties=[_constitutive(name, experiment.restricted.get(name)) for name in optional],
-            defaultParameterization=[
-                ConstitutivePropertyValue(property=ConstitutivePropertyDescriptor(identifier=name),
-                                          value=_ado_value(experiment.optional[name]))
-                for name in optional
-            ],
-        ))  # fmt: skip
+        catalog.addExperiment(
+            Experiment(
+                identifier=experiment.base_id,
+                actuatorIdentifier=IDENTIFIER,
+                metadata={
+                    "description": experiment.description,
+                    "method": experiment.method,
+                    "predicted_by": "tunebench planner (tunebench.plan)",
+                },
+                targetProperties=[AbstractPropertyDescriptor(identifier=p) for p in ("is_valid", *PREDICTED)],
+                requiredProperties=[_constitutive(name) for name in REQUIRED_PROPERTIES],
+                optionalProperties=[_constitutive(name, experiment.restricted.get(name)) for name in optional],
+                defaultParameterization=[
+                    ConstitutivePropertyValue(
+                        property=ConstitutivePropertyDescriptor(identifier=name),
+                        value=_ado_value(experiment.optional[name]),
+                    )
+                    for name in optional
+                ],
+            )
+        )
     return catalog
 
 
@@ -118,8 +128,9 @@ class TunebenchPredictParameters(GenericActuatorParameters):
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    calibration: str | None = pydantic.Field(None, description="A calibration JSON (tunebench calibrate); "
-                                             "default: the user's refit, else the shipped one")  # fmt: skip
+    calibration: str | None = pydantic.Field(
+        None, description="A calibration JSON (tunebench calibrate); default: the user's refit, else the shipped one"
+    )
     price_per_gpu_hour: float | None = pydantic.Field(None, description="Price of one GPU-hour, for cost")
     network_gbps: float | None = pydantic.Field(None, description="Inter-node bandwidth per node, GB/s")
     host_memory_gib: float | None = pydantic.Field(None, description="Host RAM per node, GiB")
@@ -152,8 +163,11 @@ def predict_request(request: MeasurementRequest, experiment: Experiment, options
     if result is None or result.status == "failed":
         request.status = MeasurementRequestStateEnum.FAILED
         reason = error if result is None else result.error or "the planner failed"
-        request.measurements = [InvalidMeasurementResult(entityIdentifier=entity.identifier, reason=reason,
-                                                         experimentReference=request.experimentReference)]  # fmt: skip
+        request.measurements = [
+            InvalidMeasurementResult(
+                entityIdentifier=entity.identifier, reason=reason, experimentReference=request.experimentReference
+            )
+        ]
         return
     numeric = ValueTypeEnum.NUMERIC_VALUE_TYPE
     values = [
@@ -164,8 +178,9 @@ def predict_request(request: MeasurementRequest, experiment: Experiment, options
         and math.isfinite(value)
     ]
     metadata = {"actuator": "tunebench predict", "reasons": list(result.reasons)} if result.reasons else {}
-    request.measurements = [ValidMeasurementResult(entityIdentifier=entity.identifier, measurements=values,
-                                                   metadata=metadata)]  # fmt: skip
+    request.measurements = [
+        ValidMeasurementResult(entityIdentifier=entity.identifier, measurements=values, metadata=metadata)
+    ]
     request.status = MeasurementRequestStateEnum.SUCCESS
 
 
@@ -195,9 +210,13 @@ class TunebenchPredict(ActuatorBase):
         experiment = build_catalog().experimentForReference(experimentReference, resolve=True)
         ids = []
         for entity in entities:
-            request = MeasurementRequest(operation_id=requesterid, requestIndex=requestIndex,
-                                         experimentReference=experimentReference, entities=[entity],
-                                         requestid=str(uuid.uuid4())[:8])  # fmt: skip
+            request = MeasurementRequest(
+                operation_id=requesterid,
+                requestIndex=requestIndex,
+                experimentReference=experimentReference,
+                entities=[entity],
+                requestid=str(uuid.uuid4())[:8],
+            )
             predict_request(request, experiment, self._options)
             self._stateUpdateQueue.put_nowait(request)
             ids.append(request.requestid)

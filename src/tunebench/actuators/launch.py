@@ -100,8 +100,11 @@ def _value(text: str, field: str) -> str:
     (model_map paths, data directories) and stays in force whatever a parser lets through.
     """
     if text.startswith("-") or has_control_characters(text):
-        raise InputError(field, f"{text!r} cannot be passed to the worker: it starts with '-' or holds control "
-                         "characters", allowed="a name or path not starting with '-'")  # fmt: skip
+        raise InputError(
+            field,
+            f"{text!r} cannot be passed to the worker: it starts with '-' or holds control characters",
+            allowed="a name or path not starting with '-'",
+        )
     return text
 
 
@@ -165,31 +168,55 @@ def worker_args(
     # as -1 does; transformers 5 reads max_steps 0 as a budget of no step (Trainer: epoch_based = max_steps < 0)
     max_steps = values.get("max_steps", -1) if values.get("max_steps", -1) > 0 else -1
     args = [
-        "--model_name_or_path", _value(model_path, "model_name_or_path"),
-        "--torch_dtype", values["torch_dtype"],
-        "--use_flash_attn", _flag(flash),
-        "--training_data_path", _value(training_data_path, "data_dir"),
-        "--response_template", values["response_template"],
-        "--dataset_text_field", text_field,
-        "--log_level", values["log_level"],
-        "--num_train_epochs", _flag(values.get("num_train_epochs", 1.0)),
-        "--max_steps", str(max_steps),
-        "--per_device_train_batch_size", str(per_device),
-        "--max_seq_length", str(values["model_max_length"]),
-        "--eval_strategy", values["eval_strategy"],
-        "--output_dir", OUTPUT_DIR,
-        "--gradient_accumulation_steps", str(values["gradient_accumulation_steps"]),
-        "--save_strategy", values["save_strategy"],
-        "--learning_rate", str(values["learning_rate"]),
-        "--weight_decay", str(values["weight_decay"]),
-        "--warmup_ratio", str(values["warmup_ratio"]),
-        "--lr_scheduler_type", values["lr_scheduler_type"],
-        "--logging_steps", str(values["logging_steps"]),
-        "--include_tokens_per_second", _flag(values["include_tokens_per_second"]),
-        "--gradient_checkpointing", _flag(values["gradient_checkpointing"]),
-        "--packing", _flag(values["packing"]),
-        "--peft_method", values["peft_method"],
-    ]  # fmt: skip
+        "--model_name_or_path",
+        _value(model_path, "model_name_or_path"),
+        "--torch_dtype",
+        values["torch_dtype"],
+        "--use_flash_attn",
+        _flag(flash),
+        "--training_data_path",
+        _value(training_data_path, "data_dir"),
+        "--response_template",
+        values["response_template"],
+        "--dataset_text_field",
+        text_field,
+        "--log_level",
+        values["log_level"],
+        "--num_train_epochs",
+        _flag(values.get("num_train_epochs", 1.0)),
+        "--max_steps",
+        str(max_steps),
+        "--per_device_train_batch_size",
+        str(per_device),
+        "--max_seq_length",
+        str(values["model_max_length"]),
+        "--eval_strategy",
+        values["eval_strategy"],
+        "--output_dir",
+        OUTPUT_DIR,
+        "--gradient_accumulation_steps",
+        str(values["gradient_accumulation_steps"]),
+        "--save_strategy",
+        values["save_strategy"],
+        "--learning_rate",
+        str(values["learning_rate"]),
+        "--weight_decay",
+        str(values["weight_decay"]),
+        "--warmup_ratio",
+        str(values["warmup_ratio"]),
+        "--lr_scheduler_type",
+        values["lr_scheduler_type"],
+        "--logging_steps",
+        str(values["logging_steps"]),
+        "--include_tokens_per_second",
+        _flag(values["include_tokens_per_second"]),
+        "--gradient_checkpointing",
+        _flag(values["gradient_checkpointing"]),
+        "--packing",
+        _flag(values["packing"]),
+        "--peft_method",
+        values["peft_method"],
+    ]
     args += _method_args(experiment, values)
     args += _optional_args(values, dataset.is_vision)
     args += _stack_args(values)
@@ -372,13 +399,23 @@ def plan_of_values(
         per_device_train_batch_size=values["batch_size"] // max(1, gpus),
         worker_args=args,
     )
-    plan.nodes += _nodes(values, mode, args, env, cpu_processes if cpu_ddp else 0, config_file, main_process_ip,
-                         main_process_port, WORKER_MODULES[engine])  # fmt: skip
+    plan.nodes += _nodes(
+        values,
+        mode,
+        args,
+        env,
+        cpu_processes if cpu_ddp else 0,
+        config_file,
+        main_process_ip,
+        main_process_port,
+        WORKER_MODULES[engine],
+    )
     return plan
 
 
-def _environment(values: dict[str, Any], gpus_per_node: int, cpu_ddp: bool,
-                 nccl_env: dict[str, Any] | None) -> dict[str, str]:  # fmt: skip
+def _environment(
+    values: dict[str, Any], gpus_per_node: int, cpu_ddp: bool, nccl_env: dict[str, Any] | None
+) -> dict[str, str]:
     """The environment every node of the plan sets. Each node sees exactly the GPUs it owns: none on the CPU,
     else gpus_per_node of them, here the node's first ones (NVML's PCI bus order); the executor that
     assigns others replaces them (tunebench.actuators.process.node_command). A process that sees more GPUs
@@ -402,9 +439,16 @@ def first_devices(count: int) -> str:
 
 
 def _nodes(
-    values: dict[str, Any], mode: str, args: list[str], env: dict[str, str], cpu_processes: int, config_file: str,
-    main_process_ip: str | None, main_process_port: int, module: str,
-) -> list[NodePlan]:  # fmt: skip
+    values: dict[str, Any],
+    mode: str,
+    args: list[str],
+    env: dict[str, str],
+    cpu_processes: int,
+    config_file: str,
+    main_process_ip: str | None,
+    main_process_port: int,
+    module: str,
+) -> list[NodePlan]:
     """One NodePlan per node: CPU DDP (cpu_processes > 0), one process, or accelerate per node."""
     if cpu_processes:
         command = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(cpu_processes)]

@@ -121,10 +121,18 @@ def _measure_once(
             progress(f"data set {values['dataset_id']}")
         ensure_dataset(values["dataset_id"], opts.data_dir)
         plan = plan_of_values(
-            experiment, entity.id, values, data_directory=opts.data_dir, model_map=opts.model_map,
-            weights=opts.weights, main_process_ip="127.0.0.1", main_process_port=_free_port(),
-            cpu_processes=opts.cpu_processes, nccl_env=opts.nccl_env, engine=engine,
-        )  # fmt: skip
+            experiment,
+            entity.id,
+            values,
+            data_directory=opts.data_dir,
+            model_map=opts.model_map,
+            weights=opts.weights,
+            main_process_ip="127.0.0.1",
+            main_process_port=_free_port(),
+            cpu_processes=opts.cpu_processes,
+            nccl_env=opts.nccl_env,
+            engine=engine,
+        )
         run_env = runtime(engine, values, out_dir, progress)  # fms-hf-tuning: its environment, built if needed
     except Exception as exc:  # a data set, plan or environment that cannot be made is a failed measurement
         return Result.failed(experiment.id, entity.id, f"{type(exc).__name__}: {exc}", metadata=meta)
@@ -146,10 +154,15 @@ def _measure_once(
     returncode, timed_out = run_logged(command, env, log_path, opts.timeout_seconds, watch, on_step)
     meta["wall_seconds"] = round(time.time() - started, 3)
     run = RunOutcome(
-        returncode=returncode, timed_out=timed_out, ranks=read_rank_results(out_dir / "result"),
-        aggregate=read_aggregate(out_dir / "result"), world_size=plan.processes_per_node * plan.number_nodes,
-        log_tail=tail(log_path), metadata=meta, memory=watch.evidence,
-    )  # fmt: skip
+        returncode=returncode,
+        timed_out=timed_out,
+        ranks=read_rank_results(out_dir / "result"),
+        aggregate=read_aggregate(out_dir / "result"),
+        world_size=plan.processes_per_node * plan.number_nodes,
+        log_tail=tail(log_path),
+        metadata=meta,
+        memory=watch.evidence,
+    )
     return result_of_run(experiment, entity, run, opts.timeout_seconds)
 
 
@@ -194,21 +207,36 @@ def _measure_stability(
 
 
 def plan_nodes(
-    experiment: Experiment, entity: Entity, options: Mapping[str, Any], main_process_ip: str, main_process_port: int,
+    experiment: Experiment,
+    entity: Entity,
+    options: Mapping[str, Any],
+    main_process_ip: str,
+    main_process_port: int,
     engine: str = NATIVE,
-) -> LaunchPlan:  # fmt: skip
+) -> LaunchPlan:
     """The launch plan of a multi-node entity, rendezvous at main_process_ip:main_process_port."""
     return build_launch_plan(
-        experiment, entity, data_directory=options.get("data_dir"), model_map=options.get("model_map"),
-        weights=options.get("weights", "auto"), main_process_ip=main_process_ip, main_process_port=main_process_port,
-        nccl_env=options.get("nccl_env"), engine=engine,
-    )  # fmt: skip
+        experiment,
+        entity,
+        data_directory=options.get("data_dir"),
+        model_map=options.get("model_map"),
+        weights=options.get("weights", "auto"),
+        main_process_ip=main_process_ip,
+        main_process_port=main_process_port,
+        nccl_env=options.get("nccl_env"),
+        engine=engine,
+    )
 
 
 def run_node(
-    experiment: Experiment, entity: Entity, options: Mapping[str, Any], node_plan: NodePlan, output_dir: str,
-    main_process_ip: str, engine: str = NATIVE,
-) -> NodeResult:  # fmt: skip
+    experiment: Experiment,
+    entity: Entity,
+    options: Mapping[str, Any],
+    node_plan: NodePlan,
+    output_dir: str,
+    main_process_ip: str,
+    engine: str = NATIVE,
+) -> NodeResult:
     """One node's part, on that node: its own copy of the data set (generated or verified), the engine's
     environment (fms-hf-tuning: built on this node if it has none), then the run."""
     values = effective_values(experiment, entity)
@@ -218,10 +246,13 @@ def run_node(
     runs_worker = any(m in node_plan.command for m in WORKER_MODULES.values())  # another actuator's may run anything
     gpus = MeasureOptions(visible_devices=options.get("visible_devices"))  # the GPUs Ray gave this node's task
     return run_node_plan(
-        node_plan, output_dir, run_env.python, main_process_ip=main_process_ip,
+        node_plan,
+        output_dir,
+        run_env.python,
+        main_process_ip=main_process_ip,
         timeout_s=options.get("timeout_seconds"),
         options=with_gpu_count(gpus, values) if runs_worker else gpus,
-    )  # fmt: skip
+    )
 
 
 def with_host_memory_limit(opts: MeasureOptions, values: dict[str, Any]) -> tuple[MeasureOptions, str | None]:
@@ -253,15 +284,28 @@ def collect_nodes(
     """The Result of a multi-node run from every node's exit and rank records (the single-node rules)."""
     failed = [n.returncode for n in nodes if n.returncode]
     tails = "\n".join(f"--- node {n.machine_rank} ({n.host}, exit {n.returncode})\n{n.log_tail[-1500:]}" for n in nodes)
-    meta = {"nodes": [{"rank": n.machine_rank, "host": n.host, "node_ip": n.node_ip, "node_id": n.node_id,
-                       "returncode": n.returncode} for n in nodes]}  # fmt: skip
+    meta = {
+        "nodes": [
+            {
+                "rank": n.machine_rank,
+                "host": n.host,
+                "node_ip": n.node_ip,
+                "node_id": n.node_id,
+                "returncode": n.returncode,
+            }
+            for n in nodes
+        ]
+    }
     run = RunOutcome(
-        returncode=failed[0] if failed else 0, timed_out=any(n.returncode is None for n in nodes),
+        returncode=failed[0] if failed else 0,
+        timed_out=any(n.returncode is None for n in nodes),
         ranks=sorted((r for n in nodes for r in n.records), key=lambda r: r.get("rank", 0)),
         aggregate=next((n.aggregate for n in nodes if n.aggregate), None),
-        world_size=plan.processes_per_node * plan.number_nodes, log_tail=tails, metadata=meta,
+        world_size=plan.processes_per_node * plan.number_nodes,
+        log_tail=tails,
+        metadata=meta,
         memory=next((n.memory for n in nodes if n.returncode and n.memory), None),  # a killed node's view
-    )  # fmt: skip
+    )
     return result_of_run(experiment, entity, run, options.get("timeout_seconds"))
 
 

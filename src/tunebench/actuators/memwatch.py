@@ -146,10 +146,13 @@ class MemoryWatch:
             limit = (info.get("MemTotal"), "/proc/meminfo MemTotal")
         kills = cgroup_oom_kills(root)
         self.evidence = MemoryEvidence(
-            limit_bytes=limit[0], limit_source=limit[1], oom_kills_before=kills[0] if kills else None,
-            oom_kills_file=kills[1] if kills else None, mem_available_min_bytes=info.get("MemAvailable"),
+            limit_bytes=limit[0],
+            limit_source=limit[1],
+            oom_kills_before=kills[0] if kills else None,
+            oom_kills_file=kills[1] if kills else None,
+            mem_available_min_bytes=info.get("MemAvailable"),
             mem_total_bytes=info.get("MemTotal"),
-        )  # fmt: skip
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -40,14 +40,18 @@ def check_nccl_env(nccl_env: Mapping[str, Any] | None) -> dict[str, str]:
     for name, value in (nccl_env or {}).items():
         if not str(name).startswith("NCCL_") or name == DECIDED:
             raise InputError(
-                "actuator.nccl_env", f"{name!r} cannot be set here",
+                "actuator.nccl_env",
+                f"{name!r} cannot be set here",
                 allowed=f"NCCL_* variables except {DECIDED} (set by enable_roce), e.g. " + ", ".join(ROCE_SETTINGS),
-            )  # fmt: skip
+            )
         if not isinstance(value, str | int) or isinstance(value, bool):
             raise InputError("actuator.nccl_env", f"{name} must be a string or integer, got {shown(value)}")
         if not NCCL_NAME.fullmatch(str(name)) or has_control_characters(str(value)) or len(str(value)) > 4096:
-            raise InputError("actuator.nccl_env", f"{shown(name)}={shown(value)} is not one line of NAME=VALUE",
-                             allowed="NCCL_[A-Z0-9_]+ and a value of at most 4,096 printable characters")  # fmt: skip
+            raise InputError(
+                "actuator.nccl_env",
+                f"{shown(name)}={shown(value)} is not one line of NAME=VALUE",
+                allowed="NCCL_[A-Z0-9_]+ and a value of at most 4,096 printable characters",
+            )
         out[str(name)] = str(value)
     return out
 

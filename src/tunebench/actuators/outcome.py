@@ -47,9 +47,12 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
     meta, tail = dict(run.metadata), run.log_tail
     if run.timed_out:
         return Result.failed(
-            experiment.id, entity.id, f"timeout: the run exceeded {timeout_seconds or 0:g} s and was killed",
-            log_tail=tail, metadata=meta,
-        )  # fmt: skip
+            experiment.id,
+            entity.id,
+            f"timeout: the run exceeded {timeout_seconds or 0:g} s and was killed",
+            log_tail=tail,
+            metadata=meta,
+        )
     status, reason = outcome(run.ranks, world_size=run.world_size)
     series = {"series": run_series(run.ranks)}
     if run.ranks:
@@ -57,8 +60,9 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         meta.update(_run_metadata(run.ranks))
         meta["engine"] = {**engine, **(meta.get("engine") or {})}
     if status == "invalid":
-        return Result.invalid(experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail,
-                              **series)  # fmt: skip
+        return Result.invalid(
+            experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail, **series
+        )
     if status == "valid" and run.returncode != 0:
         status, reason = "failed", f"worker exited with code {run.returncode} after writing its results"
     if status == "valid" and run.aggregate is None:
@@ -73,8 +77,9 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
             reason = f"worker killed by signal {name}" + (f" ({reason})" if run.ranks else "")
         elif not run.ranks:
             reason = f"worker exited with code {run.returncode} and wrote no result"
-        return Result.failed(experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta,
-                             **series)  # fmt: skip
+        return Result.failed(
+            experiment.id, entity.id, reason or "unknown failure", log_tail=tail, metadata=meta, **series
+        )
     tokens = run.aggregate.get("trained_tokens")
     meta["trained_tokens"] = tokens
     if tokens == 0:

@@ -30,8 +30,11 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     unknown = sorted(set(options) - set(ACTUATOR_OPTIONS) - set(_IGNORED_OPTIONS))
     if unknown:
-        raise InputError("actuator.options", f"unknown option(s) of the predict actuator: {', '.join(unknown)}",
-                         allowed=", ".join(ACTUATOR_OPTIONS))  # fmt: skip
+        raise InputError(
+            "actuator.options",
+            f"unknown option(s) of the predict actuator: {', '.join(unknown)}",
+            allowed=", ".join(ACTUATOR_OPTIONS),
+        )
     out: dict[str, Any] = {}
     if options.get("calibration"):
         path = Path(str(options["calibration"])).expanduser()

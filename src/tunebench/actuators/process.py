@@ -77,8 +77,9 @@ def node_command(
     command += _option_flags(opts)
     env = {**os.environ, **{k: _fill(v, fill) for k, v in node.env.items()}}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    devices = owned_devices(node.env.get("CUDA_VISIBLE_DEVICES"), opts.visible_devices,
-                            os.environ.get("CUDA_VISIBLE_DEVICES"))  # fmt: skip
+    devices = owned_devices(
+        node.env.get("CUDA_VISIBLE_DEVICES"), opts.visible_devices, os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     if opts.visible_devices is not None:
@@ -136,9 +137,13 @@ def run_logged(
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=_terminate_with_parent,
-        )  # fmt: skip
+        )
         if watch is not None:
             watch.start(proc.pid)
         follower = LogFollower(log_path, on_step) if on_step is not None else None

@@ -199,10 +199,14 @@ def mig_slice(value: str) -> GPUSpec | None:
     g, c, gb = int(match["g"]), int(match["c"] or match["g"]), int(match["gb"])
     memory_eighths = round(MIG_MEMORY_SLICES * gb / base.memory_gb_nominal)
     if slices is None or not 1 <= c <= g <= slices or not 1 <= memory_eighths <= MIG_MEMORY_SLICES:
-        why = ("is not MIG-capable" if slices is None
-               else f"has {slices} compute slices and {base.memory_gb_nominal:g} GB")  # fmt: skip
-        raise InputError("gpu_model", f"{value!r}: {base.name} {why}; no MIG profile {match['g']}g.{gb}gb",
-                         allowed="<GPU>-MIG-<g>g.<GB>gb, e.g. NVIDIA-A100-SXM4-80GB-MIG-3g.40gb")  # fmt: skip
+        why = (
+            "is not MIG-capable" if slices is None else f"has {slices} compute slices and {base.memory_gb_nominal:g} GB"
+        )
+        raise InputError(
+            "gpu_model",
+            f"{value!r}: {base.name} {why}; no MIG profile {match['g']}g.{gb}gb",
+            allowed="<GPU>-MIG-<g>g.<GB>gb, e.g. NVIDIA-A100-SXM4-80GB-MIG-3g.40gb",
+        )
     compute, memory = c / slices, memory_eighths / MIG_MEMORY_SLICES
     profile = f"{c}c.{g}g.{gb}gb" if c != g else f"{g}g.{gb}gb"
 
@@ -210,19 +214,28 @@ def mig_slice(value: str) -> GPUSpec | None:
         return None if x is None else round(x * compute, 2)
 
     return GPUSpec(
-        name=f"{base.name}-MIG-{profile}", aliases=(), architecture=base.architecture,
-        compute_capability=base.compute_capability, memory_mib=int(base.memory_mib * memory),
-        memory_gib=round(base.memory_mib * memory / 1024, 2), memory_gb_nominal=gb,
-        bf16_tflops=scaled(base.bf16_tflops), fp16_tflops=scaled(base.fp16_tflops),
-        tf32_tflops=scaled(base.tf32_tflops), fp32_tflops=scaled(base.fp32_tflops),
+        name=f"{base.name}-MIG-{profile}",
+        aliases=(),
+        architecture=base.architecture,
+        compute_capability=base.compute_capability,
+        memory_mib=int(base.memory_mib * memory),
+        memory_gib=round(base.memory_mib * memory / 1024, 2),
+        memory_gb_nominal=gb,
+        bf16_tflops=scaled(base.bf16_tflops),
+        fp16_tflops=scaled(base.fp16_tflops),
+        tf32_tflops=scaled(base.tf32_tflops),
+        fp32_tflops=scaled(base.fp32_tflops),
         memory_bandwidth_gbps=round(base.memory_bandwidth_gbps * memory, 1),
-        tdp_watts=round(base.tdp_watts * compute, 1), form_factor=base.form_factor,
+        tdp_watts=round(base.tdp_watts * compute, 1),
+        form_factor=base.form_factor,
         interconnect=f"MIG slice: no peer-to-peer; PCIe {base.pcie_gen}.0 x16 through the host",
-        intra_node_bandwidth_gbps=PCIE_X16_GBPS.get(base.pcie_gen, 64), pcie_gen=base.pcie_gen, confidence="derived",
+        intra_node_bandwidth_gbps=PCIE_X16_GBPS.get(base.pcie_gen, 64),
+        pcie_gen=base.pcie_gen,
+        confidence="derived",
         notes=f"MIG slice {profile} of {base.name}: {c}/{slices} of its SMs, "
-              f"{memory_eighths}/{MIG_MEMORY_SLICES} of its memory and memory bandwidth",
+        f"{memory_eighths}/{MIG_MEMORY_SLICES} of its memory and memory bandwidth",
         source=(*base.source, MIG_GUIDE),
-    )  # fmt: skip
+    )
 
 
 def is_known_gpu(value: str) -> bool:
@@ -242,16 +255,28 @@ FLOP_PER_BYTE = 153.0
 _CUSTOM: dict[str, GPUSpec] = {}
 
 
-def custom_gpu(name: str, memory_gib: float, bf16_tflops: float, interconnect_gbps: float,
-               memory_bandwidth_gbps: float | None = None, fp32_tflops: float | None = None,
-               field: str = "gpu_model") -> GPUSpec:  # fmt: skip
+def custom_gpu(
+    name: str,
+    memory_gib: float,
+    bf16_tflops: float,
+    interconnect_gbps: float,
+    memory_bandwidth_gbps: float | None = None,
+    fp32_tflops: float | None = None,
+    field: str = "gpu_model",
+) -> GPUSpec:
     """A GPU described by its numbers: memory (GiB), dense bf16 peak (TFLOP/s), GPU-to-GPU bandwidth
     within a node (GB/s, bidirectional); memory bandwidth (GB/s) optional."""
     from tunebench.catalog.user_gpus import GPUNumbers
 
-    numbers = GPUNumbers.checked(field, name=name, memory_gib=memory_gib, bf16_tflops=bf16_tflops,
-                                 interconnect_gbps=interconnect_gbps, memory_bandwidth_gbps=memory_bandwidth_gbps,
-                                 fp32_tflops=fp32_tflops)  # fmt: skip
+    numbers = GPUNumbers.checked(
+        field,
+        name=name,
+        memory_gib=memory_gib,
+        bf16_tflops=bf16_tflops,
+        interconnect_gbps=interconnect_gbps,
+        memory_bandwidth_gbps=memory_bandwidth_gbps,
+        fp32_tflops=fp32_tflops,
+    )
     return numbers.spec()
 
 

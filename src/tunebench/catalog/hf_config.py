@@ -75,17 +75,19 @@ def _llava_next(spec: ModelSpec) -> dict[str, Any]:
     feature_layer = vision.pop("vision_feature_layer", -2)
     strategy = vision.pop("vision_feature_select_strategy", "default")
     pinpoints = spec.extra.get("image_grid_pinpoints")
-    return _defined({
-        "model_type": "llava_next",
-        "text_config": text,
-        "vision_config": vision,
-        "vision_feature_layer": feature_layer,
-        "vision_feature_select_strategy": strategy,
-        "image_grid_pinpoints": pinpoints if isinstance(pinpoints, list) else _LLAVA_PINPOINTS,
-        "image_token_index": spec.extra.get("image_token_index"),
-        "projector_hidden_act": spec.extra.get("projector_hidden_act"),
-        "tie_word_embeddings": spec.tie_word_embeddings,
-    })  # fmt: skip
+    return _defined(
+        {
+            "model_type": "llava_next",
+            "text_config": text,
+            "vision_config": vision,
+            "vision_feature_layer": feature_layer,
+            "vision_feature_select_strategy": strategy,
+            "image_grid_pinpoints": pinpoints if isinstance(pinpoints, list) else _LLAVA_PINPOINTS,
+            "image_token_index": spec.extra.get("image_token_index"),
+            "projector_hidden_act": spec.extra.get("projector_hidden_act"),
+            "tie_word_embeddings": spec.tie_word_embeddings,
+        }
+    )
 
 
 def _defined(d: dict[str, Any]) -> dict[str, Any]:

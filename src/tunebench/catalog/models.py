@@ -217,10 +217,20 @@ def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = N
     if text_type == "chatglm":
         vocab, kv = chatglm_fields(text)["vocab_size"], chatglm_fields(text)["num_key_value_heads"]
     layers, intermediate = _first(text, *LAYER_KEYS), _first(text, *FFN_KEYS)
-    check_dimensions({"hidden_size": hidden, "num_hidden_layers": layers, "vocab_size": vocab, "num_attention_heads": heads,
-                      "num_key_value_heads": kv, "head_dim": _first(text, "head_dim", "kv_channels"),
-                      "intermediate_size": intermediate, "num_local_experts": _first(text, *EXPERT_KEYS),
-                      "num_experts_per_tok": _first(text, "num_experts_per_tok", "moe_top_k", "top_k")}, name)  # fmt: skip
+    check_dimensions(
+        {
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "vocab_size": vocab,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": _first(text, "head_dim", "kv_channels"),
+            "intermediate_size": intermediate,
+            "num_local_experts": _first(text, *EXPERT_KEYS),
+            "num_experts_per_tok": _first(text, "num_experts_per_tok", "moe_top_k", "top_k"),
+        },
+        name,
+    )
     ratio = text.get("expansion_ratio")
     if intermediate is None and isinstance(ratio, (int, float)) and 0 < ratio <= 64:
         intermediate = int(ratio * hidden)  # MPT

@@ -46,8 +46,15 @@ class GPUNumbers(BaseModel):
             raise ValueError("a node label: letters, digits, '.', '_' and '-', at most 100 characters")
         return v
 
-    @field_validator("memory_gib", "memory_mib", "bf16_tflops", "interconnect_gbps", "memory_bandwidth_gbps",
-                     "fp16_tflops", "fp32_tflops")  # fmt: skip
+    @field_validator(
+        "memory_gib",
+        "memory_mib",
+        "bf16_tflops",
+        "interconnect_gbps",
+        "memory_bandwidth_gbps",
+        "fp16_tflops",
+        "fp32_tflops",
+    )
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
@@ -78,14 +85,27 @@ class GPUNumbers(BaseModel):
             else f"memory bandwidth assumed {bandwidth:,.0f} GB/s ({FLOP_PER_BYTE:g} FLOP/byte)"
         )
         return GPUSpec(
-            name=self.name, aliases=tuple(self.aliases), architecture="Custom", compute_capability="",
-            memory_mib=int(mib), memory_gib=round(mib / 1024, 2), memory_gb_nominal=round(mib / 1024),
-            bf16_tflops=self.bf16_tflops, fp16_tflops=self.fp16_tflops or self.bf16_tflops,
-            tf32_tflops=None, fp32_tflops=self.fp32_tflops or self.bf16_tflops / 16,
-            memory_bandwidth_gbps=bandwidth, tdp_watts=0.0, form_factor="", interconnect="user-defined",
-            intra_node_bandwidth_gbps=self.interconnect_gbps, pcie_gen=0, confidence="user", notes=note,
+            name=self.name,
+            aliases=tuple(self.aliases),
+            architecture="Custom",
+            compute_capability="",
+            memory_mib=int(mib),
+            memory_gib=round(mib / 1024, 2),
+            memory_gb_nominal=round(mib / 1024),
+            bf16_tflops=self.bf16_tflops,
+            fp16_tflops=self.fp16_tflops or self.bf16_tflops,
+            tf32_tflops=None,
+            fp32_tflops=self.fp32_tflops or self.bf16_tflops / 16,
+            memory_bandwidth_gbps=bandwidth,
+            tdp_watts=0.0,
+            form_factor="",
+            interconnect="user-defined",
+            intra_node_bandwidth_gbps=self.interconnect_gbps,
+            pcie_gen=0,
+            confidence="user",
+            notes=note,
             source=("user-defined",),
-        )  # fmt: skip
+        )
 
 
 def _first_error(exc: ValidationError) -> str:

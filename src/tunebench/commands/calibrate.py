@@ -129,8 +129,9 @@ def default_store(store: str | None, sources: list[Path] | None, default: bool =
     return url, f"reading the measurements of the default store {mask_secrets(url)} (--store picks another)"
 
 
-def gather_records(store: str | None, sources: list[Path] | None, replace: bool,
-                   default: bool = True) -> tuple[list[Any], str]:  # fmt: skip
+def gather_records(
+    store: str | None, sources: list[Path] | None, replace: bool, default: bool = True
+) -> tuple[list[Any], str]:
     """The runs to fit and a label of where they come from: the reference runs, plus (or, with
     replace, instead of) the store's measurements and the CSV files given. store None: the default
     store (default_store; default False: none), said on stderr."""
@@ -184,8 +185,10 @@ def print_calibration(result: Any, label: str) -> None:
     for k, v in result.coefficients.to_dict().items():
         table.add_row(k, f"{v:.4g}")
     console.print(table)
-    for title, m in (("in-sample", result.metrics.get("in_sample")),
-                     ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled"))):  # fmt: skip
+    for title, m in (
+        ("in-sample", result.metrics.get("in_sample")),
+        ("leave-one-model-out", (result.metrics.get("leave_one_model_out") or {}).get("pooled")),
+    ):
         if m:
             console.print(
                 f"{title}: peak memory MdAPE {fmt(m['peak_mdape_pct'])} % (allocated {fmt(m['allocated_mdape_pct'])}, "
@@ -215,7 +218,9 @@ def _calibrate_with_progress(cal: Any, records: list[Any], label: str, lomo: boo
 
     families = len({r.family for r in records})
     if lomo and families > 1:
-        log.info(f"calibrate: after the fit, leave-one-model-out refits once per model family ({families} "
-                 "refits, the longest part): --no-lomo skips it")  # fmt: skip
+        log.info(
+            f"calibrate: after the fit, leave-one-model-out refits once per model family ({families} "
+            "refits, the longest part): --no-lomo skips it"
+        )
     with heartbeat(log, lambda: f"calibrate: still {state['step']} {when()}"):
         return cal.calibrate(records, source=label, lomo=lomo, progress=say)

@@ -16,8 +16,10 @@ def print_comparison(console: Console, predicted: dict, measured: dict | None, r
     """One entity: the prediction beside its measurement (or the prediction alone when there is none)."""
     console.print(f"[bold]{predicted.get('experiment_id', '')}[/bold]\n{predicted.get('entity_id', '')}")
     if measured is None:
-        console.print("[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
-                      "`tunebench import` first; the prediction alone:")  # fmt: skip
+        console.print(
+            "[yellow]no measurement of this entity in the store[/yellow]: run `tunebench explore` or "
+            "`tunebench import` first; the prediction alone:"
+        )
         print_plan(console, predicted)
         return
     table = Table(title="predicted vs measured")
@@ -27,8 +29,12 @@ def print_comparison(console: Console, predicted: dict, measured: dict | None, r
     for r in rows:
         if r["property"] not in shown:
             continue
-        table.add_row(r["property"], fmt(r["predicted"]), fmt(r["measured"]),
-                      "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}")  # fmt: skip
+        table.add_row(
+            r["property"],
+            fmt(r["predicted"]),
+            fmt(r["measured"]),
+            "" if r["error_percent"] is None else f"{r['error_percent']:+.1f}",
+        )
     console.print(table)
 
 
@@ -38,8 +44,10 @@ def print_summary(console: Console, summary: dict[str, Any], items: list[dict]) 
         console.print("no measurements to compare in the store: run `tunebench explore` or `tunebench import` first")
         return
     agreement = summary["verdict_agreement_percent"]
-    console.print(f"{summary['entities']} measured entities; valid/invalid verdict agrees for "
-                  f"{fmt(agreement)} % of {summary['verdicts']}")  # fmt: skip
+    console.print(
+        f"{summary['entities']} measured entities; valid/invalid verdict agrees for "
+        f"{fmt(agreement)} % of {summary['verdicts']}"
+    )
     table = Table(title="predicted vs measured, median absolute error")
     for col in ("property", "pairs", "MdAPE %"):
         table.add_column(col, justify="left" if col == "property" else "right")

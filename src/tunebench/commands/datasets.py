@@ -20,7 +20,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
-)  # fmt: skip
+)
 
 from tunebench import paths
 from tunebench.commands.options import argument, option
@@ -74,12 +74,21 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    table = [(r["id"], r["kind"], str(r["entries"]), r["entry"],
-              f"{r['size_bytes'] / 1e6:.1f} MB" if r["size_bytes"] is not None else "-") for r in rows]  # fmt: skip
+    table = [
+        (
+            r["id"],
+            r["kind"],
+            str(r["entries"]),
+            r["entry"],
+            f"{r['size_bytes'] / 1e6:.1f} MB" if r["size_bytes"] is not None else "-",
+        )
+        for r in rows
+    ]
     console = Console()
     print_table(console, COLUMNS, table, title=f"data sets in {paths.data_dir(data_dir)}", more="--json shows them")
-    console.print("Other sizes: news-chars-N-entries-M, news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M.",
-                  highlight=False)  # fmt: skip
+    console.print(
+        "Other sizes: news-chars-N-entries-M, news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M.", highlight=False
+    )
 
 
 @app.command()
@@ -161,9 +170,17 @@ class ProgressBar:
             if not console.is_terminal or (self.bar is None and elapsed < self.SHOW_AFTER_S):
                 return
             if self.bar is None:
-                self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                    TimeRemainingColumn(), console=console, transient=True)  # fmt: skip
+                self.bar = Progress(
+                    TextColumn(self.label),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[rate]}"),
+                    TimeElapsedColumn(),
+                    TextColumn("ETA"),
+                    TimeRemainingColumn(),
+                    console=console,
+                    transient=True,
+                )
                 self.bar.start()
                 self.task = self.bar.add_task(self.label, total=total, rate="")
             self.bar.update(self.task, completed=done, total=total, rate=f"{done / elapsed:,.0f} entries/s")

@@ -31,18 +31,38 @@ def steps(folder: Path) -> list[tuple[str, list[str]]]:
     """(what the step shows, the tunebench command line) of each step, writing under folder."""
     store = str(folder / STORE)
     return [
-        ("Plan a GPU job: memory per GPU, out-of-memory probability, speed, time, cost",
-         ["plan", LORA, *GPU_JOB, "number_gpus=2", *PRICE]),
-        ("How many GPUs: the fewest that fit, the fastest, the cheapest; full vs LoRA vs QLoRA",
-         ["recommend", LORA, *GPU_JOB, "--max-gpus", "8", *PRICE]),
-        ("Measure a tiny job for real on this CPU (random weights: nothing is downloaded)",
-         ["run", LORA, *CPU_JOB, *CPU_PARAMETERS, "--weights", "random", "--store", store,
-          "--output-dir", str(folder / RUN)]),
-        ("The planner's prediction of that job beside its measurement",
-         ["plan", LORA, *CPU_JOB, *CPU_PARAMETERS, "--compare", "--store", store]),
-        ("Everything in the store as one HTML file (opens offline)",
-         ["report", "--store", store, "-o", str(folder / REPORT)]),
-    ]  # fmt: skip
+        (
+            "Plan a GPU job: memory per GPU, out-of-memory probability, speed, time, cost",
+            ["plan", LORA, *GPU_JOB, "number_gpus=2", *PRICE],
+        ),
+        (
+            "How many GPUs: the fewest that fit, the fastest, the cheapest; full vs LoRA vs QLoRA",
+            ["recommend", LORA, *GPU_JOB, "--max-gpus", "8", *PRICE],
+        ),
+        (
+            "Measure a tiny job for real on this CPU (random weights: nothing is downloaded)",
+            [
+                "run",
+                LORA,
+                *CPU_JOB,
+                *CPU_PARAMETERS,
+                "--weights",
+                "random",
+                "--store",
+                store,
+                "--output-dir",
+                str(folder / RUN),
+            ],
+        ),
+        (
+            "The planner's prediction of that job beside its measurement",
+            ["plan", LORA, *CPU_JOB, *CPU_PARAMETERS, "--compare", "--store", store],
+        ),
+        (
+            "Everything in the store as one HTML file (opens offline)",
+            ["report", "--store", store, "-o", str(folder / REPORT)],
+        ),
+    ]
 
 
 def fresh_store(folder: Path) -> Path:

@@ -44,9 +44,18 @@ def list_cmd(
         except InputError:
             state, why = "broken", "not a version tunebench knows"
         manifest = _manifest(path)
-        rows.append({"version": version, "plugins": plugins, "state": state, "why": why, "path": str(path),
-                     "packages": manifest.get("packages", {}), "torch_mode": manifest.get("torch_mode"),
-                     "disk_gib": round(envs.disk_gib(path), 3)})  # fmt: skip
+        rows.append(
+            {
+                "version": version,
+                "plugins": plugins,
+                "state": state,
+                "why": why,
+                "path": str(path),
+                "packages": manifest.get("packages", {}),
+                "torch_mode": manifest.get("torch_mode"),
+                "disk_gib": round(envs.disk_gib(path), 3),
+            }
+        )
     if as_json:
         typer.echo(json.dumps({"root": str(envs.root()), "environments": rows, "versions": list(VERSIONS)}, indent=2))
         return
@@ -58,8 +67,16 @@ def list_cmd(
     for r in rows:
         p = r["packages"]
         state = r["state"] + (f" ({r['why']})" if r["why"] else "")
-        table.add_row(r["version"], "yes" if r["plugins"] else "no", state, f"{p.get('torch', '?')} ({r['torch_mode']})",
-                      p.get("transformers", "?"), p.get("peft", "?"), p.get("trl", "?"), f"{r['disk_gib']:.2f}")  # fmt: skip
+        table.add_row(
+            r["version"],
+            "yes" if r["plugins"] else "no",
+            state,
+            f"{p.get('torch', '?')} ({r['torch_mode']})",
+            p.get("transformers", "?"),
+            p.get("peft", "?"),
+            p.get("trl", "?"),
+            f"{r['disk_gib']:.2f}",
+        )
     Console().print(table if rows else f"no environments in {envs.root()} (tunebench engines install VERSION)")
 
 

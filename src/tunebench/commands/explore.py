@@ -85,17 +85,30 @@ def explore(
     if skip_predicted_oom and spec.operation.sampler == "optimize":
         raise InputError("--skip-predicted-oom", "works with the grid and random samplers", allowed="grid, random")
     with _display(quiet) as display:
-        summary = run_space(spec, store, executor=executor, ray_address=ray_address, max_parallel=max_parallel,
-                            max_retries=max_retries, lease_seconds=lease_seconds, remeasure=remeasure,
-                            skip_predicted_oom=skip_predicted_oom, allow_actuator_import=allow_actuator_import,
-                            on_progress=display.update, track_field="--track" if track else "track")  # fmt: skip
+        summary = run_space(
+            spec,
+            store,
+            executor=executor,
+            ray_address=ray_address,
+            max_parallel=max_parallel,
+            max_retries=max_retries,
+            lease_seconds=lease_seconds,
+            remeasure=remeasure,
+            skip_predicted_oom=skip_predicted_oom,
+            allow_actuator_import=allow_actuator_import,
+            on_progress=display.update,
+            track_field="--track" if track else "track",
+        )
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
         print_summary(summary)
     if summary.failed:  # after their retries: the exit code says so too
-        typer.echo(f"{summary.failed} point(s) failed: tunebench show --operation {summary.operation_id} "
-                   "--where status=failed", err=True)  # fmt: skip
+        typer.echo(
+            f"{summary.failed} point(s) failed: tunebench show --operation {summary.operation_id} "
+            "--where status=failed",
+            err=True,
+        )
         return 1
     return 0
 

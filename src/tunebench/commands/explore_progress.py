@@ -48,7 +48,7 @@ class ProgressDisplay:
             console=self.console,
             disable=not enabled,
             transient=False,
-        )  # fmt: skip
+        )
         self.task = None
 
     def __enter__(self) -> ProgressDisplay:
@@ -60,8 +60,16 @@ class ProgressDisplay:
 
     def update(self, counts: Counts) -> None:
         fields = dict(running=counts.running, failed=counts.failed, invalid=counts.invalid, memoised=counts.memoised)
-        fields["counts"] = " ".join(f"{name} {n}" for name, n in (("run", counts.running), ("fail", counts.failed),
-                                    ("inv", counts.invalid), ("memo", counts.memoised)) if n)  # fmt: skip
+        fields["counts"] = " ".join(
+            f"{name} {n}"
+            for name, n in (
+                ("run", counts.running),
+                ("fail", counts.failed),
+                ("inv", counts.invalid),
+                ("memo", counts.memoised),
+            )
+            if n
+        )
         if self.task is None:  # start at what is already done, so memoised points do not skew the ETA
             self.task = self.progress.add_task(counts.operation_id, total=counts.total, completed=counts.done, **fields)
         else:

@@ -26,7 +26,7 @@ GPUCatalog = Annotated[
         "--gpu-catalog",
         help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
         "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).",
-    ),  # fmt: skip
+    ),
 ]
 GPUMemory = Annotated[float | None, option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
 GPUTflops = Annotated[float | None, option(float, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
@@ -94,8 +94,10 @@ def with_gpu_options(command: Callable[..., None]) -> Callable[..., None]:
     """
     signature = inspect.signature(command, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "gpu"]
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=declaration)
-             for name, declaration in GPU_PARAMETERS.items()]  # fmt: skip
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=declaration)
+        for name, declaration in GPU_PARAMETERS.items()
+    ]
 
     @functools.wraps(command)
     def typer_command(**kwargs: Any) -> None:

@@ -183,22 +183,50 @@ def models(as_json: Json = False, wide: Wide = False) -> None:
     if as_json:
         _print_json(
             [
-                {k: getattr(m, k) for k in ("name", "hf_id", "model_type", "total_params", "num_hidden_layers",
-                 "hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
-                 "max_position_embeddings", "num_local_experts", "decoder_layer_class", "confidence")}
+                {
+                    k: getattr(m, k)
+                    for k in (
+                        "name",
+                        "hf_id",
+                        "model_type",
+                        "total_params",
+                        "num_hidden_layers",
+                        "hidden_size",
+                        "num_attention_heads",
+                        "num_key_value_heads",
+                        "vocab_size",
+                        "max_position_embeddings",
+                        "num_local_experts",
+                        "decoder_layer_class",
+                        "confidence",
+                    )
+                }
                 for m in specs
             ]
-        )  # fmt: skip
+        )
         return
     rows = [
-        (m.name, _human_count(m.total_params) + (f" ({m.num_local_experts} experts)" if m.num_local_experts else ""),
-         str(m.num_hidden_layers or "?"), str(m.hidden_size or "?"),
-         f"{m.num_attention_heads or '?'}/{m.num_key_value_heads or '?'}", str(m.vocab_size or "?"),
-         str(m.max_position_embeddings or "?"), m.wrap_classes or "?", m.confidence)
+        (
+            m.name,
+            _human_count(m.total_params) + (f" ({m.num_local_experts} experts)" if m.num_local_experts else ""),
+            str(m.num_hidden_layers or "?"),
+            str(m.hidden_size or "?"),
+            f"{m.num_attention_heads or '?'}/{m.num_key_value_heads or '?'}",
+            str(m.vocab_size or "?"),
+            str(m.max_position_embeddings or "?"),
+            m.wrap_classes or "?",
+            m.confidence,
+        )
         for m in specs
-    ]  # fmt: skip
-    print_table(console, MODEL_COLUMNS, rows, title=f"tunebench models ({len(specs)})", wide=wide,
-                more="--wide or --json shows them")  # fmt: skip
+    ]
+    print_table(
+        console,
+        MODEL_COLUMNS,
+        rows,
+        title=f"tunebench models ({len(specs)})",
+        wide=wide,
+        more="--wide or --json shows them",
+    )
 
 
 @app.command()
@@ -209,11 +237,18 @@ def gpus(as_json: Json = False) -> None:
         _print_json([{k: v for k, v in vars(g).items()} for g in specs])
         return
     rows = [
-        (g.name, f"{g.memory_gib:g}", str(g.bf16_tflops if g.bf16_tflops is not None else f"fp16 {g.fp16_tflops}"),
-         f"{g.fp32_tflops:g}", f"{g.memory_bandwidth_gbps:g}", f"{g.tdp_watts:g}", g.interconnect,
-         ", ".join(g.aliases[:4]))
+        (
+            g.name,
+            f"{g.memory_gib:g}",
+            str(g.bf16_tflops if g.bf16_tflops is not None else f"fp16 {g.fp16_tflops}"),
+            f"{g.fp32_tflops:g}",
+            f"{g.memory_bandwidth_gbps:g}",
+            f"{g.tdp_watts:g}",
+            g.interconnect,
+            ", ".join(g.aliases[:4]),
+        )
         for g in specs
-    ]  # fmt: skip
+    ]
     print_table(console, GPU_COLUMNS, rows, title=f"tunebench gpus ({len(specs)})", more="--json shows them")
 
 
@@ -268,8 +303,10 @@ def describe(
         f"[bold]{escape(info['id'])}[/bold] ({info['method']})\n{escape(info['description'])}\n", soft_wrap=False
     )  # wrapped at spaces on a narrow terminal
     rows = [(p["name"], "required", p["domain"], p["description"]) for p in info["required"]]
-    rows += [(p["name"], render_value(p["default"]) if p["default"] is not None else "None", p["domain"],
-              p["description"]) for p in info["optional"]]  # fmt: skip
+    rows += [
+        (p["name"], render_value(p["default"]) if p["default"] is not None else "None", p["domain"], p["description"])
+        for p in info["optional"]
+    ]
     columns = PROPERTY_COLUMNS
     if 2 not in fit(columns, rows, console.width)[0]:  # too narrow for a domain column: under the description
         columns = tuple(c for c in columns if c.header != "domain")
@@ -334,9 +371,15 @@ def launch_plan(
 
     exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
-        exp, entity, data_directory=data_dir, weights=weights, main_process_ip=main_process_ip,
-        main_process_port=port, nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")), engine=engine,
-    )  # fmt: skip
+        exp,
+        entity,
+        data_directory=data_dir,
+        weights=weights,
+        main_process_ip=main_process_ip,
+        main_process_port=port,
+        nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")),
+        engine=engine,
+    )
     if as_json:
         _print_json(plan.to_dict())
         return
@@ -431,9 +474,14 @@ def run(
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
     exp, entity = resolve(experiment, params, props)
-    options = {"weights": weights, "data_dir": _text(data_dir), "output_dir": _text(output_dir),
-               "timeout_seconds": timeout, "cpu_processes": cpu_processes,
-               "host_memory_limit_gib": host_memory_limit_gib}  # fmt: skip
+    options = {
+        "weights": weights,
+        "data_dir": _text(data_dir),
+        "output_dir": _text(output_dir),
+        "timeout_seconds": timeout,
+        "cpu_processes": cpu_processes,
+        "host_memory_limit_gib": host_memory_limit_gib,
+    }
     target = run_store(store, no_store)
     trackers = open_for_run(track, target)  # a missing extra, a tracker out of reach: an error before training
     result = _measure_with_progress(exp, entity, options, engine)
@@ -470,8 +518,12 @@ def demo(
         if code:
             return code
     console.rule()
-    console.print(f"demo done in {time.monotonic() - started:.0f} s: its store, run and report are in "
-                  f"{folder}/ (open {folder / script.REPORT})", highlight=False, markup=False)  # fmt: skip
+    console.print(
+        f"demo done in {time.monotonic() - started:.0f} s: its store, run and report are in "
+        f"{folder}/ (open {folder / script.REPORT})",
+        highlight=False,
+        markup=False,
+    )
     return 0
 
 

@@ -154,9 +154,16 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
         if "error" in o:
             table.add_row(str(n), f"[red]error[/red]: {o['error']}", "-", "-", "-", "-", "-", "-")
             continue
-        table.add_row(str(n), o["experiment_id"], "yes" if o["is_valid"] else "no", fmt(o.get("oom_probability"), 2),
-                      fmt(o["gpu_memory_peak_gib"]), fmt(o["gpu_memory_utilization_peak"]),
-                      fmt(o["train_tokens_per_second"], 0), duration(o["train_runtime"]))  # fmt: skip
+        table.add_row(
+            str(n),
+            o["experiment_id"],
+            "yes" if o["is_valid"] else "no",
+            fmt(o.get("oom_probability"), 2),
+            fmt(o["gpu_memory_peak_gib"]),
+            fmt(o["gpu_memory_utilization_peak"]),
+            fmt(o["train_tokens_per_second"], 0),
+            duration(o["train_runtime"]),
+        )
     console.print(table)
 
 
@@ -168,8 +175,11 @@ def _require_gpu_model(values: dict[str, Any]) -> None:
         from tunebench.catalog import list_gpus
 
         names = [g.name for g in list_gpus()]
-        raise InputError("gpu_model", f"missing: number_gpus is {gpus} and validity rule 5 needs a gpu_model",
-                         allowed=f"{', '.join(names[:6])}, ... ({len(names)} in `tunebench gpus`)")  # fmt: skip
+        raise InputError(
+            "gpu_model",
+            f"missing: number_gpus is {gpus} and validity rule 5 needs a gpu_model",
+            allowed=f"{', '.join(names[:6])}, ... ({len(names)} in `tunebench gpus`)",
+        )
 
 
 @with_gpu_options
@@ -297,8 +307,16 @@ def count_lengths(lengths: Any, model: Any) -> None:
         lengths.for_model(str(model), update)
 
 
-def plan_grid_command(exp: Any, fixed: dict[str, str], items: list[str], opts: Any, max_oom_risk: float,
-                      currency: str, as_json: bool, wide: bool) -> None:  # fmt: skip
+def plan_grid_command(
+    exp: Any,
+    fixed: dict[str, str],
+    items: list[str],
+    opts: Any,
+    max_oom_risk: float,
+    currency: str,
+    as_json: bool,
+    wide: bool,
+) -> None:
     """plan --grid: every point of the grid (tunebench.plan.sweep), as JSON lines or one table row each."""
     from tunebench.commands.printing import print_grid
     from tunebench.plan.sweep import parse_grid, plan_grid
@@ -309,8 +327,15 @@ def plan_grid_command(exp: Any, fixed: dict[str, str], items: list[str], opts: A
             raise InputError(name, "given both as a value and as a --grid dimension")
     points = [p.to_dict() for p in plan_grid(exp, fixed, dims, opts, max_oom_risk)]
     if as_json:
-        echo_json({"experiment_id": exp.id, "fixed": fixed, "swept": list(dims), "max_oom_risk": max_oom_risk,
-                   "points": points})  # fmt: skip
+        echo_json(
+            {
+                "experiment_id": exp.id,
+                "fixed": fixed,
+                "swept": list(dims),
+                "max_oom_risk": max_oom_risk,
+                "points": points,
+            }
+        )
         return
     print_grid(Console(), exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
 
@@ -361,14 +386,34 @@ def recommend(
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
     count_lengths(opts.lengths, values.get("model_name"))
-    repeat = {"--gpus-per-node": gpus_per_node, "--max-gpus": max_gpus, "--max-oom-risk": max_oom_risk,
-              "--price-per-gpu-hour": price, "--currency": currency, "--avg-tokens": avg_tokens,
-              "--lengths": lengths}  # fmt: skip
-    defaults = {"--gpus-per-node": 8, "--max-gpus": 64, "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
-                "--price-per-gpu-hour": None, "--currency": "USD", "--avg-tokens": None, "--lengths": None}  # fmt: skip
+    repeat = {
+        "--gpus-per-node": gpus_per_node,
+        "--max-gpus": max_gpus,
+        "--max-oom-risk": max_oom_risk,
+        "--price-per-gpu-hour": price,
+        "--currency": currency,
+        "--avg-tokens": avg_tokens,
+        "--lengths": lengths,
+    }
+    defaults = {
+        "--gpus-per-node": 8,
+        "--max-gpus": 64,
+        "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
+        "--price-per-gpu-hour": None,
+        "--currency": "USD",
+        "--avg-tokens": None,
+        "--lengths": None,
+    }
     cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
-    out = run(exp, values, opts, gpus_per_node=gpus_per_node, max_gpus=max_gpus, max_oom_risk=max_oom_risk,
-              cli_options=cli_options)  # fmt: skip
+    out = run(
+        exp,
+        values,
+        opts,
+        gpus_per_node=gpus_per_node,
+        max_gpus=max_gpus,
+        max_oom_risk=max_oom_risk,
+        cli_options=cli_options,
+    )
     if out.get("price_per_gpu_hour") is not None:
         out["currency"] = currency
     if as_json:
@@ -413,8 +458,21 @@ def max_batch(
     """The largest batch_size that fits (out-of-memory probability at most --max-oom-risk), a multiple of
     --number-gpus; with its memory, speed and time, and why the next batch up does not fit. More
     properties as KEY=VALUE (gradient_checkpointing=false, ...)."""
-    largest_command("batch_size", model, props, gpu_model, method, number_gpus, {"model_max_length": model_max_length},
-                    max_oom_risk, price, currency, calibration, as_json, gpu)  # fmt: skip
+    largest_command(
+        "batch_size",
+        model,
+        props,
+        gpu_model,
+        method,
+        number_gpus,
+        {"model_max_length": model_max_length},
+        max_oom_risk,
+        price,
+        currency,
+        calibration,
+        as_json,
+        gpu,
+    )
 
 
 @with_gpu_options
@@ -437,14 +495,38 @@ def max_length(
     """The largest model_max_length (tokens per sequence) that fits (out-of-memory probability at most
     --max-oom-risk); with its memory, speed and time, and why one token more does not fit. More
     properties as KEY=VALUE (gradient_checkpointing=false, ...)."""
-    largest_command("model_max_length", model, props, gpu_model, method, number_gpus,
-                    {"batch_size": batch_size or max(1, number_gpus)}, max_oom_risk, price, currency, calibration,
-                    as_json, gpu)  # fmt: skip
+    largest_command(
+        "model_max_length",
+        model,
+        props,
+        gpu_model,
+        method,
+        number_gpus,
+        {"batch_size": batch_size or max(1, number_gpus)},
+        max_oom_risk,
+        price,
+        currency,
+        calibration,
+        as_json,
+        gpu,
+    )
 
 
-def largest_command(name: str, model: str, props: list[str] | None, gpu_model: str, method: str, number_gpus: int,
-                    fixed: dict[str, Any], max_oom_risk: float, price: float | None, currency: str,
-                    calibration: Path | None, as_json: bool, gpu: GPUOptions) -> None:  # fmt: skip
+def largest_command(
+    name: str,
+    model: str,
+    props: list[str] | None,
+    gpu_model: str,
+    method: str,
+    number_gpus: int,
+    fixed: dict[str, Any],
+    max_oom_risk: float,
+    price: float | None,
+    currency: str,
+    calibration: Path | None,
+    as_json: bool,
+    gpu: GPUOptions,
+) -> None:
     """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output."""
     from tunebench.commands.printing import print_largest
     from tunebench.plan.sweep import largest, method_job, padded_tokens
@@ -468,8 +550,14 @@ def largest_command(name: str, model: str, props: list[str] | None, gpu_model: s
                 "that a longer model_max_length takes no more memory; dataset_id=news-tokens-128kplus-"
                 "entries-320 (131,072+ tokens a sample) plans longer sequences"
             )
-    out["job"] = {"model_name": values["model_name"], "method": method, "gpu_model": values["gpu_model"],
-                  "number_gpus": number_gpus, **{k: values[k] for k in fixed}, **raw}  # fmt: skip
+    out["job"] = {
+        "model_name": values["model_name"],
+        "method": method,
+        "gpu_model": values["gpu_model"],
+        "number_gpus": number_gpus,
+        **{k: values[k] for k in fixed},
+        **raw,
+    }
     out["notes"] = notes
     if price is not None:
         out["currency"] = currency
@@ -485,10 +573,12 @@ def largest_command(name: str, model: str, props: list[str] | None, gpu_model: s
 def _config(c: dict[str, Any], currency: str) -> str:
     """One recommended configuration on one line: GPUs, batch, memory and its risk, speed, time, cost."""
     cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
-    return (f"{c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
-            f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU (headroom {fmt(c.get('headroom_gib'), 1)} GiB, "
-            f"out-of-memory probability {c['oom_probability']:.3f}), {c['dataset_tokens_per_second']:,.0f} tokens/s, "
-            f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})")  # fmt: skip
+    return (
+        f"{c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
+        f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU (headroom {fmt(c.get('headroom_gib'), 1)} GiB, "
+        f"out-of-memory probability {c['oom_probability']:.3f}), {c['dataset_tokens_per_second']:,.0f} tokens/s, "
+        f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
+    )
 
 
 def print_recommendation(console: Console, out: dict[str, Any], currency: str = "USD") -> None:
@@ -515,8 +605,10 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     if largest and cheapest and largest["number_gpus"] > cheapest["number_gpus"]:
         speedup = largest["dataset_tokens_per_second"] / cheapest["dataset_tokens_per_second"]
         what = "the fastest above" if largest == out.get("fastest") else _config(largest, currency)
-        console.print(f"with all {largest['number_gpus']} GPUs: {speedup:.2f}x the cheapest's tokens/s, data set in "
-                      f"{duration(largest['train_runtime'])} instead of {duration(cheapest['train_runtime'])} ({what})")  # fmt: skip
+        console.print(
+            f"with all {largest['number_gpus']} GPUs: {speedup:.2f}x the cheapest's tokens/s, data set in "
+            f"{duration(largest['train_runtime'])} instead of {duration(cheapest['train_runtime'])} ({what})"
+        )
     diagnosis = out.get("diagnosis")
     if diagnosis:
         _print_diagnosis(console, diagnosis, out.get("nearest"))
@@ -525,29 +617,49 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
         if not row.get("fits", True) or "number_gpus" not in row:
             rows.append([row["method"], *["-"] * 8, "; ".join(row.get("notes", []))])
             continue
-        rows.append([row["method"], str(row["number_gpus"]), str(row["number_nodes"]), fmt(row["gpu_memory_peak_gib"]),
-                     fmt(row["oom_probability"], 3), fmt(row["dataset_tokens_per_second"], 0),
-                     duration(row["train_runtime"]), fmt(row["gpu_hours"], 2), fmt(row.get("cost"), 2),
-                     "; ".join(row.get("notes", []))])  # fmt: skip
-    print_table(console, method_columns(currency), rows, title=f"Per method on {out['gpu_model']}",
-                more="--json shows them")  # fmt: skip
+        rows.append(
+            [
+                row["method"],
+                str(row["number_gpus"]),
+                str(row["number_nodes"]),
+                fmt(row["gpu_memory_peak_gib"]),
+                fmt(row["oom_probability"], 3),
+                fmt(row["dataset_tokens_per_second"], 0),
+                duration(row["train_runtime"]),
+                fmt(row["gpu_hours"], 2),
+                fmt(row.get("cost"), 2),
+                "; ".join(row.get("notes", [])),
+            ]
+        )
+    print_table(
+        console, method_columns(currency), rows, title=f"Per method on {out['gpu_model']}", more="--json shows them"
+    )
 
 
 def method_columns(currency: str) -> list[Column]:
     """recommend's per-method table, the columns left out first on a narrow terminal last."""
-    return [Column("method"), Column("GPUs", justify="right"), Column("nodes", 4, justify="right"),
-            Column("peak GiB/GPU", justify="right", min_width=6), Column("P(OOM)", justify="right"),
-            Column("tokens/s", 2, justify="right"), Column("data set time", 1, justify="right", min_width=6),
-            Column("GPU-hours", 3, justify="right", min_width=6), Column(f"cost ({currency})", 2, justify="right"),
-            Column("notes", 1, wrap=True, min_width=16)]  # fmt: skip
+    return [
+        Column("method"),
+        Column("GPUs", justify="right"),
+        Column("nodes", 4, justify="right"),
+        Column("peak GiB/GPU", justify="right", min_width=6),
+        Column("P(OOM)", justify="right"),
+        Column("tokens/s", 2, justify="right"),
+        Column("data set time", 1, justify="right", min_width=6),
+        Column("GPU-hours", 3, justify="right", min_width=6),
+        Column(f"cost ({currency})", 2, justify="right"),
+        Column("notes", 1, wrap=True, min_width=16),
+    ]
 
 
 def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
     """Why nothing fits (at the largest GPU count tried) and the nearest change that fits."""
-    console.print(f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
-                  f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
-                  f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
-                  f"({fmt(d['largest_component_gib'], 1)} GiB)")  # fmt: skip
+    console.print(
+        f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
+        f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
+        f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
+        f"({fmt(d['largest_component_gib'], 1)} GiB)"
+    )
     for note in d["notes"]:
         console.print(f"  note: {note}")
     if nearest is None:

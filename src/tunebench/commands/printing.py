@@ -22,17 +22,31 @@ def echo_json(obj: Any, indent: int | None = 2) -> None:
     typer.echo(json.dumps(finite(obj), indent=indent, default=str, allow_nan=False))
 
 
-def planner_options(price: float | None, calibration: Path | None, network: float | None,
-                    host_memory: float | None = None, currency: str = "USD", avg_tokens: float | None = None,
-                    lengths: Path | None = None):  # fmt: skip
+def planner_options(
+    price: float | None,
+    calibration: Path | None,
+    network: float | None,
+    host_memory: float | None = None,
+    currency: str = "USD",
+    avg_tokens: float | None = None,
+    lengths: Path | None = None,
+):
     """The planner's settings of a command's (already checked) options."""
     from tunebench.plan.predictor import PlanOptions, load_calibration
 
     if currency != "USD" and price is None:  # the catalog's prices are USD: nothing converts them
-        raise InputError("--currency", f"{currency} needs --price-per-gpu-hour in {currency} (the GPU catalog's "
-                         "prices are in USD)", allowed="USD, or --price-per-gpu-hour with the currency")  # fmt: skip
-    return PlanOptions(calibration=load_calibration(calibration), price_per_gpu_hour=price, network_gbps=network,
-                       host_memory_gib=host_memory, lengths=user_lengths(avg_tokens, lengths))  # fmt: skip
+        raise InputError(
+            "--currency",
+            f"{currency} needs --price-per-gpu-hour in {currency} (the GPU catalog's prices are in USD)",
+            allowed="USD, or --price-per-gpu-hour with the currency",
+        )
+    return PlanOptions(
+        calibration=load_calibration(calibration),
+        price_per_gpu_hour=price,
+        network_gbps=network,
+        host_memory_gib=host_memory,
+        lengths=user_lengths(avg_tokens, lengths),
+    )
 
 
 def fmt(v: Any, digits: int = 1) -> str:
@@ -135,22 +149,40 @@ def print_plan(
 
 def _point_cells(c: dict[str, Any], currency: str) -> list[str]:
     """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost."""
-    return [fmt(c.get("oom_probability"), 3), fmt(c.get("gpu_memory_peak_gib")), fmt(c.get("headroom_gib")),
-            fmt(c.get("dataset_tokens_per_second"), 0), duration(c.get("train_runtime")),
-            cost_text(c.get("cost"), currency)]  # fmt: skip
+    return [
+        fmt(c.get("oom_probability"), 3),
+        fmt(c.get("gpu_memory_peak_gib")),
+        fmt(c.get("headroom_gib")),
+        fmt(c.get("dataset_tokens_per_second"), 0),
+        duration(c.get("train_runtime")),
+        cost_text(c.get("cost"), currency),
+    ]
 
 
 def point_columns() -> list[Any]:
     """The columns of _point_cells, most important first (tunebench.commands.terminal: the last go on a narrow terminal)."""
     from tunebench.commands.terminal import Column
 
-    return [Column("P(OOM)", justify="right"), Column("peak GiB/GPU", 1, justify="right", min_width=6),
-            Column("headroom GiB", 3, justify="right", min_width=6), Column("tokens/s", 1, justify="right"),
-            Column("data set time", 2, justify="right", min_width=6), Column("cost", 2, justify="right")]  # fmt: skip
+    return [
+        Column("P(OOM)", justify="right"),
+        Column("peak GiB/GPU", 1, justify="right", min_width=6),
+        Column("headroom GiB", 3, justify="right", min_width=6),
+        Column("tokens/s", 1, justify="right"),
+        Column("data set time", 2, justify="right", min_width=6),
+        Column("cost", 2, justify="right"),
+    ]
 
 
-def print_grid(console: Console, experiment_id: str, fixed: dict[str, Any], swept: list[str],
-               points: list[dict[str, Any]], max_oom_risk: float, currency: str = "USD", wide: bool = False) -> None:  # fmt: skip
+def print_grid(
+    console: Console,
+    experiment_id: str,
+    fixed: dict[str, Any],
+    swept: list[str],
+    points: list[dict[str, Any]],
+    max_oom_risk: float,
+    currency: str = "USD",
+    wide: bool = False,
+) -> None:
     """plan --grid: one row per point (the swept values, the verdict, the numbers), fitted to the terminal;
     fixed: the values given once (named in the title)."""
     from tunebench.commands.terminal import Column, print_table
@@ -159,12 +191,16 @@ def print_grid(console: Console, experiment_id: str, fixed: dict[str, Any], swep
     has_cost = any(p.get("cost") is not None for p in points)
     if not has_cost:
         columns = columns[:-1]
-    rows = [[str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency)[: len(columns) - len(swept) - 1]
-            for p in points]  # fmt: skip
+    rows = [
+        [str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency)[: len(columns) - len(swept) - 1]
+        for p in points
+    ]
     given = ", ".join(f"{k} {v}" for k, v in fixed.items())
     fits = sum(p["verdict"] == "fits" for p in points)
-    title = (f"{experiment_id}: {given} — {fits} of {len(points)} points fit (out-of-memory probability "
-             f"<= {max_oom_risk:g}, --max-oom-risk)")  # fmt: skip
+    title = (
+        f"{experiment_id}: {given} — {fits} of {len(points)} points fit (out-of-memory probability "
+        f"<= {max_oom_risk:g}, --max-oom-risk)"
+    )
     print_table(console, columns, rows, title=title, wide=wide, more="--wide or --json shows them")
 
 
@@ -178,12 +214,16 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
         return
     at = out["at_largest"]
     cost = f", {cost_text(at['cost'], currency)}" if at.get("cost") is not None else ""
-    console.print(f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= "
-                  f"{out['max_oom_risk']:g})", highlight=False)  # fmt: skip
-    console.print(f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(at['headroom_gib'])} "
-                  f"GiB, out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
-                  f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= {out['max_oom_risk']:g})",
+        highlight=False,
+    )
+    console.print(
+        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(at['headroom_gib'])} "
+        f"GiB, out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
+        f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
+        highlight=False,
+    )
     if out["next"] is None:
         console.print(f"  larger values were not tried: {out['limited_by']}", highlight=False)
     else:

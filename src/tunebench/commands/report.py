@@ -45,8 +45,9 @@ def report(
     try:
         text = build_report(sample_store, space=space, series=series)  # bad input raises before anything is written
     except UnknownResult as exc:
-        raise InputError("--series", f"no result {series} in {mask_secrets(sample_store.url)}",
-                         allowed=exc.allowed()) from None  # fmt: skip
+        raise InputError(
+            "--series", f"no result {series} in {mask_secrets(sample_store.url)}", allowed=exc.allowed()
+        ) from None
     finally:
         sample_store.close()
     with output_errors("--output", output):

@@ -43,8 +43,13 @@ class RunProgress:
     def __enter__(self) -> RunProgress:
         self._started = time.monotonic()
         if self.live:
-            self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                 console=self.console, transient=True)  # fmt: skip
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
             self._stack.enter_context(self._bar)
             self._task = self._bar.add_task(self.line(elapsed=False))
         else:

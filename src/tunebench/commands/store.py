@@ -117,8 +117,15 @@ def show(
     from tunebench.store.tables import build
 
     if series is not None:
-        others = {"--space": space, "--operation": operation, "--actuator": actuator, "--where": where,
-                  "--sort": sort, "--top": top, "--repeats": every}  # fmt: skip
+        others = {
+            "--space": space,
+            "--operation": operation,
+            "--actuator": actuator,
+            "--where": where,
+            "--sort": sort,
+            "--top": top,
+            "--repeats": every,
+        }
         _show_series(store, series, fmt, output, wide, [name for name, value in others.items() if value])
         return
     if fmt == "parquet" and output is None:
@@ -128,15 +135,22 @@ def show(
     try:
         _check_actuator(sample_store, wanted)
         outcomes, columns, title = _select(sample_store, space, operation, wanted, every_result=every)
-        repeats = None if every else sample_store.repeats(None if space is None and operation is None
-                                                          else list(outcomes.columns["request_id"]))  # fmt: skip
+        repeats = (
+            None
+            if every
+            else sample_store.repeats(
+                None if space is None and operation is None else list(outcomes.columns["request_id"])
+            )
+        )
         others = _other_actuators(sample_store, space, operation, wanted, every) if not outcomes.count else []
     finally:
         sample_store.close()
     table = select_rows(build(outcomes, constitutive=columns, repeats=repeats), where or (), sort, top)
     empty = _no_results(sample_store.url, operation, space, actuator, where)
-    hints = [f"{n} rows of actuator {a}:\n  tunebench show{_command(store, space, operation)} --actuator {a}"
-             for a, n in others]  # fmt: skip
+    hints = [
+        f"{n} rows of actuator {a}:\n  tunebench show{_command(store, space, operation)} --actuator {a}"
+        for a, n in others
+    ]
     if hints:
         empty = "\n".join([empty + "; the same selection has", *hints])
     with output_errors("--output", output) if output else contextlib.nullcontext():
@@ -145,14 +159,18 @@ def show(
         typer.echo(empty, err=True)
 
 
-def _show_series(store: str | None, result_id: int, fmt: str, output: Path | None, wide: bool,
-                 others: list[str]) -> None:  # fmt: skip
+def _show_series(
+    store: str | None, result_id: int, fmt: str, output: Path | None, wide: bool, others: list[str]
+) -> None:
     """`show --series RESULT_ID`: the library reads (tunebench.store.series); this prints."""
     from tunebench.store import series as store_series
 
     if others:
-        raise InputError(others[0], f"--series shows one result's time series, not a selection of rows: leave out "
-                         f"{', '.join(others)}", allowed="--store, --format, --output, --wide")  # fmt: skip
+        raise InputError(
+            others[0],
+            f"--series shows one result's time series, not a selection of rows: leave out {', '.join(others)}",
+            allowed="--store, --format, --output, --wide",
+        )
     if fmt == "parquet":
         raise InputError("--format", "--series writes a table, csv or json, not parquet", allowed="table, csv, json")
     sample_store = open_store(store, create=False)
@@ -160,8 +178,9 @@ def _show_series(store: str | None, result_id: int, fmt: str, output: Path | Non
         info = sample_store.result_info(result_id)
         frame = store_series.read_series(sample_store, result_id)
     except store_series.UnknownResult as exc:
-        raise InputError("--series", f"no result {result_id} in {mask_secrets(sample_store.url)}",
-                         allowed=exc.allowed()) from None  # fmt: skip
+        raise InputError(
+            "--series", f"no result {result_id} in {mask_secrets(sample_store.url)}", allowed=exc.allowed()
+        ) from None
     finally:
         sample_store.close()
     empty = store_series.no_series_reason(info) if frame.empty else None
@@ -189,21 +208,29 @@ def _print_series(frame: Any, info: dict[str, Any], file: io.StringIO | None, wi
     def number(value: float | None) -> str:
         return "" if value is None else f"{value:.6g}"
 
-    columns = [Column("series", breaks=True, min_width=20), Column("points", 1, justify="right"),
-               Column("from_s", 4, justify="right"), Column("to_s", 2, justify="right"),
-               *(Column(name, {"min": 1, "mean": 0, "max": 1, "last": 3}[name], justify="right")
-                 for name in ("min", "mean", "max", "last"))]  # fmt: skip
+    columns = [
+        Column("series", breaks=True, min_width=20),
+        Column("points", 1, justify="right"),
+        Column("from_s", 4, justify="right"),
+        Column("to_s", 2, justify="right"),
+        *(
+            Column(name, {"min": 1, "mean": 0, "max": 1, "last": 3}[name], justify="right")
+            for name in ("min", "mean", "max", "last")
+        ),
+    ]
     rows = [[r["series"], f"{r['points']:,}", *(number(r[c.header]) for c in columns[2:])] for r in summary(frame)]
-    title = (f"result {info['result_id']} ({info['actuator']}, {info['status']}): {info['experiment_id']} "
-             f"{info['entity_id']}")  # fmt: skip
+    title = (
+        f"result {info['result_id']} ({info['actuator']}, {info['status']}): {info['experiment_id']} "
+        f"{info['entity_id']}"
+    )
     console = Console(file=file) if file is not None else Console()
     print_table(console, columns, rows, title=title, wide=wide, more="--wide or --format csv|json shows them")
-    console.print(f"{len(frame):,} points in {len(rows)} series; --format csv|json lists every point",
-                  highlight=False)  # fmt: skip
+    console.print(f"{len(frame):,} points in {len(rows)} series; --format csv|json lists every point", highlight=False)
 
 
-def _other_actuators(store: Store, space: Path | None, operation: str | None, actuator: str | None,
-                     every: bool) -> list[tuple[str, int]]:  # fmt: skip
+def _other_actuators(
+    store: Store, space: Path | None, operation: str | None, actuator: str | None, every: bool
+) -> list[tuple[str, int]]:
     """(actuator, rows) of the actuators other than the one asked for that the same selection finds."""
     asked = actuator if actuator is not None or space is None else None  # --space alone: the space's actuator
     out = []
@@ -220,8 +247,11 @@ def _command(store: str | None, space: Path | None, operation: str | None) -> st
     """The options of a show command that selects the same rows (the store's URL masked)."""
     import shlex
 
-    parts = [("--store", mask_secrets(store) if store else None), ("--space", str(space) if space else None),
-             ("--operation", operation)]  # fmt: skip
+    parts = [
+        ("--store", mask_secrets(store) if store else None),
+        ("--space", str(space) if space else None),
+        ("--operation", operation),
+    ]
     return "".join(f" {name} {shlex.quote(value)}" for name, value in parts if value)
 
 
@@ -229,8 +259,12 @@ def _no_results(
     url: str, operation: str | None, space: Path | None, actuator: str | None, where: list[str] | None
 ) -> str:
     """The line an empty table prints: which store, and what was asked for."""
-    asked = [f"operation {operation}" if operation else "", f"space {space}" if space else "",
-             f"actuator {actuator}" if actuator else "", *(f"where {w}" for w in where or ())]  # fmt: skip
+    asked = [
+        f"operation {operation}" if operation else "",
+        f"space {space}" if space else "",
+        f"actuator {actuator}" if actuator else "",
+        *(f"where {w}" for w in where or ()),
+    ]
     asked = [a for a in asked if a]
     return f"no results in {mask_secrets(url)}" + (f" ({', '.join(asked)})" if asked else "")
 
@@ -327,12 +361,16 @@ def export(
     else:
         write_csv(table, sys.stdout)
     if not len(table) and actuator == MEASURE:
-        typer.echo("no measurements to export; --actuator all (or predict, ...) exports the other actuators' "
-                   "results, each labelled with its actuator", err=True)  # fmt: skip
+        typer.echo(
+            "no measurements to export; --actuator all (or predict, ...) exports the other actuators' "
+            "results, each labelled with its actuator",
+            err=True,
+        )
 
 
-def _export_ado(folder: Path | None, space: Path | None, operation: str | None, actuator: str | None,
-                store: str | None) -> None:  # fmt: skip
+def _export_ado(
+    folder: Path | None, space: Path | None, operation: str | None, actuator: str | None, store: str | None
+) -> None:
     """`export --format ado`: the folder ado loads, and the commands that load it."""
     from tunebench.store.ado_export import LOADER, export_ado
 
@@ -347,9 +385,12 @@ def _export_ado(folder: Path | None, space: Path | None, operation: str | None, 
         n_exp, n_results = export_ado(sample_store, folder, request_ids=ids, actuator=actuator)
     finally:
         sample_store.close()
-    typer.echo(f"{n_results} results of {n_exp} experiments -> {folder}/space.yaml, {folder}/results.jsonl\n"
-               f"load them in ado:\n  ado create space -f {folder}/space.yaml\n"
-               f"  <ado's python> {LOADER} {folder} <the space's identifier>", err=True)  # fmt: skip
+    typer.echo(
+        f"{n_results} results of {n_exp} experiments -> {folder}/space.yaml, {folder}/results.jsonl\n"
+        f"load them in ado:\n  ado create space -f {folder}/space.yaml\n"
+        f"  <ado's python> {LOADER} {folder} <the space's identifier>",
+        err=True,
+    )
 
 
 def _select(
@@ -432,11 +473,15 @@ def record_run(url: str, experiment: Experiment, entity: Entity, result: Result)
     from tunebench.store.rows import Record
 
     with open_store(url) as sample_store:
-        result_id = sample_store.record_one(Record(experiment, entity, result, actuator=result.actuator,
-                                                   generator="run"))  # fmt: skip
+        result_id = sample_store.record_one(
+            Record(experiment, entity, result, actuator=result.actuator, generator="run")
+        )
     series = f"; tunebench show --series {result_id} shows its time series" if result.series else ""
-    typer.echo(f"stored in {mask_secrets(url)} as result {result_id} (tunebench show --store ...{series}; "
-               "--no-store skips this)", err=True)  # fmt: skip
+    typer.echo(
+        f"stored in {mask_secrets(url)} as result {result_id} (tunebench show --store ...{series}; "
+        "--no-store skips this)",
+        err=True,
+    )
 
 
 def operations(
@@ -458,10 +503,20 @@ def operations(
         ops = [(op, sample_store.counts(op["id"])) for op in sample_store.operations()]
     finally:
         sample_store.close()
-    rows = [{"id": op["id"], "sampler": op["sampler"], "actuator": op["actuator"], "name": op["name"],
-             "points": sum(counts.values()), **{s: counts.get(s, 0) for s in STATES}, "runs": op["runs"],
-             "created_at": datetime.datetime.fromtimestamp(op["created_at"]).isoformat(" ", "minutes"),
-             "created_by": op["created_by"]} for op, counts in ops]  # fmt: skip
+    rows = [
+        {
+            "id": op["id"],
+            "sampler": op["sampler"],
+            "actuator": op["actuator"],
+            "name": op["name"],
+            "points": sum(counts.values()),
+            **{s: counts.get(s, 0) for s in STATES},
+            "runs": op["runs"],
+            "created_at": datetime.datetime.fromtimestamp(op["created_at"]).isoformat(" ", "minutes"),
+            "created_by": op["created_by"],
+        }
+        for op, counts in ops
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
@@ -479,9 +534,14 @@ def operations(
         Column("created_at"),
         Column("created_by", 6, shrink=True),
     ]
-    print_table(Console(), columns, [[str(r[c.header] if r[c.header] is not None else "-") for c in columns]
-                                     for r in rows], title=f"operations in {mask_secrets(sample_store.url)}",
-                wide=wide, more="--wide or --json shows them")  # fmt: skip
+    print_table(
+        Console(),
+        columns,
+        [[str(r[c.header] if r[c.header] is not None else "-") for c in columns] for r in rows],
+        title=f"operations in {mask_secrets(sample_store.url)}",
+        wide=wide,
+        more="--wide or --json shows them",
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -54,7 +54,7 @@ def print_table(
     fixed = ", ".join(
         _short(table.data[start][0]) if n == "experiment_id" else f"{n} {_short(table.data[cols.index(n)][0])}"
         for n in same
-    )  # fmt: skip
+    )
     title = " — ".join(t for t in (title, fixed) if t) or None
     measured = (TABLE_MEASURED[0], f"{TABLE_MEASURED[0]}-std", *TABLE_MEASURED[1:])  # the throughput's spread too
     wanted = [n for n in keys if n not in same] + ["status"]

@@ -129,8 +129,13 @@ def build_table(
         if widths is None:
             table.add_column(c.header, justify=c.justify, no_wrap=True)
         else:
-            table.add_column(wrap_name(c.header, widths[i]), justify=c.justify, width=widths[i],
-                             no_wrap=not c.wrap, overflow="fold" if c.wrap else "ellipsis")  # fmt: skip
+            table.add_column(
+                wrap_name(c.header, widths[i]),
+                justify=c.justify,
+                width=widths[i],
+                no_wrap=not c.wrap,
+                overflow="fold" if c.wrap else "ellipsis",
+            )
     for row in rows:
         cells = []
         for i in kept:
@@ -159,8 +164,12 @@ def print_table(
         table, _ = build_table(columns, rows)
         cells = [[str(row[i]) for row in rows] for i in range(len(columns))]
         needed = sum(_needs(c, col)[1] for c, col in zip(columns, cells)) + BORDER_PER_COLUMN * len(columns) + BORDER
-        full = Console(file=console.file, width=max(console.width, needed),
-                       no_color=console.no_color, force_terminal=console.is_terminal)  # fmt: skip
+        full = Console(
+            file=console.file,
+            width=max(console.width, needed),
+            no_color=console.no_color,
+            force_terminal=console.is_terminal,
+        )
         if title:
             full.print(title, highlight=False, soft_wrap=True)
         full.print(table, crop=False)

@@ -104,8 +104,10 @@ def export(
         sent = send(sample_store, target, predicted=predicted, progress=progress)
     finally:
         sample_store.close()
-    typer.echo(f"{target}: {sent.created} runs created, {sent.present} already there"
-               + (f", {len(sent.warnings)} failed" if sent.warnings else ""))  # fmt: skip
+    typer.echo(
+        f"{target}: {sent.created} runs created, {sent.present} already there"
+        + (f", {len(sent.warnings)} failed" if sent.warnings else "")
+    )
     return 1 if sent.warnings else 0
 
 

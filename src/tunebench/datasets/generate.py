@@ -135,9 +135,12 @@ def _check_ours(spec: DatasetId, data_dir: str | os.PathLike | None) -> None:
     if path.exists() and not manifest_path(spec, data_dir).exists():
         from tunebench.errors import InputError
 
-        raise InputError("dataset_id", f"{path} exists but tunebench did not write it (no {path.stem}.manifest.json "
-                         "beside it): tunebench never overwrites it; move it away, or use another data directory "
-                         "(TUNEBENCH_DATA_DIR, --data-dir)")  # fmt: skip
+        raise InputError(
+            "dataset_id",
+            f"{path} exists but tunebench did not write it (no {path.stem}.manifest.json "
+            "beside it): tunebench never overwrites it; move it away, or use another data directory "
+            "(TUNEBENCH_DATA_DIR, --data-dir)",
+        )
 
 
 def _generate(spec: DatasetId, data_dir: str | os.PathLike | None, progress: Progress | None) -> Manifest:

@@ -142,8 +142,17 @@ def build(version: str, plugins: bool, torch: str, say: Progress) -> None:
         _run([_uv(), "venv", "--quiet", "--relocatable", "--python", sys.executable, str(tmp)], "uv venv")
         python = tmp / "bin" / "python"
         reqs = requirements(version, plugins)
-        cmd = [_uv(), "pip", "install", "--quiet", "--python", str(python), "--exclude-newer", exclude_newer(version),
-               *reqs]  # fmt: skip
+        cmd = [
+            _uv(),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(python),
+            "--exclude-newer",
+            exclude_newer(version),
+            *reqs,
+        ]
         if torch == "host":
             overrides = tmp / "tunebench-overrides.txt"
             overrides.write_text("\n".join(HOST_TORCH_OVERRIDES) + "\n")
@@ -157,12 +166,17 @@ def build(version: str, plugins: bool, torch: str, say: Progress) -> None:
         say("checking the environment")
         packages = _probe(python, list(RECORDED))
         manifest = {
-            "schema": SCHEMA, "version": version, "plugins": plugins, "torch_mode": torch,
-            "python": sys.version.split()[0], "requirements": reqs, "exclude_newer": exclude_newer(version),
+            "schema": SCHEMA,
+            "version": version,
+            "plugins": plugins,
+            "torch_mode": torch,
+            "python": sys.version.split()[0],
+            "requirements": reqs,
+            "exclude_newer": exclude_newer(version),
             "packages": {k: v for k, v in packages.items() if v is not None},
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.monotonic() - started, 1),
-        }  # fmt: skip
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         tmp.rename(final)
     except BaseException:
@@ -223,8 +237,13 @@ def _probe(python: Path, packages: list[str]) -> dict[str, str | None]:
     if not python.exists():
         raise EngineError(f"{python} does not exist")
     try:
-        proc = subprocess.run([str(python), "-c", _PROBE, json.dumps(packages)], capture_output=True, text=True,
-                              timeout=CHECK_SECONDS, env=_clean_env())  # fmt: skip
+        proc = subprocess.run(
+            [str(python), "-c", _PROBE, json.dumps(packages)],
+            capture_output=True,
+            text=True,
+            timeout=CHECK_SECONDS,
+            env=_clean_env(),
+        )
     except subprocess.TimeoutExpired:
         raise EngineError(f"checking the environment took over {CHECK_SECONDS:.0f} s") from None
     if proc.returncode != 0:

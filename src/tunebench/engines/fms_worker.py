@@ -90,11 +90,18 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
     meta["engine"]["argv"] = argv
     trainer = run_sft_trainer(argv, ForwardCountingCallback(state.meters.meter, state.meters.sampler), setup.output_dir)
     meta.update(trained_model_facts(trainer))
-    meta["loss"] = {"implementation": steps.loss_implementation(setup.config),
-                    "function": "fms-acceleration-foak fast cross-entropy" if steps.loss_implementation(setup.config)
-                    == "chunked" else "transformers ForCausalLMLoss"}  # fmt: skip
-    record["data"] = {"path": str(config.training_data_path), "text_field": config.dataset_text_field,
-                      "max_length": config.max_seq_length, "prepared_by": "fms-hf-tuning"}  # fmt: skip
+    meta["loss"] = {
+        "implementation": steps.loss_implementation(setup.config),
+        "function": "fms-acceleration-foak fast cross-entropy"
+        if steps.loss_implementation(setup.config) == "chunked"
+        else "transformers ForCausalLMLoss",
+    }
+    record["data"] = {
+        "path": str(config.training_data_path),
+        "text_field": config.dataset_text_field,
+        "max_length": config.max_seq_length,
+        "prepared_by": "fms-hf-tuning",
+    }
     record["phase"] = "finish"
     record.update(steps.finish(state.meters))
 
@@ -137,9 +144,12 @@ def sft_trainer_argv(worker_argv: list[str], setup: Any, model_path: str, on_gpu
     known = set(sft_trainer.get_parser()._option_string_actions)  # the release's own parser decides
     config = setup.config
     replace = {
-        "--model_name_or_path": [model_path], "--output_dir": [setup.output_dir],
-        "--torch_dtype": [config.torch_dtype], "--bf16": [str(config.bf16)], "--seed": [str(config.seed)],
-    }  # fmt: skip
+        "--model_name_or_path": [model_path],
+        "--output_dir": [setup.output_dir],
+        "--torch_dtype": [config.torch_dtype],
+        "--bf16": [str(config.bf16)],
+        "--seed": [str(config.seed)],
+    }
     if not on_gpu:
         replace["--use_cpu"] = ["True"]
     argv, dropped, i = [], [], 0
@@ -220,9 +230,11 @@ def trained_model_facts(trainer: Any) -> dict[str, Any]:
         "wrapped_model_class": type(trainer.model_wrapped).__name__,
         "gradient_checkpointing_on": getattr(model, "is_gradient_checkpointing", None),
         "attn_implementation": getattr(getattr(base, "config", None), "_attn_implementation", None),
-        "torch_compile": any(type(m).__name__ == "OptimizedModule"
-                             for m in (trainer.model_wrapped, getattr(trainer.model_wrapped, "module", None))),
-    }  # fmt: skip
+        "torch_compile": any(
+            type(m).__name__ == "OptimizedModule"
+            for m in (trainer.model_wrapped, getattr(trainer.model_wrapped, "module", None))
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,8 +47,12 @@ def runtime(engine: str, values: dict[str, Any], out_dir: Path, progress: Callab
         link.symlink_to(Path(tunebench.__file__).parent, target_is_directory=True)
     manifest = ready.manifest
     facts = {
-        "name": FMS, "version": manifest["version"], "plugins": manifest["plugins"],
-        "torch_mode": manifest["torch_mode"], "packages": manifest["packages"], "environment": str(ready.path),
-    }  # fmt: skip
+        "name": FMS,
+        "version": manifest["version"],
+        "plugins": manifest["plugins"],
+        "torch_mode": manifest["torch_mode"],
+        "packages": manifest["packages"],
+        "environment": str(ready.path),
+    }
     env = {"PYTHONPATH": str(path), "PYTHONNOUSERSITE": "1", "TUNEBENCH_HOST_PYTHON": sys.executable}
     return Runtime(str(ready.python), env, facts)

@@ -70,8 +70,10 @@ def _cpu_nodes(values: dict[str, Any], engine: str) -> list[str]:
     # without GPUs that is no process on any node. Rule 2 holds (0 % number_nodes == 0): the run cannot be made.
     nodes = int(values.get("number_nodes") or 1)
     if _gpus(values) == 0 and nodes > 1:
-        return [f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
-                "processes; a CPU measurement runs on one machine: set number_nodes 1"]  # fmt: skip
+        return [
+            f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
+            "processes; a CPU measurement runs on one machine: set number_nodes 1"
+        ]
     return []
 
 
@@ -96,18 +98,24 @@ def _shown(value: Any) -> str:
 def _deepspeed(values: dict[str, Any], engine: str) -> list[str]:
     backend, stage = values.get("distributed_backend"), values.get("deepspeed_zero_stage", 2)
     if backend == "DeepSpeed":
-        return ["distributed_backend DeepSpeed is planning only: tunebench measures FSDP and DDP runs "
-                "(use the predict actuator, or distributed_backend FSDP)"]  # fmt: skip
+        return [
+            "distributed_backend DeepSpeed is planning only: tunebench measures FSDP and DDP runs "
+            "(use the predict actuator, or distributed_backend FSDP)"
+        ]
     if stage not in (None, 2):  # the property's default: a stage without DeepSpeed would not run
-        return [f"deepspeed_zero_stage {stage} applies to distributed_backend DeepSpeed only (got {backend}): "
-                "leave it at its default 2"]  # fmt: skip
+        return [
+            f"deepspeed_zero_stage {stage} applies to distributed_backend DeepSpeed only (got {backend}): "
+            "leave it at its default 2"
+        ]
     return []
 
 
 def _device_map(values: dict[str, Any], engine: str) -> list[str]:
     if values.get("device_map"):
-        return [f"device_map {values['device_map']} (one process splitting the layers over its GPUs) is planning "
-                "only: measure with device_map None (one replica per GPU)"]  # fmt: skip
+        return [
+            f"device_map {values['device_map']} (one process splitting the layers over its GPUs) is planning "
+            "only: measure with device_map None (one replica per GPU)"
+        ]
     return []
 
 
@@ -117,31 +125,39 @@ def _fsdp_offload(values: dict[str, Any], engine: str) -> list[str]:
     # run; it stays planning only until a GPU session verifies it (fsdp_offload_params: true in the plan's
     # accelerate config is all it takes).
     if values.get("fsdp_offload_params"):
-        return ["fsdp_offload_params is planning only: accelerate's FSDP needs a GPU and tunebench has not "
-                "verified an offloading run; measure with fsdp_offload_params False"]  # fmt: skip
+        return [
+            "fsdp_offload_params is planning only: accelerate's FSDP needs a GPU and tunebench has not "
+            "verified an offloading run; measure with fsdp_offload_params False"
+        ]
     return []
 
 
 def _model_parallel(values: dict[str, Any], engine: str) -> list[str]:
     tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
     if tp > 1 or sp > 1:
-        return [f"tensor_parallel_degree {tp} / sequence_parallel_degree {sp} are planning only: tunebench measures "
-                "data-parallel runs (FSDP, DDP); set both to 1"]  # fmt: skip
+        return [
+            f"tensor_parallel_degree {tp} / sequence_parallel_degree {sp} are planning only: tunebench measures "
+            "data-parallel runs (FSDP, DDP); set both to 1"
+        ]
     return []
 
 
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
     if values.get("gradient_checkpointing_mode") == "selective":
-        return ["gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
-                "checkpoints whole blocks; use gradient_checkpointing_mode full"]  # fmt: skip
+        return [
+            "gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
+            "checkpoints whole blocks; use gradient_checkpointing_mode full"
+        ]
     return []
 
 
 def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
     attn = values.get("attn_implementation")
     if attn in ("eager", "sdpa", "flash_attention_3"):
-        return [f"attn_implementation {attn}: fms-hf-tuning chooses only between flash_attention_2 and "
-                f"transformers' default (its use_flash_attn flag): {NATIVE_HINT}"]  # fmt: skip
+        return [
+            f"attn_implementation {attn}: fms-hf-tuning chooses only between flash_attention_2 and "
+            f"transformers' default (its use_flash_attn flag): {NATIVE_HINT}"
+        ]
     return []
 
 
@@ -149,8 +165,10 @@ def _attention_gpu(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention(values)
     if attn in ("flash_attention_2", "flash_attention_3") and _gpus(values) == 0:
         via = "flash_attn 1" if values.get("attn_implementation") is None else f"attn_implementation {attn}"
-        return [f"{via}: flash-attention needs an NVIDIA GPU (number_gpus is 0): use attn_implementation sdpa "
-                "or eager on the CPU"]  # fmt: skip
+        return [
+            f"{via}: flash-attention needs an NVIDIA GPU (number_gpus is 0): use attn_implementation sdpa "
+            "or eager on the CPU"
+        ]
     return []
 
 
@@ -159,15 +177,19 @@ def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
         module, package = FLASH_ATTENTION_PACKAGES[attn]
         if importlib.util.find_spec(module) is None:
-            return [f"attn_implementation {attn} needs the {package} package, which is not installed here: install "
-                    "it, or use attn_implementation sdpa"]  # fmt: skip
+            return [
+                f"attn_implementation {attn} needs the {package} package, which is not installed here: install "
+                "it, or use attn_implementation sdpa"
+            ]
     return []
 
 
 def _loss_native(values: dict[str, Any], engine: str) -> list[str]:
     if loss(values) == "fused_linear" and _gpus(values) == 0:
-        return ["loss_implementation fused_linear needs liger-kernel and a GPU (number_gpus is 0): use "
-                "loss_implementation chunked on the CPU"]  # fmt: skip
+        return [
+            "loss_implementation fused_linear needs liger-kernel and a GPU (number_gpus is 0): use "
+            "loss_implementation chunked on the CPU"
+        ]
     return []
 
 
@@ -176,30 +198,40 @@ def _loss_package(values: dict[str, Any], engine: str) -> list[str]:
         from tunebench.training.loss import liger_available
 
         if not liger_available():
-            return ["loss_implementation fused_linear needs liger-kernel and a GPU (liger-kernel is not installed "
-                    "here): install liger-kernel, or use loss_implementation chunked"]  # fmt: skip
+            return [
+                "loss_implementation fused_linear needs liger-kernel and a GPU (liger-kernel is not installed "
+                "here): install liger-kernel, or use loss_implementation chunked"
+            ]
     return []
 
 
 def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
     asked, fast = values.get("loss_implementation"), fast_loss_on(values.get("fast_kernels"))
     if asked == "fused_linear":
-        return [f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
-                "(needs liger-kernel and a GPU)"]  # fmt: skip
+        return [
+            f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
+            "(needs liger-kernel and a GPU)"
+        ]
     if asked == "chunked" and not fast:
-        return ["loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
-                f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"]  # fmt: skip
+        return [
+            "loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
+            f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"
+        ]
     if asked == "upcast" and fast:
-        return ["loss_implementation upcast: fms-hf-tuning with fast_kernels' fast_loss runs fms-acceleration-foak's "
-                "cross-entropy: turn fast_loss off, or leave loss_implementation None"]  # fmt: skip
+        return [
+            "loss_implementation upcast: fms-hf-tuning with fast_kernels' fast_loss runs fms-acceleration-foak's "
+            "cross-entropy: turn fast_loss off, or leave loss_implementation None"
+        ]
     return []
 
 
 def _adapter_dtype_fms(values: dict[str, Any], engine: str) -> list[str]:
     dtype = values.get("adapter_dtype")
     if dtype not in (None, "float32"):
-        return [f"adapter_dtype {dtype}: fms-hf-tuning keeps adapter weights in float32 (peft's "
-                f"autocast_adapter_dtype): {NATIVE_HINT}"]  # fmt: skip
+        return [
+            f"adapter_dtype {dtype}: fms-hf-tuning keeps adapter weights in float32 (peft's "
+            f"autocast_adapter_dtype): {NATIVE_HINT}"
+        ]
     return []
 
 
@@ -227,5 +259,9 @@ RULES: tuple[Rule, ...] = (
 def unsupported(values: dict[str, Any], engine: str = NATIVE, *, here: bool = True) -> list[str]:
     """Why this engine cannot measure these effective values as they are (empty: it can), in RULES' order.
     here=False leaves out the rules that ask this machine (a launch plan built for another one)."""
-    return [reason for rule in RULES if engine in rule.engines and (here or not rule.here)
-            for reason in rule.check(values, engine)]  # fmt: skip
+    return [
+        reason
+        for rule in RULES
+        if engine in rule.engines and (here or not rule.here)
+        for reason in rule.check(values, engine)
+    ]

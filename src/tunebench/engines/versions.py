@@ -90,8 +90,10 @@ def engine_reasons(values: dict) -> list[str]:
     version = values.get("fms_hf_tuning_version") or PROPERTIES["fms_hf_tuning_version"].default
     reasons = []
     if version not in RELEASED:
-        reasons.append(f"fms-hf-tuning {version} was never published to the package index: no environment "
-                       f"can be built for it (published: {', '.join(RELEASED)})")  # fmt: skip
+        reasons.append(
+            f"fms-hf-tuning {version} was never published to the package index: no environment "
+            f"can be built for it (published: {', '.join(RELEASED)})"
+        )
     for flag in plugins_used(values):
         plugin = PLUGINS[flag]
         if parse_version(version) < parse_version(plugin.min_version):
@@ -109,8 +111,9 @@ def exclude_newer(version: str) -> str:
     import datetime
 
     if version not in RELEASED:
-        raise InputError("fms_hf_tuning_version", f"{version} was never published to the package index",
-                         allowed=", ".join(RELEASED))  # fmt: skip
+        raise InputError(
+            "fms_hf_tuning_version", f"{version} was never published to the package index", allowed=", ".join(RELEASED)
+        )
     day = datetime.date.fromisoformat(RELEASED[version]) + datetime.timedelta(days=RESOLVE_DAYS_AFTER_RELEASE)
     return f"{day.isoformat()}T00:00:00Z"
 

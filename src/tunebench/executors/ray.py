@@ -114,8 +114,13 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, *, num_cpus: int | None = None,
-                 placement_timeout_s: float = PLACEMENT_TIMEOUT_S):  # fmt: skip
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        num_cpus: int | None = None,
+        placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+    ):
         try:
             import ray
         except ImportError:
@@ -127,8 +132,13 @@ class RayExecutor:
                 ray.init(address=address, log_to_driver=False)
             else:
                 # a new single-node Ray for this explorer only, listening on the loopback address
-                ray.init(address="local", include_dashboard=False, num_cpus=num_cpus, log_to_driver=False,
-                         _node_ip_address="127.0.0.1")  # fmt: skip
+                ray.init(
+                    address="local",
+                    include_dashboard=False,
+                    num_cpus=num_cpus,
+                    log_to_driver=False,
+                    _node_ip_address="127.0.0.1",
+                )
                 self.started = True
         self.placement_timeout_s = placement_timeout_s
         self._remote = ray.remote(_measure_on_worker)
@@ -263,12 +273,14 @@ class RayExecutor:
             out = Path(task.options.get("output_dir") or Path.cwd() / f"measure-{task.request_id}")
             refs = [
                 self._node.options(
-                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
                     resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-                    scheduling_strategy=on(i), max_retries=0,
+                    scheduling_strategy=on(i),
+                    max_retries=0,
                 ).remote(task, i, plan, str(out / f"node{i}"), ip)
                 for i in range(nodes)
-            ]  # fmt: skip
+            ]
             try:
                 node_results = ray.get(refs)
             except ray.exceptions.RayError as exc:
@@ -283,17 +295,28 @@ class RayExecutor:
         result.experiment_id, result.entity_id = task.experiment_id, task.entity_id
         result.metadata = dict(result.metadata)
         result.metadata["execution"] = {
-            "executor": "ray", "rendezvous": f"{ip}:{port}", "placement": "STRICT_SPREAD", "bundle": bundle,
-            "node_ids": [n.node_id for n in node_results], "node_ips": [n.node_ip for n in node_results],
-            "attempt": task.attempt, "started_at": started, "duration_s": time.time() - started,
-        }  # fmt: skip
+            "executor": "ray",
+            "rendezvous": f"{ip}:{port}",
+            "placement": "STRICT_SPREAD",
+            "bundle": bundle,
+            "node_ids": [n.node_id for n in node_results],
+            "node_ips": [n.node_ip for n in node_results],
+            "attempt": task.attempt,
+            "started_at": started,
+            "duration_s": time.time() - started,
+        }
         return result
 
 
 def _failed(task: Task, error: str, log_tail: str | None = None) -> Result:
-    return Result.failed(task.experiment_id, task.entity_id, error, log_tail=(log_tail or "")[-LOG_TAIL_CHARS:] or None,
-                         actuator=task.actuator,
-                         metadata={"execution": {"executor": "ray", "attempt": task.attempt}})  # fmt: skip
+    return Result.failed(
+        task.experiment_id,
+        task.entity_id,
+        error,
+        log_tail=(log_tail or "")[-LOG_TAIL_CHARS:] or None,
+        actuator=task.actuator,
+        metadata={"execution": {"executor": "ray", "attempt": task.attempt}},
+    )
 
 
 def _first_line(exc: BaseException) -> str:

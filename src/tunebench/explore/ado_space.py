@@ -64,8 +64,11 @@ def _experiments(space: dict) -> list[dict[str, Any]]:
         if not isinstance(e, dict) or "experimentIdentifier" not in e:
             raise InputError(f"{where}.experimentIdentifier", "is required")
         if e.get("actuatorIdentifier", ADO_ACTUATOR) != ADO_ACTUATOR:
-            raise InputError(f"{where}.actuatorIdentifier", f"{e['actuatorIdentifier']!r} is not an actuator "
-                             "tunebench runs", allowed=ADO_ACTUATOR)  # fmt: skip
+            raise InputError(
+                f"{where}.actuatorIdentifier",
+                f"{e['actuatorIdentifier']!r} is not an actuator tunebench runs",
+                allowed=ADO_ACTUATOR,
+            )
         params = {}
         for j, p in enumerate(e.get("parameterization") or []):
             try:
@@ -97,15 +100,21 @@ def _entity_space(space: dict) -> dict[str, Any]:
                 k += 1
             out[d["identifier"]] = values
         else:
-            raise InputError(f"{where}.propertyDomain", "tunebench explores categorical values or a discrete "
-                             "range (domainRange with interval); a continuous or open domain has no grid")  # fmt: skip
+            raise InputError(
+                f"{where}.propertyDomain",
+                "tunebench explores categorical values or a discrete "
+                "range (domainRange with interval); a continuous or open domain has no grid",
+            )
     return out
 
 
 def _actuator(config: dict) -> dict[str, Any]:
     if config.get("actuatorIdentifier", ADO_ACTUATOR) != ADO_ACTUATOR:
-        raise InputError("actuatorIdentifier", f"{config['actuatorIdentifier']!r} is not an actuator tunebench "
-                         "runs", allowed=ADO_ACTUATOR)  # fmt: skip
+        raise InputError(
+            "actuatorIdentifier",
+            f"{config['actuatorIdentifier']!r} is not an actuator tunebench runs",
+            allowed=ADO_ACTUATOR,
+        )
     params = config.get("parameters") or {}
     out: dict[str, Any] = {"name": "measure"}
     if params.get("data_directory"):
@@ -124,8 +133,11 @@ def _operation(config: dict) -> tuple[dict[str, Any], dict[str, Any]]:
     op = config.get("operation") or {}
     operator = (op.get("module") or {}).get("operatorName", "random_walk")
     if operator not in OPERATORS:
-        raise InputError("operation.module.operatorName", f"{operator!r} is not an operator tunebench runs "
-                         "(its samplers: grid, random, optimize)", allowed=", ".join(OPERATORS))  # fmt: skip
+        raise InputError(
+            "operation.module.operatorName",
+            f"{operator!r} is not an operator tunebench runs (its samplers: grid, random, optimize)",
+            allowed=", ".join(OPERATORS),
+        )
     params = op.get("parameters") or {}
     mode = (params.get("samplerConfig") or {}).get("mode", "random")
     if mode not in MODES:

@@ -127,8 +127,10 @@ def explore(
         with open_trackers(space.track, kind_field="track", location_field="track") as opened:
             return explore(space, store, executor, settings, on_progress, opened)
     if trackers and space.actuator == "predict":  # trackers take measurements; the planner's are in the store
-        get_logger(__name__).warning("track: the predict actuator measures nothing: no result is sent to "
-                                     + ", ".join(str(w.target) for w in trackers.writers))  # fmt: skip
+        get_logger(__name__).warning(
+            "track: the predict actuator measures nothing: no result is sent to "
+            + ", ".join(str(w.target) for w in trackers.writers)
+        )
         trackers = None
     started = time.monotonic()
     op_id = space.operation_id
@@ -227,8 +229,16 @@ def _register(space: Space, store: Store, settings: Settings, progress: Progress
     return FixedPoints(space, store)
 
 
-def _record(store: Store, search: Search, finished: list, in_flight: dict[int, Claim], progress: Progress,
-            settings: Settings, sampler: str, trackers: Trackers | None = None) -> None:  # fmt: skip
+def _record(
+    store: Store,
+    search: Search,
+    finished: list,
+    in_flight: dict[int, Claim],
+    progress: Progress,
+    settings: Settings,
+    sampler: str,
+    trackers: Trackers | None = None,
+) -> None:
     """Store each finished result (a failure may be requeued for a retry), send it to the trackers and tell
     the search."""
     for fin in finished:

@@ -146,9 +146,12 @@ class OptunaSearch:
             repeats = 0
             experiment, values = self.values_of(trial.params)
             reg = self.store.register(
-                self.operation_id, [point(experiment, values)], actuator=self.space.actuator,
-                generator="optimize", remeasure=self.remeasure,
-            )[0]  # fmt: skip
+                self.operation_id,
+                [point(experiment, values)],
+                actuator=self.space.actuator,
+                generator="optimize",
+                remeasure=self.remeasure,
+            )[0]
             if reg.origin == "rules":
                 self.rules += 1
                 self._record(key, trial, self.worst, counts=False)

@@ -59,8 +59,15 @@ def run_space(
         from tunebench.track import open_trackers
 
         with open_trackers(space.track, kind_field=track_field, location_field=track_field) as opened:
-            return run_space(space, store, executor=executor, ray_address=ray_address, on_progress=on_progress,
-                             trackers=opened, **_overrides(settings))  # fmt: skip
+            return run_space(
+                space,
+                store,
+                executor=executor,
+                ray_address=ray_address,
+                on_progress=on_progress,
+                trackers=opened,
+                **_overrides(settings),
+            )
     runner = _executor(executor or execution.executor, ray_address or execution.ray_address, settings.max_parallel)
     opened_store = store if isinstance(store, Store) else open_store(store, create=True)
     try:

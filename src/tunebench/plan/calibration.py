@@ -149,8 +149,9 @@ BOUNDS = {
 }
 
 
-def _fit_group(batch: Batch, base: Coefficients, names: tuple[str, ...], residuals: Callable[[dict], np.ndarray],
-               memory: bool) -> Coefficients:  # fmt: skip
+def _fit_group(
+    batch: Batch, base: Coefficients, names: tuple[str, ...], residuals: Callable[[dict], np.ndarray], memory: bool
+) -> Coefficients:
     """Coefficients `names` at the posterior mode (see DATA_SIGMA), by scipy's bounded least squares."""
     from scipy.optimize import least_squares
 
@@ -227,8 +228,13 @@ def fit(records: list[Record], start: Coefficients | None = None) -> Coefficient
         c = c.replace(peak_log_sigma=float(max(0.02, _robust_sd(errors))))
     speed, is_train = measured_throughput(records)
     if np.isfinite(speed).sum() >= 4:
-        c = _fit_group(batch, c, SPEED_FIT,
-                       lambda p: _log_residuals(np.where(is_train > 0, p["tps"], p["dtps"]), speed), memory=False)  # fmt: skip
+        c = _fit_group(
+            batch,
+            c,
+            SPEED_FIT,
+            lambda p: _log_residuals(np.where(is_train > 0, p["tps"], p["dtps"]), speed),
+            memory=False,
+        )
     return c
 
 
@@ -276,17 +282,22 @@ def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, floa
     methods = np.array([METHOD_OF.get(r.experiment_id, "?") for r in records])
     for method in ("full", "lora", "qlora"):
         rows = methods == method
-        out[f"peak_{method}_mdape_pct"] = mdape(np.concatenate([p[rows] for p in pairs_pred]),
-                                                np.concatenate([m[rows] for m in pairs_meas]))  # fmt: skip
+        out[f"peak_{method}_mdape_pct"] = mdape(
+            np.concatenate([p[rows] for p in pairs_pred]), np.concatenate([m[rows] for m in pairs_meas])
+        )
     speed, is_train = measured_throughput(records)
     out["throughput_mdape_pct"] = mdape(np.where(is_train > 0, pred["tps"], pred["dtps"]), speed)
     out["throughput_n"] = int(np.isfinite(speed).sum())
     return out
 
 
-def leave_one_out(records: list[Record], group: Callable[[Record], str], start: Coefficients | None = None,
-                  progress: Callable[..., None] | None = None, fit_s: float | None = None,
-                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:  # fmt: skip
+def leave_one_out(
+    records: list[Record],
+    group: Callable[[Record], str],
+    start: Coefficients | None = None,
+    progress: Callable[..., None] | None = None,
+    fit_s: float | None = None,
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Refit without each group (model family or source) and predict it: pooled and per-group scores.
 
     progress(message, eta_s) before each refit; eta_s: seconds left, the mean refit time so far times the
@@ -315,8 +326,12 @@ def leave_one_out(records: list[Record], group: Callable[[Record], str], start: 
     return {"pooled": scores(records, pooled), "per_group": per_group}, pooled
 
 
-def leave_one_model_out(records: list[Record], start: Coefficients | None = None,
-                        progress: Callable[..., None] | None = None, fit_s: float | None = None):  # fmt: skip
+def leave_one_model_out(
+    records: list[Record],
+    start: Coefficients | None = None,
+    progress: Callable[..., None] | None = None,
+    fit_s: float | None = None,
+):
     return leave_one_out(records, lambda r: r.family, start, progress, fit_s)
 
 
@@ -324,8 +339,9 @@ def leave_one_source_out(records: list[Record], start: Coefficients | None = Non
     return leave_one_out(records, lambda r: r.origin, start)
 
 
-def calibrate(records: list[Record], source: str, lomo: bool = True, progress: Callable[..., None] | None = None
-              ) -> Calibration:  # fmt: skip
+def calibrate(
+    records: list[Record], source: str, lomo: bool = True, progress: Callable[..., None] | None = None
+) -> Calibration:
     """A Calibration fitted on all records, with in-sample and leave-one-model-out metrics.
 
     The out-of-memory probability's uncertainty (peak_log_sigma) is set from the held-out log errors

@@ -30,7 +30,7 @@ from tunebench.catalog.models import (
     _first,
     chatglm_fields,
     text_fields,
-)  # fmt: skip
+)
 from tunebench.errors import InputError
 
 # Remote-code families whose fields mean something else than a llama config's (their modeling code

@@ -107,20 +107,34 @@ def deploy_spec(
     description: str | None = None,
 ) -> DeploySpec:
     """Size a deployment by the watsonx.ai hardware-specification guide's formula; InputError names a bad field."""
-    parse(Sizing, params_b=params_b, quantization=quantization, adapters=adapters, adapter_size_gb=adapter_size_gb,
-          gpu_memory_gb=gpu_memory_gb, name=name, description=description)  # fmt: skip
+    parse(
+        Sizing,
+        params_b=params_b,
+        quantization=quantization,
+        adapters=adapters,
+        adapter_size_gb=adapter_size_gb,
+        gpu_memory_gb=gpu_memory_gb,
+        name=name,
+        description=description,
+    )
     memory = (params_b * BYTES_PER_PARAM[quantization] + adapters * adapter_size_gb) * OVERHEAD
     memory = round(memory, 9)  # 30.375, not 30.375000000000004
     gpus = max(1, math.ceil(memory / gpu_memory_gb))
     return DeploySpec(
         # the inputs as given
-        params_b=params_b, quantization=quantization, adapters=adapters, adapter_size_gb=adapter_size_gb,
+        params_b=params_b,
+        quantization=quantization,
+        adapters=adapters,
+        adapter_size_gb=adapter_size_gb,
         gpu_memory_per_gpu_gb=gpu_memory_gb,
         # the formula's results
-        gpu_memory_gb=memory, num_gpus=gpus, num_cpus=gpus + 1, cpu_memory_gb=math.ceil(memory),
+        gpu_memory_gb=memory,
+        num_gpus=gpus,
+        num_cpus=gpus + 1,
+        cpu_memory_gb=math.ceil(memory),
         name=name or DEFAULT_NAME,
         description=description or DEFAULT_DESCRIPTION,
-    )  # fmt: skip
+    )
 
 
 def check_post_url(url: str) -> str:
@@ -218,8 +232,12 @@ def post_hardware_spec(
     if not token:
         raise InputError("--token-env", f"environment variable {token_env} is not set (it must hold the bearer token)")
     if has_control_characters(token) or not token.isascii():  # an HTTP header value: one line of ASCII
-        raise InputError("--token-env", f"environment variable {token_env} holds a line break, a control or a "
-                         "non-ASCII character (its value is not shown)", allowed="one line of printable ASCII")  # fmt: skip
+        raise InputError(
+            "--token-env",
+            f"environment variable {token_env} holds a line break, a control or a "
+            "non-ASCII character (its value is not shown)",
+            allowed="one line of printable ASCII",
+        )
     data = json.dumps(body).encode()
     req = urllib.request.Request(
         url,

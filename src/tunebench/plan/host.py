@@ -49,8 +49,10 @@ def host_key(dtype: str, autocast: str | None, checkpointing: bool) -> str:
     entity's dtype, autocast and checkpointing)."""
     import torch
 
-    return (f"{cpu_model()} | {usable_cores()} cores | {torch.get_num_threads()} threads | torch {torch.__version__}"
-            f" | {dtype} | autocast {autocast or 'no'} | checkpointing {'yes' if checkpointing else 'no'}")  # fmt: skip
+    return (
+        f"{cpu_model()} | {usable_cores()} cores | {torch.get_num_threads()} threads | torch {torch.__version__}"
+        f" | {dtype} | autocast {autocast or 'no'} | checkpointing {'yes' if checkpointing else 'no'}"
+    )
 
 
 # The probe: a small Llama (transformers' own modelling code, random weights) trained for
@@ -76,8 +78,9 @@ def probe_flops_per_step(model, tokens: int, checkpointing: bool) -> float:
     return tokens * (6 * sum(weights.values()) + 2 * body * checkpointing + attention)
 
 
-def measure_training_flops(dtype: str, autocast: str | None = None, checkpointing: bool = False,
-                           seconds: float = MEASURE_SECONDS) -> float:  # fmt: skip
+def measure_training_flops(
+    dtype: str, autocast: str | None = None, checkpointing: bool = False, seconds: float = MEASURE_SECONDS
+) -> float:
     """FLOP/s a training step reaches on this CPU with weights in ``dtype``, ``autocast`` (or None) and
     gradient checkpointing as the entity runs them: the probe's FLOPs over the fastest step run in
     ``seconds`` (at least 3, after one untimed warm-up step; other processes only ever slow a step)."""

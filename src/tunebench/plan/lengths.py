@@ -72,8 +72,9 @@ class SampleLengths:
         import numpy as np
 
         counts = np.asarray(self.counts, dtype=float)
-        pairs = np.stack([np.asarray(limit, dtype=float), np.maximum(np.asarray(per_device_batch, dtype=float), 1.0)],
-                         axis=1)  # fmt: skip
+        pairs = np.stack(
+            [np.asarray(limit, dtype=float), np.maximum(np.asarray(per_device_batch, dtype=float), 1.0)], axis=1
+        )
         distinct, where = np.unique(pairs, axis=0, return_inverse=True)
         out = []
         for cap, b in distinct:
@@ -93,8 +94,12 @@ class SampleLengths:
     def summary(self) -> dict[str, Any]:
         import numpy as np
 
-        return {"samples": len(self.counts), "mean_tokens": round(float(np.mean(self.counts)), 3),
-                "max_tokens": max(self.counts) if self.longest_known else None, "source": self.source}  # fmt: skip
+        return {
+            "samples": len(self.counts),
+            "mean_tokens": round(float(np.mean(self.counts)), 3),
+            "max_tokens": max(self.counts) if self.longest_known else None,
+            "source": self.source,
+        }
 
 
 @dataclass(eq=False)  # hashed by identity: PlanOptions holds it
@@ -117,8 +122,12 @@ class UserLengths:
 
 def from_mean(value: float, field: str = "--avg-tokens") -> UserLengths:
     """UserLengths of a mean; InputError naming field unless it is a finite number >= 1."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
-            or not 1 <= value <= MAX_AVG_TOKENS:  # fmt: skip
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 1 <= value <= MAX_AVG_TOKENS
+    ):
         raise InputError(field, f"{value!r} is not a number of tokens", allowed=f"1 to {MAX_AVG_TOKENS:,}")
     return UserLengths(avg_tokens=float(value))
 

@@ -98,8 +98,16 @@ def read_cases(path: str | Path | None = None) -> list[Record]:
         if measured.get("tok_s_gpu"):
             props["train_tokens_per_gpu_per_second"] = float(measured["tok_s_gpu"])
         origin = case["source"].split("/")[-1].lower()
-        out.append(Record(request["experiment"], values, props, f"{origin}/{case['row_id']}",
-                          fit=origin not in EVALUATED_ONLY_STACKS, near_limit=bool(measured.get("near_limit"))))  # fmt: skip
+        out.append(
+            Record(
+                request["experiment"],
+                values,
+                props,
+                f"{origin}/{case['row_id']}",
+                fit=origin not in EVALUATED_ONLY_STACKS,
+                near_limit=bool(measured.get("near_limit")),
+            )
+        )
     return out
 
 
@@ -128,8 +136,13 @@ def _measured_properties(values: Mapping[str, Any], raw: Mapping[str, Any]) -> d
     props: dict[str, float] = {}
     valid = _num_or_none(raw.get("is_valid"))
     props["is_valid"] = 1.0 if valid is None else valid
-    for k in ("train_tokens_per_gpu_per_second", "dataset_tokens_per_second_per_gpu",
-              "gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_peak_gib"):  # fmt: skip
+    for k in (
+        "train_tokens_per_gpu_per_second",
+        "dataset_tokens_per_second_per_gpu",
+        "gpu_memory_allocated_peak_gib",
+        "gpu_memory_reserved_peak_gib",
+        "gpu_memory_peak_gib",
+    ):
         v = _num_or_none(raw.get(k))
         if v:
             props[k] = v

@@ -331,8 +331,16 @@ def torch_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]:
     weights, grads, grads_accumulated = weights / split, grads / split, grads_accumulated / split
     states, step_tmp = states / split, step_tmp / split
     ddp_buckets = _where(mode == "DDP", grad_full, 0.0)  # DDP gradient_as_bucket_view=False copy
-    states_per_gpu = {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads_accumulated,
-                      "states": states, "step_tmp": step_tmp, "buffers": ddp_buckets, "host": host}  # fmt: skip
+    states_per_gpu = {
+        "weights": weights,
+        "gathered": gathered,
+        "grads": grads,
+        "grads_accumulated": grads_accumulated,
+        "states": states,
+        "step_tmp": step_tmp,
+        "buffers": ddp_buckets,
+        "host": host,
+    }
     return {**{k: v / w.tp for k, v in states_per_gpu.items()}, "nvme": np.zeros(w.size)}
 
 
@@ -398,8 +406,17 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
             nvme = nvme + weights
         gathered = np.where(z == 3, units * p16, gathered)  # the local shard is not resident either
         weights = np.zeros(w.size)
-    states_per_gpu = {"weights": weights, "gathered": gathered, "grads": grads, "grads_accumulated": grads,
-                      "states": states, "step_tmp": step_tmp, "buffers": buffers, "host": host, "nvme": nvme}  # fmt: skip
+    states_per_gpu = {
+        "weights": weights,
+        "gathered": gathered,
+        "grads": grads,
+        "grads_accumulated": grads,
+        "states": states,
+        "step_tmp": step_tmp,
+        "buffers": buffers,
+        "host": host,
+        "nvme": nvme,
+    }
     return {k: v / w.tp for k, v in states_per_gpu.items()}
 
 
@@ -505,8 +522,16 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
         smi = reserved + context + nccl
         utilization = np.zeros(w.size)
     phase = np.where(b["peak_optimizer_step"] >= b["peak_forward_backward"], "optimizer_step", "forward_backward")
-    keys = ("weights", "gathered_weights", "gradients", "optimizer_states", "optimizer_step_transient",
-            "ddp_buckets", "activations", "loss")  # fmt: skip
+    keys = (
+        "weights",
+        "gathered_weights",
+        "gradients",
+        "optimizer_states",
+        "optimizer_step_transient",
+        "ddp_buckets",
+        "activations",
+        "loss",
+    )
     breakdown = {k: b[k] / GIB for k in keys}
     breakdown["allocator_reserve"] = (reserved - allocated) / GIB
     breakdown["cuda_context"] = context / GIB

@@ -91,14 +91,16 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
     if getattr(config, "family", ""):
         linears, stand_in = remote_names(linears, config.family, layers_name, lm_head_name)
     embedding = sum(
-        m.weight.numel() for n, m in model.named_modules()
+        m.weight.numel()
+        for n, m in model.named_modules()
         if isinstance(m, torch.nn.Embedding) and not n.startswith(layers_name + ".") and not _under(n, vision_prefixes)
-    ) - (lm_head if tied else 0)  # fmt: skip
+    ) - (lm_head if tied else 0)
     n_experts = int(_first_attr(text, "num_local_experts", "num_experts", "n_routed_experts") or 0)
     experts = sum(  # fused expert weights: (experts, out, in); 3-D convolution weights are not experts
-        p.numel() for n, p in model.named_parameters()
+        p.numel()
+        for n, p in model.named_parameters()
         if n_experts and p.ndim == 3 and p.shape[0] == n_experts and n.startswith(layers_name + ".")
-    )  # fmt: skip
+    )
     top_k = int(_first_attr(text, "num_experts_per_tok", "moe_top_k") or 0)
     routers = _router_params(model, layers_name, torch)
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
@@ -140,8 +142,12 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
     )
 
 
-def remote_names(linears: list[Linear], family: str, layers_name: str, lm_head_name: str,
-                 ) -> tuple[list[Linear], tuple[tuple[str, tuple[str, ...]], ...]]:  # fmt: skip
+def remote_names(
+    linears: list[Linear],
+    family: str,
+    layers_name: str,
+    lm_head_name: str,
+) -> tuple[list[Linear], tuple[tuple[str, tuple[str, ...]], ...]]:
     """The stand-in's linears under the module names of a remote-code family's modelling code, fused as it
     fuses them (plan.config.REMOTE_LAYOUTS), and which stand-in leaves each renamed linear holds."""
     from tunebench.plan.config import REMOTE_LAYOUTS
@@ -176,9 +182,10 @@ def _router_params(model, layers_name: str, torch) -> int:
     """MoE routers and other 2-D weights of the decoder layers outside nn.Linear / nn.Embedding."""
     in_modules = {id(m.weight) for m in model.modules() if _module_shape(m, torch)[0]}
     return sum(
-        p.numel() for n, p in model.named_parameters()
+        p.numel()
+        for n, p in model.named_parameters()
         if p.ndim == 2 and id(p) not in in_modules and n.startswith(layers_name + ".")
-    )  # fmt: skip
+    )
 
 
 def _layer_kinds(text, n_layers: int) -> tuple[tuple[str, int], ...]:

@@ -100,8 +100,13 @@ AvgTokens = Annotated[float, Field(ge=1, le=MAX_AVG_TOKENS, allow_inf_nan=False)
 class PlannerOptions(Options):
     """Options plan and recommend share (and plan's --batch file)."""
 
-    NAMES = {"price": "--price-per-gpu-hour", "network": "--network-gbps", "host_memory": "--host-memory-gib",
-             "avg_tokens": "--avg-tokens", "lengths": "--lengths"}  # fmt: skip
+    NAMES = {
+        "price": "--price-per-gpu-hour",
+        "network": "--network-gbps",
+        "host_memory": "--host-memory-gib",
+        "avg_tokens": "--avg-tokens",
+        "lengths": "--lengths",
+    }
     price: NonNegative | None = None
     calibration: CalibrationFile | None = None
     network: Positive | None = None

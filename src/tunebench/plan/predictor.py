@@ -154,8 +154,9 @@ def predict_values(
     opts = options or PlanOptions()
     cal = opts.calibration or load_calibration()
     n = len(rows)
-    out: dict[str, Any] = {k: np.full(n, np.nan) for k in (*PREDICTED, *_META, *_PRICE, "flops_per_token",
-                                                           "padded_tokens_per_sample")}  # fmt: skip
+    out: dict[str, Any] = {
+        k: np.full(n, np.nan) for k in (*PREDICTED, *_META, *_PRICE, "flops_per_token", "padded_tokens_per_sample")
+    }
     out["fits"] = np.ones(n, dtype=bool)
     out["peak_phase"] = np.full(n, "", dtype=object)
     out["breakdown"] = [None] * n
@@ -196,8 +197,10 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     w = build_workload(method, [rows[i][1] for i in idx], model=model, lengths=lengths)
     if w.method in ("lora", "qlora", "gptq-lora") and not w.lora_params_per_rank:
         leaves = sorted({lin.leaf for lin in w.structure.linears if lin.kind == "linear" and lin.part == "layers"})
-        reason = (f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}: "
-                  f"LoRA would fail (its linear layers: {', '.join(leaves)})")  # fmt: skip
+        reason = (
+            f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}: "
+            f"LoRA would fail (its linear layers: {', '.join(leaves)})"
+        )
         for i in idx:
             out["reasons"][i].append(reason)
             out["fits"][i] = False
@@ -249,18 +252,28 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
     if host is not None:
-        notes.append(f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
-                     f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
-                     f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's")  # fmt: skip
+        notes.append(
+            f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
+            f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
+            f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's"
+        )
     if lengths is not None:
-        longest = (f"its longest sample ({max(lengths.counts):,} tokens, capped at model_max_length)"
-                   if lengths.longest_known else "model_max_length (a mean gives no longest sample)")  # fmt: skip
-        notes.append(f"samples as long as yours ({lengths.source}; mean {np.mean(lengths.counts):,.1f} tokens): "
-                     f"time, throughput and cost use them; peak memory is sized for {longest}")  # fmt: skip
+        longest = (
+            f"its longest sample ({max(lengths.counts):,} tokens, capped at model_max_length)"
+            if lengths.longest_known
+            else "model_max_length (a mean gives no longest sample)"
+        )
+        notes.append(
+            f"samples as long as yours ({lengths.source}; mean {np.mean(lengths.counts):,.1f} tokens): "
+            f"time, throughput and cost use them; peak memory is sized for {longest}"
+        )
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
-    no_sync_notes = [*notes, "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
-                     "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"]  # fmt: skip
+    no_sync_notes = [
+        *notes,
+        "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
+        "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them",
+    ]
     for j, i in enumerate(idx):  # rows of a group share their (read-only) notes list
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
         out["notes"][i] = no_sync_notes if (no_sync[j] and w.method == "full") else notes
@@ -285,11 +298,15 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
         if need <= 0:
             continue
         if node_gib is None:
-            out["notes"][i] = [*out["notes"][i], f"offload keeps {need:.1f} GiB in host memory per node "
-                               "(not checked: give host_memory_gib, the node's RAM)"]  # fmt: skip
+            out["notes"][i] = [
+                *out["notes"][i],
+                f"offload keeps {need:.1f} GiB in host memory per node "
+                "(not checked: give host_memory_gib, the node's RAM)",
+            ]
         elif need > node_gib:
-            out["reasons"][i].append(f"out of host memory: offload keeps {need:.1f} GiB per node against "
-                                     f"host_memory_gib {node_gib:g}")  # fmt: skip
+            out["reasons"][i].append(
+                f"out of host memory: offload keeps {need:.1f} GiB per node against host_memory_gib {node_gib:g}"
+            )
             out["fits"][i] = False
 
 
@@ -320,8 +337,11 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
     for i, (experiment_id, entity_id, rule_reasons) in enumerate(ids):
         if cols["errors"][i] is not None:
             err = cols["errors"][i]
-            out.append(Result.failed(experiment_id, entity_id, str(err), metadata={"error_field": err.field},
-                                     actuator="predict"))  # fmt: skip
+            out.append(
+                Result.failed(
+                    experiment_id, entity_id, str(err), metadata={"error_field": err.field}, actuator="predict"
+                )
+            )
             continue
         predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))
         meta: dict[str, Any] = dict(zip(meta_names, [col[i] for col in meta_lists], strict=True))
@@ -367,17 +387,42 @@ def plan_json(result: Result) -> dict[str, Any]:
         "is_valid": result.status == "valid",
         "reasons": list(result.reasons),
     }
-    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_reserved_peak_gib", "gpu_memory_peak_gib",
-                "gpu_memory_utilization_peak", "train_tokens_per_second", "train_tokens_per_gpu_per_second",
-                "dataset_tokens_per_second", "train_runtime"):  # fmt: skip
+    for key in (
+        "gpu_memory_allocated_peak_gib",
+        "gpu_memory_reserved_peak_gib",
+        "gpu_memory_peak_gib",
+        "gpu_memory_utilization_peak",
+        "train_tokens_per_second",
+        "train_tokens_per_gpu_per_second",
+        "dataset_tokens_per_second",
+        "train_runtime",
+    ):
         out[key] = _round(pred.get(key))
     out["breakdown"] = meta.get("breakdown", {})
     for key in ("dataset_tokens_per_second_per_gpu", "train_samples_per_second", "train_steps_per_second"):
         out[key] = _round(pred.get(key))
-    for key in ("fits", "oom_probability", "headroom_gib", "peak_phase", "capacity_gib", "usable_gib",
-                "required_gib", "step_seconds", "steps", "mfu", "per_device_batch", "tokens_per_sample", "gpu_hours",
-                "host_memory_gib", "nvme_gib", "cost", "price_per_gpu_hour", "price_source", "calibration",
-                "notes"):  # fmt: skip
+    for key in (
+        "fits",
+        "oom_probability",
+        "headroom_gib",
+        "peak_phase",
+        "capacity_gib",
+        "usable_gib",
+        "required_gib",
+        "step_seconds",
+        "steps",
+        "mfu",
+        "per_device_batch",
+        "tokens_per_sample",
+        "gpu_hours",
+        "host_memory_gib",
+        "nvme_gib",
+        "cost",
+        "price_per_gpu_hour",
+        "price_source",
+        "calibration",
+        "notes",
+    ):
         if key in meta:
             out[key] = _round(meta[key])
     return out

@@ -274,8 +274,12 @@ def nearest_fit(
         cand = minimum_gpus(exp, vals, options, gpus_per_node, max_gpus, max_oom_risk)
         if cand is not None:
             keep = {k: v for k, v in raw.items() if k in exp.optional or k in exp.required}
-            return {"change": label, "experiment_id": exp.id, "candidate": cand.to_dict(),
-                    "command": command(exp, keep, change, cli_options or {})}  # fmt: skip
+            return {
+                "change": label,
+                "experiment_id": exp.id,
+                "candidate": cand.to_dict(),
+                "command": command(exp, keep, change, cli_options or {}),
+            }
     return None
 
 
@@ -356,8 +360,9 @@ def recommend(
     if minimum is None:
         out["diagnosis"] = diagnose(experiment, values, options, gpus_per_node, max_gpus)
         raw_given = {k: v for k, v in raw.items() if k in entity.values}
-        out["nearest"] = nearest_fit(experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk,
-                                     cli_options)  # fmt: skip
+        out["nearest"] = nearest_fit(
+            experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk, cli_options
+        )
     return out
 
 

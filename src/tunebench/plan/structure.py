@@ -154,8 +154,11 @@ class Structure:
             return total, () if total else (target_modules,)
         names = {target_modules} if isinstance(target_modules, str) else set(target_modules)
         if "all-linear" in names:
-            return sum((lin.d_in + lin.d_out) * lin.count for lin in self.linears
-                       if lin.kind == "linear" and lin.part != "head"), ()  # fmt: skip
+            return sum(
+                (lin.d_in + lin.d_out) * lin.count
+                for lin in self.linears
+                if lin.kind == "linear" and lin.part != "head"
+            ), ()
         total, seen = 0, set()
         for lin in self.linears:
             for name in names:

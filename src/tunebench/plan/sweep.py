@@ -143,12 +143,16 @@ class Largest:
 
     def to_dict(self, max_oom_risk: float) -> dict[str, Any]:
         return {
-            "experiment_id": self.experiment_id, "property": self.name, "largest": self.value,
-            "max_oom_risk": max_oom_risk, "at_largest": self.fit.to_dict() if self.fit else None,
-            "next": self.next_value, "at_next": self.next_fit.to_dict() if self.next_fit else None,
+            "experiment_id": self.experiment_id,
+            "property": self.name,
+            "largest": self.value,
+            "max_oom_risk": max_oom_risk,
+            "at_largest": self.fit.to_dict() if self.fit else None,
+            "next": self.next_value,
+            "at_next": self.next_fit.to_dict() if self.next_fit else None,
             "next_verdict": verdict(self.next_fit, max_oom_risk) if self.next_fit else None,
             "limited_by": self.limited_by,
-        }  # fmt: skip
+        }
 
 
 def largest(
@@ -218,8 +222,11 @@ def method_job(method: str, raw: Mapping[str, Any]) -> tuple[Experiment, dict[st
     from tunebench.plan.recommend import METHOD_EXPERIMENTS
 
     if method not in METHOD_EXPERIMENTS:
-        raise InputError("--method", f"unknown method {method!r}." + suggest(method, METHOD_EXPERIMENTS),
-                         allowed=", ".join(METHOD_EXPERIMENTS))  # fmt: skip
+        raise InputError(
+            "--method",
+            f"unknown method {method!r}." + suggest(method, METHOD_EXPERIMENTS),
+            allowed=", ".join(METHOD_EXPERIMENTS),
+        )
     experiment = get_experiment(METHOD_EXPERIMENTS[method])
     for name in raw:  # method_values keeps only the experiment's properties: a typo would vanish silently
         check_property(experiment, name)

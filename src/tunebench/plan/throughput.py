@@ -27,7 +27,7 @@ from tunebench.plan.memory import (
     sharding_degree,
     state_partitions,
     trainable_params,
-)  # fmt: skip
+)
 from tunebench.plan.workload import Workload, total_steps
 
 # Network bandwidth per node for multi-node runs, GB/s per direction (assumptions, override with
@@ -239,8 +239,9 @@ def cpu_rate(c: Coefficients, host_flops: float | None) -> float:
     return host_flops * CPU_EFFICIENCY if host_flops else c.cpu_tflops * 1e12
 
 
-def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, padded,
-                       host_flops: float | None = None) -> np.ndarray:  # fmt: skip
+def micro_step_seconds(
+    w: Workload, c: Coefficients, micro_flops: np.ndarray, padded, host_flops: float | None = None
+) -> np.ndarray:
     """Seconds of one micro-batch's forward and backward on one device: matmul FLOPs at the
     calibrated efficiency, memory-bound elementwise traffic and per-layer overheads (on the CPU: FLOPs
     at the host's rate, cpu_rate)."""
@@ -270,8 +271,9 @@ def micro_step_seconds(w: Workload, c: Coefficients, micro_flops: np.ndarray, pa
     return compute + np.where(on_gpu, overhead, 0.0)
 
 
-def predict_throughput(w: Workload, c: Coefficients, network_gbps: float | None = None,
-                       host_flops: float | None = None) -> ThroughputPrediction:  # fmt: skip
+def predict_throughput(
+    w: Workload, c: Coefficients, network_gbps: float | None = None, host_flops: float | None = None
+) -> ThroughputPrediction:
     """Step time and the spec's throughput properties for every entity of a workload; CPU entities at
     ``host_flops`` (plan.host.host_flops, FLOP/s) when given, else at the calibrated cpu_tflops."""
     a = w.structure

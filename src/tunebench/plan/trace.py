@@ -114,13 +114,23 @@ class ActivationProfile:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "moments": {k: asdict(m) for k, m in self.moments.items()},
-                "written": asdict(self.written), "source": self.source, "notes": list(self.notes)}  # fmt: skip
+        return {
+            "key": self.key,
+            "moments": {k: asdict(m) for k, m in self.moments.items()},
+            "written": asdict(self.written),
+            "source": self.source,
+            "notes": list(self.notes),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ActivationProfile:
-        return cls(d["key"], {k: Moment(**m) for k, m in d["moments"].items()}, Moment(**d["written"]), d["source"],
-                   tuple(d.get("notes", ())))  # fmt: skip
+        return cls(
+            d["key"],
+            {k: Moment(**m) for k, m in d["moments"].items()},
+            Moment(**d["written"]),
+            d["source"],
+            tuple(d.get("notes", ())),
+        )
 
 
 _PROFILES: dict[str, ActivationProfile] = {}
@@ -316,8 +326,9 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     # the loss's bytes per vocabulary entry per token: the slope over two lengths with half the vocabulary
     # against the full one (a token-independent vocabulary-sized buffer, such as one chunk of a chunked
     # loss, changes the level, not the slope)
-    half_vocab = [_counted(trace_step(structure, request, plans[0], s, vocab=structure.vocab - half))
-                  for s in lengths[:2]]  # fmt: skip
+    half_vocab = [
+        _counted(trace_step(structure, request, plans[0], s, vocab=structure.vocab - half)) for s in lengths[:2]
+    ]
     span = lengths[1] - lengths[0]
 
     def full(quantity, i: int) -> float:  # a quantity of the full model at lengths[i]
@@ -330,8 +341,11 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
         vocab = (slope_full - slope_half) / half if half else 0.0
-        moments[m] = Moment(*fit_tokens(lengths, acts, quadratic), grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
-                            vocab_bytes=max(0.0, vocab))  # fmt: skip
+        moments[m] = Moment(
+            *fit_tokens(lengths, acts, quadratic),
+            grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
+            vocab_bytes=max(0.0, vocab),
+        )
     written = Moment(*fit_tokens(lengths, [full(lambda r: r["written"], i) for i in range(len(lengths))], quadratic))
     return ActivationProfile(request.key, moments, written, "traced")
 
@@ -363,13 +377,19 @@ def formula_profile(structure: Structure, request: TraceRequest, why: str) -> Ac
     layer = 2 * (7 * h + 2 * kv + 4 * width)
     per_token = (2 * h * layers + layer) if request.checkpointing else layer * layers
     peak = Moment(0.0, per_token + 6.0 * structure.vocab, 0.0, 0.0, vocab_bytes=6.0)
-    return ActivationProfile(request.key, {m: peak for m in MOMENTS}, Moment(0.0, layer * layers, 0.0),
-                             "formula", (f"tracing failed ({why}); activations from the llama formula",))  # fmt: skip
+    return ActivationProfile(
+        request.key,
+        {m: peak for m in MOMENTS},
+        Moment(0.0, layer * layers, 0.0),
+        "formula",
+        (f"tracing failed ({why}); activations from the llama formula",),
+    )
 
 
 # --- one traced step ---------------------------------------------------------------------------------
-def trace_step(structure: Structure, request: TraceRequest, plan: tuple[str, ...], length: int,
-               vocab: int | None = None) -> dict[str, Any]:  # fmt: skip
+def trace_step(
+    structure: Structure, request: TraceRequest, plan: tuple[str, ...], length: int, vocab: int | None = None
+) -> dict[str, Any]:
     """Forward + backward of the reduced model on fake tensors: the two moments, gradients, bytes written."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -384,8 +404,11 @@ def trace_step(structure: Structure, request: TraceRequest, plan: tuple[str, ...
         kwargs: dict[str, Any] = {"input_ids": ids, "labels": ids}
         if request.attention != "flash":
             kwargs["attention_mask"] = torch.ones(1, length, dtype=torch.long)
-        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if request.autocast  # fp16: same bytes as bf16
-                    else torch.autocast("cpu", enabled=False))  # fmt: skip
+        autocast = (
+            torch.autocast("cpu", dtype=torch.bfloat16)
+            if request.autocast  # fp16: same bytes as bf16
+            else torch.autocast("cpu", enabled=False)
+        )
         with tracker:
             with autocast:
                 loss = model(**kwargs).loss
@@ -475,9 +498,14 @@ def selective_checkpoint_context():
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     aten = torch.ops.aten
-    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
-            aten._scaled_dot_product_cudnn_attention.default, aten.max.default}  # fmt: skip
+    save = {
+        aten.mm.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten.max.default,
+    }
     meta: dict[str, int] = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
@@ -539,9 +567,14 @@ def _peft(model, request: TraceRequest):
         cfg = peft.PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=request.virtual_tokens)
     else:
         targets = request.target_modules
-        cfg = peft.LoraConfig(r=TRACE_RANK, lora_alpha=16, lora_dropout=0.05 if request.lora_dropout else 0.0,
-                              bias="none", task_type="CAUSAL_LM",
-                              target_modules=list(targets) if isinstance(targets, tuple) else targets)  # fmt: skip
+        cfg = peft.LoraConfig(
+            r=TRACE_RANK,
+            lora_alpha=16,
+            lora_dropout=0.05 if request.lora_dropout else 0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+            target_modules=list(targets) if isinstance(targets, tuple) else targets,
+        )
     # peft upcasts 16-bit adapter weights to fp32 unless asked not to (get_peft_model autocast_adapter_dtype)
     return peft.get_peft_model(model, cfg, autocast_adapter_dtype=request.adapter_dtype == "float32")
 
@@ -563,8 +596,9 @@ def _register_unmasked_attention() -> None:
         # FA2 keeps the output and a fp32 log-sum-exp per head and token, never the score matrix:
         # PyTorch's flash SDPA kernel does the same, and grouped K/V heads are not repeated.
         gqa = key.shape[1] != query.shape[1]
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                                               enable_gqa=gqa)  # fmt: skip
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa
+        )
         return out.transpose(1, 2).contiguous(), None
 
     def no_mask(*args, **kwargs):
@@ -595,8 +629,10 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
             for p in module.parameters():
                 param_mem += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(p, _MemRefType.PARAM))
                 if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
-                    self._param_to_grad_hook_handles[p] = (p.register_hook(self._grad_hook),
-                                                           p.register_post_accumulate_grad_hook(self._post_grad_hook))  # fmt: skip
+                    self._param_to_grad_hook_handles[p] = (
+                        p.register_hook(self._grad_hook),
+                        p.register_post_accumulate_grad_hook(self._post_grad_hook),
+                    )
             for b in module.buffers():
                 buffer_mem += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(b, _MemRefType.BUFFER))
             return param_mem, buffer_mem

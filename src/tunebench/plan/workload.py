@@ -390,9 +390,12 @@ def build_workload(
     gpu = get_gpu(gpu_label) if gpu_label else None
     settings = {name: first.get(name) for name in CATEGORICAL}
     if settings.get("torch_dtype") == "float64":  # the stability experiment accepts it (spec.properties TORCH_DTYPES)
-        raise InputError("torch_dtype", "float64: the planner sizes 16- and 32-bit weights only (its formulas and "
-                         "calibration have no float64 run); measure the entity instead",
-                         allowed=", ".join(SPEC_TORCH_DTYPES))  # fmt: skip
+        raise InputError(
+            "torch_dtype",
+            "float64: the planner sizes 16- and 32-bit weights only (its formulas and "
+            "calibration have no float64 run); measure the entity instead",
+            allowed=", ".join(SPEC_TORCH_DTYPES),
+        )
     cols = {}
     for name in NUMERIC:
         default = NUMERIC_DEFAULTS.get(name, 0)

@@ -51,8 +51,9 @@ def build_report(store: Store, *, space: str | Path | None = None, series: int |
     return page(data, sections, version=__version__)
 
 
-def write_report(store: Store, output: str | Path, *, space: str | Path | None = None,
-                 series: int | None = None) -> Path:  # fmt: skip
+def write_report(
+    store: Store, output: str | Path, *, space: str | Path | None = None, series: int | None = None
+) -> Path:
     """Write build_report's HTML to output; returns its path."""
     from tunebench.paths import write_atomic
 

@@ -44,8 +44,13 @@ class ReportData:
     store_url: str = ""
 
 
-def load(store: Store, *, points: set[tuple[str, str]] | None = None, dims: Sequence[str] = (),
-         title: str = "tunebench report") -> ReportData:  # fmt: skip
+def load(
+    store: Store,
+    *,
+    points: set[tuple[str, str]] | None = None,
+    dims: Sequence[str] = (),
+    title: str = "tunebench report",
+) -> ReportData:
     """Every stored outcome (or those of points: (experiment id, entity id) pairs) as a ReportData."""
     rows = store.rows()
     if points is not None:
@@ -65,13 +70,17 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         entity = r["entity"]
         rec: dict[str, Any] = {
-            "request_id": r["request_id"], "result_id": r["result_id"], "experiment_id": r["experiment_id"],
+            "request_id": r["request_id"],
+            "result_id": r["result_id"],
+            "experiment_id": r["experiment_id"],
             "base_id": r["base_id"],
-            "entity_id": r["entity_id"], "actuator": r["actuator"],
+            "entity_id": r["entity_id"],
+            "actuator": r["actuator"],
             "source": result_source(r["actuator"]),
-            "status": r["status"], "outcome": outcome(r["status"], r.get("reasons") or [], r.get("error")),
+            "status": r["status"],
+            "outcome": outcome(r["status"], r.get("reasons") or [], r.get("error")),
             "reason": r.get("error") or "; ".join(r.get("reasons") or []) or None,
-        }  # fmt: skip
+        }
         for name in constitutive:
             value = entity.get(name)
             if value is None:
@@ -84,8 +93,22 @@ def tidy(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
         rec["_parameters"] = r["parameters"]
         records.append(rec)
     if not records:
-        return pd.DataFrame(columns=["request_id", "result_id", "experiment_id", "base_id", "entity_id", "actuator", "source",
-                                     "status", "outcome", "reason", "_entity", "_parameters"])  # fmt: skip
+        return pd.DataFrame(
+            columns=[
+                "request_id",
+                "result_id",
+                "experiment_id",
+                "base_id",
+                "entity_id",
+                "actuator",
+                "source",
+                "status",
+                "outcome",
+                "reason",
+                "_entity",
+                "_parameters",
+            ]
+        )
     return pd.DataFrame.from_records(records)
 
 

@@ -132,8 +132,14 @@ def _figure(plot: Plot, first: bool) -> str:
         "layout": {**LAYOUT, "margin": margin, "title": {"text": title}, **plot.figure["layout"]},
     }
     # validate=False: the figures are plain dicts in plotly.js's schema (validating 10,000s of values takes seconds)
-    div = pio.to_html(figure, full_html=False, include_plotlyjs=bool(first), div_id=f"plot-{plot.key}",
-                      config=PLOTLY_CONFIG, validate=False)  # fmt: skip
+    div = pio.to_html(
+        figure,
+        full_html=False,
+        include_plotlyjs=bool(first),
+        div_id=f"plot-{plot.key}",
+        config=PLOTLY_CONFIG,
+        validate=False,
+    )
     return f"<figure id='{plot.key}' class='plot'>{div}{caption}</figure>"
 
 
@@ -203,8 +209,11 @@ def table_payload(data: ReportData) -> dict[str, Any]:
 
 def _table(data: ReportData) -> str:
     payload = json.dumps(table_payload(data), separators=(",", ":")).replace("</", "<\\/")
-    head = "".join(f"<th>{html.escape(c if c != 'experiment_id' else 'experiment')}</th>" for c in table_columns(data)
-                   if c in data.frame.columns)  # fmt: skip
+    head = "".join(
+        f"<th>{html.escape(c if c != 'experiment_id' else 'experiment')}</th>"
+        for c in table_columns(data)
+        if c in data.frame.columns
+    )
     return (
         "<h2>Every result</h2><p>One row per stored result (entity x experiment x actuator). Click a header to sort, "
         "type to filter.</p><p><input id='results-filter' placeholder='filter' size='40'> <span id='results-info'>"
@@ -218,8 +227,10 @@ def _table(data: ReportData) -> str:
 def _column(series: pd.Series) -> list[Any]:
     """A column's cells for JSON: numbers to 6 significant digits, NaN/None as null, the rest as text."""
     if pd.api.types.is_numeric_dtype(series) and not pd.api.types.is_bool_dtype(series):
-        return [None if v != v else (int(v) if float(v).is_integer() and abs(v) < 2**53 else float(f"{v:.6g}"))
-                for v in series.astype(float).tolist()]  # fmt: skip
+        return [
+            None if v != v else (int(v) if float(v).is_integer() and abs(v) < 2**53 else float(f"{v:.6g}"))
+            for v in series.astype(float).tolist()
+        ]
     return [v if type(v) is str else _cell(v) for v in series.tolist()]  # most cells are text already
 
 
@@ -240,8 +251,9 @@ def _environment(data: ReportData) -> str:
         return "<h2>Where the results come from</h2><p class='note'>No results: nothing measured yet.</p>"
     cols = ["actuator", "rows", "results_read", "host", "executor", "device", "gpus", "versions", "calibration"]
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>"
-                   for e in data.environment)  # fmt: skip
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(e.get(c, '')))}</td>" for c in cols) + "</tr>" for e in data.environment
+    )
     return (
         "<h2>Where the results come from</h2><p>Versions and hardware as the results' metadata records them "
         "(read from an evenly spaced sample of each actuator's results: 'results read' of 'rows'). The planner's "

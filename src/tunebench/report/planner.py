@@ -57,16 +57,23 @@ def predictions(frame: pd.DataFrame, properties: Sequence[str]) -> pd.DataFrame:
         if result.status == "failed":
             continue
         predicted = result.metadata.get("predicted") or {}
-        records.append({**{f"predicted_{p}": predicted.get(p) for p in properties},
-                        "predicted_fits": bool(result.metadata.get("fits", True))})  # fmt: skip
+        records.append(
+            {
+                **{f"predicted_{p}": predicted.get(p) for p in properties},
+                "predicted_fits": bool(result.metadata.get("fits", True)),
+            }
+        )
         kept.append(i)
     return pd.DataFrame.from_records(records, index=kept) if records else pd.DataFrame()
 
 
 def boundary(
-    base_id: str, parameters: dict[str, Any], values: dict[str, Any], batch_sizes: Sequence[int],
+    base_id: str,
+    parameters: dict[str, Any],
+    values: dict[str, Any],
+    batch_sizes: Sequence[int],
     lengths: Sequence[int],
-) -> list[tuple[int, int | None]]:  # fmt: skip
+) -> list[tuple[int, int | None]]:
     """(batch size, largest model_max_length the planner predicts fits) for each batch size.
 
     values: the other entity values (model, GPUs, ...) of the group. Lengths tried: BOUNDARY_LENGTHS
@@ -101,8 +108,9 @@ def _fits(experiment: Experiment, values: dict[str, Any], points: list[tuple[int
     items, index = [], []
     for i, (batch, length) in enumerate(points):
         try:
-            items.append((experiment, make_entity(experiment, {**values, "batch_size": batch,
-                                                               "model_max_length": length})))  # fmt: skip
+            items.append(
+                (experiment, make_entity(experiment, {**values, "batch_size": batch, "model_max_length": length}))
+            )
             index.append(i)
         except Exception:  # a value the spec rejects: treat as not fitting
             continue

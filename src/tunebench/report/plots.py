@@ -35,8 +35,10 @@ COLORS = {"measured": "#1f77b4", "predicted": "#ff7f0e", "test": "#8c564b", "fit
 # float32 runs of one source share its colour and differ in symbol.
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star-triangle-up", "hexagon", "pentagon")
 MAX_TICKS = 12  # tick labels on an axis of integers: its values when they are this few, else evenly spaced ones
-TEST_NOTE = (" Results of test actuators (noop, which measures nothing, and module:function actuators) are labelled "
-             "'test', never 'measured'.")  # fmt: skip
+TEST_NOTE = (
+    " Results of test actuators (noop, which measures nothing, and module:function actuators) are labelled "
+    "'test', never 'measured'."
+)
 ERROR_SCALE = [[0.0, "#1a9850"], [0.2, "#91cf60"], [0.5, "#fee08b"], [1.0, "#d73027"]]  # |error| 0 .. 50 %
 STABILITY = (("f_no_error", "no error", "#2ca02c"), ("f_gpu_oom", "GPU out of memory", "#d62728"),
              ("f_other_error", "other error", "#7f7f7f"))  # fmt: skip
@@ -110,8 +112,11 @@ def _by_precision(rows: pd.DataFrame, source: str, symbols: dict[str, str]) -> l
     the figure holds one precision."""
     if len(symbols) <= 1 or "precision" not in rows.columns:
         return [(source, rows, next(iter(symbols.values()), "circle"))]
-    return [(f"{source}, {name}", rows[rows["precision"] == name], symbol) for name, symbol in symbols.items()
-            if (rows["precision"] == name).any()]  # fmt: skip
+    return [
+        (f"{source}, {name}", rows[rows["precision"] == name], symbol)
+        for name, symbol in symbols.items()
+        if (rows["precision"] == name).any()
+    ]
 
 
 def _on_gpus(frame: pd.DataFrame, what: str, holding: tuple[str, ...] = ()) -> tuple[pd.DataFrame, str]:
@@ -125,8 +130,12 @@ def _on_gpus(frame: pd.DataFrame, what: str, holding: tuple[str, ...] = ()) -> t
     for name in holding:
         drawn &= frame[name].notna() if name in frame.columns else False
     left = int((~gpus & drawn).sum())
-    note = f" {left:,} CPU result{'s are' if left > 1 else ' is'} left out of the {what}: a run without GPUs " \
-           "has no GPU memory." if left else ""  # fmt: skip
+    note = (
+        f" {left:,} CPU result{'s are' if left > 1 else ' is'} left out of the {what}: a run without GPUs "
+        "has no GPU memory."
+        if left
+        else ""
+    )
     return frame[gpus], note
 
 
@@ -156,8 +165,11 @@ def _axis_values(frame: pd.DataFrame, dim: str) -> tuple[list[Any], dict[str, An
     """A dimension's values for an x axis and the axis settings: integers with integer ticks, numbers as
     they are, everything else (GPU models, dtypes, flags) as categories, a missing value named 'None'."""
     values = frame[dim].tolist()
-    numeric = PROPERTIES[dim].kind in ("int", "float") if dim in PROPERTIES else all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None)  # fmt: skip
+    numeric = (
+        PROPERTIES[dim].kind in ("int", "float")
+        if dim in PROPERTIES
+        else all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values if v is not None)
+    )
     if numeric:
         xs = [None if v is None or v != v else v for v in values]
         return xs, integer_ticks(xs) if is_integer(dim) else {}
@@ -169,15 +181,24 @@ def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]
     valid = data.frame[data.frame["status"] == "valid"]
     measured = valid[valid["source"] == "measured"]
     tests = int((valid["source"] == "test").sum())
-    test_note = (f" {tests:,} valid result{'s' if tests > 1 else ''} of test actuators (noop, module:function) "
-                 "are not measurements and are left out.") if tests else ""  # fmt: skip
+    test_note = (
+        (
+            f" {tests:,} valid result{'s' if tests > 1 else ''} of test actuators (noop, module:function) "
+            "are not measurements and are left out."
+        )
+        if tests
+        else ""
+    )
     out = []
     for kind, names in (("memory", MEMORY), ("throughput", THROUGHPUT)):
         key, title = f"predicted-vs-measured-{kind}", f"Predicted vs measured {kind}"
         pairs, name = _pairs(measured, planned, names, gpu_only=kind == "memory")
         if pairs is None:
-            why = ("the store has no measurements yet (predictions only)" if measured.empty else
-                   f"no measured {kind} property ({', '.join(names)}) has a planner prediction")  # fmt: skip
+            why = (
+                "the store has no measurements yet (predictions only)"
+                if measured.empty
+                else f"no measured {kind} property ({', '.join(names)}) has a planner prediction"
+            )
             out.append(Plot(key, title, f"Nothing to compare: {why}.{test_note}"))
             continue
         shown, note = _subsample(pairs)
@@ -185,26 +206,42 @@ def predicted_vs_measured(data: ReportData, planned: pd.DataFrame) -> list[Plot]
         hover = [f"{h}<br>error {e:+.1f}%" for h, e in zip(_hover(shown, data.dims), error.tolist())]
         shown = shown.assign(_hover=hover, _error=error)
         symbols = _symbols(shown)
-        points = [_scatter(_r(part[f"predicted_{name}"]), _r(part[name]),
-                           label.replace("measured", "measurements", 1),
-                           text=part["_hover"].tolist(), hoverinfo="text+x+y",
-                           marker={"color": _r(part["_error"].abs()), "colorscale": ERROR_SCALE, "cmin": 0, "cmax": 50,
-                                   "colorbar": {"title": {"text": "|error| %"}}, "size": 8, "symbol": symbol,
-                                   "showscale": i == 0})
-                  for i, (label, part, symbol) in enumerate(_by_precision(shown, "measured", symbols))]  # fmt: skip
+        points = [
+            _scatter(
+                _r(part[f"predicted_{name}"]),
+                _r(part[name]),
+                label.replace("measured", "measurements", 1),
+                text=part["_hover"].tolist(),
+                hoverinfo="text+x+y",
+                marker={
+                    "color": _r(part["_error"].abs()),
+                    "colorscale": ERROR_SCALE,
+                    "cmin": 0,
+                    "cmax": 50,
+                    "colorbar": {"title": {"text": "|error| %"}},
+                    "size": 8,
+                    "symbol": symbol,
+                    "showscale": i == 0,
+                },
+            )
+            for i, (label, part, symbol) in enumerate(_by_precision(shown, "measured", symbols))
+        ]
         top = float(max(pairs[name].max(), pairs[f"predicted_{name}"].max()))
-        diagonal = _scatter([0, top], [0, top], "prediction = measurement", mode="lines",
-                            line={"dash": "dash", "color": "#7f7f7f"})  # fmt: skip
+        diagonal = _scatter(
+            [0, top], [0, top], "prediction = measurement", mode="lines", line={"dash": "dash", "color": "#7f7f7f"}
+        )
         fig = _figure([*points, diagonal], f"predicted {_label(name)}", f"measured {_label(name)}")
         all_err = ((pairs[f"predicted_{name}"] - pairs[name]) / pairs[name] * 100).abs()
         cpu = ""
         if kind == "memory" and "number_gpus" in valid.columns:
             cpu = _on_gpus(measured, "memory comparison", (name,))[1]
-        caption = (f"The planner's prediction (made now, current calibration) against the measurement of {name} "
-                   f"for {len(pairs):,} measured entities; points on the dashed line are exact, colour is the "
-                   f"absolute error{', symbol the precision' if len(symbols) > 1 else ''}. Median |error| "
-                   f"{all_err.median():.1f}%, 90th percentile {all_err.quantile(0.9):.1f}%.{note}{cpu}"
-                   f"{test_note}")  # fmt: skip
+        caption = (
+            f"The planner's prediction (made now, current calibration) against the measurement of {name} "
+            f"for {len(pairs):,} measured entities; points on the dashed line are exact, colour is the "
+            f"absolute error{', symbol the precision' if len(symbols) > 1 else ''}. Median |error| "
+            f"{all_err.median():.1f}%, 90th percentile {all_err.quantile(0.9):.1f}%.{note}{cpu}"
+            f"{test_note}"
+        )
         out.append(Plot(key, title, caption, fig))
     return out
 
@@ -232,8 +269,9 @@ def pareto(data: ReportData) -> Plot:
     if mem is not None and rate is not None:
         cpu = _on_gpus(data.frame[data.frame["status"] == "valid"], "memory axis", (mem, rate))[1]
     if mem is None or rate is None:
-        return Plot(key, title, f"Nothing to draw: no valid result on GPUs has both a peak memory and a "
-                                f"throughput.{cpu}")  # fmt: skip
+        return Plot(
+            key, title, f"Nothing to draw: no valid result on GPUs has both a peak memory and a throughput.{cpu}"
+        )
     traces, notes = [], []
     symbols = _symbols(valid[valid[mem].notna() & valid[rate].notna()])
     for source in SOURCES:
@@ -244,18 +282,35 @@ def pareto(data: ReportData) -> Plot:
         shown, note = _subsample(rows)
         notes.append(note)
         for name, part, symbol in _by_precision(shown, source, symbols):
-            traces.append(_scatter(_r(part[mem]), _r(part[rate]), name, text=_hover(part, data.dims),
-                                   legendgroup=source, marker={"color": COLORS[source], "opacity": 0.6,
-                                                               "symbol": symbol}))  # fmt: skip
+            traces.append(
+                _scatter(
+                    _r(part[mem]),
+                    _r(part[rate]),
+                    name,
+                    text=_hover(part, data.dims),
+                    legendgroup=source,
+                    marker={"color": COLORS[source], "opacity": 0.6, "symbol": symbol},
+                )
+            )
         best = rows.iloc[front]
-        traces.append(_scatter(_r(best[mem]), _r(best[rate]), f"Pareto front ({source}, {len(best)})",
-                               mode="lines+markers", line={"color": COLORS[source], "width": 3, "shape": "hv"},
-                               text=_hover(best, data.dims), marker={"size": 10, "symbol": "star"}))  # fmt: skip
+        traces.append(
+            _scatter(
+                _r(best[mem]),
+                _r(best[rate]),
+                f"Pareto front ({source}, {len(best)})",
+                mode="lines+markers",
+                line={"color": COLORS[source], "width": 3, "shape": "hv"},
+                text=_hover(best, data.dims),
+                marker={"size": 10, "symbol": "star"},
+            )
+        )
     fig = _figure(traces, f"peak {_label(mem)}", _label(rate))
     precisions = f" Symbols tell the precision ({', '.join(symbols)})." if len(symbols) > 1 else ""
-    caption = (f"Each valid result's {rate} against its {mem}; the line joins the Pareto front: results that no "
-               f"other result beats with both less memory and more throughput (measured, predicted and test "
-               f"results have separate fronts).{precisions}{''.join(notes)}{cpu}")  # fmt: skip
+    caption = (
+        f"Each valid result's {rate} against its {mem}; the line joins the Pareto front: results that no "
+        f"other result beats with both less memory and more throughput (measured, predicted and test "
+        f"results have separate fronts).{precisions}{''.join(notes)}{cpu}"
+    )
     return Plot(key, title, caption, fig)
 
 
@@ -294,13 +349,24 @@ def oom_boundaries(data: ReportData) -> list[Plot]:
     rows = frame[(ran if ran.any() else ~ran) & frame["status"].isin(["valid", "invalid"])]
     group_cols = [c for c in ("experiment_id", "model_name", "number_gpus", "gpu_model") if c in rows.columns]
     texts = [[_text(v) for v in rows[c].tolist()] for c in group_cols]
-    keys = pd.Series([", ".join(f"{c}={t}" for c, t in zip(group_cols, parts) if t and c != "experiment_id")
-                      + f" ({parts[0]})" for parts in zip(*texts)], index=rows.index, dtype=object)  # fmt: skip
+    keys = pd.Series(
+        [
+            ", ".join(f"{c}={t}" for c, t in zip(group_cols, parts) if t and c != "experiment_id") + f" ({parts[0]})"
+            for parts in zip(*texts)
+        ],
+        index=rows.index,
+        dtype=object,
+    )
     groups = keys.value_counts()
     groups = groups[groups >= 2].index[:MAX_BOUNDARY_GROUPS]
     if len(groups) == 0:
-        return [Plot("oom-boundary", "Out-of-memory boundary",
-                     "Nothing to draw: no model and GPU setting has two or more results.")]  # fmt: skip
+        return [
+            Plot(
+                "oom-boundary",
+                "Out-of-memory boundary",
+                "Nothing to draw: no model and GPU setting has two or more results.",
+            )
+        ]
     return [_boundary_plot(rows[keys == g], g, n, data.dims) for n, g in enumerate(groups)]
 
 
@@ -313,28 +379,46 @@ def _boundary_plot(rows: pd.DataFrame, group: str, n: int, dims: list[str]) -> P
             part = shown[(shown["outcome"] == kind) & (shown["source"] == source)]
             if not part.empty:
                 symbol = "circle" if kind == "fits" else "x"
-                traces.append(_scatter(_r(part["batch_size"]), _r(part["model_max_length"]), f"{source}: {kind}",
-                                       text=_hover(part, dims), marker={"color": COLORS[kind], "size": 11,
-                                       "symbol": symbol if source != "test" else f"{symbol}-open"}))  # fmt: skip
+                traces.append(
+                    _scatter(
+                        _r(part["batch_size"]),
+                        _r(part["model_max_length"]),
+                        f"{source}: {kind}",
+                        text=_hover(part, dims),
+                        marker={
+                            "color": COLORS[kind],
+                            "size": 11,
+                            "symbol": symbol if source != "test" else f"{symbol}-open",
+                        },
+                    )
+                )
     first = rows.iloc[0]
     others = {k: v for k, v in first["_entity"].items() if k not in ("batch_size", "model_max_length")}
     batches = sorted({int(b) for b in pd.to_numeric(rows["batch_size"]).tolist() if b >= 1})  # 0 breaks a rule
     lengths = sorted({int(v) for v in pd.to_numeric(rows["model_max_length"]).tolist() if v >= 1})
     line = boundary(first["base_id"], first["_parameters"], others, batches, lengths)
     if line:
-        traces.append(_scatter([b for b, _ in line], [v for _, v in line], "planner: largest length that fits",
-                               mode="lines+markers", line={"color": "#ff7f0e", "width": 3, "dash": "dot",
-                                                           "shape": "hvh"}))  # fmt: skip
+        traces.append(
+            _scatter(
+                [b for b, _ in line],
+                [v for _, v in line],
+                "planner: largest length that fits",
+                mode="lines+markers",
+                line={"color": "#ff7f0e", "width": 3, "dash": "dot", "shape": "hvh"},
+            )
+        )
     fig = _figure(traces, "batch_size", "model_max_length (tokens)")
     fig["layout"]["xaxis"].update(type="log", **integer_ticks(batches, log=True))
     fig["layout"]["yaxis"].update(type="log", **integer_ticks(lengths, log=True))
     oom = int((rows["outcome"] == "out of memory").sum())
     what = " and ".join(sources)
     test = TEST_NOTE if "test" in sources else ""
-    caption = (f"{group}: the {what} outcome of each (batch_size, model_max_length) of this experiment, model and "
-               f"GPU setting ({len(rows)} results, {oom} out of memory); the dotted line is the largest "
-               f"model_max_length the planner predicts fits at each batch size (points above it are predicted "
-               f"not to fit).{test}{note}")  # fmt: skip
+    caption = (
+        f"{group}: the {what} outcome of each (batch_size, model_max_length) of this experiment, model and "
+        f"GPU setting ({len(rows)} results, {oom} out of memory); the dotted line is the largest "
+        f"model_max_length the planner predicts fits at each batch size (points above it are predicted "
+        f"not to fit).{test}{note}"
+    )
     return Plot(f"oom-boundary-{n}", f"Out-of-memory boundary: {group}", caption, fig)
 
 
@@ -342,8 +426,13 @@ def property_vs_dimensions(data: ReportData) -> list[Plot]:
     """One figure per measured property: its value against each swept dimension (one panel each)."""
     frame, dims = data.frame, data.dims
     if not dims:
-        return [Plot("property-vs-dimension", "Properties against swept dimensions",
-                     "Nothing to draw: no dimension takes more than one value among the results.")]  # fmt: skip
+        return [
+            Plot(
+                "property-vs-dimension",
+                "Properties against swept dimensions",
+                "Nothing to draw: no dimension takes more than one value among the results.",
+            )
+        ]
     out, constant = [], []
     for prop in data.properties:
         rows = frame[frame[prop].notna()] if prop in frame.columns else frame.iloc[0:0]
@@ -367,19 +456,36 @@ def property_vs_dimensions(data: ReportData) -> list[Plot]:
                 y, hover = _r(group[prop]), _hover(group, dims)
                 for col, dim in enumerate(dims, start=1):
                     x = _axis_values(group, dim)[0]
-                    traces.append(_scatter(x, y, name, legendgroup=name, showlegend=col == 1, text=hover,
-                                           xaxis=f"x{col if col > 1 else ''}", yaxis="y",
-                                           marker={"color": COLORS[source], "opacity": 0.6, "symbol": symbol}))  # fmt: skip
+                    traces.append(
+                        _scatter(
+                            x,
+                            y,
+                            name,
+                            legendgroup=name,
+                            showlegend=col == 1,
+                            text=hover,
+                            xaxis=f"x{col if col > 1 else ''}",
+                            yaxis="y",
+                            marker={"color": COLORS[source], "opacity": 0.6, "symbol": symbol},
+                        )
+                    )
         fig = _figure(traces, dims[0], _label(prop))
         fig["layout"].update(_panels(dims, axes))
         precisions = f", precisions in their own symbols ({', '.join(symbols)})" if len(symbols) > 1 else ""
-        caption = (f"{prop} of each result against each swept dimension ({', '.join(dims)}), measured, predicted "
-                   f"and test results in their own colours{precisions}. Runs without GPUs have gpu_model "
-                   f"{CPU}.{''.join(dict.fromkeys(notes))}{cpu}")  # fmt: skip
+        caption = (
+            f"{prop} of each result against each swept dimension ({', '.join(dims)}), measured, predicted "
+            f"and test results in their own colours{precisions}. Runs without GPUs have gpu_model "
+            f"{CPU}.{''.join(dict.fromkeys(notes))}{cpu}"
+        )
         out.append(Plot(f"property-{prop}", f"{prop} against the swept dimensions", caption, fig))
     if constant:
-        out.append(Plot("property-constant", "Properties with one value",
-                        "Not drawn, the same value in every result: " + ", ".join(constant) + "."))  # fmt: skip
+        out.append(
+            Plot(
+                "property-constant",
+                "Properties with one value",
+                "Not drawn, the same value in every result: " + ", ".join(constant) + ".",
+            )
+        )
     return out
 
 
@@ -392,9 +498,13 @@ def _panels(dims: list[str], settings: dict[str, dict[str, Any]] | None = None, 
     axes = {}
     for i, dim in enumerate(dims):
         start = i * (width + gap)
-        axes[f"xaxis{i + 1 if i else ''}"] = {"domain": [start, start + width], "anchor": "y",
-                                               "title": {"text": dim}, "automargin": True,
-                                               **(settings or {}).get(dim, {})}  # fmt: skip
+        axes[f"xaxis{i + 1 if i else ''}"] = {
+            "domain": [start, start + width],
+            "anchor": "y",
+            "title": {"text": dim},
+            "automargin": True,
+            **(settings or {}).get(dim, {}),
+        }
     return axes
 
 
@@ -405,30 +515,55 @@ def cost(data: ReportData, name: str = "cost") -> Plot:
     frame = data.frame
     rows = frame[(frame["status"] == "valid") & frame[name].notna()] if name in frame.columns else frame.iloc[0:0]
     if rows.empty:
-        return Plot(key, title, f"Nothing to draw: no result holds {name}. Predictions store gpu_hours for runs on "
-                                "GPUs and cost where there is a price (the GPU catalog's, or the predict "
-                                "actuator's price_per_gpu_hour option).")  # fmt: skip
+        return Plot(
+            key,
+            title,
+            f"Nothing to draw: no result holds {name}. Predictions store gpu_hours for runs on "
+            "GPUs and cost where there is a price (the GPU catalog's, or the predict "
+            "actuator's price_per_gpu_hour option).",
+        )
     traces = []
     for source in SOURCES:
         part = rows[rows["source"] == source]
         for col, dim in enumerate(("gpu_model", "method"), start=1):
             if not part.empty:
-                traces.append({"type": "box", "x": part[dim].astype(str).tolist(), "y": _r(part[name]),
-                               "name": source, "legendgroup": source, "showlegend": col == 1,
-                               "boxpoints": "all", "jitter": 0.4, "pointpos": 0, "text": _hover(part, data.dims),
-                               "marker": {"color": COLORS[source], "size": 5}, "line": {"color": COLORS[source]},
-                               "xaxis": f"x{col if col > 1 else ''}", "yaxis": "y"})  # fmt: skip
+                traces.append(
+                    {
+                        "type": "box",
+                        "x": part[dim].astype(str).tolist(),
+                        "y": _r(part[name]),
+                        "name": source,
+                        "legendgroup": source,
+                        "showlegend": col == 1,
+                        "boxpoints": "all",
+                        "jitter": 0.4,
+                        "pointpos": 0,
+                        "text": _hover(part, data.dims),
+                        "marker": {"color": COLORS[source], "size": 5},
+                        "line": {"color": COLORS[source]},
+                        "xaxis": f"x{col if col > 1 else ''}",
+                        "yaxis": "y",
+                    }
+                )
     fig = _figure(traces, "gpu_model", _label(name), boxmode="group")
-    fig["layout"].update(_panels(["gpu_model", "method"], {"gpu_model": {"type": "category"},
-                                                           "method": {"type": "category"}}, gap=0.08))  # fmt: skip
-    medians = "; ".join(f"{dim}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows.groupby(dim)[name].median().items())
-                        for dim in ("gpu_model", "method"))  # fmt: skip
-    unit = ("in USD at the GPU catalog's on-demand list price; in the currency of the predict actuator's "
-            "price_per_gpu_hour option where a space gave one" if name == "cost" else
-            "train_runtime x number_gpus / 3600")  # fmt: skip
-    caption = (f"The {name} of each of {len(rows):,} valid results ({unit}), by GPU model (left) and by method "
-               f"(right): each point a run, the box its quartiles. Median per run: {medians}. Measured results "
-               f"store no {name}; the planner's predictions do.")  # fmt: skip
+    fig["layout"].update(
+        _panels(["gpu_model", "method"], {"gpu_model": {"type": "category"}, "method": {"type": "category"}}, gap=0.08)
+    )
+    medians = "; ".join(
+        f"{dim}: " + ", ".join(f"{k} {v:.3g}" for k, v in rows.groupby(dim)[name].median().items())
+        for dim in ("gpu_model", "method")
+    )
+    unit = (
+        "in USD at the GPU catalog's on-demand list price; in the currency of the predict actuator's "
+        "price_per_gpu_hour option where a space gave one"
+        if name == "cost"
+        else "train_runtime x number_gpus / 3600"
+    )
+    caption = (
+        f"The {name} of each of {len(rows):,} valid results ({unit}), by GPU model (left) and by method "
+        f"(right): each point a run, the box its quartiles. Median per run: {medians}. Measured results "
+        f"store no {name}; the planner's predictions do."
+    )
     return Plot(key, title, caption, fig)
 
 
@@ -450,15 +585,28 @@ def stability(data: ReportData) -> Plot:
         rows = rows.iloc[:MAX_STABILITY_BARS]
     labels = [h.split("<br>", 1)[-1] or e for h, e in zip(_hover(rows, data.dims), rows["entity_id"])]
     labels = [f"{i + 1}. {t}" for i, t in enumerate(labels)]  # unique, in order
-    traces = [{"type": "bar", "y": labels, "x": _r(rows[name].fillna(0)), "name": label, "orientation": "h",
-               "marker": {"color": color}, "hovertext": rows["entity_id"].tolist(), "hoverinfo": "text+x"}
-              for name, label, color in STABILITY if name in rows.columns]  # fmt: skip
+    traces = [
+        {
+            "type": "bar",
+            "y": labels,
+            "x": _r(rows[name].fillna(0)),
+            "name": label,
+            "orientation": "h",
+            "marker": {"color": color},
+            "hovertext": rows["entity_id"].tolist(),
+            "hoverinfo": "text+x",
+        }
+        for name, label, color in STABILITY
+        if name in rows.columns
+    ]
     fig = _figure(traces, "fraction of repetitions", "", barmode="stack", height=max(300, 24 * len(rows) + 140))
     fig["layout"]["xaxis"]["range"] = [0, 1]
     fig["layout"]["yaxis"].update(autorange="reversed", automargin=True)
     spread = rows["f_gpu_oom"].astype(float)
-    caption = (f"For each of {len(rows)} entities of the stability experiment, the fraction of its repeated runs "
-               f"that finished, ran out of GPU memory, or failed otherwise (least stable first). f_gpu_oom ranges "
-               f"{spread.min():.2f}-{spread.max():.2f}: an entity between 0 and 1 sits on the memory edge, "
-               f"where the same job sometimes fits.{note}")  # fmt: skip
+    caption = (
+        f"For each of {len(rows)} entities of the stability experiment, the fraction of its repeated runs "
+        f"that finished, ran out of GPU memory, or failed otherwise (least stable first). f_gpu_oom ranges "
+        f"{spread.min():.2f}-{spread.max():.2f}: an entity between 0 and 1 sits on the memory edge, "
+        f"where the same job sometimes fits.{note}"
+    )
     return Plot(key, title, caption, fig)

@@ -38,8 +38,14 @@ def pick_result(store: Store, result_ids: list[int], asked: int | None) -> int |
 def series_plots(store: Store, result_id: int | None) -> list[Plot]:
     """The figures of one result's series (utilisation, memory, loss), or one Plot saying why there are none."""
     if result_id is None:
-        return [Plot("series", "Time series", "Nothing to draw: no result of this report has time series "
-                     "(measurements keep them; predictions and imported results have none).")]  # fmt: skip
+        return [
+            Plot(
+                "series",
+                "Time series",
+                "Nothing to draw: no result of this report has time series "
+                "(measurements keep them; predictions and imported results have none).",
+            )
+        ]
     info = store.result_info(result_id)
     data = store.series_of(result_id)
     if not data:
@@ -47,9 +53,11 @@ def series_plots(store: Store, result_id: int | None) -> list[Plot]:
     frame = long_frame(data)
     who = f"result {result_id} ({info['actuator']}, {info['status']}): {info['entity_id']}"
     peak, source = predicted_peak_gib(store, info)
-    return [utilisation_plot(frame, who, data.get("warmup_end_s")),
-            memory_plot(frame, who, peak, source, data.get("warmup_end_s")),
-            loss_plot(frame, who)]  # fmt: skip
+    return [
+        utilisation_plot(frame, who, data.get("warmup_end_s")),
+        memory_plot(frame, who, peak, source, data.get("warmup_end_s")),
+        loss_plot(frame, who),
+    ]
 
 
 def _traces(frame: pd.DataFrame, suffixes: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -119,8 +127,11 @@ def memory_plot(
     what = "each GPU's memory in use (NVML)" if gpu else "the training process tree's resident memory (a CPU run)"
     if peak is not None:
         x = [min(t["x"][0] for t in traces), max(t["x"][-1] for t in traces)]
-        traces.append(_scatter(x, [peak, peak], f"planner: predicted peak {peak:.3g} GiB ({source})", mode="lines",
-                               line=PREDICTED_LINE))  # fmt: skip
+        traces.append(
+            _scatter(
+                x, [peak, peak], f"planner: predicted peak {peak:.3g} GiB ({source})", mode="lines", line=PREDICTED_LINE
+            )
+        )
     fig = _figure(traces, "time since the first sample (s)", "GiB")
     _warmup(fig, warmup_end_s)
     predicted = (
@@ -146,10 +157,22 @@ def loss_plot(frame: pd.DataFrame, who: str) -> Plot:
     traces = [_scatter(loss["step"].astype(float).tolist(), _r(loss["value"]), "train.loss", mode="lines+markers")]
     rate = _every(frame[frame["series"] == "train.learning_rate"])
     if not rate.empty:
-        traces.append(_scatter(rate["step"].astype(float).tolist(), _r(rate["value"]), "train.learning_rate",
-                               mode="lines", yaxis="y2", line={"dash": "dot"}))  # fmt: skip
+        traces.append(
+            _scatter(
+                rate["step"].astype(float).tolist(),
+                _r(rate["value"]),
+                "train.learning_rate",
+                mode="lines",
+                yaxis="y2",
+                line={"dash": "dot"},
+            )
+        )
     fig = _figure(traces, "training step", "loss")
-    fig["layout"]["yaxis2"] = {"title": {"text": "learning rate"}, "overlaying": "y", "side": "right",
-                               "showgrid": False}  # fmt: skip
+    fig["layout"]["yaxis2"] = {
+        "title": {"text": "learning rate"},
+        "overlaying": "y",
+        "side": "right",
+        "showgrid": False,
+    }
     caption = f"{who}: the training loss the Trainer logged at each step (the learning rate dotted, right axis)."
     return Plot(key, title, caption, fig)

@@ -243,10 +243,18 @@ def _catalog() -> dict[str, Experiment]:  # over 60 lines: the six experiments w
     ]
     # the SFTTrainer spec finetune_full_stability-v1.0.0: 5 runs of 5 steps, FSDP, single node.
     stability_optional = (
-        "gpu_model", "dataset_id", "torch_dtype", "gradient_accumulation_steps", "optim", "bf16",
-        "gradient_checkpointing_use_reentrant", "fast_moe", "fms_hf_tuning_version", "flash_attn",
+        "gpu_model",
+        "dataset_id",
+        "torch_dtype",
+        "gradient_accumulation_steps",
+        "optim",
+        "bf16",
+        "gradient_checkpointing_use_reentrant",
+        "fast_moe",
+        "fms_hf_tuning_version",
+        "flash_attn",
         "number_nodes",  # accepted so sweeps can include it; validity rejects > 1 (single node only)
-    )  # fmt: skip
+    )
     exps.append(
         Experiment(
             base_id="finetune_full_stability-v1.0.0",

@@ -623,7 +623,7 @@ PROPERTIES: dict[str, Property] = {
             nullable=True,
             pattern=MODULE_NAMES,
         ),
-    )  # fmt: skip
+    )
 }
 
 

@@ -216,8 +216,13 @@ def _fms_row(row: Mapping[str, str], gpu: str, tokens_per_sample: float | None, 
         values["fast_moe"] = int(ep.group(1))
     if ("orca" in source or "moe" in source) and tokens_per_sample is None:
         return None  # an unpacked run whose tokens per sample nothing tells
-    return Record(METHOD_EXPERIMENT[method], _defined(values), _fms_properties(row, gpus), f"fms-acceleration/{source}",
-                  fit=source not in EVALUATION_ONLY)  # fmt: skip
+    return Record(
+        METHOD_EXPERIMENT[method],
+        _defined(values),
+        _fms_properties(row, gpus),
+        f"fms-acceleration/{source}",
+        fit=source not in EVALUATION_ONLY,
+    )
 
 
 def _fms_properties(row: Mapping[str, str], gpus: int) -> dict[str, float]:

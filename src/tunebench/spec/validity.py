@@ -120,8 +120,10 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
         )
     tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
     if tp * sp > 1 and max(1, values.get("number_gpus", 0)) % (tp * sp) != 0:
-        reasons.append(f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "
-                       f"sequence_parallel_degree {tp} x {sp}")  # fmt: skip
+        reasons.append(
+            f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "
+            f"sequence_parallel_degree {tp} x {sp}"
+        )
     if tp * sp > 1 and values.get("device_map"):
         reasons.append("device_map runs one process: it cannot be combined with tensor or sequence parallelism")
     attn = values.get("attn_implementation")
@@ -165,7 +167,9 @@ def platform_notes(method: str, values: dict[str, Any]) -> list[str]:
             f"(supported: NVIDIA {', '.join(WATSONX_QLORA_GPUS)})"
         )
     if is_mig(values.get("gpu_model")):
-        notes.append(f"{WATSONX_GUIDE}: the GPUs used for tuning cannot be partitioned; {values['gpu_model']} "
-                     "is a MIG slice (no peer-to-peer between slices; planned with the slice's own memory and "
-                     "share)")  # fmt: skip
+        notes.append(
+            f"{WATSONX_GUIDE}: the GPUs used for tuning cannot be partitioned; {values['gpu_model']} "
+            "is a MIG slice (no peer-to-peer between slices; planned with the slice's own memory and "
+            "share)"
+        )
     return notes

@@ -28,9 +28,23 @@ _HOMES = {
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
-    "DONE", "FAILED", "INVALID", "PENDING", "RUNNING", "SCHEMA_VERSION", "STATES", "VALID", "Claim", "Record",
-    "Registered", "SchemaError", "Store", "default_path", "owner_id", "store_url",
-]  # fmt: skip
+    "DONE",
+    "FAILED",
+    "INVALID",
+    "PENDING",
+    "RUNNING",
+    "SCHEMA_VERSION",
+    "STATES",
+    "VALID",
+    "Claim",
+    "Record",
+    "Registered",
+    "SchemaError",
+    "Store",
+    "default_path",
+    "owner_id",
+    "store_url",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -36,8 +36,14 @@ LOADER = Path(__file__).with_name("ado_load.py")
 MEASURED = (set(BENCHMARK_MEASURED) | set(STABILITY_MEASURED)) - {"is_valid"}
 
 
-def export_ado(store: Store, folder: Path, *, request_ids: list[int] | None = None, operation_id: str | None = None,
-               actuator: str | None = "measure") -> tuple[int, int]:  # fmt: skip
+def export_ado(
+    store: Store,
+    folder: Path,
+    *,
+    request_ids: list[int] | None = None,
+    operation_id: str | None = None,
+    actuator: str | None = "measure",
+) -> tuple[int, int]:
     """Write space.yaml and results.jsonl into folder; (experiments, results) written."""
     from tunebench.store.csvio import parse_experiment_id
 
@@ -53,11 +59,16 @@ def export_ado(store: Store, folder: Path, *, request_ids: list[int] | None = No
         if eid not in experiments:
             experiment = parse_experiment_id(eid)
             experiments[eid] = len(entries)
-            entries.append({
-                "actuatorIdentifier": ACTUATOR, "experimentIdentifier": experiment.base_id,
-                "parameterization": [{"property": {"identifier": k}, "value": _plain(v)}
-                                     for k, v in sorted(experiment.parameters.items())],
-            })  # fmt: skip
+            entries.append(
+                {
+                    "actuatorIdentifier": ACTUATOR,
+                    "experimentIdentifier": experiment.base_id,
+                    "parameterization": [
+                        {"property": {"identifier": k}, "value": _plain(v)}
+                        for k, v in sorted(experiment.parameters.items())
+                    ],
+                }
+            )
         valid = row["status"] == VALID
         props: dict[str, Any] = {"is_valid": valid}
         if valid:
@@ -68,9 +79,11 @@ def export_ado(store: Store, folder: Path, *, request_ids: list[int] | None = No
     space = {
         "metadata": {"name": "tunebench export", "description": "tunebench's results (tunebench export --format ado)"},
         "experiments": entries,
-        "entitySpace": [{"identifier": k, "propertyDomain": {"values": [json.loads(v) for v in values]}}
-                        for k, values in domains.items()],
-    }  # fmt: skip
+        "entitySpace": [
+            {"identifier": k, "propertyDomain": {"values": [json.loads(v) for v in values]}}
+            for k, values in domains.items()
+        ],
+    }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
     (folder / "results.jsonl").write_text("".join(line + "\n" for line in lines))

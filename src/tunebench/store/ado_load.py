@@ -50,10 +50,14 @@ def load(folder: Path, space_id: str) -> int:
         result = ValidMeasurementResult(entityIdentifier=entity.identifier, measurements=values, metadata={})
         space.addMeasurement(
             MeasurementRequest(
-                operation_id=item.get("operation", OPERATION), requestIndex=i, experimentReference=experiment.reference,
-                entities=[entity], status=MeasurementRequestStateEnum.SUCCESS, measurements=[result],
+                operation_id=item.get("operation", OPERATION),
+                requestIndex=i,
+                experimentReference=experiment.reference,
+                entities=[entity],
+                status=MeasurementRequestStateEnum.SUCCESS,
+                measurements=[result],
             )
-        )  # fmt: skip
+        )
     return len(lines)
 
 

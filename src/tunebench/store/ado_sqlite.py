@@ -59,22 +59,29 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
 
     engine = create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
     try:
-        stores = sorted(t[: -len(_RESULTS)] for t in inspect(engine).get_table_names()
-                        if t.startswith("sqlsource_") and t.endswith(_RESULTS))  # fmt: skip
+        stores = sorted(
+            t[: -len(_RESULTS)]
+            for t in inspect(engine).get_table_names()
+            if t.startswith("sqlsource_") and t.endswith(_RESULTS)
+        )
         if not stores:
-            raise InputError("FILE", f"{path.name} is an SQLite file without an ado sample store "
-                             "(no sqlsource_*_measurement_results table)")  # fmt: skip
+            raise InputError(
+                "FILE",
+                f"{path.name} is an SQLite file without an ado sample store (no sqlsource_*_measurement_results table)",
+            )
         records: list[Record] = []
         errors: list[tuple[str, InputError]] = []
         with engine.connect() as conn:
             for table in stores:
                 entities = dict(conn.execute(text(f'SELECT identifier, representation FROM "{table}"')).all())
-                rows = conn.execute(text(
-                    "SELECT r.insert_id, r.uid, r.data, q.operation_id, q.request_id, q.timestamp, "
-                    f'q.experiment_reference FROM "{table}{_RESULTS}" r '
-                    f'LEFT JOIN "{table}_measurement_requests_results" l ON l.result_uid = r.uid '
-                    f'LEFT JOIN "{table}_measurement_requests" q ON q.uid = l.request_uid ORDER BY r.insert_id'
-                )).all()  # fmt: skip
+                rows = conn.execute(
+                    text(
+                        "SELECT r.insert_id, r.uid, r.data, q.operation_id, q.request_id, q.timestamp, "
+                        f'q.experiment_reference FROM "{table}{_RESULTS}" r '
+                        f'LEFT JOIN "{table}_measurement_requests_results" l ON l.result_uid = r.uid '
+                        f'LEFT JOIN "{table}_measurement_requests" q ON q.uid = l.request_uid ORDER BY r.insert_id'
+                    )
+                ).all()
                 count = Counter(_cell_key(row.data) for row in rows)
                 seen: Counter = Counter()
                 for row in rows:
@@ -89,9 +96,12 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
         engine.dispose()
     if errors and not skip_bad_rows:
         where, first = errors[0]
-        raise InputError(f"{path.name} {where}: {first.field}", f"{first.message} ({len(errors)} of {summary.rows} "
-                         "results cannot be imported; nothing was imported; --skip-bad-rows imports the others)",
-                         first.allowed)  # fmt: skip
+        raise InputError(
+            f"{path.name} {where}: {first.field}",
+            f"{first.message} ({len(errors)} of {summary.rows} "
+            "results cannot be imported; nothing was imported; --skip-bad-rows imports the others)",
+            first.allowed,
+        )
     for _, exc in errors:
         summary.skipped[f"{exc.field}: {exc.message}"] += 1
     return records
@@ -106,8 +116,9 @@ def _cell_key(data: str) -> tuple[str, str]:
         return "", ""
 
 
-def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, int], path: Path,
-            measured: set[str]) -> Record:  # fmt: skip
+def _record(
+    row: Any, entities: dict[str, str], table: str, repeat: tuple[int, int], path: Path, measured: set[str]
+) -> Record:
     """One ado result row as a Record; InputError naming what cannot be read."""
     from tunebench.store.csvio import Measurements
 
@@ -119,8 +130,11 @@ def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, i
         raise InputError("data", f"is not an ado measurement result ({exc})") from None
     ado_actuator = reference.get("actuatorIdentifier")
     if ado_actuator not in ACTUATORS:
-        raise InputError("experimentReference.actuatorIdentifier", f"{ado_actuator!r} is not an actuator tunebench "
-                         "reads", allowed=one_of(ACTUATORS))  # fmt: skip
+        raise InputError(
+            "experimentReference.actuatorIdentifier",
+            f"{ado_actuator!r} is not an actuator tunebench reads",
+            allowed=one_of(ACTUATORS),
+        )
     parameters = {p["property"]["identifier"]: p["value"] for p in reference.get("parameterization") or ()}
     experiment = get_experiment(reference["experimentIdentifier"], parameters)
     if entity_id not in entities:
@@ -141,8 +155,9 @@ def _record(row: Any, entities: dict[str, str], table: str, repeat: tuple[int, i
     if of > 1:
         metadata["repeat"] = {"index": index, "of": of}
     if "measurements" not in item:  # ado's InvalidMeasurementResult: the measurement failed
-        result = Result.failed(experiment.id, entity.id, str(item.get("reason") or "failed in ado"), actuator="import",
-                               metadata=metadata)  # fmt: skip
+        result = Result.failed(
+            experiment.id, entity.id, str(item.get("reason") or "failed in ado"), actuator="import", metadata=metadata
+        )
     else:
         props = {}
         for value in item["measurements"]:

@@ -54,8 +54,13 @@ class StoreBase:
     # ------------------------------------------------------------------------------------ identities
 
     def _experiment_pk(self, conn: Connection, experiment: Experiment) -> int:
-        return _pk(conn, experiments, self._experiment_pks, experiment.id,
-                   lambda key: experiment_row(experiment, key, time.time()))  # fmt: skip
+        return _pk(
+            conn,
+            experiments,
+            self._experiment_pks,
+            experiment.id,
+            lambda key: experiment_row(experiment, key, time.time()),
+        )
 
     def _entity_pk(self, conn: Connection, entity: Entity) -> int:
         return _pk(conn, entities, self._entity_pks, entity.id, lambda key: entity_row(entity, key))

@@ -115,10 +115,15 @@ class ImportSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "rows": self.rows, "results": self.results, "added": self.added, "already_present": self.already_present,
-            "valid": self.valid, "invalid": self.invalid, "skipped": dict(self.skipped),
+            "rows": self.rows,
+            "results": self.results,
+            "added": self.added,
+            "already_present": self.already_present,
+            "valid": self.valid,
+            "invalid": self.invalid,
+            "skipped": dict(self.skipped),
             "ignored_columns": self.ignored_columns,
-        }  # fmt: skip
+        }
 
 
 def split_pairs(text: str) -> tuple[str, dict[str, str]]:
@@ -299,8 +304,11 @@ def repeats_of(row: dict[str, str], columns: dict[str, tuple[str, str | None]] |
         elif len(values) == count:
             targets = list(range(count))
         else:
-            raise InputError(column, f"holds {len(values)} values for {count} repeats ({n_valid} valid): "
-                             "cannot tell which repeat each belongs to")  # fmt: skip
+            raise InputError(
+                column,
+                f"holds {len(values)} values for {count} repeats ({n_valid} valid): "
+                "cannot tell which repeat each belongs to",
+            )
         for i, v in zip(targets, values):
             if v is not None:
                 props[i][name] = v
@@ -321,9 +329,12 @@ def measurements_of(row: dict[str, str]) -> dict[str, Any]:
 
 
 def row_to_records(
-    row: dict[str, str], *, actuator: str = "measure", source: str = "",
+    row: dict[str, str],
+    *,
+    actuator: str = "measure",
+    source: str = "",
     columns: dict[str, tuple[str, str | None]] | None = None,
-) -> list[Record]:  # fmt: skip
+) -> list[Record]:
     """One CSV row as Records, one per repeat; InputError if it cannot be understood."""
     if row.get("experiment_id", "").strip():
         experiment = parse_experiment_id(row["experiment_id"])
@@ -360,8 +371,11 @@ def row_to_records(
     if any(r.properties["is_valid"] == 1 for r in repeats):
         verdict = check(experiment, entity)  # a measurement cannot be valid where a rule says it never runs
         if not verdict.is_valid:
-            raise InputError("is_valid", f"1 for an entity the validity rules make invalid: {verdict.reasons[0]}",
-                             allowed="0 for such an entity")  # fmt: skip
+            raise InputError(
+                "is_valid",
+                f"1 for an entity the validity rules make invalid: {verdict.reasons[0]}",
+                allowed="0 for such an entity",
+            )
     records = []
     for repeat in repeats:
         metadata = dict(base)
@@ -376,16 +390,18 @@ def row_to_records(
             why = "imported with is_valid=0 (out of memory or a rejected configuration)"
             result = Result.invalid(experiment.id, entity.id, [why], actuator="import", metadata=metadata)
         key = content if repeat.count == 1 else f"{content}#{repeat.index}"  # a lone row keeps its old key
-        records.append(Record(
-            experiment=experiment,
-            entity=entity,
-            result=result,
-            actuator=actuator,
-            generator=(row.get("generatorid") or "").strip() or "import",
-            source_key=hashlib.sha256(key.encode()).hexdigest(),
-            source_identifier=(row.get("identifier") or "").strip() or None,
-            source_experiment_id=(row.get("experiment_id") or "").strip() or None,
-        ))  # fmt: skip
+        records.append(
+            Record(
+                experiment=experiment,
+                entity=entity,
+                result=result,
+                actuator=actuator,
+                generator=(row.get("generatorid") or "").strip() or "import",
+                source_key=hashlib.sha256(key.encode()).hexdigest(),
+                source_identifier=(row.get("identifier") or "").strip() or None,
+                source_experiment_id=(row.get("experiment_id") or "").strip() or None,
+            )
+        )
     return records
 
 
@@ -469,8 +485,11 @@ def read_import(
         raise InputError(f"{path.name}: {exc.field}", exc.message, exc.allowed) from None
     summary.ignored_columns = [c for c in columns if c not in PROPERTIES and c not in measured and c not in BOOKKEEPING]
     if "experiment_id" not in columns and "method" not in columns:
-        raise InputError("FILE", f"{path.name} has neither an experiment_id nor a method column (nor the "
-                         "fms-acceleration benchmark columns framework_config, model_name_or_path)")  # fmt: skip
+        raise InputError(
+            "FILE",
+            f"{path.name} has neither an experiment_id nor a method column (nor the "
+            "fms-acceleration benchmark columns framework_config, model_name_or_path)",
+        )
     for number, row in zip(lines, rows):
         summary.rows += 1
         try:
@@ -480,8 +499,14 @@ def read_import(
     return _checked(path, records, errors, skip_bad_rows, summary)
 
 
-def _read_fms(path: Path, columns: list[str], rows: list[dict[str, str]], skip_bad_rows: bool, actuator: str,
-              summary: ImportSummary) -> tuple[list[Record], ImportSummary]:  # fmt: skip
+def _read_fms(
+    path: Path,
+    columns: list[str],
+    rows: list[dict[str, str]],
+    skip_bad_rows: bool,
+    actuator: str,
+    summary: ImportSummary,
+) -> tuple[list[Record], ImportSummary]:
     """read_import of fms-acceleration's benchmark layout (tunebench.store.fms_csv)."""
     from tunebench.store.fms_csv import USED, fms_converter
 
@@ -498,8 +523,9 @@ def _read_fms(path: Path, columns: list[str], rows: list[dict[str, str]], skip_b
     return _checked(path, records, errors, skip_bad_rows, summary)
 
 
-def _checked(path: Path, records: list[Record], errors: list[tuple[int, InputError]], skip_bad_rows: bool,
-             summary: ImportSummary) -> tuple[list[Record], ImportSummary]:  # fmt: skip
+def _checked(
+    path: Path, records: list[Record], errors: list[tuple[int, InputError]], skip_bad_rows: bool, summary: ImportSummary
+) -> tuple[list[Record], ImportSummary]:
     """The records, or the InputError of the first bad row (skip_bad_rows: the bad rows counted by reason)."""
     if errors and not skip_bad_rows:
         number, first = errors[0]
@@ -528,8 +554,9 @@ def read_csv_rows(path: Path, field: str) -> tuple[list[str], list[dict[str, str
             if not cells:
                 continue
             if len(cells) != len(header):
-                raise InputError(field, f"{path.name} line {reader.line_num} has {len(cells)} cells; the header has "
-                                 f"{len(header)}")  # fmt: skip
+                raise InputError(
+                    field, f"{path.name} line {reader.line_num} has {len(cells)} cells; the header has {len(header)}"
+                )
             rows.append(dict(zip(header, cells, strict=True)))
     except csv.Error as exc:
         raise InputError(field, f"{path.name} line {reader.line_num} is not CSV: {exc}") from None
@@ -551,8 +578,14 @@ def _reason(exc: InputError) -> str:
     return re.sub(r"'[^']*'", "'...'", text) if "unknown experiment" not in text else text.split(" in ")[0]
 
 
-def export_csv(store: Store, out: IO[str], *, operation_id: str | None = None, request_ids: list[int] | None = None,
-               actuator: str | None = None) -> int:  # fmt: skip
+def export_csv(
+    store: Store,
+    out: IO[str],
+    *,
+    operation_id: str | None = None,
+    request_ids: list[int] | None = None,
+    actuator: str | None = None,
+) -> int:
     """Write valid and invalid results in the reference's CSV layout; returns the number of rows."""
     table = build(store.table(Selection(operation_id, request_ids, actuator, statuses=[VALID, INVALID])), ado=True)
     write_csv(table, out)

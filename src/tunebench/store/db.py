@@ -96,8 +96,11 @@ def check_location(url: str, *, create: bool) -> None:
         path = sqlite_file(url)
         make_url(url).get_dialect()  # an unknown database kind fails here, before anything is opened
     except (ArgumentError, ValueError):
-        raise InputError("--store", f"not a database URL or an SQLite file: {url!r}",
-                         allowed="a path to an SQLite file, or an SQLAlchemy URL (postgresql+psycopg://...)") from None  # fmt: skip
+        raise InputError(
+            "--store",
+            f"not a database URL or an SQLite file: {url!r}",
+            allowed="a path to an SQLite file, or an SQLAlchemy URL (postgresql+psycopg://...)",
+        ) from None
     if path is None:
         return
     if path.is_dir():
@@ -109,8 +112,11 @@ def check_location(url: str, *, create: bool) -> None:
             raise InputError("--store", f"{str(path)!r} is not a tunebench store (not an SQLite database)")
         return
     if not create:
-        raise InputError("--store", f"no store at {str(path)!r}",
-                         allowed="an existing store; `tunebench explore` or `tunebench import` creates one")  # fmt: skip
+        raise InputError(
+            "--store",
+            f"no store at {str(path)!r}",
+            allowed="an existing store; `tunebench explore` or `tunebench import` creates one",
+        )
     if url != store_url(None) and not path.parent.is_dir():
         raise InputError("--store", f"the directory {str(path.parent)!r} of the store does not exist")
 

@@ -63,10 +63,16 @@ def fms_converter(rows: list[dict[str, str]], file_name: str, actuator: str) -> 
         row, rec = rows[index], planned[index]
         model = fms_model(row, file_name)  # the orca multipack files omit it: Mistral-7B
         if rec is None:
-            why = "an unpacked run whose tokens per sample nothing in the file tells" if model in FMS_MODELS else (
-                "a model outside the catalog")  # fmt: skip
-            raise InputError("model_name_or_path", f"{model or '(empty)'!r}: {why}",
-                             allowed="the checkpoints of tunebench.spec.runs.FMS_MODELS")  # fmt: skip
+            why = (
+                "an unpacked run whose tokens per sample nothing in the file tells"
+                if model in FMS_MODELS
+                else ("a model outside the catalog")
+            )
+            raise InputError(
+                "model_name_or_path",
+                f"{model or '(empty)'!r}: {why}",
+                allowed="the checkpoints of tunebench.spec.runs.FMS_MODELS",
+            )
         experiment = get_experiment(rec.experiment_id)
         values = {k: v for k, v in rec.values.items() if k in PROPERTIES}  # without the planner's own _notes
         values["model_name"] = FMS_MODELS.get(model, model)
@@ -79,8 +85,16 @@ def fms_converter(rows: list[dict[str, str]], file_name: str, actuator: str) -> 
             why = "imported with is_valid=0 (an fms-acceleration run without throughput: failed, out of memory)"
             result = Result.invalid(experiment.id, entity.id, [why], actuator="import", metadata=metadata)
         key = json.dumps({"layout": "fms-acceleration", **dict(sorted(row.items()))})
-        return [Record(experiment, entity, result, actuator=actuator, generator="import",
-                       source_key=hashlib.sha256(key.encode()).hexdigest())]  # fmt: skip
+        return [
+            Record(
+                experiment,
+                entity,
+                result,
+                actuator=actuator,
+                generator="import",
+                source_key=hashlib.sha256(key.encode()).hexdigest(),
+            )
+        ]
 
     return convert
 

@@ -46,8 +46,17 @@ class Imports(StoreBase):
                         continue
                     if record.source_key:
                         seen.add(record.source_key)
-                    rows.append(result_row(req_ids[key], record.result, record.generator, record.source_key,
-                                           record.source_identifier, record.source_experiment_id, now))  # fmt: skip
+                    rows.append(
+                        result_row(
+                            req_ids[key],
+                            record.result,
+                            record.generator,
+                            record.source_key,
+                            record.source_identifier,
+                            record.source_experiment_id,
+                            now,
+                        )
+                    )
                     series.append(record.result.series)
                 if not rows:
                     return 0, len(records)
@@ -114,9 +123,11 @@ def _requests(conn: Connection, keys: list[RequestKey], now: float) -> dict[Requ
     if missing:
         conn.execute(
             insert(requests),
-            [dict(experiment_pk=e, entity_pk=n, actuator=a, status=PENDING, attempts=0, created_at=now)
-             for e, n, a in missing],
-        )  # fmt: skip
+            [
+                dict(experiment_pk=e, entity_pk=n, actuator=a, status=PENDING, attempts=0, created_at=now)
+                for e, n, a in missing
+            ],
+        )
         req_ids.update(_existing_requests(conn, dict.fromkeys(missing)))
     return req_ids
 

@@ -49,13 +49,19 @@ def parse_condition(text: str) -> Condition:
     """'batch_size>=4' -> Condition; InputError naming --where otherwise."""
     match = _CONDITION.match(text)
     if not match or not match.group(3):
-        raise InputError("--where", f"cannot read {text!r}", allowed="NAME OP VALUE with OP one of = != < <= > >=, "
-                         "e.g. batch_size>=4 or status=valid")  # fmt: skip
+        raise InputError(
+            "--where",
+            f"cannot read {text!r}",
+            allowed="NAME OP VALUE with OP one of = != < <= > >=, e.g. batch_size>=4 or status=valid",
+        )
     name, op, value = match.groups()
     number = _as_number(value)
     if op in ("<", "<=", ">", ">=") and (number is None or number != number):  # NaN != NaN: no row would match
-        raise InputError("--where", f"{text!r}: {op} compares numbers, and {value!r} is not one",
-                         allowed="a number, e.g. batch_size>=4; = and != also compare text")  # fmt: skip
+        raise InputError(
+            "--where",
+            f"{text!r}: {op} compares numbers, and {value!r} is not one",
+            allowed="a number, e.g. batch_size>=4; = and != also compare text",
+        )
     return Condition(name, "=" if op == "==" else op, value)
 
 

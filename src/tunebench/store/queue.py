@@ -197,8 +197,15 @@ class Queue(StoreBase):
             )
         ).first()
         if row is None:
-            values = dict(experiment_pk=exp_pk, entity_pk=ent_pk, actuator=actuator, status=PENDING, attempts=0,
-                          operation_id=operation_id, created_at=now)  # fmt: skip
+            values = dict(
+                experiment_pk=exp_pk,
+                entity_pk=ent_pk,
+                actuator=actuator,
+                status=PENDING,
+                attempts=0,
+                operation_id=operation_id,
+                created_at=now,
+            )
             request_id = conn.execute(insert(requests).values(values)).inserted_primary_key[0]
             status = PENDING
         else:
@@ -293,18 +300,26 @@ class Queue(StoreBase):
                     or_(requests.c.claim_token == claim.token, requests.c.status == PENDING),
                 )
                 .values(
-                    status=status, result_id=result_id, finished_at=now, owner=None, claim_token=None,
+                    status=status,
+                    result_id=result_id,
+                    finished_at=now,
+                    owner=None,
+                    claim_token=None,
                     lease_expires_at=None,
                 )
-            ).rowcount  # fmt: skip
+            ).rowcount
         return status if changed == 1 else "lost"
 
     def release(self, claims: Iterable[Claim]) -> int:
         """Give claims back unmeasured (an interrupted explorer): pending again, the attempt not counted."""
         return self._update_held(
-            claims, status=PENDING, attempts=requests.c.attempts - 1, owner=None, claim_token=None,
+            claims,
+            status=PENDING,
+            attempts=requests.c.attempts - 1,
+            owner=None,
+            claim_token=None,
             lease_expires_at=None,
-        )  # fmt: skip
+        )
 
     def requeue_stale(self, *, max_retries: int, now: float | None = None) -> int:
         """Re-queue running requests whose explorer is gone: lease expired, or (same host) process dead.
@@ -316,15 +331,22 @@ class Queue(StoreBase):
         host = socket.gethostname()
         with db.read(self.engine) as conn:
             rows = conn.execute(
-                select(requests.c.id, requests.c.claim_token, requests.c.owner, requests.c.attempts,
-                       requests.c.lease_expires_at, requests.c.host)
+                select(
+                    requests.c.id,
+                    requests.c.claim_token,
+                    requests.c.owner,
+                    requests.c.attempts,
+                    requests.c.lease_expires_at,
+                    requests.c.host,
+                )
                 .where(requests.c.status == RUNNING)
                 .where(or_(requests.c.lease_expires_at < now, requests.c.host == host))
-            ).all()  # fmt: skip
+            ).all()
         stale = [
-            r for r in rows
+            r
+            for r in rows
             if (r.lease_expires_at is not None and r.lease_expires_at < now) or not _owner_alive(r.owner or "")
-        ]  # fmt: skip
+        ]
         if not stale:
             return 0
         requeued = 0
@@ -359,10 +381,16 @@ def _take(
             update(requests)
             .where(requests.c.id == request_id, requests.c.status == PENDING)
             .values(
-                status=RUNNING, attempts=requests.c.attempts + 1, owner=owner, host=host, claim_token=token,
-                claimed_at=now, lease_expires_at=now + lease_seconds, operation_id=operation_id,
+                status=RUNNING,
+                attempts=requests.c.attempts + 1,
+                owner=owner,
+                host=host,
+                claim_token=token,
+                claimed_at=now,
+                lease_expires_at=now + lease_seconds,
+                operation_id=operation_id,
             )
-        ).rowcount  # fmt: skip
+        ).rowcount
         if changed == 1:
             won[request_id] = token
             if len(won) == limit:
@@ -374,22 +402,35 @@ def _claims(conn: Connection, won: dict[int, str], operation_id: str) -> list[Cl
     """The Claims of the requests won (request id -> token), with their experiments and entities."""
     rows = conn.execute(
         select(
-            requests.c.id, requests.c.attempts, requests.c.actuator, experiments.c.id.label("experiment_id"),
-            experiments.c.base_id, experiments.c.parameters, entities.c.id.label("entity_id"), entities.c.properties,
+            requests.c.id,
+            requests.c.attempts,
+            requests.c.actuator,
+            experiments.c.id.label("experiment_id"),
+            experiments.c.base_id,
+            experiments.c.parameters,
+            entities.c.id.label("entity_id"),
+            entities.c.properties,
         )
         .join(experiments, experiments.c.pk == requests.c.experiment_pk)
         .join(entities, entities.c.pk == requests.c.entity_pk)
         .where(requests.c.id.in_(list(won)))
-    ).all()  # fmt: skip
+    ).all()
     by_id = {r.id: r for r in rows}
     return [
         Claim(
-            request_id=rid, token=token, attempt=by_id[rid].attempts, experiment_id=by_id[rid].experiment_id,
-            base_id=by_id[rid].base_id, parameters=dict(by_id[rid].parameters), entity_id=by_id[rid].entity_id,
-            entity_values=dict(by_id[rid].properties), actuator=by_id[rid].actuator, operation_id=operation_id,
+            request_id=rid,
+            token=token,
+            attempt=by_id[rid].attempts,
+            experiment_id=by_id[rid].experiment_id,
+            base_id=by_id[rid].base_id,
+            parameters=dict(by_id[rid].parameters),
+            entity_id=by_id[rid].entity_id,
+            entity_values=dict(by_id[rid].properties),
+            actuator=by_id[rid].actuator,
+            operation_id=operation_id,
         )
         for rid, token in won.items()
-    ]  # fmt: skip
+    ]
 
 
 def _user() -> str:

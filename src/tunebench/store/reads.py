@@ -41,7 +41,7 @@ from tunebench.store.schema import (
     requests,
     results,
     series,
-)  # fmt: skip
+)
 from tunebench.store.series import UnknownResult, stored_series
 
 
@@ -63,9 +63,10 @@ class Reads(StoreBase):
         """Requests that have a result, by actuator (what another --actuator of show would find)."""
         with db.read(self.engine) as conn:
             rows = conn.execute(
-                select(requests.c.actuator, func.count()).where(requests.c.result_id.is_not(None))
+                select(requests.c.actuator, func.count())
+                .where(requests.c.result_id.is_not(None))
                 .group_by(requests.c.actuator)
-            ).all()  # fmt: skip
+            ).all()
         return {actuator: n for actuator, n in rows}
 
     def states(self, request_ids: Iterable[int]) -> dict[int, tuple[str, dict[str, Any]]]:
@@ -158,11 +159,13 @@ class Reads(StoreBase):
                 pk: {"experiment_id": id_, "base_id": base, "parameters": json_value(params)}
                 for pk, id_, base, params in conn.execute(
                     select(
-                        experiments.c.pk, experiments.c.id, experiments.c.base_id,
+                        experiments.c.pk,
+                        experiments.c.id,
+                        experiments.c.base_id,
                         as_text(experiments.c.parameters),
                     )
                 )
-            }  # fmt: skip
+            }
         return keys, raw, exps
 
     def repeats(self, request_ids: Sequence[int] | None = None) -> dict[int, Repeats]:
@@ -172,26 +175,37 @@ class Reads(StoreBase):
         cost one pass; the sample standard deviation is sqrt(n/(n-1) * (E[x^2] - E[x]^2)).
         """
         counted = (
-            select(results.c.request_id, func.count().label("n"),
-                   func.sum(case((results.c.status == VALID, 1), else_=0)).label("valid"))
+            select(
+                results.c.request_id,
+                func.count().label("n"),
+                func.sum(case((results.c.status == VALID, 1), else_=0)).label("valid"),
+            )
             .where(results.c.status.in_(DONE))
             .group_by(results.c.request_id)
             .having(func.count() > 1)
-        )  # fmt: skip
+        )
         with db.read(self.engine) as conn:
             many = {r.request_id: (r.n, int(r.valid)) for r in conn.execute(counted)}
             if request_ids is not None:
                 wanted = set(request_ids)
                 many = {k: v for k, v in many.items() if k in wanted}
-            moments = [c for name in MEASURED_COLUMNS
-                       for c in (func.count(results.c[name]), func.avg(results.c[name]),
-                                 func.avg(results.c[name] * results.c[name]))]  # fmt: skip
+            moments = [
+                c
+                for name in MEASURED_COLUMNS
+                for c in (
+                    func.count(results.c[name]),
+                    func.avg(results.c[name]),
+                    func.avg(results.c[name] * results.c[name]),
+                )
+            ]
             out: dict[int, Repeats] = {}
             ids = [k for k, (_, valid) in many.items() if valid > 0]
             for i in range(0, len(ids), CHUNK):
-                query = (select(results.c.request_id, *moments)
-                         .where(results.c.request_id.in_(ids[i : i + CHUNK]), results.c.status == VALID)
-                         .group_by(results.c.request_id))  # fmt: skip
+                query = (
+                    select(results.c.request_id, *moments)
+                    .where(results.c.request_id.in_(ids[i : i + CHUNK]), results.c.status == VALID)
+                    .group_by(results.c.request_id)
+                )
                 for row in conn.execute(query):
                     stats = {}
                     for j, name in enumerate(MEASURED_COLUMNS):
@@ -210,25 +224,41 @@ class Reads(StoreBase):
         UnknownResult (tunebench.store.series) when the store has no result with that id."""
         with db.read(self.engine) as conn:
             row = conn.execute(
-                select(results.c.id, results.c.request_id, results.c.actuator, results.c.status,
-                       experiments.c.id.label("experiment_id"), experiments.c.base_id,
-                       as_text(experiments.c.parameters).label("parameters"), entities.c.id.label("entity_id"),
-                       as_text(entities.c.properties).label("entity"), series.c.points, *PROPERTY_COLUMNS)
+                select(
+                    results.c.id,
+                    results.c.request_id,
+                    results.c.actuator,
+                    results.c.status,
+                    experiments.c.id.label("experiment_id"),
+                    experiments.c.base_id,
+                    as_text(experiments.c.parameters).label("parameters"),
+                    entities.c.id.label("entity_id"),
+                    as_text(entities.c.properties).label("entity"),
+                    series.c.points,
+                    *PROPERTY_COLUMNS,
+                )
                 .join(requests, requests.c.id == results.c.request_id)
                 .join(experiments, experiments.c.pk == requests.c.experiment_pk)
                 .join(entities, entities.c.pk == requests.c.entity_pk)
                 .outerjoin(series, series.c.result_id == results.c.id)
                 .where(results.c.id == _result_key(result_id))
-            ).first()  # fmt: skip
+            ).first()
             if row is None:
                 raise UnknownResult(result_id, _id_range(conn))
         n = len(PROPERTY_COLUMNS)
         return {
-            "result_id": row.id, "request_id": row.request_id, "actuator": row.actuator, "status": row.status,
-            "experiment_id": row.experiment_id, "base_id": row.base_id, "parameters": json_value(row.parameters),
-            "entity_id": row.entity_id, "entity": json_value(row.entity), "series_points": row.points or 0,
+            "result_id": row.id,
+            "request_id": row.request_id,
+            "actuator": row.actuator,
+            "status": row.status,
+            "experiment_id": row.experiment_id,
+            "base_id": row.base_id,
+            "parameters": json_value(row.parameters),
+            "entity_id": row.entity_id,
+            "entity": json_value(row.entity),
+            "series_points": row.points or 0,
             "properties": properties_of(row[-n], row[-n + 1 : -1], row[-1]),
-        }  # fmt: skip
+        }
 
     def series_of(self, result_id: int) -> dict[str, Any] | None:
         """The time series stored with a result (tunebench.worker.series's dict; None: it has none);
@@ -262,13 +292,18 @@ class Reads(StoreBase):
             )
         return [
             Result(
-                experiment_id=r["experiment_id"], entity_id=r["entity_id"], status=r["status"],
+                experiment_id=r["experiment_id"],
+                entity_id=r["entity_id"],
+                status=r["status"],
                 properties=properties_of(r["is_valid"], [r[n] for n in MEASURED_COLUMNS], r["extra_properties"]),
-                reasons=list(r["reasons"]), metadata=dict(r["meta"]),
-                error=r["error"], log_tail=r["log_tail"], actuator=r["actuator"],
+                reasons=list(r["reasons"]),
+                metadata=dict(r["meta"]),
+                error=r["error"],
+                log_tail=r["log_tail"],
+                actuator=r["actuator"],
             )
             for r in rows
-        ]  # fmt: skip
+        ]
 
 
 def _result_key(result_id: Any) -> int:
@@ -297,21 +332,33 @@ def outcomes_query(selection: Selection) -> Select:
     status = results.c.status if selection.every_result else requests.c.status
     query = (
         select(
-            requests.c.id.label("request_id"), results.c.id.label("result_id"), status.label("status"),
-            requests.c.actuator, requests.c.experiment_pk,
-            entities.c.id.label("entity_id"), entities.c.only_columns,
+            requests.c.id.label("request_id"),
+            results.c.id.label("result_id"),
+            status.label("status"),
+            requests.c.actuator,
+            requests.c.experiment_pk,
+            entities.c.id.label("entity_id"),
+            entities.c.only_columns,
             case((entities.c.only_columns == 1, None), else_=as_text(entities.c.properties)).label("entity"),
-            as_text(results.c.reasons).label("reasons"), results.c.error, results.c.generator,
-            results.c.source_identifier, results.c.source_experiment_id,
-            *(entities.c[name] for name in ENTITY_COLUMNS), *PROPERTY_COLUMNS,
+            as_text(results.c.reasons).label("reasons"),
+            results.c.error,
+            results.c.generator,
+            results.c.source_identifier,
+            results.c.source_experiment_id,
+            *(entities.c[name] for name in ENTITY_COLUMNS),
+            *PROPERTY_COLUMNS,
         )
         .join(entities, entities.c.pk == requests.c.entity_pk)
-        .join(results, (results.c.request_id if selection.every_result else results.c.id)
-              == (requests.c.id if selection.every_result else requests.c.result_id))
-    )  # fmt: skip
+        .join(
+            results,
+            (results.c.request_id if selection.every_result else results.c.id)
+            == (requests.c.id if selection.every_result else requests.c.result_id),
+        )
+    )
     if selection.operation_id is not None:
-        here = and_(operation_points.c.request_id == requests.c.id,
-                    operation_points.c.operation_id == selection.operation_id)  # fmt: skip
+        here = and_(
+            operation_points.c.request_id == requests.c.id, operation_points.c.operation_id == selection.operation_id
+        )
         query = (
             query.add_columns(operation_points.c.origin).join(operation_points, here).order_by(operation_points.c.seq)
         )

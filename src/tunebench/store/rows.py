@@ -182,13 +182,22 @@ def no_gc() -> Iterator[None]:
 
 def experiment_row(experiment: Experiment, key: str, now: float) -> dict[str, Any]:
     """The experiments row of an experiment whose id hashes to key."""
-    return {"id": experiment.id, "id_hash": key, "base_id": experiment.base_id,
-            "parameters": clean_json(dict(experiment.parameters)), "created_at": now}  # fmt: skip
+    return {
+        "id": experiment.id,
+        "id_hash": key,
+        "base_id": experiment.base_id,
+        "parameters": clean_json(dict(experiment.parameters)),
+        "created_at": now,
+    }
 
 
 def entity_row(entity: Entity, key: str) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": entity.id, "id_hash": key, "properties": clean_json(dict(entity.values)),
-                           "created_at": time.time()}  # fmt: skip
+    row: dict[str, Any] = {
+        "id": entity.id,
+        "id_hash": key,
+        "properties": clean_json(dict(entity.values)),
+        "created_at": time.time(),
+    }
     for name in ENTITY_COLUMNS:
         value = entity.values.get(name)
         row[name] = value if isinstance(value, (int, str)) and not isinstance(value, bool) else None

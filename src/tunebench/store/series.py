@@ -47,8 +47,10 @@ class UnknownResult(LookupError):
         if self.ids is None:
             return "none: the store has no results yet"
         low, high, count = self.ids
-        return (f"one of the store's {count:,} result ids, {low}..{high} (the result_id column of "
-                "`tunebench show --repeats --format csv`)")  # fmt: skip
+        return (
+            f"one of the store's {count:,} result ids, {low}..{high} (the result_id column of "
+            "`tunebench show --repeats --format csv`)"
+        )
 
 
 def encode(series: dict[str, Any]) -> bytes:
@@ -70,8 +72,9 @@ def points(series: dict[str, Any]) -> int:
 
 def insert_series(conn: Connection, result_id: int, series: dict[str, Any]) -> None:
     """Store a result's series (in the transaction that stores the result)."""
-    conn.execute(insert(series_table).values(result_id=result_id, format=ENCODING, points=points(series),
-                                             data=encode(series)))  # fmt: skip
+    conn.execute(
+        insert(series_table).values(result_id=result_id, format=ENCODING, points=points(series), data=encode(series))
+    )
 
 
 def stored_series(conn: Connection, result_id: int) -> dict[str, Any] | None:
@@ -96,10 +99,14 @@ def long_frame(series: dict[str, Any] | None) -> pd.DataFrame:
         steps += entry.get("step") or [None] * n
         times += entry["time_s"]
         values += entry["value"]
-    return pd.DataFrame({
-        "series": pd.Series(names, dtype=object), "step": pd.Series(steps, dtype="Int64"),
-        "time_s": pd.Series(times, dtype=float), "value": pd.Series(values, dtype=float),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "series": pd.Series(names, dtype=object),
+            "step": pd.Series(steps, dtype="Int64"),
+            "time_s": pd.Series(times, dtype=float),
+            "value": pd.Series(values, dtype=float),
+        }
+    )
 
 
 def read_series(store: Reads, result_id: int) -> pd.DataFrame:
@@ -108,8 +115,9 @@ def read_series(store: Reads, result_id: int) -> pd.DataFrame:
     warmup_end_s: the time_s where the auto-stop warm-up ended, None without one; gpus: [{series, id, node}])."""
     data = store.series_of(result_id)
     frame = long_frame(data)
-    frame.attrs.update(result_id=int(result_id), warmup_end_s=(data or {}).get("warmup_end_s"),
-                       gpus=(data or {}).get("gpus") or [])  # fmt: skip
+    frame.attrs.update(
+        result_id=int(result_id), warmup_end_s=(data or {}).get("warmup_end_s"), gpus=(data or {}).get("gpus") or []
+    )
     return frame
 
 
@@ -119,10 +127,18 @@ def summary(frame: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for name, part in frame.groupby("series", sort=True):
         values = part["value"]
-        out.append({"series": name, "points": len(part), "from_s": float(part["time_s"].iloc[0]),
-                    "to_s": float(part["time_s"].iloc[-1]), "min": _finite(values.min()),
-                    "mean": _finite(values.mean()), "max": _finite(values.max()),
-                    "last": _finite(values.iloc[-1])})  # fmt: skip
+        out.append(
+            {
+                "series": name,
+                "points": len(part),
+                "from_s": float(part["time_s"].iloc[0]),
+                "to_s": float(part["time_s"].iloc[-1]),
+                "min": _finite(values.min()),
+                "mean": _finite(values.mean()),
+                "max": _finite(values.max()),
+                "last": _finite(values.iloc[-1]),
+            }
+        )
     return out
 
 
@@ -131,9 +147,10 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     import pandas as pd
 
     steps = [None if v is pd.NA else int(v) for v in frame["step"].tolist()]
-    return [{"series": name, "step": step, "time_s": t, "value": v if math.isfinite(v) else None}
-            for name, step, t, v in zip(frame["series"].tolist(), steps, frame["time_s"].tolist(),
-                                        frame["value"].tolist())]  # fmt: skip
+    return [
+        {"series": name, "step": step, "time_s": t, "value": v if math.isfinite(v) else None}
+        for name, step, t, v in zip(frame["series"].tolist(), steps, frame["time_s"].tolist(), frame["value"].tolist())
+    ]
 
 
 def write(frame: pd.DataFrame, fmt: str, out: IO[str]) -> None:

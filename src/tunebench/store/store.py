@@ -19,8 +19,17 @@ from tunebench.store.reads import Reads
 from tunebench.store.rows import Claim, Outcomes, Record, Registered, Selection, clean_json, no_gc, properties_of
 
 __all__ = [
-    "Claim", "Outcomes", "Record", "Registered", "Selection", "Store", "clean_json", "no_gc", "owner_id", "properties_of",
-]  # fmt: skip
+    "Claim",
+    "Outcomes",
+    "Record",
+    "Registered",
+    "Selection",
+    "Store",
+    "clean_json",
+    "no_gc",
+    "owner_id",
+    "properties_of",
+]
 
 
 class Store(Queue, Reads, Imports):

@@ -65,21 +65,38 @@ def result_ids(store: StoreBase, *, latest_of: Sequence[int] | None = None) -> l
                 ids.update(r for r in conn.execute(query).scalars() if r is not None)
             return sorted(ids)
         query = (
-            select(results.c.id).join(requests, requests.c.id == results.c.request_id)
-            .where(requests.c.actuator != PREDICT, results.c.actuator != RULES).order_by(results.c.id)
-        )  # fmt: skip
+            select(results.c.id)
+            .join(requests, requests.c.id == results.c.request_id)
+            .where(requests.c.actuator != PREDICT, results.c.actuator != RULES)
+            .order_by(results.c.id)
+        )
         return list(conn.execute(query).scalars())
 
 
 def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
     """The stored results of ids, in that order (ids the store does not have are left out)."""
     columns = (
-        results.c.id, results.c.request_id, results.c.created_at, results.c.status, results.c.actuator,
-        results.c.is_valid, *(results.c[n] for n in MEASURED_COLUMNS), as_text(results.c.extra_properties),
-        as_text(results.c.reasons), as_text(results.c.meta), results.c.error, results.c.log_tail,
-        results.c.generator, requests.c.operation_id, operations.c.name, experiments.c.id, experiments.c.base_id,
-        as_text(experiments.c.parameters), entities.c.id, as_text(entities.c.properties),
-    )  # fmt: skip
+        results.c.id,
+        results.c.request_id,
+        results.c.created_at,
+        results.c.status,
+        results.c.actuator,
+        results.c.is_valid,
+        *(results.c[n] for n in MEASURED_COLUMNS),
+        as_text(results.c.extra_properties),
+        as_text(results.c.reasons),
+        as_text(results.c.meta),
+        results.c.error,
+        results.c.log_tail,
+        results.c.generator,
+        requests.c.operation_id,
+        operations.c.name,
+        experiments.c.id,
+        experiments.c.base_id,
+        as_text(experiments.c.parameters),
+        entities.c.id,
+        as_text(entities.c.properties),
+    )
     query = (
         select(*columns)
         .join(requests, requests.c.id == results.c.request_id)
@@ -94,16 +111,49 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
         for i in range(0, len(wanted), CHUNK):
             for row in conn.execute(query.where(results.c.id.in_(wanted[i : i + CHUNK]))):
                 (rid, request_id, created, status, actuator, is_valid), rest = row[:6], row[6:]
-                measured, (extra, reasons, meta, error, log_tail, generator, op_id, op_name, exp_id, base_id,
-                           params, entity_id, entity) = rest[:n], rest[n:]  # fmt: skip
+                (
+                    measured,
+                    (
+                        extra,
+                        reasons,
+                        meta,
+                        error,
+                        log_tail,
+                        generator,
+                        op_id,
+                        op_name,
+                        exp_id,
+                        base_id,
+                        params,
+                        entity_id,
+                        entity,
+                    ),
+                ) = rest[:n], rest[n:]
                 result = Result(
-                    exp_id, entity_id, status, properties_of(is_valid, measured, extra),
-                    list(json_value(reasons) or []), dict(json_value(meta) or {}), error, log_tail, actuator,
-                )  # fmt: skip
+                    exp_id,
+                    entity_id,
+                    status,
+                    properties_of(is_valid, measured, extra),
+                    list(json_value(reasons) or []),
+                    dict(json_value(meta) or {}),
+                    error,
+                    log_tail,
+                    actuator,
+                )
                 found[rid] = StoredResult(
-                    rid, request_id, float(created), exp_id, base_id, dict(json_value(params) or {}), entity_id,
-                    dict(json_value(entity) or {}), result, op_id, op_name, generator,
-                )  # fmt: skip
+                    rid,
+                    request_id,
+                    float(created),
+                    exp_id,
+                    base_id,
+                    dict(json_value(params) or {}),
+                    entity_id,
+                    dict(json_value(entity) or {}),
+                    result,
+                    op_id,
+                    op_name,
+                    generator,
+                )
     return [found[i] for i in wanted if i in found]
 
 

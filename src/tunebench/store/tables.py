@@ -90,8 +90,11 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     pks = cols["experiment_pk"]
     experiment_ids = [outcomes.experiments[pk]["experiment_id"] for pk in pks]
     # entities with values beyond the real columns: decode their JSON (rare)
-    decoded = {i: json.loads(text) if isinstance(text, str) else text
-               for i, (only, text) in enumerate(zip(cols["only_columns"], cols["entity"])) if not only}  # fmt: skip
+    decoded = {
+        i: json.loads(text) if isinstance(text, str) else text
+        for i, (only, text) in enumerate(zip(cols["only_columns"], cols["entity"]))
+        if not only
+    }
     names = set(constitutive) | {name for name in ENTITY_COLUMNS if _present(cols[name], n)}
     for values in decoded.values():
         names.update(values)
@@ -130,8 +133,10 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     if ado:
         prefix = {a: ADO_PREFIX if a == MEASURE else f"{a}." for a in set(cols["actuator"])}
         identifier = [s or ado_entity_id(e) for s, e in zip(cols["source_identifier"], cols["entity_id"])]
-        experiment = [s if s and a == MEASURE else prefix[a] + e
-                      for s, e, a in zip(cols["source_experiment_id"], experiment_ids, cols["actuator"])]  # fmt: skip
+        experiment = [
+            s if s and a == MEASURE else prefix[a] + e
+            for s, e, a in zip(cols["source_experiment_id"], experiment_ids, cols["actuator"])
+        ]
         head, head_data = ["experiment_id"], [experiment]
     else:
         identifier = cols["entity_id"]
@@ -140,8 +145,10 @@ def _build(outcomes: Outcomes, ado: bool, constitutive: Sequence[str], repeats: 
     columns = ["", "identifier", "generatorid", *head, *const, *measured]
     data = [range(n), identifier, generator, *head_data, *const_data, *measured_data]
     if not ado:
-        reasons = [e or (None if r in (None, "[]") else "; ".join(json.loads(r) if isinstance(r, str) else r))
-                   for e, r in zip(cols["error"], cols["reasons"])]  # fmt: skip
+        reasons = [
+            e or (None if r in (None, "[]") else "; ".join(json.loads(r) if isinstance(r, str) else r))
+            for e, r in zip(cols["error"], cols["reasons"])
+        ]
         columns += ["result_id", "status", "reason"]  # result_id: the latest result's (show --series RESULT_ID)
         data += [cols["result_id"], cols["status"], reasons]
     first = 3 + len(head)

@@ -47,20 +47,27 @@ class AimWriter:
         if self.remote:
             parts = urlsplit(self.location)
             if parts.scheme != "aim" or not parts.hostname:
-                raise InputError(self.field, f"{mask_secrets(self.location)!r} is not an Aim repository",
-                                 allowed="a directory, or aim://host:port (an `aim server`)")  # fmt: skip
+                raise InputError(
+                    self.field,
+                    f"{mask_secrets(self.location)!r} is not an Aim repository",
+                    allowed="a directory, or aim://host:port (an `aim server`)",
+                )
             try:
                 with socket.create_connection((parts.hostname, parts.port or 53800), timeout=CONNECT_TIMEOUT_S):
                     pass
             except OSError as exc:
                 why = str(exc.strerror or exc)
-                raise InputError(self.field, f"cannot reach the Aim server {mask_secrets(self.location)}: "
-                                 f"{why[:1].lower()}{why[1:]}") from None  # fmt: skip
+                raise InputError(
+                    self.field, f"cannot reach the Aim server {mask_secrets(self.location)}: {why[:1].lower()}{why[1:]}"
+                ) from None
         try:
             self.repo()
         except Exception as exc:
-            raise InputError(self.field, f"cannot open the Aim repository {mask_secrets(self.location)}: "
-                             f"{one_line(str(exc) or type(exc).__name__)}") from None  # fmt: skip
+            raise InputError(
+                self.field,
+                f"cannot open the Aim repository {mask_secrets(self.location)}: "
+                f"{one_line(str(exc) or type(exc).__name__)}",
+            ) from None
 
     def repo(self) -> Any:
         """The aim.Repo (a local one is created on first use)."""
@@ -85,8 +92,15 @@ class AimWriter:
         repo = self.repo()
         known = self._known(run.experiment)
         interrupted = known.get(run.key, (None, False))[0]
-        aim_run = Run(interrupted, repo=repo, experiment=run.experiment, force_resume=interrupted is not None,
-                      system_tracking_interval=None, log_system_params=False, capture_terminal_logs=False)  # fmt: skip
+        aim_run = Run(
+            interrupted,
+            repo=repo,
+            experiment=run.experiment,
+            force_resume=interrupted is not None,
+            system_tracking_interval=None,
+            log_system_params=False,
+            capture_terminal_logs=False,
+        )
         known[run.key] = (aim_run.hash, False)
         try:
             aim_run.name = run.name

@@ -76,15 +76,18 @@ class MlflowWriter:
                 self.client.delete_run(known.pop(run.key)[0])
             end_ms = _ms(run.end_s)
             start_ms = _ms(run.start_s) if run.start_s is not None else end_ms
-            created = self.client.create_run(experiment_id, start_time=start_ms, run_name=run.name,
-                                             tags={KEY_TAG: run.key})  # fmt: skip
+            created = self.client.create_run(
+                experiment_id, start_time=start_ms, run_name=run.name, tags={KEY_TAG: run.key}
+            )
             run_id = created.info.run_id
             known[run.key] = (run_id, False)
             params = [Param(k, _param(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in run.params.items()]
             tags = [RunTag(k, v) for k, v in run.tags.items()]
             metrics = [Metric(k, v, end_ms, 0) for k, v in run.metrics.items()]
-            metrics += [Metric(name, value, start_ms + round(t * 1000) if t is not None else end_ms, step)
-                        for name, step, t, value in series_points(run.series)]  # fmt: skip
+            metrics += [
+                Metric(name, value, start_ms + round(t * 1000) if t is not None else end_ms, step)
+                for name, step, t, value in series_points(run.series)
+            ]
             for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
                 self.client.log_batch(run_id, params=params[i : i + MAX_PARAMS_TAGS_PER_BATCH])
             for i in range(0, len(tags), MAX_PARAMS_TAGS_PER_BATCH):
@@ -117,8 +120,9 @@ class MlflowWriter:
             if self.database is not None:  # a local store: artifacts beside it, not in ./mlruns
                 folder = name.replace(" ", "-").replace("/", "-")
                 location = (self.database.parent / "artifacts" / folder).absolute().as_uri()
-            experiment_id = self.client.create_experiment(name, artifact_location=location,
-                                                          tags={PREFIX + "experiment": name})  # fmt: skip
+            experiment_id = self.client.create_experiment(
+                name, artifact_location=location, tags={PREFIX + "experiment": name}
+            )
         else:
             experiment_id = found.experiment_id
             if found.lifecycle_stage == "deleted":
@@ -134,9 +138,13 @@ class MlflowWriter:
             known: dict[str, tuple[str, bool]] = {}
             token = None
             while True:
-                page = self.client.search_runs([experiment_id], filter_string=f"tags.`{KEY_TAG}` LIKE '%'",
-                                               run_view_type=ViewType.ACTIVE_ONLY, max_results=PAGE,
-                                               page_token=token)  # fmt: skip
+                page = self.client.search_runs(
+                    [experiment_id],
+                    filter_string=f"tags.`{KEY_TAG}` LIKE '%'",
+                    run_view_type=ViewType.ACTIVE_ONLY,
+                    max_results=PAGE,
+                    page_token=token,
+                )
                 for found in page:
                     tags = found.data.tags
                     key = tags[KEY_TAG]

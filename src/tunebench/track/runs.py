@@ -78,12 +78,14 @@ def losses_frame(losses: Any) -> pd.DataFrame:
     import pandas as pd
 
     values = [float(v) for v in losses or () if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return pd.DataFrame({
-        "series": pd.Series(["train.loss"] * len(values), dtype=object),
-        "step": pd.Series(range(1, len(values) + 1), dtype="Int64"),
-        "time_s": pd.Series([math.nan] * len(values), dtype=float),
-        "value": pd.Series(values, dtype=float),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "series": pd.Series(["train.loss"] * len(values), dtype=object),
+            "step": pd.Series(range(1, len(values) + 1), dtype="Int64"),
+            "time_s": pd.Series([math.nan] * len(values), dtype=float),
+            "value": pd.Series(values, dtype=float),
+        }
+    )
 
 
 def series_points(frame: pd.DataFrame | None) -> Iterator[tuple[str, int, float | None, float]]:
@@ -93,8 +95,9 @@ def series_points(frame: pd.DataFrame | None) -> Iterator[tuple[str, int, float 
         return
     import pandas as pd
 
-    for name, step, time_s, value in zip(frame["series"].tolist(), frame["step"].tolist(),
-                                         frame["time_s"].tolist(), frame["value"].tolist()):  # fmt: skip
+    for name, step, time_s, value in zip(
+        frame["series"].tolist(), frame["step"].tolist(), frame["time_s"].tolist(), frame["value"].tolist()
+    ):
         t = None if time_s is None or time_s is pd.NA or math.isnan(time_s) else float(time_s)
         if step is not None and step is not pd.NA:
             yield str(name), int(step), t, float(value)
@@ -178,13 +181,20 @@ def result_tags(stored: StoredResult, store_url: str) -> dict[str, str]:
     result = stored.result
     is_valid = result.properties.get("is_valid")
     tags = {
-        "status": result.status, "is_valid": "" if is_valid is None else str(int(is_valid)),
-        "reasons": "; ".join(result.reasons), "error": one_line(result.error or ""),
-        "result_id": str(stored.result_id), "result_key": stored.key, "request_id": str(stored.request_id),
-        "entity_id": stored.entity_id, "operation_id": stored.operation_id or "",
-        "operation_name": stored.operation_name or "", "generator": stored.generator or "",
-        "actuator": result.actuator, "store": mask_secrets(store_url),
-    }  # fmt: skip
+        "status": result.status,
+        "is_valid": "" if is_valid is None else str(int(is_valid)),
+        "reasons": "; ".join(result.reasons),
+        "error": one_line(result.error or ""),
+        "result_id": str(stored.result_id),
+        "result_key": stored.key,
+        "request_id": str(stored.request_id),
+        "entity_id": stored.entity_id,
+        "operation_id": stored.operation_id or "",
+        "operation_name": stored.operation_name or "",
+        "generator": stored.generator or "",
+        "actuator": result.actuator,
+        "store": mask_secrets(store_url),
+    }
     return {PREFIX + k: _cut(v) for k, v in tags.items() if v}
 
 
@@ -205,10 +215,19 @@ def tracked_run(store: StoreBase, stored: StoredResult, *, predicted: bool) -> T
     start = stored.created_at - wall if isinstance(wall, (int, float)) and wall >= 0 else None
     logs = _worker_logs(result.metadata.get("output_dir"))
     return TrackedRun(
-        key=stored.key, experiment=experiment_name(stored), name=run_name(stored), status=result.status,
-        params=entity_params(stored), metrics=metrics, tags=tags, start_s=start, end_s=stored.created_at,
-        series=series_frame(store, stored), logs=logs, log_tail=None if logs else result.log_tail,
-    )  # fmt: skip
+        key=stored.key,
+        experiment=experiment_name(stored),
+        name=run_name(stored),
+        status=result.status,
+        params=entity_params(stored),
+        metrics=metrics,
+        tags=tags,
+        start_s=start,
+        end_s=stored.created_at,
+        series=series_frame(store, stored),
+        logs=logs,
+        log_tail=None if logs else result.log_tail,
+    )
 
 
 def _worker_logs(output_dir: Any) -> list[tuple[str, Path]]:

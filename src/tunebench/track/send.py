@@ -69,8 +69,14 @@ class Trackers:
 
         return self.send(store, result_ids(store, latest_of=request_ids))
 
-    def send(self, store: StoreBase, ids: Sequence[int], *, record: bool = True,
-             progress: Callable[[int, int], None] | None = None) -> Sent:  # fmt: skip
+    def send(
+        self,
+        store: StoreBase,
+        ids: Sequence[int],
+        *,
+        record: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Sent:
         """Send the stored results ids to every tracker; a result a tracker already holds is left as it is.
         record: keep each failure in the result's metadata (False: the store is open read-only)."""
         from tunebench.store.stored import add_warning, read_results
@@ -108,8 +114,9 @@ class Trackers:
         self.close()
 
 
-def open_trackers(targets: Sequence[Target], *, predicted: bool = True, kind_field: str = "--track",
-                  location_field: str = "--track") -> Trackers:  # fmt: skip
+def open_trackers(
+    targets: Sequence[Target], *, predicted: bool = True, kind_field: str = "--track", location_field: str = "--track"
+) -> Trackers:
     """Writers for targets, each checked (its library installed, its server reached, its store opened)
     before anything is measured; InputError naming kind_field (a missing extra) or location_field."""
     writers = []
@@ -130,8 +137,9 @@ def open_trackers(targets: Sequence[Target], *, predicted: bool = True, kind_fie
     return Trackers(writers, predicted=predicted)
 
 
-def export(store: StoreBase, target: Target, *, predicted: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> Sent:  # fmt: skip
+def export(
+    store: StoreBase, target: Target, *, predicted: bool = False, progress: Callable[[int, int], None] | None = None
+) -> Sent:
     """Send every measurement in the store (tunebench.store.stored.result_ids) to target; results the tracker
     already holds (its runs are tagged with their result key) are not sent again."""
     from tunebench.store.stored import result_ids
@@ -149,8 +157,10 @@ def export_command(target: Target, store_url: str) -> str:
 def _warning(target: Target, result_id: int, exc: BaseException, store_url: str) -> str:
     why = one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
     why = why if len(why) <= 300 else why[:299] + "…"
-    return (f"{target.kind}: result {result_id} was not tracked ({type(exc).__name__}: {mask_secrets(why)}); it is in "
-            f"the store, and `{export_command(target, store_url)}` sends it")  # fmt: skip
+    return (
+        f"{target.kind}: result {result_id} was not tracked ({type(exc).__name__}: {mask_secrets(why)}); it is in "
+        f"the store, and `{export_command(target, store_url)}` sends it"
+    )
 
 
 def _keep(store: StoreBase, result_id: int, text: str, add: Callable[[StoreBase, int, str], None]) -> None:
@@ -158,5 +168,6 @@ def _keep(store: StoreBase, result_id: int, text: str, add: Callable[[StoreBase,
     try:
         add(store, result_id, text)
     except Exception as exc:
-        log.warning(f"the warning could not be kept with result {result_id}: {type(exc).__name__}: "
-                    f"{one_line(str(exc))}")  # fmt: skip
+        log.warning(
+            f"the warning could not be kept with result {result_id}: {type(exc).__name__}: {one_line(str(exc))}"
+        )

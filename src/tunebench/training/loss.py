@@ -81,8 +81,11 @@ def apply(model: torch.nn.Module, implementation: str, on_gpu: bool) -> dict[str
         return {"implementation": "upcast", "function": "transformers ForCausalLMLoss"}
     if implementation == "chunked":
         target.loss_function = chunked_causal_lm_loss  # PreTrainedModel.loss_function's setter
-        return {"implementation": "chunked", "function": "tunebench chunked_causal_lm_loss",
-                "chunk_tokens": CHUNK_TOKENS}  # fmt: skip
+        return {
+            "implementation": "chunked",
+            "function": "tunebench chunked_causal_lm_loss",
+            "chunk_tokens": CHUNK_TOKENS,
+        }
     return apply_fused_linear(target, on_gpu)
 
 
@@ -99,5 +102,8 @@ def apply_fused_linear(model: torch.nn.Module, on_gpu: bool) -> dict[str, Any]:
     # only the loss changes: every other Liger kernel off (liger passes each flag its patch function takes)
     off = dict(cross_entropy=False, rope=False, rms_norm=False, swiglu=False, geglu=False, layer_norm=False)
     _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, **off)
-    return {"implementation": "fused_linear", "function": "liger_kernel LigerFusedLinearCrossEntropyLoss",
-            "model_type": model_type}  # fmt: skip
+    return {
+        "implementation": "fused_linear",
+        "function": "liger_kernel LigerFusedLinearCrossEntropyLoss",
+        "model_type": model_type,
+    }

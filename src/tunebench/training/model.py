@@ -75,9 +75,14 @@ def cuda_available(use_cpu: bool = False) -> bool:
 
 
 def check_hardware(
-    *, on_gpu: bool, use_flash_attn: bool, peft_method: str, auto_gptq: list[str] | None, weights: str,
+    *,
+    on_gpu: bool,
+    use_flash_attn: bool,
+    peft_method: str,
+    auto_gptq: list[str] | None,
+    weights: str,
     attn: str | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Fail before loading anything when the requested method/options cannot run here."""
     chosen = attn_implementation(use_flash_attn, attn)
     module, package = FLASH_ATTENTION_PACKAGES.get(chosen or "", (None, None))

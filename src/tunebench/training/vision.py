@@ -57,9 +57,11 @@ def grid_pinpoints(spec: ModelSpec) -> list[list[int]]:
         return [list(p) for p in pins]
     size = int(spec.extra["vision_config"]["image_size"])
     return [
-        [h * size, w * size] for h in range(1, MAX_TILES_AREA + 1) for w in range(1, MAX_TILES_AREA + 1)
+        [h * size, w * size]
+        for h in range(1, MAX_TILES_AREA + 1)
+        for w in range(1, MAX_TILES_AREA + 1)
         if h * w <= MAX_TILES_AREA
-    ]  # fmt: skip
+    ]
 
 
 def _vision_config(spec: ModelSpec, tiny: bool) -> tuple[dict[str, Any], Any, str]:
@@ -109,16 +111,22 @@ def build_processor(spec: ModelSpec, tokenizer: Any) -> Any:
     size = int(vc["image_size"])
     mean, std = NORMALIZE[vc["model_type"]]
     image_processor = LlavaNextImageProcessorPil(
-        size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-        image_grid_pinpoints=grid_pinpoints(spec), image_mean=mean, image_std=std,
-    )  # fmt: skip
+        size={"shortest_edge": size},
+        crop_size={"height": size, "width": size},
+        image_grid_pinpoints=grid_pinpoints(spec),
+        image_mean=mean,
+        image_std=std,
+    )
     strategy = vc.get("vision_feature_select_strategy", "default")
     return LlavaNextProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=int(vc["patch_size"]),
-        vision_feature_select_strategy=strategy, image_token=IMAGE_TOKEN,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=int(vc["patch_size"]),
+        vision_feature_select_strategy=strategy,
+        image_token=IMAGE_TOKEN,
         # CLIP keeps a CLS token that the "default" strategy drops (llava-v1.6 processor config: 1); SigLIP has none.
         num_additional_image_tokens=1 if vc["model_type"] == "clip_vision_model" else 0,
-    )  # fmt: skip
+    )
 
 
 def render(chat: list[dict]) -> tuple[str, str]:
@@ -194,9 +202,13 @@ class VisionDataset(TokenizedDataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         ex = self.examples[i]
         return {
-            "input_ids": ex.input_ids, "labels": ex.labels, "pixel_values": ex.pixel_values,
-            "image_size": ex.image_size, "entry_index": i, "dataset_tokens": ex.dataset_tokens,
-        }  # fmt: skip
+            "input_ids": ex.input_ids,
+            "labels": ex.labels,
+            "pixel_values": ex.pixel_values,
+            "image_size": ex.image_size,
+            "entry_index": i,
+            "dataset_tokens": ex.dataset_tokens,
+        }
 
 
 def build_dataset(processor: Any, rows: list[tuple[list[dict], bytes]], max_length: int) -> tuple[VisionDataset, dict]:

@@ -138,8 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup_ratio", type=float, default=HARD["warmup_ratio"])
     a("--lr_scheduler_type", default=HARD["lr_scheduler_type"])
     a("--logging_steps", type=int, default=HARD["logging_steps"])
-    a("--include_tokens_per_second", type=to_bool, default=HARD["include_tokens_per_second"],
-      help="accepted; tunebench counts tokens itself")  # fmt: skip
+    a(
+        "--include_tokens_per_second",
+        type=to_bool,
+        default=HARD["include_tokens_per_second"],
+        help="accepted; tunebench counts tokens itself",
+    )
     a("--gradient_checkpointing", type=to_bool, default=False)
     a("--gradient_checkpointing_kwargs", type=json.loads, default=None, help='JSON, e.g. {"use_reentrant": false}')
     a("--packing", type=to_bool, default=HARD["packing"])
@@ -172,13 +176,25 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_stack_flags(p: argparse.ArgumentParser) -> None:
     """tunebench's stack settings (docs/experiments.md "Stack settings"); absent = the spec's behaviour."""
     a = p.add_argument
-    a("--attn_implementation", default=None, choices=ATTN_IMPLEMENTATIONS,
-      help="transformers attn_implementation (default: flash_attention_2 with --use_flash_attn, else the model's)")  # fmt: skip
-    a("--loss_implementation", default=None, choices=LOSS_IMPLEMENTATIONS,
-      help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU); default: chunked with "
-      "fast_kernels' fast_loss, else upcast")  # fmt: skip
-    a("--adapter_dtype", default=None, choices=ADAPTER_DTYPES,
-      help="dtype of the trainable adapter weights (default float32)")  # fmt: skip
+    a(
+        "--attn_implementation",
+        default=None,
+        choices=ATTN_IMPLEMENTATIONS,
+        help="transformers attn_implementation (default: flash_attention_2 with --use_flash_attn, else the model's)",
+    )
+    a(
+        "--loss_implementation",
+        default=None,
+        choices=LOSS_IMPLEMENTATIONS,
+        help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU); default: chunked with "
+        "fast_kernels' fast_loss, else upcast",
+    )
+    a(
+        "--adapter_dtype",
+        default=None,
+        choices=ADAPTER_DTYPES,
+        help="dtype of the trainable adapter weights (default float32)",
+    )
     a("--torch_compile", type=to_bool, default=False, help="TrainingArguments torch_compile")
 
 
@@ -186,8 +202,12 @@ def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:
     """tunebench's own flags."""
     a = p.add_argument
     a("--tunebench_model", default=None, help="catalog name or config.json: the architecture for random weights")
-    a("--tunebench_number_gpus", type=int, default=-1,
-      help="the entity's number_gpus, divisor of the per-GPU rates (default: the world size on CUDA, else 0)")  # fmt: skip
+    a(
+        "--tunebench_number_gpus",
+        type=int,
+        default=-1,
+        help="the entity's number_gpus, divisor of the per-GPU rates (default: the world size on CUDA, else 0)",
+    )
     a("--weights", default="auto", choices=WEIGHTS)
     a("--stop_after_seconds", type=float, default=-1.0)  # the SFTTrainer spec default -1 (off)
     a("--auto_stop_method", default="None", choices=AUTO_STOP_METHODS)

@@ -155,8 +155,13 @@ class StepMeter:
     # -- after training
     def global_counts(self) -> dict[str, list[int]]:
         """Per-step samples / non-pad / padded / data set / trained tokens summed over ranks (one all_reduce)."""
-        local = {"samples": self.samples, "non_pad_tokens": self.non_pad_tokens, "padded_tokens": self.padded_tokens,
-                 "dataset_tokens": self.dataset_tokens, "trained_tokens": self.trained_tokens}  # fmt: skip
+        local = {
+            "samples": self.samples,
+            "non_pad_tokens": self.non_pad_tokens,
+            "padded_tokens": self.padded_tokens,
+            "dataset_tokens": self.dataset_tokens,
+            "trained_tokens": self.trained_tokens,
+        }
         if not (_dist_ready() and torch.distributed.get_world_size() > 1):
             return {k: list(v) for k, v in local.items()}
         t = torch.tensor(list(local.values()), dtype=torch.int64, device=self.device)

@@ -73,9 +73,12 @@ def parse_step_line(line: str) -> StepProgress | None:
         d = json.loads(line[len(STEP_TAG) :])
         world = int(d.get("world_size", 1))
         return StepProgress(
-            step=int(d["step"]), elapsed_s=float(d["elapsed_s"]), total_steps=d.get("max_steps") or None,
-            tokens=int(d.get("non_pad_tokens_total", 0)) * world, loss=d.get("loss"),
+            step=int(d["step"]),
+            elapsed_s=float(d["elapsed_s"]),
+            total_steps=d.get("max_steps") or None,
+            tokens=int(d.get("non_pad_tokens_total", 0)) * world,
+            loss=d.get("loss"),
             stop_after_s=float(d.get("stop_after_s", -1.0)),
-        )  # fmt: skip
+        )
     except (ValueError, KeyError, TypeError):
         return None

@@ -241,8 +241,12 @@ def _record_partial(record: dict[str, Any], state: RunState) -> None:
         record["system"] = meters.sampler.summary()
     if meters is not None:
         meter = meters.meter
-        record["steps"] = {"total": len(meter.durations), "durations_s": meter.durations,
-                           "end_monotonic": meter.step_end_times, "log": meter.log}  # fmt: skip
+        record["steps"] = {
+            "total": len(meter.durations),
+            "durations_s": meter.durations,
+            "end_monotonic": meter.step_end_times,
+            "log": meter.log,
+        }
     if "torch" in sys.modules:
         from tunebench.worker.metrics import torch_peak_memory_gib
 

@@ -75,9 +75,13 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
     if reason:
         raise NotImplementedError(reason)
     model_mod.check_hardware(
-        on_gpu=on_gpu, use_flash_attn=config.use_flash_attn, peft_method=config.peft_method,
-        auto_gptq=config.auto_gptq, weights=config.weights, attn=config.attn_implementation,
-    )  # fmt: skip
+        on_gpu=on_gpu,
+        use_flash_attn=config.use_flash_attn,
+        peft_method=config.peft_method,
+        auto_gptq=config.auto_gptq,
+        weights=config.weights,
+        attn=config.attn_implementation,
+    )
     if loss_implementation(config) == "fused_linear" and not (on_gpu and loss_mod.liger_available()):
         raise model_mod.HardwareError("loss_implementation fused_linear needs liger-kernel and a GPU")
     model_mod.check_cpu_precision(config.fp16, on_gpu)
@@ -134,29 +138,43 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
         if spec.model_type != "llava_next" or "vision_config" not in spec.extra:
             raise ValueError(f"a vision data set (dataset_image_field) needs a vision model; {spec.name} is not one")
         resolved = tok_mod.resolve_tokenizer(
-            config.tokenizer_name_or_path, config.model_name_or_path, [" ".join(vision.render(c)) for c, _ in rows],
+            config.tokenizer_name_or_path,
+            config.model_name_or_path,
+            [" ".join(vision.render(c)) for c, _ in rows],
             512 if config.tunebench_tiny else spec.extra["text_config"].get("vocab_size", spec.vocab_size),
             Path(setup.output_dir) / f"tunebench-tokenizer-rank{rank}",
             architecture=None if config.tunebench_tiny else (spec.config_path or spec.name),
             context_length=model_mod.context_length(spec, config.tunebench_tiny),
-        )  # fmt: skip
+        )
         tokenizer, tok_facts, tok_path = resolved.tokenizer, resolved.describe(), resolved.path
         processor = vision.build_processor(spec, tokenizer)  # adds <image> to the tokenizer
         model = vision.build_model(
-            spec, tiny=config.tunebench_tiny, tokenizer_vocab=len(tokenizer),
-            special_ids={"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                         "pad_token_id": tokenizer.pad_token_id},
-            image_token_id=tokenizer.convert_tokens_to_ids(vision.IMAGE_TOKEN), dtype=dtype, device=device,
+            spec,
+            tiny=config.tunebench_tiny,
+            tokenizer_vocab=len(tokenizer),
+            special_ids={
+                "bos_token_id": tokenizer.bos_token_id,
+                "eos_token_id": tokenizer.eos_token_id,
+                "pad_token_id": tokenizer.pad_token_id,
+            },
+            image_token_id=tokenizer.convert_tokens_to_ids(vision.IMAGE_TOKEN),
+            dtype=dtype,
+            device=device,
             attn_implementation=attn,
-        )  # fmt: skip
+        )
         source, arch = spec.config_path or spec.name, spec.name
     dataset, data_info = vision.build_dataset(processor, rows, tok_mod.max_length(tokenizer, config.max_seq_length))
     meta: dict[str, Any] = dict(
-        weights="pretrained" if pretrained else "random", weights_requested=config.weights, weights_source=source,
-        architecture=arch, quantization=None, model_class=type(model).__name__,
-        model_type=model.config.model_type, dtype=str(model.dtype).replace("torch.", ""),
+        weights="pretrained" if pretrained else "random",
+        weights_requested=config.weights,
+        weights_source=source,
+        architecture=arch,
+        quantization=None,
+        model_class=type(model).__name__,
+        model_type=model.config.model_type,
+        dtype=str(model.dtype).replace("torch.", ""),
         attn_implementation=getattr(model.config, "_attn_implementation", None),
-    )  # fmt: skip
+    )
     settings = config
     if settings.peft_method in (
         "lora",
@@ -172,9 +190,11 @@ def _load_vision(setup: Setup, rank: int, started: float) -> Loaded:
     meta["not_applied"] = not_applied(config)
     meta["load_seconds"] = time.monotonic() - started
     record_data = {
-        "path": str(config.training_data_path), "text_field": config.dataset_text_field,
-        "image_field": config.dataset_image_field, **data_info,
-    }  # fmt: skip
+        "path": str(config.training_data_path),
+        "text_field": config.dataset_text_field,
+        "image_field": config.dataset_image_field,
+        **data_info,
+    }
     return Loaded(model, tokenizer, dataset, record_data, meta)
 
 
@@ -220,11 +240,17 @@ def build_model(
         "pad_token_id": tokenizer.pad_token_id,
     }
     loaded = model_mod.load_model(
-        torch_dtype=config.torch_dtype, use_flash_attn=config.use_flash_attn,
-        quantization=model_mod.quantization_of(config.peft_method, config.auto_gptq), on_gpu=on_gpu,
-        tokenizer_vocab=len(tokenizer), special_ids=special, pretrained_path=pretrained, architecture=spec,
-        tiny=config.tunebench_tiny, attn=config.attn_implementation,
-    )  # fmt: skip
+        torch_dtype=config.torch_dtype,
+        use_flash_attn=config.use_flash_attn,
+        quantization=model_mod.quantization_of(config.peft_method, config.auto_gptq),
+        on_gpu=on_gpu,
+        tokenizer_vocab=len(tokenizer),
+        special_ids=special,
+        pretrained_path=pretrained,
+        architecture=spec,
+        tiny=config.tunebench_tiny,
+        attn=config.attn_implementation,
+    )
     model = loaded.model
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:  # tokenizer with added tokens
         model.resize_token_embeddings(len(tokenizer))
