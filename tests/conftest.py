@@ -57,6 +57,16 @@ def _needs(item) -> set[str]:
     return needs
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, each worker's share of the cores as its threads (OMP_NUM_THREADS, inherited by the
+    workers and the training processes they start): two trainings of 2 OpenMP threads each on the 2-core
+    CI machine spin against each other (the end-to-end measurement took 60 s alone and 229 s beside
+    another test's training). A value already set is kept."""
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 # The files that take longest (seconds of one test worker in `make test` on the 2-core VM, 2026-11-25, after
 # the shipped trace profiles), run first: `--dist loadfile` hands files out in collection order, and a long
 # file handed out last keeps one worker busy while the other waits (longest first: the LPT schedule).
