@@ -67,19 +67,20 @@ def pytest_configure(config):
         os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
-# The files that take longest (seconds of one test worker in `make test` on the 2-core VM, 2026-11-25, after
-# the shipped trace profiles), run first: `--dist loadfile` hands files out in collection order, and a long
-# file handed out last keeps one worker busy while the other waits (longest first: the LPT schedule).
+# The files that take longest (seconds of one test worker in `make test` on the 2-core VM, 2026-11-25, shipped
+# trace profiles, one thread per worker), run first: `--dist loadfile` hands files out in collection order, and
+# a long file handed out last keeps one worker busy while the other waits (longest first: the LPT schedule).
 LONGEST_FIRST = (
-    "engines/test_fms.py",  # 320 s: fms-hf-tuning environments built with uv, trained in
-    "store/test_ado.py",  # 230 s: IBM ado's environment, its operations
-    "track/test_track.py",  # 190 s: MLflow (embedded and a server) and Aim
-    "explore/test_e2e.py",  # 150 s: the minimal space measured for real
-    "executors/test_ray.py",  # 150 s: a local Ray cluster, two-node runs
-    "actuators/test_measure.py",  # 140 s
-    "worker/test_process.py",  # 110 s
-    "plan/test_predict.py",  # 100 s
-    "commands/test_demo.py",  # 90 s
+    "store/test_ado.py",  # 180 s: IBM ado's environment built with uv, its operations
+    "track/test_track.py",  # 140 s: MLflow (embedded and a server) and Aim
+    "engines/test_fms.py",  # 135 s: fms-hf-tuning environments built with uv, trained in
+    "actuators/test_measure.py",  # 110 s
+    "explore/test_e2e.py",  # 95 s: the minimal space measured for real
+    "executors/test_ray.py",  # 80 s: a local Ray cluster, two-node runs
+    "plan/test_predict.py",  # 60 s
+    "commands/test_plan.py",  # 55 s
+    "worker/test_process.py",  # 55 s
+    "commands/test_demo.py",  # 30 s
 )
 
 
