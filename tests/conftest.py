@@ -85,7 +85,10 @@ LONGEST_FIRST = (
 
 
 def _file_rank(item) -> int:
-    path = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+    try:
+        path = Path(str(item.fspath)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:  # an item outside tests/ (a path given on the command line, a doctest)
+        return len(LONGEST_FIRST)
     return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
 

@@ -223,6 +223,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--output", "calibrate", "--from", "good.csv", "--output", "nodir/cal.json"),
     c("--from", "calibrate", "--from", "bin.csv"),
     c("--from", "calibrate", "--from", "adir"),
+    c("--ship-traces", "calibrate", "--ship-traces"),
+    c("--ship-traces", "calibrate", "--from", "good.csv", "--ship-traces", "--no-store"),
     c("--from", "calibrate", "--from", "missing.csv"),
     c("--from", "calibrate", "--from", "runtime_inf.csv"),
     c("--from", "calibrate", "--from", "huge_field.csv"),

@@ -202,3 +202,21 @@ def test_ship_traces_writes_a_set_the_planner_reads(tmp_path, monkeypatch):
         assert trace.shipped_profiles() == {}  # traced with other versions: not used
     finally:
         trace._load_shipped.cache_clear()
+
+
+def test_a_damaged_shipped_set_is_traced_around(tmp_path, monkeypatch, caplog):
+    """A truncated or malformed traces.json.gz (an interrupted write) means tracing, with a warning, never a crash."""
+    import gzip
+
+    from tunebench.plan import trace
+
+    path = tmp_path / "traces.json.gz"
+    monkeypatch.setattr(trace, "SHIPPED", path)
+    for damaged in (gzip.compress(b'{"versions": "x"')[:-6], gzip.compress(b'{"profiles": 3}'), b"not gzip"):
+        path.write_bytes(damaged)
+        trace._load_shipped.cache_clear()
+        try:
+            assert trace.shipped_profiles() == {}
+        finally:
+            trace._load_shipped.cache_clear()
+    assert "cannot be read: tracing instead" in caplog.text

@@ -81,6 +81,15 @@ def calibrate(
 
     if no_store and store:
         raise InputError("--no-store", "give --store URL or --no-store, not both")
+    if ship_traces and (store or sources or not no_store):
+        raise InputError(
+            "--ship-traces", "ships the reference runs' profiles: give --no-store, without --store or --from"
+        )
+    if ship_traces:
+        from tunebench.plan.trace import SHIPPED
+
+        with output_errors("--ship-traces", SHIPPED):
+            check_writable(SHIPPED)
     records, label = gather_records(store, sources, replace, default=not no_store)
     target = output or user_calibration_path()
     # the default file lives in TUNEBENCH_HOME when that is set: an error there names the variable

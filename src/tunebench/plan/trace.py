@@ -46,12 +46,14 @@ from typing import Any
 import numpy as np
 
 from tunebench.errors import InputError
+from tunebench.paths import write_atomic
 from tunebench.plan.meta_model import quiet
 from tunebench.plan.structure import Structure, cache_dir, library_versions, write_json
 
 log = logging.getLogger(__name__)
 
-TRACE_VERSION = 2  # 2: the loss's vocabulary bytes from slopes over two lengths
+TRACE_VERSION = 3  # 2: the loss's vocabulary bytes from slopes over two lengths; 3: tied weights swapped once
+# (profiles cached before could hold an attention fallback the garbage collector caused: _to_fake_empty)
 # Traced at batch 1 (fake tensors: the cost does not depend on the size). Long enough that in every
 # phase the token-proportional tensors, not a fixed-size one (an output-layer gradient), set the peak.
 SEQUENCE_LENGTHS = (1024, 2048, 4096)
@@ -185,11 +187,12 @@ def shipped_profiles() -> dict[str, ActivationProfile]:
 def _load_shipped() -> dict[str, ActivationProfile]:
     try:
         data = json.loads(gzip.decompress(SHIPPED.read_bytes()))
-    except (OSError, ValueError):
+        if _release(data["versions"]) != _release(library_versions()) or data["trace_version"] != TRACE_VERSION:
+            return {}
+        return {key: ActivationProfile.from_dict(d) for key, d in data["profiles"].items()}
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError):  # missing or damaged: trace
+        log.warning("the shipped activation profiles in %s cannot be read: tracing instead", SHIPPED)
         return {}
-    if _release(data.get("versions", "")) != _release(library_versions()) or data.get("trace_version") != TRACE_VERSION:
-        return {}
-    return {key: ActivationProfile.from_dict(d) for key, d in data["profiles"].items()}
 
 
 def ship_profiles(profiles: Iterable[ActivationProfile], path: Path = SHIPPED) -> int:
@@ -197,7 +200,7 @@ def ship_profiles(profiles: Iterable[ActivationProfile], path: Path = SHIPPED) -
     ``tunebench calibrate --ship-traces`` after a change to tracing or to the calibration runs."""
     by_key = {p.key: p.to_dict() for p in profiles}
     data = {"versions": library_versions(), "trace_version": TRACE_VERSION, "profiles": dict(sorted(by_key.items()))}
-    path.write_bytes(gzip.compress(json.dumps(data, sort_keys=True).encode(), mtime=0))
+    write_atomic(path, gzip.compress(json.dumps(data, sort_keys=True).encode(), mtime=0))
     _load_shipped.cache_clear()
     return len(by_key)
 
