@@ -10,7 +10,7 @@ anything written. Arguments left None take the space file's ``execution:`` secti
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,29 +58,17 @@ def run_space(
     if trackers is None and space.track:
         from tunebench.track import open_trackers
 
-        with open_trackers(space.track, kind_field=track_field, location_field=track_field) as opened:
-            return run_space(
-                space,
-                store,
-                executor=executor,
-                ray_address=ray_address,
-                on_progress=on_progress,
-                trackers=opened,
-                **_overrides(settings),
-            )
-    runner = _executor(executor or execution.executor, ray_address or execution.ray_address, settings.max_parallel)
-    opened_store = store if isinstance(store, Store) else open_store(store, create=True)
-    try:
-        return explore(space, opened_store, runner, settings, on_progress=on_progress, trackers=trackers)
-    finally:
-        if opened_store is not store:
-            opened_store.close()
-
-
-def _overrides(settings: Settings) -> dict[str, Any]:
-    """settings as run_space's keyword arguments (the recursion with opened trackers keeps them)."""
-    keep = ("max_parallel", "max_retries", "lease_seconds", "remeasure", "skip_predicted_oom", "allow_actuator_import")
-    return {k: v for k, v in dataclasses.asdict(settings).items() if k in keep}
+        tracking: Any = open_trackers(space.track, kind_field=track_field, location_field=track_field)
+    else:
+        tracking = contextlib.nullcontext(trackers)
+    with tracking as opened:
+        runner = _executor(executor or execution.executor, ray_address or execution.ray_address, settings.max_parallel)
+        opened_store = store if isinstance(store, Store) else open_store(store, create=True)
+        try:
+            return explore(space, opened_store, runner, settings, on_progress=on_progress, trackers=opened)
+        finally:
+            if opened_store is not store:
+                opened_store.close()
 
 
 def _executor(kind: str, ray_address: str | None, max_parallel: int) -> Any:
