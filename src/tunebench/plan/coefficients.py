@@ -26,9 +26,12 @@ class Coefficients:
 
     # --- memory: what tracing cannot see -----------------------------------------------------
     # Bytes per vocabulary entry per token the fused cross-entropy kernel (fast_kernels[0] = fast_loss,
-    # fms-acceleration foak) keeps: bf16 logits with the gradient written in place (~2-4 B), against the
-    # traced 12 B of transformers' loss (bf16 logits, fp32 upcast, fp32 and bf16 gradients).
-    fused_loss_bytes_per_vocab: float = 4.0
+    # fms-acceleration foak) keeps, against the traced ~12 B of transformers' loss. foak's
+    # FastForCausalLMLoss (kernels/unsloth/cross_entropy_loss.py, adapted from transformers'
+    # ForCausalLMLoss; transformers < 4.46 did the same in LlamaForCausalLM.forward) upcasts the logits
+    # to fp32 (4 B) and makes a shifted contiguous fp32 copy (4 B) that Fast_CrossEntropyLoss saves and
+    # writes its gradient into in place: 8 B (the bf16 logits, 2 B, are freed or cast back meanwhile).
+    fused_loss_bytes_per_vocab: float = 8.0
     # Share of the traced (non-loss) activations left with fms-acceleration's fused RMSNorm and RoPE
     # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
     # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them.

@@ -198,6 +198,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     tokens = batch * padded
     impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:
     keep = {"fused_linear": 0.0, "fast_loss": c.fused_loss_bytes_per_vocab}.get(impl)
+    flce = _where(impl == "fused_linear", fused_linear_forward_bytes(w, tokens), 0.0)
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
@@ -221,17 +222,38 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     # tokens for 1/sp of the heads; ring attention: 1/sp of the queries); tensor parallelism with
     # sequence-parallel norms and a vocabulary-parallel loss: 1/tp of everything (Korthikanti et al. 2022)
     split = w.tp * w.sp
+    checkpoints = tokens * m.hidden * m.layers * w.compute_bytes / split if w.checkpointing else tokens * 0.0
     for name, moment in w.activations.moments.items():
         acts = moment.a0 + batch * (moment.a1 * padded + moment.a2 * padded**2) / split
         loss = tokens * m.vocab * moment.vocab_bytes / split
         if keep is not None and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep / split
         rest = np.maximum(acts - tokens * m.vocab * moment.vocab_bytes / split, 0.0)
-        if fused_layers or w.compiled:
-            rest = rest * share
+        if fused_layers or w.compiled:  # the layer inputs kept by checkpointing are not element-wise chains
+            kept = np.minimum(rest, checkpoints)
+            rest = kept + (rest - kept) * share
         rest = np.where(pipeline, rest / np.maximum(w.gpus, 1), rest)
+        if name == "forward":  # Liger computes the head's gradients inside the forward
+            loss = loss + flce / split
         out[name] = (rest + loss + extra, moment.grad_share, loss)
     return out
+
+
+def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
+    """Bytes Liger's fused linear cross-entropy holds at the end of the forward (liger-kernel
+    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward): the input's gradient
+    (tokens x hidden, kept for the backward), the output layer's gradient (vocab x hidden in the
+    weight's dtype, when it trains: it becomes that layer's .grad, which the traced backward moments
+    already count) and one chunk of logits (chunk x vocab, the input's dtype), chunk =
+    next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens: about tokens x hidden."""
+    m = w.structure
+    rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
+    chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
+    # the weight as the forward sees it: FSDP's gathered 16-bit compute copy (fp32 without autocast), else as stored
+    compute_weight = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+    weight_bytes = _where(w.mode() == "FSDP", compute_weight, param_bytes(w))
+    head_grad = m.lm_head_params * weight_bytes if w.method == "full" else 0.0
+    return tokens * m.hidden * w.compute_bytes + chunk * m.vocab * w.compute_bytes + head_grad
 
 
 def vision_tower_bytes(w: Workload) -> np.ndarray:
