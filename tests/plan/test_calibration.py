@@ -177,6 +177,9 @@ def test_published_cases_become_records_with_their_memory_kinds():
     assert not any(
         r.fit for r in recs if r.origin in ("peft", "torchtitan")
     )  # requests unlike the runs: evaluated only
+    # fms-acceleration's kernels ran only in fms-acceleration's runs: a case that leaves fast_kernels unsaid
+    # must not inherit the gptq-lora experiment's default (Qwen's Q-LoRA ran AutoGPTQ through transformers)
+    assert not any(any(r.values.get("fast_kernels") or ()) for r in recs)
 
 
 @pytest.mark.slow
@@ -193,6 +196,8 @@ def test_shipped_calibration_reproduces_its_recorded_accuracy():
         assert now[key] == pytest.approx(stored[key], abs=0.05), key
     lomo = cal.metrics["leave_one_model_out"]["pooled"]
     assert lomo["peak_mdape_pct"] <= 10 and lomo["throughput_mdape_pct"] <= 20
+    # the fit agrees with the fast_loss budget derived from foak's loss code (Coefficients' comment): 8 B
+    assert cal.coefficients.fused_loss_bytes_per_vocab == pytest.approx(8.0, rel=0.1)
 
 
 @pytest.mark.slow

@@ -9,7 +9,14 @@ import pytest
 
 from tunebench.catalog import get_model
 from tunebench.plan.coefficients import Coefficients
-from tunebench.plan.memory import GPTQ_BYTES, NF4_DQ_BYTES, memory_breakdown, oom_probability, predict_memory
+from tunebench.plan.memory import (
+    GPTQ_BYTES,
+    NF4_DQ_BYTES,
+    activation_moments,
+    memory_breakdown,
+    oom_probability,
+    predict_memory,
+)
 from tunebench.plan.structure import structure_of
 from tunebench.plan.workload import build_workload
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity
@@ -189,6 +196,36 @@ def test_fused_loss_kernels_keep_less_of_the_loss():
     assert liger["loss"][0] == 0 and hf["loss"][0] > 0
     # without the logits the peak may move to another moment, never above transformers' loss
     assert liger["activations"][0] + liger["loss"][0] < hf["activations"][0] + hf["loss"][0]
+
+
+def test_liger_keeps_its_gradient_buffers_from_the_forward():
+    """liger-kernel's fused_linear_cross_entropy_forward: the input's gradient, the output layer's gradient when
+    it trains, one chunk of logits (smollm2-135m: vocab 49,152, hidden 576; 2 x 1,024 tokens: 86 chunks' worth,
+    24 rows, next power of two 32); nothing vocabulary-sized afterwards."""
+    tokens, hidden, vocab = 2 * 1024, 576, 49152
+    chunk_rows = 32
+    liger = {}
+    for method in ("full", "lora"):
+        w = workload(method, batch_size=2, model_max_length=1024, loss_implementation="fused_linear")
+        moments = activation_moments(w, UNIT)
+        head_grad = vocab * hidden * 2 if method == "full" else 0  # tied to the embedding: bf16 as stored
+        assert moments["forward"][2][0] == pytest.approx(tokens * hidden * 2 + chunk_rows * vocab * 2 + head_grad)
+        assert all(loss[0] == 0 for name, (_, _, loss) in moments.items() if name != "forward")
+        liger[method] = moments["forward"][2][0]
+    assert liger["full"] - liger["lora"] == vocab * hidden * 2
+
+
+def test_fused_kernels_leave_the_checkpointed_layer_inputs_whole():
+    """fms-acceleration's RMSNorm/RoPE kernels shorten element-wise chains inside a layer; the layer inputs that
+    checkpointing keeps (2 h bytes per token per layer) stay, however small the fitted share."""
+    w = workload("full", batch_size=4, model_max_length=1024, fast_kernels=[False, True, True])
+    m = w.structure
+    checkpoints = 4 * 1024 * m.hidden * m.layers * 2
+    tiny = UNIT.replace(fast_kernels_activation_fraction=0.01)
+    for acts, _, loss in activation_moments(w, tiny).values():
+        assert acts[0] - loss[0] >= checkpoints * 0.999
+    full_share = activation_moments(w, UNIT)["forward"][0][0]
+    assert activation_moments(w, tiny)["forward"][0][0] < full_share  # the working set still shrinks
 
 
 @pytest.mark.slow

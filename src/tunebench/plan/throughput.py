@@ -3,6 +3,7 @@
     FLOPs per token  full 6N, PEFT 4N (no weight gradients), + 2N when checkpointing recomputes the
                      forward, + the attention core (estimation.md §6; Kaplan et al. 2020; PaLM App. B)
     t_micro          FLOPs / (peak x efficiency) + fixed per-layer (and eager-MoE per-expert) overhead
+                     + dequantisation of 4-bit weights outside the matmul (memory-bound, per micro-batch)
     t_comm           FSDP all-gathers and reduce-scatters, DDP all-reduces, over NVLink / PCIe /
                      the network (RoCE or TCP), partly hidden behind compute
     t_optimizer      optimizer state traffic / HBM bandwidth (memory-bound)
@@ -61,6 +62,34 @@ def recompute_fraction(w: Workload) -> float:
     if not w.checkpointing:
         return 0.0
     return 0.5 if w.selective_checkpointing else 1.0
+
+
+# HBM bytes moved per 4-bit weight each time a layer dequantises it outside the matmul:
+# - bitsandbytes (bitsandbytes autograd/_functions.py MatMul4Bit: dequantize_4bit, then F.linear; again in
+#   backward for the input gradient): read 0.5 B, write 2 B, the matmul reads the 2 B back: 4.5 B.
+# - AutoGPTQ's QuantLinear with exllama disabled and desc_act False (auto_gptq utils/import_utils.py
+#   dynamically_import_QuantLinear -> nn_modules/qlinear/qlinear_cuda_old.py; its forward takes the torch path at
+#   >= kernel_switch_threshold = 128 rows, i.e. every training micro-batch): bitwise_right_shift of the int32
+#   words (read 0.5, write 4), .to(int8) (read 4, write 1), bitwise_and in place (1, 1), minus the group's zeros
+#   (read 1, write 1), times the group's fp16 scales (read 1, write 2), the matmul (read 2): 18.5 B. Autograd
+#   keeps the fp16 weight for the backward, which reads it once more (2 B).
+# - fms-acceleration's triton_v2 GPTQ kernels dequantise inside the matmul: no extra pass (gptq_speed).
+DEQUANT_BYTES = {"bitsandbytes": 4.5, "autogptq_torch": 18.5, "triton_fused": 0.0}
+AUTOGRAD_SAVED_READ_BYTES = 2.0
+
+
+def dequant_seconds(w: Workload) -> np.ndarray:
+    """Seconds per micro-batch of dequantising 4-bit weights outside the matmul (memory-bound, DEQUANT_BYTES):
+    in the forward and the recomputed forward, and in the backward (bitsandbytes dequantises again; AutoGPTQ
+    reads the weight autograd kept)."""
+    kind = w.dequantization
+    if kind is None or w.gpu is None or not DEQUANT_BYTES.get(kind):
+        return np.zeros(w.size)
+    forwards = 1 + recompute_fraction(w)
+    backward = DEQUANT_BYTES[kind] if kind == "bitsandbytes" else AUTOGRAD_SAVED_READ_BYTES
+    per_weight = DEQUANT_BYTES[kind] * forwards + backward
+    seconds = w.structure.quantized_params * per_weight / (w.gpu.memory_bandwidth_gbps * 1e9) / w.tp
+    return np.where(w.gpus >= 1, seconds, 0.0)
 
 
 def peak_tflops(w: Workload) -> float:
@@ -264,6 +293,7 @@ def micro_step_seconds(
         # with HBM bandwidth, not tensor FLOPs: why small models and fast GPUs reach less of their peak
         traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes / split
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
+    compute = compute + dequant_seconds(w)
     # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them
     overhead = c.layer_overhead_s * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)

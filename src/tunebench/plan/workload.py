@@ -37,7 +37,7 @@ CATEGORICAL = (
     "target_modules", "torch_dtype", "bf16", "fp16", "accelerate_config_mixed_precision", "optim",
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
-    "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast",
+    "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel",
     "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
     "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map", "tensor_parallel_degree",
     "sequence_parallel_degree",
@@ -178,6 +178,18 @@ class Workload:
         weights that are not 4-bit run in fp32. fms-acceleration's bnb plugin skips that upcast (its
         README: the Unsloth fix); calibration records of its runs say so (``_kbit_upcast`` False)."""
         return self.method == "qlora" and self.settings.get("_kbit_upcast", True) is not False
+
+    @property
+    def dequantization(self) -> str | None:
+        """Where 4-bit weights are dequantised (plan.throughput.dequant_seconds): 'bitsandbytes' (QLoRA: a
+        dequantize_4bit kernel before each matmul), 'triton_fused' (GPTQ as the spec runs it: fms-acceleration's
+        triton_v2 kernels dequantise inside the matmul) or 'autogptq_torch' (AutoGPTQ's QuantLinear through
+        transformers with exllama disabled: torch element-wise ops; records of such runs say ``_gptq_kernel``)."""
+        if self.method == "qlora":
+            return "bitsandbytes"
+        if self.method == "gptq-lora":
+            return self.settings.get("_gptq_kernel") or "triton_fused"
+        return None
 
     @cached_property
     def activations(self) -> ActivationProfile:
