@@ -13,6 +13,7 @@ from tunebench.plan.memory import (
     GPTQ_BYTES,
     NF4_DQ_BYTES,
     activation_moments,
+    fused_linear_forward_bytes,
     memory_breakdown,
     oom_probability,
     predict_memory,
@@ -201,18 +202,32 @@ def test_fused_loss_kernels_keep_less_of_the_loss():
 def test_liger_keeps_its_gradient_buffers_from_the_forward():
     """liger-kernel's fused_linear_cross_entropy_forward: the input's gradient, the output layer's gradient when
     it trains, one chunk of logits (smollm2-135m: vocab 49,152, hidden 576; 2 x 1,024 tokens: 86 chunks' worth,
-    24 rows, next power of two 32); nothing vocabulary-sized afterwards."""
+    24 rows, next power of two 32); no logits at any moment. Against a fused loss that keeps nothing (UNIT's
+    fast_loss budget is 0), only the forward moment differs, by exactly those buffers."""
     tokens, hidden, vocab = 2 * 1024, 576, 49152
     chunk_rows = 32
-    liger = {}
     for method in ("full", "lora"):
-        w = workload(method, batch_size=2, model_max_length=1024, loss_implementation="fused_linear")
-        moments = activation_moments(w, UNIT)
+        shape = {"batch_size": 2, "model_max_length": 1024}
+        liger = activation_moments(workload(method, **shape, loss_implementation="fused_linear"), UNIT)
+        nothing = activation_moments(workload(method, **shape, fast_kernels=[True, False, False]), UNIT)
         head_grad = vocab * hidden * 2 if method == "full" else 0  # tied to the embedding: bf16 as stored
-        assert moments["forward"][2][0] == pytest.approx(tokens * hidden * 2 + chunk_rows * vocab * 2 + head_grad)
-        assert all(loss[0] == 0 for name, (_, _, loss) in moments.items() if name != "forward")
-        liger[method] = moments["forward"][2][0]
-    assert liger["full"] - liger["lora"] == vocab * hidden * 2
+        buffers = tokens * hidden * 2 + chunk_rows * vocab * 2 + head_grad
+        assert liger["forward"][0][0] - nothing["forward"][0][0] == pytest.approx(buffers)
+        for name in liger:
+            assert liger[name][2][0] == 0  # no logits
+            if name != "forward":
+                assert liger[name][0][0] == pytest.approx(nothing[name][0][0])
+
+
+def test_liger_output_layer_gradient_is_not_split_by_sequence_parallelism():
+    """Ulysses ranks hold a slice of the tokens but the whole output layer and its gradient."""
+    base = {"batch_size": 8, "number_gpus": 8, "model_max_length": 1024, "loss_implementation": "fused_linear"}
+    one = workload("full", **base, distributed_backend="DDP")
+    tokens = np.array([1024.0])
+    per_rank = fused_linear_forward_bytes(one, tokens)[0]
+    split = fused_linear_forward_bytes(workload("full", **base, sequence_parallel_degree=2), tokens)[0]
+    head = one.structure.lm_head_params * 2
+    assert split - head == pytest.approx((per_rank - head) / 2)
 
 
 def test_fused_kernels_leave_the_checkpointed_layer_inputs_whole():

@@ -4,9 +4,11 @@ path, attention, adapter dtype, selective checkpointing and torch.compile, again
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from plan.test_memory import UNIT, states, workload
 
+from tunebench.errors import InputError
 from tunebench.plan.memory import memory_breakdown, predict_memory
 from tunebench.plan.predictor import predict
 from tunebench.plan.throughput import dequant_seconds, offload_seconds, optimizer_seconds, predict_throughput
@@ -82,25 +84,30 @@ def test_offload_is_slower_than_keeping_states_on_the_gpu():
 def test_dequantisation_outside_the_matmul_costs_memory_traffic_per_micro_batch():
     """4-bit weights dequantised before each use: bitsandbytes 4.5 B per weight in the forward, the recomputed
     forward and the backward; AutoGPTQ's torch path 18.5 B in both forwards and the saved fp16 weight read in the
-    backward; fms-acceleration's fused triton kernels nothing. Per micro-batch: the same at any length."""
+    backward (below 128 rows its fused CUDA kernel runs instead); fms-acceleration's fused triton kernels
+    nothing. Per micro-batch: the same at any length."""
     bandwidth = 2039e9  # A100-80GB, catalog
+    rows = np.array([4096.0])
     qlora = workload("qlora")
     n = qlora.structure.quantized_params
     assert qlora.dequantization == "bitsandbytes"
-    assert dequant_seconds(qlora)[0] == pytest.approx(n * 4.5 * 3 / bandwidth)
+    assert dequant_seconds(qlora, rows)[0] == pytest.approx(n * 4.5 * 3 / bandwidth)
+    assert dequant_seconds(qlora, rows / 64)[0] == dequant_seconds(qlora, rows)[0]
     no_ckpt = workload("qlora", gradient_checkpointing=False)
-    assert dequant_seconds(no_ckpt)[0] == pytest.approx(n * 4.5 * 2 / bandwidth)
+    assert dequant_seconds(no_ckpt, rows)[0] == pytest.approx(n * 4.5 * 2 / bandwidth)
     gptq = {"target_modules": ["q_proj", "v_proj"]}
     fused = workload("gptq-lora", **gptq)
-    assert fused.dequantization == "triton_fused" and dequant_seconds(fused)[0] == 0
+    assert fused.dequantization == "triton_fused" and dequant_seconds(fused, rows)[0] == 0
     torch_path = workload("gptq-lora", **gptq, _gptq_kernel="autogptq_torch")
-    assert dequant_seconds(torch_path)[0] == pytest.approx(n * (18.5 * 2 + 2) / bandwidth)
-    assert dequant_seconds(workload("lora"))[0] == 0
-    short, long = (workload("qlora", model_max_length=s) for s in (256, 4096))
-    assert dequant_seconds(short)[0] == dequant_seconds(long)[0]
+    assert dequant_seconds(torch_path, rows)[0] == pytest.approx(n * (18.5 * 2 + 2) / bandwidth)
+    assert dequant_seconds(torch_path, np.array([64.0]))[0] == 0
+    assert dequant_seconds(workload("lora"), rows)[0] == 0
     fast = predict_throughput(fused, UNIT).train_tokens_per_gpu_per_second[0]
     slow = predict_throughput(torch_path, UNIT).train_tokens_per_gpu_per_second[0]
     assert slow < fast
+    with pytest.raises(InputError) as err:
+        _ = workload("gptq-lora", **gptq, _gptq_kernel="exllama").dequantization
+    assert err.value.field == "_gptq_kernel" and "autogptq_torch" in str(err.value)
 
 
 def test_fsdp_cpu_offload_leaves_only_gathered_units_on_the_gpu():

@@ -26,11 +26,13 @@ class Coefficients:
 
     # --- memory: what tracing cannot see -----------------------------------------------------
     # Bytes per vocabulary entry per token the fused cross-entropy kernel (fast_kernels[0] = fast_loss,
-    # fms-acceleration foak) keeps, against the traced ~12 B of transformers' loss. foak's
-    # FastForCausalLMLoss (kernels/unsloth/cross_entropy_loss.py, adapted from transformers'
-    # ForCausalLMLoss; transformers < 4.46 did the same in LlamaForCausalLM.forward) upcasts the logits
-    # to fp32 (4 B) and makes a shifted contiguous fp32 copy (4 B) that Fast_CrossEntropyLoss saves and
-    # writes its gradient into in place: 8 B (the bf16 logits, 2 B, are freed or cast back meanwhile).
+    # fms-acceleration foak) keeps, against the traced ~12 B of transformers' loss. foak's Fast_CrossEntropyLoss
+    # (kernels/unsloth/cross_entropy_loss.py) saves the fp32 logits it is given and writes their gradient into
+    # them in place; what it is given is a shifted contiguous copy of the fp32 upcast (4 B). Besides it the
+    # upcast logits (transformers < 4.46: LlamaForCausalLM.forward returns them, 4 B) or the model's bf16 logits
+    # (>= 4.46, FastForCausalLMLoss in place of ForCausalLMLoss: 2 B, with the 4 B upcast alive during the
+    # loss): 8 B held, up to 10 B in passing. The backward holds the in-place gradient (4 B), the slice's fp32
+    # gradient (4 B) and, briefly, its bf16 cast (2 B).
     fused_loss_bytes_per_vocab: float = 8.0
     # Share of the traced (non-loss) activations left with fms-acceleration's fused RMSNorm and RoPE
     # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
@@ -68,7 +70,10 @@ class Coefficients:
     # Matrix size at which efficiency is half of hfu_max: eta = hfu_max * h / (h + hidden_half).
     hidden_half: float = 600.0
     # Relative speed of method implementations (1 = dense bf16 LoRA/full with HF kernels).
-    qlora_speed: float = 0.87  # HF PEFT + bitsandbytes NF4 dequantisation (estimation.md §6)
+    # (4-bit dequantisation outside the matmul is memory traffic of its own, plan.throughput.dequant_seconds;
+    # these are what else slows the method down: the prior is none for bitsandbytes, whose matmul is a 16-bit
+    # one, and fms-acceleration's fused triton GPTQ kernels' own efficiency)
+    qlora_speed: float = 1.0  # HF PEFT + bitsandbytes NF4 beyond the dequantisation traffic
     gptq_speed: float = 0.95  # fms-acceleration GPTQ triton kernels
     fast_kernels_speed: float = 1.12  # fused loss, RMSNorm and RoPE (fms-acceleration "foak")
     compile_speed: float = 1.12  # torch.compile's fused element-wise kernels (starts at the foak value)

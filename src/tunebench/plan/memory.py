@@ -188,8 +188,9 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
 
     Traced bytes (plan.trace) for the entity's micro-batch and padded length, adjusted for what the
     trace cannot run: fused loss kernels (fast_loss keeps ``fused_loss_bytes_per_vocab`` per vocabulary
-    entry and token, Liger's fused linear cross-entropy none), fused RMSNorm/RoPE kernels (a calibrated
-    share of the other activations), the extra checkpoint copies PEFT keeps
+    entry and token; Liger's fused linear cross-entropy no logits, but the gradient buffers its forward
+    fills, fused_linear_forward_bytes), fused RMSNorm/RoPE kernels (a calibrated share of each layer's
+    working set; the checkpointed layer inputs stay whole), the extra checkpoint copies PEFT keeps
     under multi-GPU FSDP, the vision tower, and one 4-bit weight dequantised to 16 bits.
     """
     m = w.structure
@@ -198,7 +199,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     tokens = batch * padded
     impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:
     keep = {"fused_linear": 0.0, "fast_loss": c.fused_loss_bytes_per_vocab}.get(impl)
-    flce = _where(impl == "fused_linear", fused_linear_forward_bytes(w, tokens), 0.0)
+    flce = _where(impl == "fused_linear", fused_linear_forward_bytes(w, tokens), 0.0)  # per GPU
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
@@ -233,27 +234,30 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
             kept = np.minimum(rest, checkpoints)
             rest = kept + (rest - kept) * share
         rest = np.where(pipeline, rest / np.maximum(w.gpus, 1), rest)
-        if name == "forward":  # Liger computes the head's gradients inside the forward
-            loss = loss + flce / split
+        if name == "forward":  # Liger computes the head's gradients inside the forward (on the loss's GPU)
+            rest = rest + flce
         out[name] = (rest + loss + extra, moment.grad_share, loss)
     return out
 
 
 def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
-    """Bytes Liger's fused linear cross-entropy holds at the end of the forward (liger-kernel
-    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward): the input's gradient
-    (tokens x hidden, kept for the backward), the output layer's gradient (vocab x hidden in the
-    weight's dtype, when it trains: it becomes that layer's .grad, which the traced backward moments
-    already count) and one chunk of logits (chunk x vocab, the input's dtype), chunk =
-    next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens: about tokens x hidden."""
+    """Bytes per GPU Liger's fused linear cross-entropy holds at the end of the forward (liger-kernel
+    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward): the input's gradient (tokens x
+    hidden in the hidden states' dtype, kept for the backward), one chunk of logits (chunk x vocab in the
+    matmul's dtype; chunk = next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens: about
+    tokens x hidden) and the output layer's gradient when it trains (vocab x hidden in the weight's dtype as
+    the forward sees it). In the backward the first is the hidden states' gradient and the last the output
+    layer's .grad, which the traced backward moments already hold. Tokens are split over tensor- and
+    sequence-parallel ranks, the vocabulary over tensor-parallel ones."""
     m = w.structure
     rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
     chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    # the weight as the forward sees it: FSDP's gathered 16-bit compute copy (fp32 without autocast), else as stored
-    compute_weight = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
-    weight_bytes = _where(w.mode() == "FSDP", compute_weight, param_bytes(w))
-    head_grad = m.lm_head_params * weight_bytes if w.method == "full" else 0.0
-    return tokens * m.hidden * w.compute_bytes + chunk * m.vocab * w.compute_bytes + head_grad
+    hidden_bytes = 4.0 if w.torch_dtype == "float32" else 2.0  # the residual stream keeps the weights' dtype
+    per_rank = (tokens * m.hidden * hidden_bytes + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
+    # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
+    weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
+    head_grad = m.lm_head_params * weight_bytes / w.tp if w.method == "full" else 0.0
+    return per_rank + head_grad
 
 
 def vision_tower_bytes(w: Workload) -> np.ndarray:
@@ -269,6 +273,11 @@ def vision_tower_bytes(w: Workload) -> np.ndarray:
     return w.per_device_batch * w.image_encoder_tokens() * stored * w.compute_bytes
 
 
+def compute_param_bytes(w: Workload) -> float:
+    """Bytes per parameter of the copy a 16-bit (or fp32 without autocast) forward computes with."""
+    return 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+
+
 def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray, offloaded: bool = False) -> np.ndarray:
     """Bytes per GPU of the compute copies FSDP all-gathers (estimation.md §3; torchtitan FSDPMemTracker):
     the whole model where it gathers everything, else the root unit plus the current and prefetched
@@ -276,7 +285,7 @@ def gathered_weights(w: Workload, degree: np.ndarray, gathers_all: np.ndarray, o
     shard is resident, so (1 - 1/degree) of a unit is gathered; with CPU offload (a sharded degree) the
     whole unit is copied in."""
     m = w.structure
-    compute_param = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+    compute_param = compute_param_bytes(w)
     if w.method == "qlora":
         compute_param = NF4_DQ_BYTES
     elif w.method == "gptq-lora":
@@ -390,7 +399,7 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     """
     n = w.devices / w.tp  # ZeRO partitions over every rank of a tensor-parallel slice (Ulysses ranks included)
     z = w.zero_stage
-    p16 = 4.0 if (w.torch_dtype == "float32" and not w.amp) else 2.0
+    p16 = compute_param_bytes(w)
     master = 4.0 if (w.amp and p16 == 2.0) else 0.0
     state_elem = 4.0 if w.amp else p16
     n_train = trainable_params(w)

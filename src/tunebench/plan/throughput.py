@@ -78,17 +78,22 @@ DEQUANT_BYTES = {"bitsandbytes": 4.5, "autogptq_torch": 18.5, "triton_fused": 0.
 AUTOGRAD_SAVED_READ_BYTES = 2.0
 
 
-def dequant_seconds(w: Workload) -> np.ndarray:
+AUTOGPTQ_KERNEL_SWITCH_ROWS = 128  # qlinear_cuda_old kernel_switch_threshold: fewer rows run its fused CUDA kernel
+
+
+def dequant_seconds(w: Workload, micro_tokens: np.ndarray) -> np.ndarray:
     """Seconds per micro-batch of dequantising 4-bit weights outside the matmul (memory-bound, DEQUANT_BYTES):
     in the forward and the recomputed forward, and in the backward (bitsandbytes dequantises again; AutoGPTQ
-    reads the weight autograd kept)."""
+    reads the weight autograd kept). micro_tokens: the rows each linear layer sees per micro-batch."""
     kind = w.dequantization
-    if kind is None or w.gpu is None or not DEQUANT_BYTES.get(kind):
+    if kind is None or w.gpu is None or not DEQUANT_BYTES[kind]:
         return np.zeros(w.size)
     forwards = 1 + recompute_fraction(w)
     backward = DEQUANT_BYTES[kind] if kind == "bitsandbytes" else AUTOGRAD_SAVED_READ_BYTES
     per_weight = DEQUANT_BYTES[kind] * forwards + backward
     seconds = w.structure.quantized_params * per_weight / (w.gpu.memory_bandwidth_gbps * 1e9) / w.tp
+    if kind == "autogptq_torch":
+        seconds = np.where(micro_tokens >= AUTOGPTQ_KERNEL_SWITCH_ROWS, seconds, 0.0)
     return np.where(w.gpus >= 1, seconds, 0.0)
 
 
@@ -293,7 +298,7 @@ def micro_step_seconds(
         # with HBM bandwidth, not tensor FLOPs: why small models and fast GPUs reach less of their peak
         traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes / split
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
-    compute = compute + dequant_seconds(w)
+    compute = compute + dequant_seconds(w, w.per_device_batch * padded / w.sp)  # rows each linear sees
     # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them
     overhead = c.layer_overhead_s * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)

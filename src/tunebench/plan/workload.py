@@ -43,6 +43,10 @@ CATEGORICAL = (
     "sequence_parallel_degree",
 )  # fmt: skip
 
+# Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
+# gptq-lora), or AutoGPTQ's QuantLinear in torch ops (transformers' GPTQ integration with exllama disabled).
+GPTQ_KERNELS = ("triton_fused", "autogptq_torch")
+
 # Tokens per entry of tunebench's synthetic data sets (tunebench.datasets.entries):
 # news-tokens-Kplus: a response of >= K words at 1.20-1.33 tokens per word (entries.py docstring),
 # plus ~30 tokens of prompt template; news-chars-N: 2N characters + the 127-character template at
@@ -187,9 +191,12 @@ class Workload:
         transformers with exllama disabled: torch element-wise ops; records of such runs say ``_gptq_kernel``)."""
         if self.method == "qlora":
             return "bitsandbytes"
-        if self.method == "gptq-lora":
-            return self.settings.get("_gptq_kernel") or "triton_fused"
-        return None
+        if self.method != "gptq-lora":
+            return None
+        kernel = self.settings.get("_gptq_kernel") or "triton_fused"
+        if kernel not in GPTQ_KERNELS:
+            raise InputError("_gptq_kernel", f"unknown GPTQ kernel {kernel!r}", allowed=", ".join(GPTQ_KERNELS))
+        return kernel
 
     @cached_property
     def activations(self) -> ActivationProfile:
