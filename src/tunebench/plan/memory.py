@@ -118,6 +118,11 @@ def trainable_params(w: Workload) -> np.ndarray:
     return w.rank * w.lora_params_per_rank
 
 
+def load_bytes(w: Workload) -> float:
+    """Bytes per parameter as loaded (torch_dtype: float32, else a 16-bit dtype); also the residual stream's."""
+    return 4.0 if w.torch_dtype == "float32" else 2.0
+
+
 def frozen_bytes(w: Workload) -> float:
     """Bytes of the frozen base of a PEFT method (0 for full fine-tuning).
 
@@ -126,7 +131,7 @@ def frozen_bytes(w: Workload) -> float:
     (QLoRA as tunebench's worker and the HF recipe run it).
     """
     m = w.structure
-    base = 4 if w.torch_dtype == "float32" else 2
+    base = load_bytes(w)
     if w.method == "full":
         return 0.0
     if w.method == "qlora":
@@ -169,7 +174,7 @@ def param_bytes(w: Workload) -> np.ndarray:
     """
     if w.method != "full":
         return np.full(w.size, w.adapter_bytes)
-    load = 4.0 if w.torch_dtype == "float32" else 2.0
+    load = load_bytes(w)
     upcast = (w.mode() == "FSDP") & w.amp
     return _where(upcast, 4.0, load)
 
@@ -199,7 +204,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     tokens = batch * padded
     impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:
     keep = {"fused_linear": 0.0, "fast_loss": c.fused_loss_bytes_per_vocab}.get(impl)
-    flce = _where(impl == "fused_linear", fused_linear_forward_bytes(w, tokens), 0.0)  # per GPU
+    flce = fused_linear_forward_bytes(w, tokens) if impl == "fused_linear" else 0.0  # per GPU
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
@@ -252,7 +257,7 @@ def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
     m = w.structure
     rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
     chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    hidden_bytes = 4.0 if w.torch_dtype == "float32" else 2.0  # the residual stream keeps the weights' dtype
+    hidden_bytes = load_bytes(w)  # the residual stream keeps the weights' dtype
     per_rank = (tokens * m.hidden * hidden_bytes + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
     # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
     weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))

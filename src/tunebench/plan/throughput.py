@@ -76,8 +76,6 @@ def recompute_fraction(w: Workload) -> float:
 # - fms-acceleration's triton_v2 GPTQ kernels dequantise inside the matmul: no extra pass (gptq_speed).
 DEQUANT_BYTES = {"bitsandbytes": 4.5, "autogptq_torch": 18.5, "triton_fused": 0.0}
 AUTOGRAD_SAVED_READ_BYTES = 2.0
-
-
 AUTOGPTQ_KERNEL_SWITCH_ROWS = 128  # qlinear_cuda_old kernel_switch_threshold: fewer rows run its fused CUDA kernel
 
 
