@@ -301,3 +301,27 @@ def test_mig_slice_is_sized_by_its_share(label, name, memory_gib, compute, memor
 def test_impossible_mig_profile_is_an_input_error(label):
     with pytest.raises(InputError, match="^gpu_model: .*no MIG profile"):
         get_gpu(label)
+
+
+def test_cuda_memory_is_sourced_and_below_nvidia_smis_total():
+    """What CUDA gives a process (torch's 'total capacity') is at most nvidia-smi's total and within the
+    few per cent the driver keeps; each figure names its public source."""
+    sourced = [g for g in load_gpus().values() if g.cuda_memory_mib is not None]
+    assert len(sourced) >= 15
+    for g in sourced:
+        assert 0.97 * g.memory_mib <= g.cuda_memory_mib <= g.memory_mib, g.name
+        assert any("total" in s and ("capacity" in s or "CUDA" in s) for s in g.source), g.name
+    assert get_gpu("H100").cuda_memory_mib == pytest.approx(79.11 * 1024)
+
+
+def test_gpus_without_a_source_lose_the_median_driver_reserve():
+    import statistics
+
+    from tunebench.catalog.gpus import driver_reserve
+
+    shares = [1 - g.cuda_memory_mib / g.memory_mib for g in load_gpus().values() if g.cuda_memory_mib]
+    assert driver_reserve() == pytest.approx(statistics.median(shares))
+    a100 = get_gpu("A100-80GB")  # no public log names its variant beside torch's figure
+    assert a100.cuda_memory_mib is None
+    assert a100.cuda_memory_bytes == pytest.approx(a100.memory_bytes * (1 - statistics.median(shares)))
+    assert 0 < driver_reserve() < 0.03

@@ -9,6 +9,7 @@ import pytest
 from cli_app import invoke_plan as invoke
 from layout import REPO
 
+from tunebench.catalog.gpus import driver_reserve
 from tunebench.plan.measurements import PUBLISHED
 
 LORA = "finetune_lora_benchmark-v1.0.0"
@@ -196,6 +197,17 @@ def test_a_user_gpu_catalog_file(tmp_path):
     res = invoke("plan", LORA, *COMMON, "gpu_model=X", "--gpu-catalog", str(broken))
     assert res.exception is not None and "interconnect_gbps is missing" in str(res.exception)
     assert res.exception.field.startswith("--gpu-catalog")
+    # torch's "total capacity" of the GPU, when the file gives it, is what the planner can use
+    with_cuda = tmp_path / "cuda.yaml"
+    with_cuda.write_text(catalog.read_text() + "    cuda_memory_gib: 90.0\n")
+    tight = plan_json(
+        LORA, *COMMON[:-2], "number_gpus=1", "batch_size=4", "gpu_model=ACME96", "--gpu-catalog", str(with_cuda)
+    )
+    assert tight["usable_gib"] == pytest.approx(out["usable_gib"] - (95.6 * (1 - driver_reserve()) - 90.0), abs=0.02)
+    too_big = tmp_path / "too_big.yaml"
+    too_big.write_text(catalog.read_text() + "    cuda_memory_gib: 96\n")
+    res = invoke("plan", LORA, *COMMON, "gpu_model=ACME96", "--gpu-catalog", str(too_big))
+    assert res.exception is not None and "cuda_memory_gib cannot exceed" in str(res.exception)
 
 
 @pytest.mark.slow

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
-from tunebench.catalog import get_model
+from tunebench.catalog import get_gpu, get_model
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import (
     GPTQ_BYTES,
@@ -290,7 +291,23 @@ def test_oom_and_nvidia_smi_overheads():
     assert small.fits[0] and small.oom_probability[0] < 1e-6
     assert small.nvidia_smi_gib[0] > small.reserved_gib[0] > small.allocated_gib[0]
     assert small.breakdown_gib["cuda_context"][0] == pytest.approx(c.cuda_context_gib)
-    assert small.usable_gib[0] == pytest.approx(small.capacity_gib - c.cuda_context_gib)
+    # usable is what CUDA gives the process (less than nvidia-smi's total) less the context
+    gpu = get_gpu("A100-80GB")
+    assert small.capacity_gib == pytest.approx(gpu.memory_gib)
+    assert small.usable_gib[0] == pytest.approx(gpu.cuda_memory_bytes / 2**30 - c.cuda_context_gib)
+    assert small.usable_gib[0] < small.capacity_gib - c.cuda_context_gib
+
+
+def test_the_driver_reserve_turns_a_run_at_nvidia_smis_total_into_out_of_memory():
+    """A run whose need sits between CUDA's total and nvidia-smi's total does not fit (the driver keeps the
+    difference: H100 80GB HBM3 prints 'total capacity of 79.11 GiB' against nvidia-smi's 81,559 MiB)."""
+    c = Coefficients().replace(cuda_context_gib=0.5, peak_log_sigma=0.02)
+    w = workload("full", gpu_model="H100")
+    need = predict_memory(w, c).required_gib[0]
+    gpu = get_gpu("H100")
+    # a GPU whose CUDA total is exactly the need plus the context: on the boundary (P = 0.5)
+    edge = dataclasses.replace(gpu, cuda_memory_mib=(need + 0.5) * 1024)
+    assert predict_memory(dataclasses.replace(w, gpu=edge), c).oom_probability[0] == pytest.approx(0.5, abs=1e-6)
 
 
 def test_oom_probability_is_the_normal_error_of_the_log_ratio():

@@ -56,10 +56,22 @@ class GPUSpec:
         None  # on-demand list price of one GPU for an hour (PRICES); None: none found
     )
     price_source: str = ""  # who lists that price, for which offer, and when
+    # What CUDA gives a process, MiB: cudaMemGetInfo's total (torch.cuda.get_device_properties().total_memory,
+    # the "total capacity" of torch's out-of-memory message), nvidia-smi's total less what the driver keeps.
+    # None where no source gives it: cuda_memory_bytes applies DRIVER_RESERVE.
+    cuda_memory_mib: float | None = None
 
     @property
     def memory_bytes(self) -> int:
         return self.memory_mib * 1024 * 1024
+
+    @property
+    def cuda_memory_bytes(self) -> float:
+        """Bytes a process can ever hold on the GPU (its CUDA context included): the sourced CUDA total,
+        else nvidia-smi's total less the median share the driver keeps on the GPUs that have one."""
+        if self.cuda_memory_mib is not None:
+            return self.cuda_memory_mib * 1024 * 1024
+        return self.memory_bytes * (1.0 - driver_reserve())
 
     @property
     def tensor_tflops(self) -> float:
@@ -122,6 +134,17 @@ PRICES: dict[str, tuple[float, str]] = {
     "NVIDIA-H200": (5.58, f"'H200 PRO 141 GB' $0.00155/s: {_RUNPOD}"),
     "NVIDIA-B200": (8.64, f"'B200 180 GB' $0.00240/s: {_RUNPOD}"),
 }
+
+
+@functools.cache
+def driver_reserve() -> float:
+    """Median share of nvidia-smi's total that CUDA does not give a process, over the catalog GPUs whose CUDA
+    total is sourced (cuda_memory_mib): the assumption for every other GPU (user-defined ones, MIG slices)."""
+    shares = sorted(1.0 - g.cuda_memory_mib / g.memory_mib for g in load_gpus().values() if g.cuda_memory_mib)
+    if not shares:
+        return 0.0
+    mid = len(shares) // 2
+    return shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
 
 
 @functools.cache

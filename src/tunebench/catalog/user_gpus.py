@@ -3,7 +3,9 @@
 A user catalog is JSON or YAML: a list of GPUs, or ``{"gpus": [...]}``, each with ``name`` (the
 node label, e.g. ``NVIDIA-RTX-PRO-6000``), ``memory_gib`` (or ``memory_mib`` as nvidia-smi reports
 it), ``bf16_tflops`` (dense peak), ``interconnect_gbps`` (GPU-to-GPU within a node, bidirectional),
-and optionally ``memory_bandwidth_gbps``, ``fp16_tflops``, ``fp32_tflops`` and ``aliases``. Point
+and optionally ``memory_bandwidth_gbps``, ``fp16_tflops``, ``fp32_tflops``, ``aliases`` and
+``cuda_memory_gib`` (what ``torch.cuda.get_device_properties(0).total_memory / 2**30`` prints, the "total
+capacity" of torch's out-of-memory message; without it the catalog's median driver reserve applies). Point
 ``TUNEBENCH_GPU_CATALOG`` (or ``--gpu-catalog``) at it.
 """
 
@@ -38,6 +40,7 @@ class GPUNumbers(BaseModel):
     fp16_tflops: float | None = Field(default=None, gt=0, le=1_000_000)
     fp32_tflops: float | None = Field(default=None, gt=0, le=1_000_000)
     aliases: tuple[str, ...] = ()
+    cuda_memory_gib: float | None = Field(default=None, gt=0, le=100_000)
 
     @field_validator("name")
     @classmethod
@@ -54,6 +57,7 @@ class GPUNumbers(BaseModel):
         "memory_bandwidth_gbps",
         "fp16_tflops",
         "fp32_tflops",
+        "cuda_memory_gib",
     )
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
@@ -65,6 +69,9 @@ class GPUNumbers(BaseModel):
     def _memory(self) -> GPUNumbers:
         if self.memory_gib is None and self.memory_mib is None:
             raise ValueError("memory_gib (or memory_mib) is required")
+        mib = self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
+        if self.cuda_memory_gib is not None and self.cuda_memory_gib * 1024 > mib:
+            raise ValueError("cuda_memory_gib cannot exceed the GPU's memory (memory_gib / memory_mib)")
         return self
 
     @classmethod
@@ -105,6 +112,7 @@ class GPUNumbers(BaseModel):
             confidence="user",
             notes=note,
             source=("user-defined",),
+            cuda_memory_mib=self.cuda_memory_gib * 1024 if self.cuda_memory_gib is not None else None,
         )
 
 

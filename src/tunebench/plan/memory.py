@@ -498,7 +498,7 @@ class MemoryPrediction:
     nvidia_smi_gib: np.ndarray
     utilization_pct: np.ndarray
     capacity_gib: float | None
-    usable_gib: np.ndarray  # what the allocator can hand out: capacity - CUDA context - NCCL buffers
+    usable_gib: np.ndarray  # what the allocator can hand out: CUDA's total - CUDA context - NCCL buffers
     required_gib: np.ndarray  # allocated peak + the fragmentation the allocator cannot give back
     oom_probability: np.ndarray
     fits: np.ndarray  # oom_probability <= 0.5
@@ -545,9 +545,11 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
     # On a full device the allocator frees its cached blocks and retries before it fails
     # (c10 CUDACachingAllocator), so only the fragmentation of live segments adds to the need.
     required = allocated + c.oom_fragmentation_fraction * (b["transient"] + b["loss"])
-    capacity = w.gpu.memory_mib * 2**20 if (w.gpu is not None) else None
+    capacity = w.gpu.memory_bytes if (w.gpu is not None) else None  # nvidia-smi's total
     if capacity is not None:
-        usable = capacity - context - nccl
+        # the allocator can hand out what CUDA gives the process (less than nvidia-smi's total: the
+        # driver keeps some, catalog.gpus cuda_memory_mib) minus the CUDA context and NCCL's buffers
+        usable = w.gpu.cuda_memory_bytes - context - nccl
         reserved = np.minimum(reserved, np.maximum(allocated, usable))
         p_oom = _where(on_gpu, oom_probability(required, usable, c.peak_log_sigma), 0.0)
         smi = reserved + context + nccl
