@@ -150,11 +150,24 @@ class Workload:
         get_peft_model(autocast_adapter_dtype=True) upcasts 16-bit adapters to fp32)."""
         return 4.0 if (self.settings.get("adapter_dtype") or "float32") == "float32" else 2.0
 
+    @property
+    def deepspeed_16bit(self) -> str | None:
+        """The 16-bit dtype DeepSpeed casts the whole model to, adapters included, when its bf16/fp16 is on
+        (deepspeed runtime/engine.py _configure_distributed_model: module.bfloat16() / .half(); the HF
+        Trainer turns it on from its bf16/fp16 flags), else None. accelerate does not autocast under
+        DeepSpeed (Accelerator.native_amp excludes it): the forward runs in that dtype, not under AMP."""
+        if self.backend != "DeepSpeed" or not self.on_gpu:
+            return None
+        return self.autocast
+
     def trace_request(self) -> TraceRequest:
         """What the activation profile of this group depends on (plan.trace)."""
         targets = self.settings.get("target_modules")
         lora = self.method in ("lora", "qlora", "gptq-lora")
-        dtype = self.torch_dtype
+        dtype = self.deepspeed_16bit or self.torch_dtype
+        adapter_dtype = self.settings.get("adapter_dtype") or "float32"
+        if self.deepspeed_16bit and lora:
+            adapter_dtype = self.deepspeed_16bit  # cast with the model; fp32 master copies live in the optimizer
         return TraceRequest(
             config_key=self.structure.config_key,
             method="lora" if lora else self.method,
@@ -173,7 +186,7 @@ class Workload:
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
             selective=self.selective_checkpointing,
             loss="chunked" if self.loss_implementation == "chunked" else "upcast",
-            adapter_dtype=(self.settings.get("adapter_dtype") or "float32") if self.method != "full" else "float32",
+            adapter_dtype=adapter_dtype if self.method != "full" else "float32",
         )
 
     @property
@@ -181,6 +194,8 @@ class Workload:
         """QLoRA prepared by peft's prepare_model_for_kbit_training (tunebench's worker, HF's recipe): the
         weights that are not 4-bit run in fp32. fms-acceleration's bnb plugin skips that upcast (its
         README: the Unsloth fix); calibration records of its runs say so (``_kbit_upcast`` False)."""
+        if self.deepspeed_16bit:  # DeepSpeed casts the upcast weights back to 16-bit (deepspeed_16bit)
+            return False
         return self.method == "qlora" and self.settings.get("_kbit_upcast", True) is not False
 
     @property
