@@ -152,20 +152,26 @@ def test_attention_implementation_is_traced_quadratic_for_eager():
     assert workload("lora", attn_implementation="flash_attention_3").attention == "flash"
 
 
-def test_deepspeed_trains_the_model_in_its_16_bit_dtype_not_under_autocast():
+def test_sharded_training_computes_in_its_16_bit_dtype_not_under_autocast():
     """DeepSpeed casts the module (adapters and a QLoRA's upcast norms included) to bf16 when bf16 is on
-    (engine._configure_distributed_model): an fp32 checkpoint traces like a bf16 one, with bf16 adapters."""
+    (engine._configure_distributed_model); accelerate gives FSDP a bf16 MixedPrecision param_dtype: an fp32
+    checkpoint traces like a bf16 one there, and under autocast (fp32 residual stream) on one GPU."""
     fp32 = {"torch_dtype": "float32", "bf16": True, "model_max_length": 1024}
+    single = workload("lora", **fp32)
     fsdp = workload("lora", **N8, distributed_backend="FSDP", **fp32)
     ds = workload("lora", **DS, deepspeed_zero_stage=3, **fp32)
     ds_bf16 = workload("lora", **DS, deepspeed_zero_stage=3, **{**fp32, "torch_dtype": "bfloat16"})
-    req = ds.trace_request()
-    assert (req.dtype, req.autocast, req.adapter_dtype) == ("bfloat16", None, "bfloat16")
-    assert fsdp.trace_request().autocast == "bfloat16" and fsdp.trace_request().dtype == "float32"
-    acts = {k: memory_breakdown(w, UNIT)["activations"][0] for k, w in (("fsdp", fsdp), ("ds", ds), ("b", ds_bf16))}
-    assert acts["ds"] == pytest.approx(acts["b"]) and acts["ds"] < 0.8 * acts["fsdp"]
+    for w in (ds, fsdp):
+        req = w.trace_request()
+        assert (req.dtype, req.autocast, req.adapter_dtype) == ("bfloat16", None, "bfloat16")
+    assert (single.trace_request().dtype, single.trace_request().autocast) == ("float32", "bfloat16")
+    acts = {k: memory_breakdown(w, UNIT)["activations"][0] for k, w in (("1", single), ("ds", ds), ("b", ds_bf16))}
+    assert acts["ds"] == pytest.approx(acts["b"]) and acts["ds"] < 0.8 * acts["1"]
     qlora = workload("qlora", **DS, deepspeed_zero_stage=3, bf16=True)
-    assert not qlora.kbit_upcast and workload("qlora", **N8, distributed_backend="FSDP", bf16=True).kbit_upcast
+    assert not qlora.kbit_upcast and not qlora.trace_request().kbit_upcast
+    fsdp_qlora = workload("qlora", **N8, distributed_backend="FSDP", bf16=True)
+    # FSDP stores the upcast norms in fp32 (kbit_upcast) but computes with bf16 copies (the trace)
+    assert fsdp_qlora.kbit_upcast and not fsdp_qlora.trace_request().kbit_upcast
 
 
 def test_adapter_dtype_halves_adapter_states():

@@ -116,7 +116,11 @@ def _predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]]
         # group by experiment + the entity's own non-numeric values; the rest are the experiment's defaults
         # (entity values are canonical and hashable: tuples, not lists)
         keys.append(
-            (exp_id, values.get("number_gpus", 0) > 0, *[kv for kv in entity.values.items() if kv[0] not in NUMERIC])
+            (
+                exp_id,
+                min(values.get("number_gpus", 0), 2),
+                *[kv for kv in entity.values.items() if kv[0] not in NUMERIC],
+            )
         )
     columns = predict_values([(e.method, v) for _, e, _, v, _ in prepared], opts, keys=keys)
     return _results(columns, [(exp_id, entity.id, reasons) for exp_id, _, entity, _, reasons in prepared], opts)

@@ -160,18 +160,31 @@ class Workload:
             return None
         return self.autocast
 
+    @property
+    def forward_16bit(self) -> str | None:
+        """The 16-bit dtype every weight is cast to for the forward, whatever it is stored in: DeepSpeed's
+        (deepspeed_16bit), or FSDP's mixed precision, which accelerate sets from bf16/fp16 (its FSDP plugin's
+        set_mixed_precision: MixedPrecision(param_dtype=...)) so gathered units compute in 16 bits; torchtitan's
+        FSDP2 MixedPrecisionPolicy does the same. None: the forward runs in torch_dtype (under autocast with
+        AMP). Groups hold one GPU count class (group_key), so the multi-GPU test is the group's."""
+        if self.deepspeed_16bit:
+            return self.deepspeed_16bit
+        if self.backend == "FSDP" and self.multi_gpu.size and bool(self.multi_gpu[0]):
+            return self.autocast
+        return None
+
     def trace_request(self) -> TraceRequest:
         """What the activation profile of this group depends on (plan.trace)."""
         targets = self.settings.get("target_modules")
         lora = self.method in ("lora", "qlora", "gptq-lora")
-        dtype = self.deepspeed_16bit or self.torch_dtype
+        dtype = self.forward_16bit or self.torch_dtype
         adapter_dtype = self.settings.get("adapter_dtype") or "float32"
-        if self.deepspeed_16bit and lora:
-            adapter_dtype = self.deepspeed_16bit  # cast with the model; fp32 master copies live in the optimizer
+        if self.forward_16bit and lora:
+            adapter_dtype = self.forward_16bit  # cast with the model; fp32 copies are stored, not computed with
         return TraceRequest(
             config_key=self.structure.config_key,
             method="lora" if lora else self.method,
-            kbit_upcast=self.kbit_upcast,
+            kbit_upcast=self.kbit_upcast and not self.forward_16bit,
             checkpointing=self.checkpointing,
             reentrant=bool(self.settings.get("gradient_checkpointing_use_reentrant")) and self.checkpointing,
             dtype=dtype,
@@ -403,7 +416,7 @@ def group_key(values: Mapping[str, Any], method: str) -> tuple:
     return (
         values["model_name"],
         method,
-        (get("number_gpus") or 0) > 0,
+        min(get("number_gpus") or 0, 2),  # CPU, one GPU, several: FSDP's mixed precision needs several
         *[_hashable(get(name)) for name in CATEGORICAL],
     )
 
