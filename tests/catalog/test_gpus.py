@@ -319,9 +319,12 @@ def test_gpus_without_a_source_lose_the_median_driver_reserve():
 
     from tunebench.catalog.gpus import driver_reserve
 
-    shares = [1 - g.cuda_memory_mib / g.memory_mib for g in load_gpus().values() if g.cuda_memory_mib]
+    # distinct logs that show a reserve (an old driver's CUDA total equal to nvidia-smi's says nothing)
+    pairs = {(g.memory_mib, g.cuda_memory_mib) for g in load_gpus().values() if g.cuda_memory_mib}
+    shares = [1 - cuda / smi for smi, cuda in pairs if 1 - cuda / smi >= 0.001]
+    assert len(shares) < len(pairs)  # V100 / MI300X / A10G logs keep nothing back and are left out
     assert driver_reserve() == pytest.approx(statistics.median(shares))
-    a100 = get_gpu("A100-80GB")  # no public log names its variant beside torch's figure
-    assert a100.cuda_memory_mib is None
-    assert a100.cuda_memory_bytes == pytest.approx(a100.memory_bytes * (1 - statistics.median(shares)))
-    assert 0 < driver_reserve() < 0.03
+    a6000 = get_gpu("NVIDIA-RTX-A6000")  # no public log ties torch's figure to it
+    assert a6000.cuda_memory_mib is None
+    assert a6000.cuda_memory_bytes == pytest.approx(a6000.memory_bytes * (1 - statistics.median(shares)))
+    assert 0.005 < driver_reserve() < 0.02

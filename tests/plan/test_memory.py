@@ -308,6 +308,12 @@ def test_the_driver_reserve_turns_a_run_at_nvidia_smis_total_into_out_of_memory(
     # a GPU whose CUDA total is exactly the need plus the context: on the boundary (P = 0.5)
     edge = dataclasses.replace(gpu, cuda_memory_mib=(need + 0.5) * 1024)
     assert predict_memory(dataclasses.replace(w, gpu=edge), c).oom_probability[0] == pytest.approx(0.5, abs=1e-6)
+    # the need sits between CUDA's total and nvidia-smi's: nvidia-smi's total would say it fits, CUDA's does not
+    between = dataclasses.replace(
+        gpu, memory_mib=int((need + 0.5) * 1024 / 0.97) + 1, cuda_memory_mib=(need + 0.5) * 1024 * 0.97
+    )
+    m = predict_memory(dataclasses.replace(w, gpu=between), c)
+    assert m.capacity_gib - c.cuda_context_gib > need and not m.fits[0]
 
 
 def test_oom_probability_is_the_normal_error_of_the_log_ratio():

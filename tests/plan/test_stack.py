@@ -155,7 +155,8 @@ def test_attention_implementation_is_traced_quadratic_for_eager():
 def test_sharded_training_computes_in_its_16_bit_dtype_not_under_autocast():
     """DeepSpeed casts the module (adapters and a QLoRA's upcast norms included) to bf16 when bf16 is on
     (engine._configure_distributed_model); accelerate gives FSDP a bf16 MixedPrecision param_dtype: an fp32
-    checkpoint traces like a bf16 one there, and under autocast (fp32 residual stream) on one GPU."""
+    checkpoint traces like a bf16 one there (a 16-bit residual stream), and under autocast with an fp32
+    residual stream on one GPU."""
     fp32 = {"torch_dtype": "float32", "bf16": True, "model_max_length": 1024}
     single = workload("lora", **fp32)
     fsdp = workload("lora", **N8, distributed_backend="FSDP", **fp32)
@@ -167,6 +168,12 @@ def test_sharded_training_computes_in_its_16_bit_dtype_not_under_autocast():
     assert (single.trace_request().dtype, single.trace_request().autocast) == ("float32", "bfloat16")
     acts = {k: memory_breakdown(w, UNIT)["activations"][0] for k, w in (("1", single), ("ds", ds), ("b", ds_bf16))}
     assert acts["ds"] == pytest.approx(acts["b"]) and acts["ds"] < 0.8 * acts["1"]
+    # FSDP around one process is no FSDP (accelerate runs it plain), DDP never casts: autocast over fp32
+    for w in (
+        workload("lora", distributed_backend="FSDP", **fp32),
+        workload("lora", **N8, distributed_backend="DDP", **fp32),
+    ):
+        assert (w.trace_request().dtype, w.trace_request().autocast) == ("float32", "bfloat16")
     qlora = workload("qlora", **DS, deepspeed_zero_stage=3, bf16=True)
     assert not qlora.kbit_upcast and not qlora.trace_request().kbit_upcast
     fsdp_qlora = workload("qlora", **N8, distributed_backend="FSDP", bf16=True)
@@ -308,3 +315,31 @@ def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_pa
     odd = check_values({**base, "batch_size": 3, "tensor_parallel_degree": 4})
     assert "the 2 data-parallel ranks" in odd.reasons[0]
     assert not check_values({**base, "batch_size": 1}).is_valid  # the spec's rule 1 without parallelism
+
+
+def test_one_gpu_and_several_fsdp_rows_plan_as_they_would_apart():
+    """Grouping splits one GPU from several (FSDP's mixed precision changes the trace): planning both kinds in
+    one call gives what planning each alone does."""
+    from tunebench.plan.predictor import predict_values
+
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0")
+    rows = []
+    for gpus in (1, 2):
+        w = workload("lora", number_gpus=gpus, batch_size=2 * gpus, torch_dtype="float32", bf16=True)
+        rows.append(
+            (
+                exp.method,
+                dict(
+                    w.settings,
+                    model_name="smollm2-135m",
+                    number_gpus=gpus,
+                    batch_size=2 * gpus,
+                    model_max_length=512,
+                    gpu_model="A100-80GB",
+                    distributed_backend="FSDP",
+                ),
+            )
+        )
+    together = predict_values(rows)["gpu_memory_allocated_peak_gib"]
+    apart = [predict_values([row])["gpu_memory_allocated_peak_gib"][0] for row in rows]
+    assert list(together) == pytest.approx(apart)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class GPUSpec:
     price_source: str = ""  # who lists that price, for which offer, and when
     # What CUDA gives a process, MiB: cudaMemGetInfo's total (torch.cuda.get_device_properties().total_memory,
     # the "total capacity" of torch's out-of-memory message), nvidia-smi's total less what the driver keeps.
-    # None where no source gives it: cuda_memory_bytes applies DRIVER_RESERVE.
+    # None where no public log gives it: cuda_memory_bytes takes off driver_reserve() instead.
     cuda_memory_mib: float | None = None
 
     @property
@@ -136,15 +137,19 @@ PRICES: dict[str, tuple[float, str]] = {
 }
 
 
+# A sourced CUDA total within this share of nvidia-smi's says the driver kept nothing back (older drivers,
+# ROCm): it carries no information on the reserve of a driver that does.
+NO_RESERVE_SHARE = 0.001
+
+
 @functools.cache
 def driver_reserve() -> float:
-    """Median share of nvidia-smi's total that CUDA does not give a process, over the catalog GPUs whose CUDA
-    total is sourced (cuda_memory_mib): the assumption for every other GPU (user-defined ones, MIG slices)."""
-    shares = sorted(1.0 - g.cuda_memory_mib / g.memory_mib for g in load_gpus().values() if g.cuda_memory_mib)
-    if not shares:
-        return 0.0
-    mid = len(shares) // 2
-    return shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
+    """Median share of nvidia-smi's total that CUDA does not give a process, over the distinct sourced
+    (nvidia-smi, CUDA) totals of the catalog that show a reserve: the assumption for every other GPU
+    (user-defined ones, MIG slices). Entries sharing one log (SXM and PCIe parts) count once."""
+    pairs = {(g.memory_mib, g.cuda_memory_mib) for g in load_gpus().values() if g.cuda_memory_mib}
+    shares = sorted(s for s in (1.0 - cuda / smi for smi, cuda in pairs) if s >= NO_RESERVE_SHARE)
+    return float(statistics.median(shares)) if shares else 0.0
 
 
 @functools.cache

@@ -25,10 +25,13 @@ GPUCatalog = Annotated[
         Path,
         "--gpu-catalog",
         help="JSON/YAML file of GPUs outside the catalog (name, memory_gib, "
-        "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps]).",
+        "bf16_tflops, interconnect_gbps[, memory_bandwidth_gbps, cuda_memory_gib]).",
     ),
 ]
-GPUMemory = Annotated[float | None, option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB.")]
+GPUMemory = Annotated[
+    float | None,
+    option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB, as nvidia-smi's total."),
+]
 GPUTflops = Annotated[float | None, option(float, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
 GPULink = Annotated[
     float | None, option(float, "--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")

@@ -114,7 +114,7 @@ def print_plan(
     table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
     table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
     table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
-    table.add_row("usable (capacity - CUDA context - NCCL)", fmt(out.get("usable_gib"), 2))
+    table.add_row("usable (CUDA's total - context - NCCL)", fmt(out.get("usable_gib"), 2))
     table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
     table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
     table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))

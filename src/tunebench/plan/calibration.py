@@ -130,7 +130,7 @@ BOUNDS = {
     "fast_kernels_activation_fraction": (0.3, 1.0),
     "compile_activation_fraction": (0.3, 1.0),
     "fsdp_peft_checkpoint_copies": (0.0, 3.0),
-    "cuda_context_gib": (0.2, 1.0),  # CUDA context + cuBLAS/cuDNN workspaces: 0.3-1 GiB per process (estimation.md §5)
+    "cuda_context_gib": (0.3, 1.0),  # CUDA context + cuBLAS/cuDNN workspaces: 0.3-1 GiB per process (estimation.md §5)
     "reserve_fixed_gib": (0.0, 6.0),
     "reserve_transient_fraction": (0.0, 1.5),
     "reserve_loss_fraction": (0.0, 2.0),

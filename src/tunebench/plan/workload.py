@@ -166,7 +166,8 @@ class Workload:
         (deepspeed_16bit), or FSDP's mixed precision, which accelerate sets from bf16/fp16 (its FSDP plugin's
         set_mixed_precision: MixedPrecision(param_dtype=...)) so gathered units compute in 16 bits; torchtitan's
         FSDP2 MixedPrecisionPolicy does the same. None: the forward runs in torch_dtype (under autocast with
-        AMP). Groups hold one GPU count class (group_key), so the multi-GPU test is the group's."""
+        AMP). Traced without autocast: FSDP keeps it on, which only moves softmax/norm outputs to fp32 (eager
+        attention), not the residual stream. Groups hold one GPU count class (group_key, build_workload checks)."""
         if self.deepspeed_16bit:
             return self.deepspeed_16bit
         if self.backend == "FSDP" and self.multi_gpu.size and bool(self.multi_gpu[0]):
@@ -448,6 +449,8 @@ def build_workload(
         default = NUMERIC_DEFAULTS.get(name, 0)
         col = [r.get(name) for r in rows]
         cols[name] = np.array([default if v is None else v for v in col], dtype=float)
+    if len(set(np.minimum(cols["number_gpus"], 2))) > 1:  # group_key's GPU class: the trace depends on it
+        raise ValueError("build_workload: rows of one Workload must share group_key (CPU, one GPU or several)")
     per_rank, unmatched = (0, ())
     if method in ("lora", "qlora", "gptq-lora"):
         targets = first.get("target_modules")
