@@ -73,6 +73,9 @@ def clean_env(home: Path | None = None) -> dict[str, str]:
     if home is not None:
         env["HOME"] = str(home)
     env.setdefault("COLUMNS", "200")  # ado's rich output: one line per message
+    # ado's ray.init() would join any Ray cluster running on the machine (a parallel test's, found through
+    # /tmp/ray): RAY_ADDRESS=local makes it start its own
+    env["RAY_ADDRESS"] = "local"
     return env
 
 
