@@ -69,8 +69,7 @@ class GPUNumbers(BaseModel):
     def _memory(self) -> GPUNumbers:
         if self.memory_gib is None and self.memory_mib is None:
             raise ValueError("memory_gib (or memory_mib) is required")
-        mib = self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
-        if self.cuda_memory_gib is not None and self.cuda_memory_gib * 1024 > mib:
+        if self.cuda_memory_gib is not None and self.cuda_memory_gib * 1024 > self.total_mib:
             raise ValueError("cuda_memory_gib cannot exceed the GPU's memory (memory_gib / memory_mib)")
         return self
 
@@ -82,9 +81,14 @@ class GPUNumbers(BaseModel):
         except ValidationError as exc:
             raise InputError(field, _first_error(exc), allowed=REQUIRED) from None
 
+    @property
+    def total_mib(self) -> float:
+        """nvidia-smi's total, MiB (memory_mib, else memory_gib)."""
+        return self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
+
     def spec(self) -> GPUSpec:
         """The GPUSpec the planner uses (missing memory bandwidth: FLOP_PER_BYTE of the bf16 peak)."""
-        mib = self.memory_mib if self.memory_mib is not None else self.memory_gib * 1024
+        mib = self.total_mib
         bandwidth = self.memory_bandwidth_gbps or self.bf16_tflops * 1000 / FLOP_PER_BYTE
         note = (
             ""

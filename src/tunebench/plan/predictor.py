@@ -32,7 +32,7 @@ from tunebench.plan.host import CACHE_FILE, host_flops
 from tunebench.plan.lengths import UserLengths
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import predict_throughput
-from tunebench.plan.workload import NUMERIC, build_workload, group_key
+from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_key
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
 from tunebench.spec.results import Result
@@ -118,7 +118,7 @@ def _predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]]
         keys.append(
             (
                 exp_id,
-                min(values.get("number_gpus", 0), 2),
+                gpu_class(values.get("number_gpus")),
                 *[kv for kv in entity.values.items() if kv[0] not in NUMERIC],
             )
         )

@@ -411,13 +411,19 @@ class Workload:
         return self.model.extra.get("tokenizer_model_max_length") or TOKENIZER_MAX_LENGTH.get(self.model.name)
 
 
+def gpu_class(number_gpus: Any) -> int:
+    """0 (CPU), 1 (one GPU) or 2 (several): entities of one Workload share it, since the forward's dtype
+    depends on it (Workload.forward_16bit: FSDP's mixed precision needs several)."""
+    return int(min(number_gpus or 0, 2))
+
+
 def group_key(values: Mapping[str, Any], method: str) -> tuple:
     """The categorical identity of an entity's settings (what a Workload shares)."""
     get = values.get
     return (
         values["model_name"],
         method,
-        min(get("number_gpus") or 0, 2),  # CPU, one GPU, several: FSDP's mixed precision needs several
+        gpu_class(get("number_gpus")),
         *[_hashable(get(name)) for name in CATEGORICAL],
     )
 
@@ -449,7 +455,7 @@ def build_workload(
         default = NUMERIC_DEFAULTS.get(name, 0)
         col = [r.get(name) for r in rows]
         cols[name] = np.array([default if v is None else v for v in col], dtype=float)
-    if len(set(np.minimum(cols["number_gpus"], 2))) > 1:  # group_key's GPU class: the trace depends on it
+    if len({gpu_class(n) for n in cols["number_gpus"]}) > 1:
         raise ValueError("build_workload: rows of one Workload must share group_key (CPU, one GPU or several)")
     per_rank, unmatched = (0, ())
     if method in ("lora", "qlora", "gptq-lora"):
