@@ -231,6 +231,22 @@ def test_liger_output_layer_gradient_is_not_split_by_sequence_parallelism():
     assert split - head == pytest.approx((per_rank - head) / 2)
 
 
+def test_liger_input_gradient_follows_the_forward_dtype():
+    """An fp32 checkpoint under FSDP's mixed precision computes in bf16: Liger's input gradient is bf16 too,
+    as for a bf16 checkpoint; on one GPU under autocast the residual stream stays fp32."""
+    base = {"batch_size": 8, "number_gpus": 8, "model_max_length": 1024, "loss_implementation": "fused_linear"}
+    tokens = np.array([1024.0])
+    lora = {"distributed_backend": "FSDP", "bf16": True}
+    fp32 = fused_linear_forward_bytes(workload("lora", **base, **lora, torch_dtype="float32"), tokens)[0]
+    bf16 = fused_linear_forward_bytes(workload("lora", **base, **lora, torch_dtype="bfloat16"), tokens)[0]
+    assert fp32 == pytest.approx(bf16)
+    one = {**base, "number_gpus": 1, "batch_size": 1}
+    single32 = fused_linear_forward_bytes(workload("lora", **one, bf16=True, torch_dtype="float32"), tokens)[0]
+    single16 = fused_linear_forward_bytes(workload("lora", **one, bf16=True, torch_dtype="bfloat16"), tokens)[0]
+    hidden = workload("lora", **one).structure.hidden
+    assert single32 - single16 == pytest.approx(1024 * hidden * 2)
+
+
 def test_fused_kernels_leave_the_checkpointed_layer_inputs_whole():
     """fms-acceleration's RMSNorm/RoPE kernels shorten element-wise chains inside a layer; the layer inputs that
     checkpointing keeps (2 h bytes per token per layer) stay, however small the fitted share."""

@@ -257,7 +257,9 @@ def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
     m = w.structure
     rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
     chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    hidden_bytes = load_bytes(w)  # the residual stream keeps the weights' dtype
+    # the residual stream keeps the dtype the forward computes in: the weights' as loaded, 16-bit where the
+    # forward casts every weight (Workload.forward_16bit: DeepSpeed, FSDP's mixed precision)
+    hidden_bytes = 2.0 if w.forward_16bit else load_bytes(w)
     per_rank = (tokens * m.hidden * hidden_bytes + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
     # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
     weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
