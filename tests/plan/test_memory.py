@@ -18,6 +18,7 @@ from tunebench.plan.memory import (
     memory_breakdown,
     oom_probability,
     predict_memory,
+    residual_bytes,
 )
 from tunebench.plan.structure import structure_of
 from tunebench.plan.workload import build_workload
@@ -258,6 +259,29 @@ def test_fused_kernels_leave_the_checkpointed_layer_inputs_whole():
         assert acts[0] - loss[0] >= checkpoints * 0.999
     full_share = activation_moments(w, UNIT)["forward"][0][0]
     assert activation_moments(w, tiny)["forward"][0][0] < full_share  # the working set still shrinks
+
+
+@pytest.mark.parametrize(
+    ("method", "props", "element_bytes"),
+    [
+        ("full", {"torch_dtype": "float32", "bf16": True}, 4),  # autocast: the residual add promotes to fp32
+        ("qlora", {"torch_dtype": "bfloat16", "bf16": True}, 4),  # prepare_model_for_kbit_training's fp32 embeddings
+        ("qlora", {"torch_dtype": "bfloat16", "bf16": True, "_kbit_upcast": False}, 2),
+        ("full", {"torch_dtype": "bfloat16", "bf16": True}, 2),
+        # FSDP's mixed precision casts every weight to bf16 for the forward
+        ("full", {"torch_dtype": "float32", "bf16": True, "number_gpus": 2, "distributed_backend": "FSDP"}, 2),
+    ],
+)
+def test_fused_kernels_keep_the_layer_inputs_in_the_residual_streams_dtype(method, props, element_bytes):
+    """The layer inputs checkpointing keeps are residual-stream elements: fp32 when the stream is fp32."""
+    batch = 4 * props.get("number_gpus", 1)
+    w = workload(method, batch_size=batch, model_max_length=1024, fast_kernels=[False, True, True], **props)
+    m = w.structure
+    assert residual_bytes(w) == element_bytes
+    checkpoints = 4 * 1024 * m.hidden * m.layers * element_bytes
+    tiny = UNIT.replace(fast_kernels_activation_fraction=0.01)
+    held = max(acts[0] - loss[0] for acts, _, loss in activation_moments(w, tiny).values())
+    assert held >= checkpoints * 0.999
 
 
 @pytest.mark.slow

@@ -119,8 +119,20 @@ def trainable_params(w: Workload) -> np.ndarray:
 
 
 def load_bytes(w: Workload) -> float:
-    """Bytes per parameter as loaded (torch_dtype: float32, else a 16-bit dtype); also the residual stream's."""
+    """Bytes per parameter as loaded (torch_dtype: float32, else a 16-bit dtype)."""
     return 4.0 if w.torch_dtype == "float32" else 2.0
+
+
+def residual_bytes(w: Workload) -> float:
+    """Bytes of an element of the residual stream, the layer inputs checkpointing keeps: the 16-bit dtype where
+    every weight is cast for the forward (Workload.forward_16bit: DeepSpeed, FSDP's mixed precision), else the
+    weights' as loaded, fp32 where peft's prepare_model_for_kbit_training upcast a QLoRA model's embeddings
+    (Workload.kbit_upcast). Autocast casts only the inputs of matmuls, so an fp32 embedding output stays an
+    fp32 stream: the residual add of a 16-bit layer output to it promotes to fp32 (torch.amp docs, "ops that
+    promote to the widest input type"); the traced moments measure the same."""
+    if w.forward_16bit:
+        return 2.0
+    return 4.0 if w.kbit_upcast else load_bytes(w)
 
 
 def frozen_bytes(w: Workload) -> float:
@@ -209,10 +221,10 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     extra = np.zeros(w.size)
     fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
     if w.checkpointing:
-        # layer-input checkpoints (2 h bytes per token per layer), copied again under FSDP + PEFT
+        # layer-input checkpoints (h residual-stream elements per token per layer), copied again under FSDP + PEFT
         extra = extra + _where(
             fsdp_peft,
-            c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * w.compute_bytes / (w.tp * w.sp),
+            c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * residual_bytes(w) / (w.tp * w.sp),
             0.0,
         )
     if m.vision and w.dataset.kind == "vision":
@@ -228,7 +240,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     # tokens for 1/sp of the heads; ring attention: 1/sp of the queries); tensor parallelism with
     # sequence-parallel norms and a vocabulary-parallel loss: 1/tp of everything (Korthikanti et al. 2022)
     split = w.tp * w.sp
-    checkpoints = tokens * m.hidden * m.layers * w.compute_bytes / split if w.checkpointing else tokens * 0.0
+    checkpoints = tokens * m.hidden * m.layers * residual_bytes(w) / split if w.checkpointing else tokens * 0.0
     for name, moment in w.activations.moments.items():
         acts = moment.a0 + batch * (moment.a1 * padded + moment.a2 * padded**2) / split
         loss = tokens * m.vocab * moment.vocab_bytes / split
@@ -257,10 +269,7 @@ def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
     m = w.structure
     rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
     chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    # the residual stream keeps the dtype the forward computes in: the weights' as loaded, 16-bit where the
-    # forward casts every weight (Workload.forward_16bit: DeepSpeed, FSDP's mixed precision)
-    hidden_bytes = 2.0 if w.forward_16bit else load_bytes(w)
-    per_rank = (tokens * m.hidden * hidden_bytes + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
+    per_rank = (tokens * m.hidden * residual_bytes(w) + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
     # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
     weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
     head_grad = m.lm_head_params * weight_bytes / w.tp if w.method == "full" else 0.0
