@@ -66,6 +66,22 @@ def test_zero_offload_moves_states_to_the_host_per_node():
     assert nvme.host_gib[0] == 0 and nvme.nvme_gib[0] == pytest.approx(16 * n / GIB)
 
 
+def test_a_records_stated_network_sets_the_inter_node_bandwidth_unless_the_option_does():
+    """Multi-node collectives run at the NIC's rate: 25 GB/s per node with enable_roce, the rate a record states
+    it ran on (``_network_gbps``, GB/s per node), and the plan option above both."""
+    two_nodes = {"number_gpus": 16, "number_nodes": 2, "batch_size": 16, "distributed_backend": "FSDP"}
+    roce = workload("full", **two_nodes, enable_roce=True, bf16=True)
+    stated = workload("full", **two_nodes, enable_roce=True, bf16=True, _network_gbps=200.0)
+    at_roce = predict_throughput(roce, UNIT).comm_seconds[0]
+    assert predict_throughput(stated, UNIT).comm_seconds[0] == pytest.approx(at_roce * 25 / 200)
+    assert predict_throughput(stated, UNIT, network_gbps=25.0).comm_seconds[0] == pytest.approx(at_roce)
+    one_node = workload("full", number_gpus=8, batch_size=8, distributed_backend="FSDP", bf16=True, _network_gbps=1.0)
+    nvlink = workload("full", number_gpus=8, batch_size=8, distributed_backend="FSDP", bf16=True)
+    assert predict_throughput(one_node, UNIT).comm_seconds[0] == pytest.approx(
+        predict_throughput(nvlink, UNIT).comm_seconds[0]
+    )
+
+
 def test_offload_is_slower_than_keeping_states_on_the_gpu():
     fast = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True), UNIT)
     slow = predict_throughput(

@@ -36,8 +36,8 @@ CPU_EXAMPLE = DATA / "ado" / "ado_docs_example_smollm2_cpu_measurements.csv"
 # Published cases whose request does not describe the run that was measured, so they are evaluated and
 # never fitted on: PEFT trains samples of ~210 tokens in length-bucketed batches and reports the 99th
 # percentile of memory, while its cases give the 768-token truncation (padded lengths unknown, like the
-# unpacked orca runs); torchtitan ran 8-node jobs over InfiniBand without accumulation, while its cases
-# leave enable_roce (off: NCCL over TCP sockets) and gradient_accumulation_steps (4) at their defaults.
+# unpacked orca runs); torchtitan's are pre-training runs of its own model code on Meta's clusters, whose
+# network its cases state (enable_roce, _network_gbps: data/measurements/README.md).
 EVALUATED_ONLY_STACKS = ("peft", "torchtitan")
 FMS_FILES = ("refs_a100_80gb.csv", "refs_a100_80gb_granite.csv", "refs_a100_80gb_liger.csv",
              "refs_orca_a100_80gb_pf.csv", "refs_orca_a100_80gb_mp.csv", "refs_a100_80gb_moe.csv",

@@ -129,8 +129,8 @@ def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.n
     so one direction is half of it.
     """
     intra = (w.gpu.intra_node_bandwidth_gbps / 2) if w.gpu is not None else 1.0
-    if network_gbps is None:
-        network_gbps = ROCE_GBPS if w.settings.get("enable_roce") else TCP_GBPS
+    if network_gbps is None:  # the option, else the network a record states it ran on, else by enable_roce
+        network_gbps = w.settings.get("_network_gbps") or (ROCE_GBPS if w.settings.get("enable_roce") else TCP_GBPS)
     bw = np.where(w.nodes > 1, np.minimum(intra, network_gbps), intra)
     return bw * c.link_efficiency * 1e9
 

@@ -38,7 +38,7 @@ CATEGORICAL = (
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
     "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel",
-    "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
+    "_network_gbps", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
     "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map", "tensor_parallel_degree",
     "sequence_parallel_degree",
 )  # fmt: skip
