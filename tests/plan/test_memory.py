@@ -201,19 +201,34 @@ def test_fused_loss_kernels_keep_less_of_the_loss():
     assert liger["activations"][0] + liger["loss"][0] < hf["activations"][0] + hf["loss"][0]
 
 
-def test_liger_keeps_its_gradient_buffers_from_the_forward():
-    """liger-kernel's fused_linear_cross_entropy_forward: the input's gradient, the output layer's gradient when
-    it trains, one chunk of logits (smollm2-135m: vocab 49,152, hidden 576; 2 x 1,024 tokens: 86 chunks' worth,
-    24 rows, next power of two 32); no logits at any moment. Against a fused loss that keeps nothing (UNIT's
-    fast_loss budget is 0), only the forward moment differs, by exactly those buffers."""
+@pytest.mark.parametrize("release", ["current", "before #406"])
+def test_liger_keeps_its_gradient_buffers_and_chunk_loop_in_the_forward(release):
+    """liger-kernel's fused_linear_cross_entropy_forward (smollm2-135m: vocab 49,152, hidden 576; 2 x 1,024
+    tokens: chunks of ceil(2,048 / 86) = 24 rows, next power of two 32, so several chunks): the input's
+    gradient and the output layer's gradient when it trains, kept to the end of the forward, and the chunk loop:
+    since #406 the previous chunk is alive while the next matmul writes (2 chunks in bf16), and a training
+    output layer accumulates its gradient through a vocab x hidden bf16 product and its fp32 copy beside one
+    chunk (#830); before #406 (fms-acceleration's vendored copy) the previous chunk's gradient, the new chunk and
+    its fp32 upcast (8 B per element) and the forward's shifted copy of the hidden states. No logits at any
+    moment. Against a fused loss that keeps nothing (UNIT's fast_loss budget is 0), only the forward moment
+    differs, by exactly those bytes."""
     tokens, hidden, vocab = 2 * 1024, 576, 49152
-    chunk_rows = 32
+    chunk = 32 * vocab
+    old = {"_flce_chunk_upcast": True} if release != "current" else {}
     for method in ("full", "lora"):
         shape = {"batch_size": 2, "model_max_length": 1024}
-        liger = activation_moments(workload(method, **shape, loss_implementation="fused_linear"), UNIT)
+        w = workload(method, **shape, loss_implementation="fused_linear", **old)
+        assert w.flce_upcasts_chunks == bool(old)
+        liger = activation_moments(w, UNIT)
         nothing = activation_moments(workload(method, **shape, fast_kernels=[True, False, False]), UNIT)
         head_grad = vocab * hidden * 2 if method == "full" else 0  # tied to the embedding: bf16 as stored
-        buffers = tokens * hidden * 2 + chunk_rows * vocab * 2 + head_grad
+        if old:
+            loop = chunk * (2 + 4 + 2) + tokens * hidden * 2
+        elif method == "full":
+            loop = max(chunk * 2 * 2, chunk * 2 + vocab * hidden * (2 + 4))
+        else:
+            loop = chunk * 2 * 2
+        buffers = tokens * hidden * 2 + head_grad + loop
         assert liger["forward"][0][0] - nothing["forward"][0][0] == pytest.approx(buffers)
         for name in liger:
             assert liger[name][2][0] == 0  # no logits
@@ -221,14 +236,22 @@ def test_liger_keeps_its_gradient_buffers_from_the_forward():
                 assert liger[name][0][0] == pytest.approx(nothing[name][0][0])
 
 
+def test_fms_accelerations_fast_kernels_run_the_liger_release_it_vendors():
+    """foak's liger configs replace the model's forward with the pre-#406 copy under fused_ops/liger_ce."""
+    w = workload("lora", loss_implementation="fused_linear", fast_kernels=[True, True, True])
+    assert w.flce_upcasts_chunks
+    assert not workload("lora", fast_kernels=[True, True, True]).flce_upcasts_chunks  # foak's own loss kernel
+
+
 def test_liger_output_layer_gradient_is_not_split_by_sequence_parallelism():
-    """Ulysses ranks hold a slice of the tokens but the whole output layer and its gradient."""
+    """Ulysses ranks hold a slice of the tokens but the whole output layer, its gradient and the product that
+    accumulates it."""
     base = {"batch_size": 8, "number_gpus": 8, "model_max_length": 1024, "loss_implementation": "fused_linear"}
     one = workload("full", **base, distributed_backend="DDP")
     tokens = np.array([1024.0])
     per_rank = fused_linear_forward_bytes(one, tokens)[0]
     split = fused_linear_forward_bytes(workload("full", **base, sequence_parallel_degree=2), tokens)[0]
-    head = one.structure.lm_head_params * 2
+    head = one.structure.lm_head_params * (2 + 2 + 4)  # its bf16 gradient, and the bf16 product's fp32 copy
     assert split - head == pytest.approx((per_rank - head) / 2)
 
 

@@ -258,22 +258,42 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
 
 
 def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
-    """Bytes per GPU Liger's fused linear cross-entropy holds at the end of the forward (liger-kernel
-    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward): the input's gradient (tokens x
-    hidden in the hidden states' dtype, kept for the backward), one chunk of logits (chunk x vocab in the
-    matmul's dtype; chunk = next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens: about
-    tokens x hidden) and the output layer's gradient when it trains (vocab x hidden in the weight's dtype as
-    the forward sees it). In the backward the first is the hidden states' gradient and the last the output
-    layer's .grad, which the traced backward moments already hold. Tokens are split over tensor- and
-    sequence-parallel ranks, the vocabulary over tensor-parallel ones."""
+    """Bytes per GPU Liger's fused linear cross-entropy adds at its peak, inside the forward (liger-kernel
+    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward). It walks the tokens in chunks of
+    next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens (about tokens x hidden logits):
+
+    - kept to the end of the forward: the input's gradient (tokens x hidden, the residual stream's dtype) and,
+      when the output layer trains, its gradient (vocab x hidden in the weight's dtype as the forward sees it);
+    - the chunk loop, logits in the matmul's dtype (Workload.compute_bytes). Releases since #406 (Nov 2024)
+      upcast inside the kernel and keep the previous chunk as its gradient while the next matmul writes: two
+      chunks; a training output layer accumulates each chunk's gradient through a vocab x hidden product and
+      its fp32 copy (#830, Jul 2025: ``grad_weight += torch.mm(...).float()``), beside one chunk.
+    - Before #406, the code fms-acceleration's foak plugin vendors (fused_ops/liger_ce, with its own
+      lce_forward; Workload.flce_upcasts_chunks): each chunk is upcast to fp32 outside the kernel, cast back
+      and scaled into a separate gradient, so the previous chunk's gradient, the new chunk and its fp32 copy
+      are alive together; the model's forward passes a contiguous copy of the shifted hidden states.
+
+    In the backward the input gradient is the hidden states' gradient and the head's its .grad, which the
+    traced backward moments already hold. Tokens are split over tensor- and sequence-parallel ranks, the
+    vocabulary over tensor-parallel ones."""
     m = w.structure
     rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
     chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    per_rank = (tokens * m.hidden * residual_bytes(w) + chunk * m.vocab * w.compute_bytes) / (w.tp * w.sp)
+    several = tokens > chunk  # a previous chunk exists while the next is computed
+    mm = w.compute_bytes
+    logits = chunk * m.vocab / (w.tp * w.sp)  # elements of one chunk per rank
+    residual = tokens * m.hidden * residual_bytes(w) / (w.tp * w.sp)
     # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
     weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
-    head_grad = m.lm_head_params * weight_bytes / w.tp if w.method == "full" else 0.0
-    return per_rank + head_grad
+    full = w.method == "full"
+    head_grad = m.lm_head_params * weight_bytes / w.tp if full else 0.0
+    if w.flce_upcasts_chunks:
+        upcast = 4.0 if mm < 4 else 0.0  # .float() of an fp32 chunk is the chunk itself
+        loop = logits * (mm + upcast + np.where(several, mm, 0.0)) + residual  # + the shifted hidden states
+    else:
+        head_temp = m.lm_head_params * (mm + 4.0) / w.tp if full else 0.0
+        loop = np.maximum(logits * mm * np.where(several, 2.0, 1.0), logits * mm + head_temp)
+    return residual + head_grad + loop
 
 
 def vision_tower_bytes(w: Workload) -> np.ndarray:

@@ -38,9 +38,9 @@ CATEGORICAL = (
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
     "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel",
-    "_network_gbps", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile", "deepspeed_zero_stage",
-    "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map", "tensor_parallel_degree",
-    "sequence_parallel_degree",
+    "_network_gbps", "_flce_chunk_upcast", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode",
+    "torch_compile", "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device",
+    "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree",
 )  # fmt: skip
 
 # Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
@@ -211,6 +211,16 @@ class Workload:
         if self.deepspeed_16bit:  # DeepSpeed casts the upcast weights back to 16-bit (deepspeed_16bit)
             return False
         return self.method == "qlora" and self.settings.get("_kbit_upcast", True) is not False
+
+    @property
+    def flce_upcasts_chunks(self) -> bool:
+        """Liger's fused linear cross-entropy as released before liger-kernel #406 (Nov 2024), which upcasts each
+        chunk of logits outside its kernel (plan.memory.fused_linear_forward_bytes): the copy fms-acceleration's
+        foak plugin vendors, so with ``fast_kernels``; records of runs of such a release say so
+        (``_flce_chunk_upcast``)."""
+        if self.loss_implementation != "fused_linear":
+            return False
+        return any(self.fast_kernels) or bool(self.settings.get("_flce_chunk_upcast"))
 
     @property
     def dequantization(self) -> str | None:
