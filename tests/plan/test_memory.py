@@ -236,6 +236,27 @@ def test_liger_keeps_its_gradient_buffers_and_chunk_loop_in_the_forward(release)
                 assert liger[name][0][0] == pytest.approx(nothing[name][0][0])
 
 
+def test_liger_chunk_loop_with_fp32_weights():
+    """fp32 weights (smollm2-135m full fine-tuning, 2 x 1,024 tokens, chunks of 32 rows): without autocast the
+    logits are fp32 and .float() copies nothing, so current releases keep two fp32 chunks or one beside the fp32
+    head-gradient product, and the pre-#406 loop the previous chunk, its scaled gradient and the new chunk
+    (12 B per element); under bf16 autocast the head's fp32 gradient takes the bf16 product in place (addmm
+    with out_dtype) while autocast's cached bf16 copy of the training head stays alive."""
+    tokens, hidden, vocab = 2 * 1024, 576, 49152
+    chunk, head = 32 * vocab, vocab * hidden
+    shape = {"batch_size": 2, "model_max_length": 1024, "loss_implementation": "fused_linear"}
+    pure32 = {"torch_dtype": "float32", "bf16": False}
+    amp32 = {"torch_dtype": "float32", "bf16": True}
+    kept = tokens * hidden * 4 + head * 4  # the fp32 input gradient and output-layer gradient
+    at = np.array([float(tokens)])
+    current = fused_linear_forward_bytes(workload("full", **shape, **pure32), at)[0]
+    assert current == pytest.approx(kept + max(2 * chunk * 4, chunk * 4 + head * 4))
+    before = fused_linear_forward_bytes(workload("full", **shape, **pure32, _flce_chunk_upcast=True), at)[0]
+    assert before == pytest.approx(kept + 3 * chunk * 4 + tokens * hidden * 4)
+    autocast = fused_linear_forward_bytes(workload("full", **shape, **amp32), at)[0]
+    assert autocast == pytest.approx(kept + max(2 * chunk * 2, chunk * 2) + head * 2)
+
+
 def test_fms_accelerations_fast_kernels_run_the_liger_release_it_vendors():
     """foak's liger configs replace the model's forward with the pre-#406 copy under fused_ops/liger_ce."""
     w = workload("lora", loss_implementation="fused_linear", fast_kernels=[True, True, True])
@@ -257,7 +278,8 @@ def test_liger_output_layer_gradient_is_not_split_by_sequence_parallelism():
 
 def test_liger_input_gradient_follows_the_forward_dtype():
     """An fp32 checkpoint under FSDP's mixed precision computes in bf16: Liger's input gradient is bf16 too,
-    as for a bf16 checkpoint; on one GPU under autocast the residual stream stays fp32."""
+    as for a bf16 checkpoint; on one GPU under autocast the residual stream stays fp32 and the fp32 output layer
+    is cast to bf16 for the chunk's matmul."""
     base = {"batch_size": 8, "number_gpus": 8, "model_max_length": 1024, "loss_implementation": "fused_linear"}
     tokens = np.array([1024.0])
     lora = {"distributed_backend": "FSDP", "bf16": True}
@@ -267,8 +289,9 @@ def test_liger_input_gradient_follows_the_forward_dtype():
     one = {**base, "number_gpus": 1, "batch_size": 1}
     single32 = fused_linear_forward_bytes(workload("lora", **one, bf16=True, torch_dtype="float32"), tokens)[0]
     single16 = fused_linear_forward_bytes(workload("lora", **one, bf16=True, torch_dtype="bfloat16"), tokens)[0]
-    hidden = workload("lora", **one).structure.hidden
-    assert single32 - single16 == pytest.approx(1024 * hidden * 2)
+    m = workload("lora", **one).structure
+    # the fp32 input gradient, and the 16-bit copy autocast makes of the frozen fp32 output layer for a matmul
+    assert single32 - single16 == pytest.approx(1024 * m.hidden * 2 + m.lm_head_params * 2)
 
 
 def test_fused_kernels_leave_the_checkpointed_layer_inputs_whole():
@@ -304,7 +327,7 @@ def test_fused_kernels_keep_the_layer_inputs_in_the_residual_streams_dtype(metho
     checkpoints = 4 * 1024 * m.hidden * m.layers * element_bytes
     tiny = UNIT.replace(fast_kernels_activation_fraction=0.01)
     held = max(acts[0] - loss[0] for acts, _, loss in activation_moments(w, tiny).values())
-    assert held >= checkpoints * 0.999
+    assert checkpoints * 0.999 <= held <= checkpoints * 1.1  # the layer inputs, and 1 % of the working set
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ class Coefficients:
     # The same for torch.compile (inductor fuses those element-wise chains too): its own coefficient, so
     # compiled runs of other stacks never move fms-acceleration's kernel share (starts at the same value).
     compile_activation_fraction: float = 0.85
-    # Extra copies of the checkpointed layer inputs (2 h L bytes per token) that PEFT methods keep
+    # Extra copies of the checkpointed layer inputs (h L residual-stream elements per token) that PEFT methods keep
     # under multi-GPU FSDP (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x from 1 to 2 GPUs).
     fsdp_peft_checkpoint_copies: float = 1.0
     # --- memory: allocator and driver -----------------------------------------------------------

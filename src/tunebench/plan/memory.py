@@ -128,8 +128,8 @@ def residual_bytes(w: Workload) -> float:
     every weight is cast for the forward (Workload.forward_16bit: DeepSpeed, FSDP's mixed precision), else the
     weights' as loaded, fp32 where peft's prepare_model_for_kbit_training upcast a QLoRA model's embeddings
     (Workload.kbit_upcast). Autocast casts only the inputs of matmuls, so an fp32 embedding output stays an
-    fp32 stream: the residual add of a 16-bit layer output to it promotes to fp32 (torch.amp docs, "ops that
-    promote to the widest input type"); the traced moments measure the same."""
+    fp32 stream: adding a 16-bit layer output to it gives fp32 by torch's type promotion (add runs outside
+    autocast's cast lists); the traced moments measure the same."""
     if w.forward_16bit:
         return 2.0
     return 4.0 if w.kbit_upcast else load_bytes(w)
@@ -259,40 +259,60 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
 
 def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
     """Bytes per GPU Liger's fused linear cross-entropy adds at its peak, inside the forward (liger-kernel
-    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward). It walks the tokens in chunks of
-    next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most tokens (about tokens x hidden logits):
+    ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward). It walks a rank's tokens in chunks
+    of next_power_of_2(ceil(tokens / ceil(vocab / hidden))) rows, at most the tokens (about tokens x hidden
+    logits), in the matmul's dtype (Workload.compute_bytes):
 
     - kept to the end of the forward: the input's gradient (tokens x hidden, the residual stream's dtype) and,
       when the output layer trains, its gradient (vocab x hidden in the weight's dtype as the forward sees it);
-    - the chunk loop, logits in the matmul's dtype (Workload.compute_bytes). Releases since #406 (Nov 2024)
-      upcast inside the kernel and keep the previous chunk as its gradient while the next matmul writes: two
-      chunks; a training output layer accumulates each chunk's gradient through a vocab x hidden product and
-      its fp32 copy (#830, Jul 2025: ``grad_weight += torch.mm(...).float()``), beside one chunk.
-    - Before #406, the code fms-acceleration's foak plugin vendors (fused_ops/liger_ce, with its own
-      lce_forward; Workload.flce_upcasts_chunks): each chunk is upcast to fp32 outside the kernel, cast back
-      and scaled into a separate gradient, so the previous chunk's gradient, the new chunk and its fp32 copy
-      are alive together; the model's forward passes a contiguous copy of the shifted hidden states.
+    - current releases (v0.6.2 on): the kernel upcasts inside and the previous chunk is its own gradient, alive
+      while the next matmul writes (two chunks, #420); a training output layer's gradient is accumulated per
+      chunk through a vocab x hidden product and its fp32 copy (``grad_weight += torch.mm(...).float()``,
+      #830) beside one chunk, except an fp32 gradient of 16-bit logits, which addmm accumulates in place
+      (``out_dtype``, #1239: torch >= 2.8 on sm80+);
+    - releases before #406 (Nov 2024, to v0.4), whose code fms-acceleration's foak plugin vendors
+      (fused_ops/liger_ce, with its own lce_forward; Workload.flce_upcasts_chunks): each chunk is upcast to
+      fp32 outside the kernel, cast back and scaled into a separate gradient, so at the next matmul the
+      previous chunk, its gradient and the new chunk are alive, and at the upcast the previous gradient, the
+      new chunk and its fp32 copy; the model's forward passes a contiguous copy of the shifted hidden states;
+    - an fp32 output layer under autocast is cast to 16 bits for each chunk's matmul (a view of the weight,
+      which autocast does not cache).
 
     In the backward the input gradient is the hidden states' gradient and the head's its .grad, which the
     traced backward moments already hold. Tokens are split over tensor- and sequence-parallel ranks, the
     vocabulary over tensor-parallel ones."""
     m = w.structure
-    rows = np.ceil(tokens / math.ceil(m.vocab / m.hidden))
-    chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), tokens)
-    several = tokens > chunk  # a previous chunk exists while the next is computed
+    t = tokens / (w.tp * w.sp)  # tokens per rank
+    rows = np.ceil(t / math.ceil(m.vocab / m.hidden))
+    chunk = np.minimum(2.0 ** np.ceil(np.log2(np.maximum(rows, 1.0))), t)
+    several = t > chunk  # a previous chunk exists while the next is computed
     mm = w.compute_bytes
-    logits = chunk * m.vocab / (w.tp * w.sp)  # elements of one chunk per rank
-    residual = tokens * m.hidden * residual_bytes(w) / (w.tp * w.sp)
-    # FSDP gathers the weight as its compute copy; otherwise the forward sees it as stored
-    weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
+    upcast = 4.0 if mm < 4 else 0.0  # .float() of an fp32 chunk is the chunk itself
+    logits = chunk * m.vocab  # elements of one chunk
+    residual = t * m.hidden * residual_bytes(w)
     full = w.method == "full"
-    head_grad = m.lm_head_params * weight_bytes / w.tp if full else 0.0
-    if w.flce_upcasts_chunks:
-        upcast = 4.0 if mm < 4 else 0.0  # .float() of an fp32 chunk is the chunk itself
-        loop = logits * (mm + upcast + np.where(several, mm, 0.0)) + residual  # + the shifted hidden states
+    # the output layer as the forward sees it: training, FSDP's compute copy or as stored; frozen, in the
+    # dtype of the embeddings (the residual stream's: 16-bit under a 16-bit forward, fp32 after kbit upcast)
+    if full:
+        weight_bytes = _where(w.mode() == "FSDP", compute_param_bytes(w), param_bytes(w))
     else:
-        head_temp = m.lm_head_params * (mm + 4.0) / w.tp if full else 0.0
-        loop = np.maximum(logits * mm * np.where(several, 2.0, 1.0), logits * mm + head_temp)
+        weight_bytes = np.full(w.size, residual_bytes(w))
+    head = m.lm_head_params / w.tp
+    head_grad = head * weight_bytes if full else 0.0
+    # an fp32 weight under autocast: its 16-bit copy at each matmul; autocast caches the copy of a weight that
+    # trains (a leaf requiring grad) for the rest of the forward, so then it stays alive throughout
+    cast = head * 2.0 * ((weight_bytes == 4) & (mm < 4))
+    kept_cast = cast if full else 0.0
+    if w.flce_upcasts_chunks:
+        at_matmul = logits * np.where(several, 3 * mm, mm) + cast
+        at_upcast = logits * (np.where(several, 2 * mm, mm) + upcast) + kept_cast
+        at_input_grad = logits * 2 * mm + cast  # grad_input = grad_logits_chunk @ weight
+        loop = np.maximum(np.maximum(at_matmul, at_upcast), at_input_grad) + residual  # + shifted hidden states
+    else:
+        at_matmul = logits * mm * np.where(several, 2.0, 1.0) + cast
+        in_place = (weight_bytes == 4) & (mm < 4)  # an fp32 gradient of 16-bit logits: addmm with out_dtype
+        head_temp = np.where(in_place, 0.0, head * (mm + upcast)) if full else 0.0
+        loop = np.maximum(at_matmul, logits * mm + head_temp + kept_cast)
     return residual + head_grad + loop
 
 
