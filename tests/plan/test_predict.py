@@ -179,6 +179,21 @@ def test_roce_speeds_up_multi_node():
     assert fast > slow
 
 
+def test_multi_node_plans_say_which_network_they_assumed():
+    two = {**BASE, "number_gpus": 16, "number_nodes": 2, "batch_size": 32}
+
+    def network_notes(entity, **options):
+        return [n for n in predict(FULL, entity, **options).metadata["notes"] if n.startswith("across nodes")]
+
+    assert network_notes(two) == [
+        "across nodes, collectives run at 4 GB/s per node (enable_roce off: NCCL over TCP sockets assumed; "
+        "--network-gbps gives your cluster's)"
+    ]
+    assert "at 25 GB/s per node (enable_roce: RoCE" in network_notes({**two, "enable_roce": True})[0]
+    assert "at 200 GB/s per node (network_gbps;" in network_notes(two, network_gbps=200.0)[0]
+    assert network_notes(BASE) == []  # one node: NVLink / PCIe only
+
+
 @pytest.mark.slow
 def test_cpu_entities_plan_without_a_gpu():
     r = predict(LORA, {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2})

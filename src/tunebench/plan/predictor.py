@@ -31,7 +31,7 @@ from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.host import CACHE_FILE, host_flops
 from tunebench.plan.lengths import UserLengths
 from tunebench.plan.memory import predict_memory
-from tunebench.plan.throughput import predict_throughput
+from tunebench.plan.throughput import network_rate, predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_key
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
@@ -273,14 +273,20 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         )
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
-    no_sync_notes = [
-        *notes,
+    no_sync_note = (
         "FSDP accumulates unsharded gradients over gradient_accumulation_steps micro-batches "
-        "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them",
-    ]
-    for j, i in enumerate(idx):  # rows of a group share their (read-only) notes list
+        "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
+    )
+    rate, why = network_rate(w, opts.network_gbps)
+    network_note = f"across nodes, collectives run at {rate:g} GB/s per node ({why}; --network-gbps gives your cluster's)"
+    multi_node = (w.nodes > 1).tolist()
+    variants: dict[tuple[bool, bool], list[str]] = {}  # rows of a group share their (read-only) notes lists
+    for j, i in enumerate(idx):
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
-        out["notes"][i] = no_sync_notes if (no_sync[j] and w.method == "full") else notes
+        key = (bool(no_sync[j] and w.method == "full"), bool(multi_node[j]))
+        if key not in variants:
+            variants[key] = [*notes, *([no_sync_note] if key[0] else []), *([network_note] if key[1] else [])]
+        out["notes"][i] = variants[key]
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
 
 

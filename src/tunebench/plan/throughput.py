@@ -122,6 +122,18 @@ def efficiency(w: Workload, c: Coefficients) -> float:
     return eta
 
 
+def network_rate(w: Workload, network_gbps: float | None) -> tuple[float, str]:
+    """Inter-node bandwidth per node and direction (GB/s) and where it comes from: the option, else the network
+    a calibration record states it ran on (``_network_gbps``), else the assumption by enable_roce."""
+    if network_gbps is not None:
+        return network_gbps, "network_gbps"
+    if w.settings.get("_network_gbps"):
+        return float(w.settings["_network_gbps"]), "the record's network"
+    if w.settings.get("enable_roce"):
+        return ROCE_GBPS, "enable_roce: RoCE, one 200 Gb/s NIC per node assumed"
+    return TCP_GBPS, "enable_roce off: NCCL over TCP sockets assumed"
+
+
 def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.ndarray:
     """Per-direction bandwidth the collectives see: NVLink/PCIe within a node, the NIC across nodes.
 
@@ -129,9 +141,7 @@ def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.n
     so one direction is half of it.
     """
     intra = (w.gpu.intra_node_bandwidth_gbps / 2) if w.gpu is not None else 1.0
-    if network_gbps is None:  # the option, else the network a record states it ran on, else by enable_roce
-        network_gbps = w.settings.get("_network_gbps") or (ROCE_GBPS if w.settings.get("enable_roce") else TCP_GBPS)
-    bw = np.where(w.nodes > 1, np.minimum(intra, network_gbps), intra)
+    bw = np.where(w.nodes > 1, np.minimum(intra, network_rate(w, network_gbps)[0]), intra)
     return bw * c.link_efficiency * 1e9
 
 
