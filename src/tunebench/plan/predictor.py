@@ -278,7 +278,9 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         "(no_sync; torch FSDP docs): gradient_accumulation_steps=1 shards them"
     )
     rate, why = network_rate(w, opts.network_gbps)
-    network_note = f"across nodes, collectives run at {rate:g} GB/s per node ({why}; --network-gbps gives your cluster's)"
+    network_note = (
+        f"across nodes, collectives run at {rate:g} GB/s per node ({why}; --network-gbps gives your cluster's)"
+    )
     multi_node = (w.nodes > 1).tolist()
     variants: dict[tuple[bool, bool], list[str]] = {}  # rows of a group share their (read-only) notes lists
     for j, i in enumerate(idx):
