@@ -180,6 +180,10 @@ def test_published_cases_become_records_with_their_memory_kinds():
     # fms-acceleration's kernels ran only in fms-acceleration's runs: a case that leaves fast_kernels unsaid
     # must not inherit the gptq-lora experiment's default (Qwen's Q-LoRA ran AutoGPTQ through transformers)
     assert not any(any(r.values.get("fast_kernels") or ()) for r in recs)
+    # litgpt accumulates global_batch_size / (devices x micro_batch_size) micro-batches of its config (FSDP's
+    # no_sync: unsharded gradients); gemma-2b full 16 / (4 x 1), Llama-2-7B full 64 / (4 x 4), phi-2 8 / (2 x 4)
+    accumulation = {r.source: r.values["gradient_accumulation_steps"] for r in recs if r.origin == "litgpt"}
+    assert (accumulation["litgpt/889"], accumulation["litgpt/899"], accumulation["litgpt/916"]) == (4, 4, 1)
 
 
 @pytest.mark.slow
