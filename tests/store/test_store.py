@@ -361,6 +361,36 @@ def test_concurrent_first_opens_of_a_postgresql_store_create_it_once(postgres_se
             assert conn.execute(select(schema_version.c.version)).scalars().all() == [SCHEMA_VERSION]
 
 
+def test_concurrent_opens_of_one_operation_on_postgresql_count_every_run(postgres_server):
+    """Explorers starting the same operation at the same instant: each finds it missing (no lock between the
+    check and the insert on PostgreSQL); the losers count their run on the winner's row instead of failing."""
+    url = postgres_server.fresh_database()
+    with Store(url):
+        pass  # the schema first: this test is about the operation row, the one above about the schema
+    for attempt in range(3):
+        barrier = threading.Barrier(4)
+        created: list[bool] = []
+        errors: list[BaseException] = []
+
+        def open_it(op=f"op-{attempt}"):
+            with Store(url) as store:
+                barrier.wait()
+                try:
+                    created.append(store.open_operation(op, sampler="grid", actuator="predict", space={}, name=None))
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert sorted(created) == [False, False, False, True]
+        with Store(url) as s:
+            assert s.operation(f"op-{attempt}")["runs"] == 4
+
+
 def test_postgresql_sessions_have_timeouts(postgres_server):
     url = postgres_server.fresh_database()
     with Store(url) as s, s.engine.connect() as conn:

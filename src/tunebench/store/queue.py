@@ -69,7 +69,18 @@ class Queue(StoreBase):
     # ------------------------------------------------------------------------------------ operations
 
     def open_operation(self, operation_id: str, *, sampler: str, actuator: str, space: dict, name: str | None) -> bool:
-        """Create the operation if new, else count one more run; True if it was new."""
+        """Create the operation if new, else count one more run; True if it was new.
+
+        Explorers that start the same operation at once on PostgreSQL (READ COMMITTED: no lock between the
+        check and the insert, unlike SQLite's BEGIN IMMEDIATE) may both find it missing; the loser's insert
+        violates the primary key, and its transaction is redone, which then counts its run on the winner's row.
+        """
+        try:
+            return self._open_operation(operation_id, sampler, actuator, space, name)
+        except IntegrityError:
+            return self._open_operation(operation_id, sampler, actuator, space, name)
+
+    def _open_operation(self, operation_id: str, sampler: str, actuator: str, space: dict, name: str | None) -> bool:
         now = time.time()
         with db.write(self.engine) as conn:
             exists = conn.execute(select(operations.c.id).where(operations.c.id == operation_id)).scalar()
