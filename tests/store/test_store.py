@@ -337,25 +337,37 @@ def test_three_explorers_on_a_fresh_postgresql_database(postgres_server, tmp_pat
     assert len(starts) == 24 and len({(c["entity"], c["pid"]) for c in starts}) == 24  # once per database
 
 
+def _at_once(work, n: int = 4) -> tuple[list, list[BaseException]]:
+    """Runs work(start) in n threads, each calling start() where the others must be reached, so the next
+    step happens at the same instant; the results and the exceptions raised."""
+    barrier = threading.Barrier(n, timeout=60)  # a thread that fails before start() breaks it for the others
+    results: list = []
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            results.append(work(barrier.wait))
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results, errors
+
+
 def test_concurrent_first_opens_of_a_postgresql_store_create_it_once(postgres_server):
     """The same race, made likely: threads open a new store at the same instant, several times."""
     for _ in range(3):
         url = postgres_server.fresh_database()
-        barrier = threading.Barrier(4)
-        errors: list[BaseException] = []
 
-        def open_it():
-            barrier.wait()
-            try:
-                Store(url).close()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+        def open_it(start):
+            start()
+            Store(url).close()
 
-        threads = [threading.Thread(target=open_it) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        _, errors = _at_once(open_it)
         assert not errors, errors
         with Store(url) as s, s.engine.connect() as conn:
             assert conn.execute(select(schema_version.c.version)).scalars().all() == [SCHEMA_VERSION]
@@ -368,23 +380,13 @@ def test_concurrent_opens_of_one_operation_on_postgresql_count_every_run(postgre
     with Store(url):
         pass  # the schema first: this test is about the operation row, the one above about the schema
     for attempt in range(3):
-        barrier = threading.Barrier(4)
-        created: list[bool] = []
-        errors: list[BaseException] = []
 
-        def open_it(op=f"op-{attempt}"):
+        def open_it(start, op=f"op-{attempt}"):
             with Store(url) as store:
-                barrier.wait()
-                try:
-                    created.append(store.open_operation(op, sampler="grid", actuator="predict", space={}, name=None))
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    errors.append(exc)
+                start()
+                return store.open_operation(op, sampler="grid", actuator="predict", space={}, name=None)
 
-        threads = [threading.Thread(target=open_it) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        created, errors = _at_once(open_it)
         assert not errors, errors
         assert sorted(created) == [False, False, False, True]
         with Store(url) as s:

@@ -301,7 +301,8 @@ def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
     head_grad = head * weight_bytes if full else 0.0
     # an fp32 weight under autocast: its 16-bit copy at each matmul; autocast caches the copy of a weight that
     # trains (a leaf requiring grad) for the rest of the forward, so then it stays alive throughout
-    cast = head * 2.0 * ((weight_bytes == 4) & (mm < 4))
+    fp32_weight_16bit_logits = (weight_bytes == 4) & (mm < 4)
+    cast = head * 2.0 * fp32_weight_16bit_logits
     kept_cast = cast if full else 0.0
     if w.flce_upcasts_chunks:
         at_matmul = logits * np.where(several, 3 * mm, mm) + cast
@@ -310,8 +311,8 @@ def fused_linear_forward_bytes(w: Workload, tokens: np.ndarray) -> np.ndarray:
         loop = np.maximum(np.maximum(at_matmul, at_upcast), at_input_grad) + residual  # + shifted hidden states
     else:
         at_matmul = logits * mm * np.where(several, 2.0, 1.0) + cast
-        in_place = (weight_bytes == 4) & (mm < 4)  # an fp32 gradient of 16-bit logits: addmm with out_dtype
-        head_temp = np.where(in_place, 0.0, head * (mm + upcast)) if full else 0.0
+        # an fp32 gradient of 16-bit logits is accumulated in place (addmm with out_dtype)
+        head_temp = np.where(fp32_weight_16bit_logits, 0.0, head * (mm + upcast)) if full else 0.0
         loop = np.maximum(at_matmul, logits * mm + head_temp + kept_cast)
     return residual + head_grad + loop
 
