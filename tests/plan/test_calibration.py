@@ -221,3 +221,33 @@ def test_refit_adds_measurements_to_the_reference_runs(tmp_path):
     alone = runner.invoke(app, ["calibrate", "--from", str(csv), "--no-lomo", "--no-save", "--json", "--replace"])
     assert alone.exit_code == 0, alone.output
     assert json.loads(alone.stdout)["records"] == 4
+
+
+def test_oom_boundary_is_the_most_likely_fragmentation_and_one_impossible_record_cannot_move_it():
+    """The fragmentation share maximises the log-likelihood of the verdicts under the model's own probability
+    (on the published runs, where counting right verdicts picked a share the probabilities do not support);
+    a record whose verdict contradicts a near-certain prediction (a run reported to fit far over the memory)
+    adds the same clipped penalty at every share, so it cannot decide the boundary alone."""
+    from dataclasses import replace
+
+    from tunebench.plan.calibration import _oom_fragmentation
+
+    recs = [r for r in default_records() if not r.origin.startswith("fms")]
+    c = default_calibration().coefficients.replace(peak_log_sigma=0.1)
+
+    def log_likelihood(records, fraction):
+        p = Batch.of(records).predict(c.replace(oom_fragmentation_fraction=fraction), throughput=False)["p_oom"]
+        p = np.clip(p, 1e-4, 1 - 1e-4)
+        labels = np.array([r.valid for r in records])
+        known = np.isfinite(p)
+        return float(np.sum(np.where(labels, np.log1p(-p), np.log(p))[known]))
+
+    chosen = _oom_fragmentation(Batch.of(recs), c)
+    grid = [float(f) for f in np.arange(0.0, 0.51, 0.025)]
+    best = max(log_likelihood(recs, f) for f in grid)
+    assert log_likelihood(recs, chosen) >= best - 1e-9
+    assert log_likelihood(recs, chosen) > min(log_likelihood(recs, f) for f in grid)  # the share matters here
+    oom = next(r for r in recs if not r.valid and r.values.get("number_gpus") == 1)
+    impossible = replace(oom, values={**oom.values, "batch_size": 64 * oom.values["batch_size"]},
+                         properties={**oom.properties, "is_valid": 1.0})  # fmt: skip
+    assert _oom_fragmentation(Batch.of([*recs, impossible]), c) == chosen

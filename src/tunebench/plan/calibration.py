@@ -199,14 +199,21 @@ def _memory_residuals(records: list[Record], keys: tuple[str, ...]) -> Callable[
 
 
 def _oom_fragmentation(batch: Batch, c: Coefficients) -> float:
-    """The fragmentation fraction that classifies the runs best (ties: the smallest)."""
+    """The fragmentation fraction under which the observed verdicts are most likely (ties: the smallest).
+
+    The log-likelihood of fits and OOMs under the model's own out-of-memory probability (memory.oom_probability,
+    with c's peak_log_sigma): a proper scoring rule, so a run predicted at p = 0.45 counts as nearly right and
+    one at p = 0.01 as badly wrong, where 0-1 accuracy counts both alike and, on a source with a few OOM runs,
+    jumps between grid values."""
     labels = np.array([r.valid for r in batch.records])
-    best, best_acc = c.oom_fragmentation_fraction, -1.0
+    best, best_ll = c.oom_fragmentation_fraction, -np.inf
     for fraction in np.arange(0.0, 0.51, 0.025):
-        fits = batch.predict(c.replace(oom_fragmentation_fraction=float(fraction)), throughput=False)["fits"]
-        acc = float(np.mean((fits > 0) == labels))
-        if acc > best_acc + 1e-12:
-            best, best_acc = float(fraction), acc
+        p = batch.predict(c.replace(oom_fragmentation_fraction=float(fraction)), throughput=False)["p_oom"]
+        p = np.clip(p, 1e-4, 1 - 1e-4)  # one impossible record (a verdict against p ~ 0) must not decide alone
+        known = np.isfinite(p)
+        ll = float(np.sum(np.where(labels, np.log1p(-p), np.log(p))[known]))
+        if ll > best_ll + 1e-9:
+            best, best_ll = float(fraction), ll
     return best
 
 
@@ -221,11 +228,11 @@ def fit(records: list[Record], start: Coefficients | None = None) -> Coefficient
         c = _fit_group(batch, c, MEMORY_FIT, _memory_residuals(records, ("allocated",)), memory=True)
     if sum(np.isfinite(measured(records, MEMORY_KEYS[k])).sum() for k in ("reserved", "smi")) >= 4:
         c = _fit_group(batch, c, SLACK_FIT, _memory_residuals(records, ("reserved", "smi")), memory=True)
-    if any(not r.valid for r in records):
-        c = c.replace(oom_fragmentation_fraction=_oom_fragmentation(batch, c))
-    errors = log_errors(records, batch.predict(c, throughput=False))
+    errors = log_errors(records, batch.predict(c, throughput=False))  # the peaks: not moved by the OOM boundary
     if errors.size >= 4:
         c = c.replace(peak_log_sigma=float(max(0.02, _robust_sd(errors))))
+    if any(not r.valid for r in records):
+        c = c.replace(oom_fragmentation_fraction=_oom_fragmentation(batch, c))
     speed, is_train = measured_throughput(records)
     if np.isfinite(speed).sum() >= 4:
         c = _fit_group(
