@@ -248,6 +248,6 @@ def test_oom_boundary_is_the_most_likely_fragmentation_and_one_impossible_record
     assert log_likelihood(recs, chosen) >= best - 1e-9
     assert log_likelihood(recs, chosen) > min(log_likelihood(recs, f) for f in grid)  # the share matters here
     oom = next(r for r in recs if not r.valid and r.values.get("number_gpus") == 1)
-    impossible = replace(oom, values={**oom.values, "batch_size": 64 * oom.values["batch_size"]},
-                         properties={**oom.properties, "is_valid": 1.0})  # fmt: skip
+    huge = {**oom.values, "batch_size": 64 * oom.values["batch_size"]}
+    impossible = replace(oom, values=huge, properties={**oom.properties, "is_valid": 1.0})
     assert _oom_fragmentation(Batch.of([*recs, impossible]), c) == chosen

@@ -352,7 +352,8 @@ def calibrate(
     """A Calibration fitted on all records, with in-sample and leave-one-model-out metrics.
 
     The out-of-memory probability's uncertainty (peak_log_sigma) is set from the held-out log errors
-    when leave-one-model-out runs: the error a new model will really see.
+    when leave-one-model-out runs: the error a new model will really see; the OOM boundary is then
+    chosen again under it.
     """
     if not records:
         raise InputError("--from", "no usable measurements to calibrate on")
@@ -361,7 +362,7 @@ def calibrate(
     started = time.monotonic()
     c = fit(records)
     fit_s = time.monotonic() - started  # each held-out refit is on fewer runs: at most about this long
-    metrics: dict[str, Any] = {"in_sample": scores(records, Batch.of(records).predict(c))}
+    metrics: dict[str, Any] = {}
     families = len({r.family for r in records})
     if lomo and families > 1:
         say(f"leave-one-model-out: refitting once per model family ({families} refits)", eta_s=fit_s * families)
@@ -370,6 +371,12 @@ def calibrate(
         errors = log_errors(records, pooled)
         if errors.size >= 4:
             c = c.replace(peak_log_sigma=float(max(0.02, _robust_sd(errors))))
+            # the OOM boundary again, under the probabilities the planner will give (fit chose it under the
+            # in-sample spread)
+            fitted = [r for r in records if r.fit]
+            if any(not r.valid for r in fitted):
+                c = c.replace(oom_fragmentation_fraction=_oom_fragmentation(Batch.of(fitted), c))
+    metrics = {"in_sample": scores(records, Batch.of(records).predict(c)), **metrics}
     return Calibration(
         coefficients=c,
         source=source,
