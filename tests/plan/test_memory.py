@@ -141,6 +141,39 @@ def test_fsdp_gradient_accumulation_holds_unsharded_gradients():
     assert b["optimizer_states"][0] == pytest.approx(4 * n / 4)
 
 
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_fsdp_peft_checkpoint_copies_only_with_reentrant_checkpoints(reentrant):
+    """Multi-GPU FSDP + LoRA keeps the layer inputs again under reentrant checkpointing (fms-acceleration's and
+    PEFT's reentrant runs), never under non-reentrant (PEFT's FSDP guide, torchtune): copies x b s h L x 2 B."""
+    props = {"number_gpus": 2, "batch_size": 4, "model_max_length": 512, "distributed_backend": "FSDP"}
+    w = workload("lora", gradient_checkpointing_use_reentrant=reentrant, **props)
+    assert w.reentrant_checkpointing is reentrant and w.trace_request().reentrant is reentrant
+    m = w.structure
+    none = activation_moments(w, UNIT)
+    one = activation_moments(w, UNIT.replace(fsdp_peft_checkpoint_copies=1.0))
+    copies = 2 * 512 * m.hidden * m.layers * 2  # per-device batch 2
+    for name in none:
+        assert one[name][0][0] - none[name][0][0] == pytest.approx(copies if reentrant else 0.0)
+
+
+def test_liger_kernels_keep_what_their_autograd_functions_save():
+    """Liger's SiLU-gated MLP keeps the gate and up projections' outputs, not silu(gate): without checkpointing
+    the forward holds at least one intermediate-wide 16-bit tensor per layer and token less (and its RMSNorm
+    keeps no fp32 copies of the input); with checkpointing the layer inputs stay and the working set shrinks."""
+    plain = workload("lora", batch_size=1, model_max_length=512, gradient_checkpointing=False)
+    liger = workload("lora", batch_size=1, model_max_length=512, gradient_checkpointing=False, liger_kernels=True)
+    assert liger.trace_request().liger and not plain.trace_request().liger
+    m = liger.structure
+    intermediate = m.config.get("intermediate_size")
+    saved = activation_moments(plain, UNIT)["forward"][0][0] - activation_moments(liger, UNIT)["forward"][0][0]
+    assert saved >= 0.99 * 512 * m.layers * intermediate * 2
+    ckpt = {"batch_size": 4, "model_max_length": 1024}
+    before = activation_moments(workload("lora", **ckpt), UNIT)["last_layer"][0][0]
+    after = activation_moments(workload("lora", liger_kernels=True, **ckpt), UNIT)["last_layer"][0][0]
+    checkpoints = 4 * 1024 * m.hidden * m.layers * 2
+    assert checkpoints < after < before
+
+
 def test_lora_adapter_parameters_by_hand():
     # smollm2-135m: h 576, 9 heads x 64, 3 KV heads x 64, 30 layers; q_proj (576 -> 576), v_proj (576 -> 192)
     w = workload("lora", r=8)

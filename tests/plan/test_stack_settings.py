@@ -225,6 +225,8 @@ JUDGED = [
     (FMS, LORA, {"loss_implementation": "fused_linear"}, "fms-hf-tuning has no fused linear cross-entropy"),
     (FMS, LORA, {"adapter_dtype": "bfloat16"}, "adapter_dtype bfloat16: fms-hf-tuning keeps adapter weights"),
     (FMS, LORA, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
+    (NATIVE, LORA, {"liger_kernels": True}, "liger_kernels is planning only"),
+    (FMS, FULL, {"liger_kernels": True}, "liger_kernels is planning only"),
     # fms-acceleration's kernels run only under fms-hf-tuning: judged on the native engine, not run without them
     (NATIVE, LORA, {"fast_kernels": "True,False,False"}, "fast_kernels True,False,False: fms-acceleration kernels"),
     (NATIVE, FULL, {"fast_kernels": "False,True,True"}, "measure with --engine fms-hf-tuning"),

@@ -142,6 +142,15 @@ def _model_parallel(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _liger_kernels(values: dict[str, Any], engine: str) -> list[str]:
+    if values.get("liger_kernels"):
+        return [
+            "liger_kernels is planning only: the engines apply Liger's fused linear cross-entropy alone "
+            "(loss_implementation fused_linear); set liger_kernels false"
+        ]
+    return []
+
+
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
     if values.get("gradient_checkpointing_mode") == "selective":
         return [
@@ -252,6 +261,7 @@ RULES: tuple[Rule, ...] = (
     Rule("loss_implementation", (NATIVE,), _loss_package, here=True),
     Rule("loss_implementation", (FMS,), _loss_fms),
     Rule("adapter_dtype", (FMS,), _adapter_dtype_fms),
+    Rule("liger_kernels", BOTH, _liger_kernels),
     # torch_compile runs on both (TrainingArguments torch_compile, which fms-hf-tuning's parser takes too).
 )
 

@@ -42,7 +42,9 @@ class Coefficients:
     # compiled runs of other stacks never move fms-acceleration's kernel share (starts at the same value).
     compile_activation_fraction: float = 0.85
     # Extra copies of the checkpointed layer inputs (h L residual-stream elements per token) that PEFT methods keep
-    # under multi-GPU FSDP (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x from 1 to 2 GPUs).
+    # under multi-GPU FSDP with reentrant checkpointing (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x
+    # from 1 to 2 GPUs, and PEFT's reentrant FSDP QLoRA guides need them; PEFT's non-reentrant FSDP guide and
+    # torchtune's non-reentrant LoRA runs are 14-70 % over with them, within 5 % / closer without).
     fsdp_peft_checkpoint_copies: float = 1.0
     # --- memory: allocator and driver -----------------------------------------------------------
     # CUDA context, cuBLAS/cuDNN workspaces: invisible to torch, visible to nvidia-smi (estimation.md §5).

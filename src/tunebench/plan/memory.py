@@ -208,7 +208,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     entry and token; Liger's fused linear cross-entropy no logits, but the gradient buffers its forward
     fills, fused_linear_forward_bytes), fused RMSNorm/RoPE kernels (a calibrated share of each layer's
     working set; the checkpointed layer inputs stay whole), the extra checkpoint copies PEFT keeps
-    under multi-GPU FSDP, the vision tower, and one 4-bit weight dequantised to 16 bits.
+    under multi-GPU FSDP with reentrant checkpointing, the vision tower, and one 4-bit weight dequantised to 16 bits.
     """
     m = w.structure
     padded = w.memory_tokens()  # the longest sample (plan.lengths); time uses the mean
@@ -219,9 +219,12 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     flce = fused_linear_forward_bytes(w, tokens) if impl == "fused_linear" else 0.0  # per GPU
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss
     extra = np.zeros(w.size)
-    fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1)
+    # multi-GPU FSDP + PEFT with reentrant checkpoints keeps the layer inputs again (measured, not traced: fms-
+    # acceleration's runs and PEFT's reentrant QLoRA guides show it; the non-reentrant runs of PEFT's FSDP guide
+    # and torchtune do not); Coefficients.fsdp_peft_checkpoint_copies
+    fsdp_peft = (w.mode() == "FSDP") & w.peft & (w.devices > 1) & w.reentrant_checkpointing
     if w.checkpointing:
-        # layer-input checkpoints (h residual-stream elements per token per layer), copied again under FSDP + PEFT
+        # layer-input checkpoints (h residual-stream elements per token per layer), copied again (above)
         extra = extra + _where(
             fsdp_peft,
             c.fsdp_peft_checkpoint_copies * tokens * m.hidden * m.layers * residual_bytes(w) / (w.tp * w.sp),

@@ -18,10 +18,12 @@ temporaries (e.g. the embedding's gradient) and ``a2`` the quadratic attention t
 attention scores, materialised masks). Two more traces with half the vocabulary measure the loss's
 bytes per vocabulary entry per token (the slope over length), so fused loss kernels can be accounted.
 Profiles are cached on disk per (config, method, checkpointing and its mode, dtype, autocast, attention,
-adapters and their dtype, loss path). The profiles the shipped calibration was fitted with ship with the
-package (``data/traces.json.gz``, SHIPPED): with the library versions they were traced with (torch's local
-build tag aside: fake tensors trace the same on a CPU and a CUDA build), the catalog's models at the
-calibration runs' set-ups plan without tracing (85 profiles: about 3 minutes of tracing on 2 cores).
+adapters and their dtype, loss path, Liger's layer kernels). Liger's RMSNorm and SwiGLU kernels are Triton
+code: autograd functions that save what theirs save stand in for them (``_liger_layers``). The profiles
+the shipped calibration was fitted with ship with the package (``data/traces.json.gz``, SHIPPED): with
+the library versions they were traced with (torch's local build tag aside: fake tensors trace the same
+on a CPU and a CUDA build), the catalog's models at the calibration runs' set-ups plan without tracing
+(101 profiles: a few minutes of tracing on 2 cores).
 
 What tracing cannot see stays outside: CUDA context, allocator caching, NCCL buffers, FSDP gathers,
 4-bit weight bytes and dequantisation transients, kernels outside PyTorch (flash-attention 2 is
@@ -84,6 +86,7 @@ class TraceRequest:
     selective: bool = False  # op-level selective activation checkpointing (torchtitan's policy)
     adapter_dtype: str = "float32"  # trainable adapters' dtype (peft upcasts to fp32 by default)
     loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" (tunebench.training.loss)
+    liger: bool = False  # liger_kernels: Liger-Kernel's RMSNorm and SwiGLU kernels, as autograd sees them
 
     @property
     def key(self) -> str:
@@ -475,6 +478,8 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
         apply(model, "chunked", on_gpu=False)
     if request.kbit_upcast:
         _upcast_like_kbit(model)
+    if request.liger:
+        _liger_layers(model)
     if request.method == "full":
         model.requires_grad_(True)
     else:
@@ -488,6 +493,60 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
             model.enable_input_require_grads()  # what transformers Trainer / peft do for reentrant checkpoints
     model.train()
     return model
+
+
+# --- Liger-Kernel's layer kernels, as autograd sees them (liger_kernel/ops rms_norm.py, rope.py, swiglu.py) --
+# Triton kernels do not run on fake tensors: these functions allocate and save what the kernels do and
+# compute nothing. apply_liger_kernel_to_* swaps the model's RMSNorm class and its SiLU-gated MLP's forward
+# (the same swaps are made here) and its apply_rotary_pos_emb, whose in-place rotation keeps what
+# transformers' keeps (cos and sin: q * cos and rotate_half(q) * sin save only those), so it is not swapped.
+def _liger_layers(model) -> None:
+    """LigerRMSNorm for every RMSNorm (saves the input, the weight and one fp32 reciprocal RMS per row; a new
+    output in the input's dtype) and LigerSiLUMulFunction in every SiLU-gated MLP (saves the gate and up
+    projections' outputs, never silu(gate) or the product; its backward writes their gradients over them)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
+            module.forward = functools.partial(_liger_rms_forward, module)
+        gated = all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj"))
+        if gated and getattr(getattr(module, "config", None), "hidden_act", None) in ("silu", "swish"):
+            module.forward = functools.partial(_liger_swiglu_forward, module)
+
+
+def _liger_rms_forward(module, x):
+    return _liger_functions()[0].apply(x, module.weight)
+
+
+def _liger_swiglu_forward(module, x):
+    return module.down_proj(_liger_functions()[1].apply(module.gate_proj(x), module.up_proj(x)))
+
+
+@functools.cache
+def _liger_functions():
+    import torch
+
+    class RMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight):
+            ctx.save_for_backward(x, weight, x.new_empty(x.shape[:-1], dtype=torch.float32))
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, dy):  # in_place (the default): the input's gradient over the incoming one
+            weight = ctx.saved_tensors[1]
+            return dy, torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+
+    class SiLUMul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return torch.empty_like(a)
+
+        @staticmethod
+        def backward(ctx, dc):
+            a, b = ctx.saved_tensors
+            return a.detach(), b.detach()  # written over the saved inputs
+
+    return RMSNorm, SiLUMul
 
 
 def selective_checkpoint_context():

@@ -40,7 +40,7 @@ CATEGORICAL = (
     "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel",
     "_network_gbps", "_flce_chunk_upcast", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode",
     "torch_compile", "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device",
-    "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree",
+    "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels",
 )  # fmt: skip
 
 # Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
@@ -136,6 +136,13 @@ class Workload:
         return "sdpa" if self.structure.default_attention == "sdpa" else "eager"
 
     @property
+    def reentrant_checkpointing(self) -> bool:
+        """torch.utils.checkpoint's reentrant variant (``gradient_checkpointing_use_reentrant``): what
+        transformers 4.35-4.x gave the Trainer's checkpointing when no kwargs were passed, and transformers
+        5 and tunebench's worker do not (use_reentrant=False)."""
+        return self.checkpointing and bool(self.settings.get("gradient_checkpointing_use_reentrant"))
+
+    @property
     def selective_checkpointing(self) -> bool:
         """Op-level selective activation checkpointing (torchtitan's 'selective' mode, op policy)."""
         return self.checkpointing and self.settings.get("gradient_checkpointing_mode") == "selective"
@@ -187,7 +194,7 @@ class Workload:
             method="lora" if lora else self.method,
             kbit_upcast=self.kbit_upcast and not self.forward_16bit,
             checkpointing=self.checkpointing,
-            reentrant=bool(self.settings.get("gradient_checkpointing_use_reentrant")) and self.checkpointing,
+            reentrant=self.reentrant_checkpointing,
             dtype=dtype,
             autocast=self.autocast if self.autocast and self.autocast != dtype else None,
             attention=self.attention,
@@ -201,6 +208,7 @@ class Workload:
             selective=self.selective_checkpointing,
             loss="chunked" if self.loss_implementation == "chunked" else "upcast",
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
+            liger=bool(self.settings.get("liger_kernels")),
         )
 
     @property

@@ -562,6 +562,13 @@ PROPERTIES: dict[str, Property] = {
             default=False,
         ),
         _p(
+            "liger_kernels",
+            "bool",
+            "Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels, as its apply_liger_kernel_to_* patches (the "
+            "Trainer's use_liger_kernel) put them in; its loss is loss_implementation=fused_linear. Planning only.",
+            default=False,
+        ),
+        _p(
             "deepspeed_zero_stage",
             "int",
             "DeepSpeed ZeRO stage when distributed_backend is DeepSpeed (accelerate's default 2).",
