@@ -168,13 +168,13 @@ def test_plan_says_it_defaults_to_full_fine_tuning_and_recommend_sizes_a_job():
     assert inspect.signature(api.plan).parameters["experiment"].default == "finetune_full_benchmark-v1.0.0"
     assert "full fine-tuning" in api.plan.__doc__.lower()
     rec = api.recommend(
-        LORA, {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8, "gpu_model": A100}, max_gpus=8
+        LORA, {"model_name": "llama3.1-8b", "model_max_length": 3584, "batch_size": 8, "gpu_model": A100}, max_gpus=8
     )
     assert rec["minimum"]["number_gpus"] == 2 and rec["minimum"]["oom_probability"] <= 0.1
     assert (
         api.recommend(
             LORA,
-            {"model_name": "llama3.1-8b", "model_max_length": 4096, "batch_size": 8, "gpu_model": A100},
+            {"model_name": "llama3.1-8b", "model_max_length": 3584, "batch_size": 8, "gpu_model": A100},
             max_gpus=8,
             max_oom_risk=0.5,
         )["minimum"]["number_gpus"]

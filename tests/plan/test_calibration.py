@@ -241,7 +241,7 @@ def test_oom_boundary_is_the_most_likely_fragmentation_and_one_impossible_record
         p = Batch.of(records).predict(c.replace(oom_fragmentation_fraction=fraction), throughput=False)["p_oom"]
         p = np.clip(p, 1e-4, 1 - 1e-4)
         labels = np.array([r.valid for r in records])
-        known = np.isfinite(p)
+        known = np.isfinite(p) & np.array(["is_valid" in r.properties for r in records])
         return float(np.sum(np.where(labels, np.log1p(-p), np.log(p))[known]))
 
     chosen = _oom_fragmentation(Batch.of(recs), c)
@@ -253,3 +253,13 @@ def test_oom_boundary_is_the_most_likely_fragmentation_and_one_impossible_record
     huge = {**oom.values, "batch_size": 64 * oom.values["batch_size"]}
     impossible = replace(oom, values=huge, properties={**oom.properties, "is_valid": 1.0})
     assert _oom_fragmentation(Batch.of([*recs, impossible]), c) == chosen
+
+
+def test_oom_boundary_keeps_its_prior_where_no_verdict_can_move_it():
+    """CPU runs have no device to run out of: every share gives the same likelihood, so the prior stays."""
+    from tunebench.plan.calibration import _oom_fragmentation
+
+    recs = read_csv(DATA / "ado_docs_example_smollm2_cpu_measurements.csv")
+    for prior in (0.05, 0.2):
+        c = Coefficients().replace(oom_fragmentation_fraction=prior)
+        assert _oom_fragmentation(Batch.of(recs), c) == prior

@@ -172,6 +172,13 @@ def test_liger_kernels_keep_what_their_autograd_functions_save():
     after = activation_moments(workload("lora", liger_kernels=True, **ckpt), UNIT)["last_layer"][0][0]
     checkpoints = 4 * 1024 * m.hidden * m.layers * 2
     assert checkpoints < after < before
+    # Gemma's Liger patch swaps an offset RMSNorm and GeGLU, which the stand-ins do not model: unchanged
+    from pathlib import Path
+
+    import tunebench
+
+    gemma = Path(tunebench.__file__).parent / "plan/data/measurements/published/configs/gemma-2b/config.json"
+    assert not workload("full", model_name=str(gemma), liger_kernels=True).trace_request().liger
 
 
 def test_lora_adapter_parameters_by_hand():

@@ -143,12 +143,14 @@ def _model_parallel(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _liger_kernels(values: dict[str, Any], engine: str) -> list[str]:
-    if values.get("liger_kernels"):
+    if not values.get("liger_kernels"):
+        return []
+    if engine == NATIVE:
         return [
-            "liger_kernels is planning only: the engines apply Liger's fused linear cross-entropy alone "
-            "(loss_implementation fused_linear); set liger_kernels false"
+            "liger_kernels is planning only: the native worker applies Liger's fused linear cross-entropy "
+            "alone (loss_implementation fused_linear); set liger_kernels false"
         ]
-    return []
+    return ["liger_kernels is planning only: fms-hf-tuning runs no Liger kernels; set liger_kernels false"]
 
 
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:

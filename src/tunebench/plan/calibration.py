@@ -206,15 +206,17 @@ def _oom_fragmentation(batch: Batch, c: Coefficients) -> float:
     one at p = 0.01 as badly wrong, where 0-1 accuracy counts both alike and, on a source with a few OOM runs,
     jumps between grid values."""
     labels = np.array([r.valid for r in batch.records])
-    best, best_ll = c.oom_fragmentation_fraction, -np.inf
-    for fraction in np.arange(0.0, 0.51, 0.025):
+    verdict = np.array(["is_valid" in r.properties for r in batch.records])  # as scores() counts them
+    likelihoods = []
+    grid = np.arange(0.0, 0.51, 0.025)
+    for fraction in grid:
         p = batch.predict(c.replace(oom_fragmentation_fraction=float(fraction)), throughput=False)["p_oom"]
         p = np.clip(p, 1e-4, 1 - 1e-4)  # one impossible record (a verdict against p ~ 0) must not decide alone
-        known = np.isfinite(p)
-        ll = float(np.sum(np.where(labels, np.log1p(-p), np.log(p))[known]))
-        if ll > best_ll + 1e-9:
-            best, best_ll = float(fraction), ll
-    return best
+        known = verdict & np.isfinite(p)
+        likelihoods.append(float(np.sum(np.where(labels, np.log1p(-p), np.log(p))[known])))
+    if max(likelihoods) - min(likelihoods) < 1e-9:  # no verdict the share can move (CPU runs): keep the prior
+        return c.oom_fragmentation_fraction
+    return float(grid[int(np.argmax(likelihoods))])  # the first maximum: ties go to the smallest share
 
 
 def fit(records: list[Record], start: Coefficients | None = None) -> Coefficients:

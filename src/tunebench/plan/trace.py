@@ -500,6 +500,14 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
 # compute nothing. apply_liger_kernel_to_* swaps the model's RMSNorm class and its SiLU-gated MLP's forward
 # (the same swaps are made here) and its apply_rotary_pos_emb, whose in-place rotation keeps what
 # transformers' keeps (cos and sin: q * cos and rotate_half(q) * sin save only those), so it is not swapped.
+# Model types whose apply_liger_kernel_to_* swaps in LigerRMSNorm (plain, offset 0) and, for SiLU-gated MLPs
+# with gate_proj / up_proj, LigerSwiGLUMLP by default (liger_kernel/transformers/monkey_patch.py,
+# MODEL_TYPE_TO_APPLY_LIGER_FN). Not here: the Gemma family (RMSNorm with offset 1, GeGLU), which the
+# stand-ins do not model; any other type, which liger_kernels leaves as transformers runs it.
+LIGER_LAYER_MODELS = ("llama", "mistral", "ministral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "granite", "olmo2",
+                      "olmo3", "smollm3", "phi3")  # fmt: skip
+
+
 def _liger_layers(model) -> None:
     """LigerRMSNorm for every RMSNorm (saves the input, the weight and one fp32 reciprocal RMS per row; a new
     output in the input's dtype) and LigerSiLUMulFunction in every SiLU-gated MLP (saves the gate and up

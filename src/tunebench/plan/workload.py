@@ -22,7 +22,7 @@ from tunebench.datasets.ids import DatasetId
 from tunebench.errors import InputError
 from tunebench.plan.lengths import SampleLengths
 from tunebench.plan.structure import Structure, image_tiles, structure_of
-from tunebench.plan.trace import ActivationProfile, TraceRequest, profile
+from tunebench.plan.trace import LIGER_LAYER_MODELS, ActivationProfile, TraceRequest, profile
 from tunebench.spec.properties import SPEC_TORCH_DTYPES
 
 # Numeric entity properties, vectorised per group (the SFTTrainer spec names).
@@ -208,7 +208,7 @@ class Workload:
             selective=self.selective_checkpointing,
             loss="chunked" if self.loss_implementation == "chunked" else "upcast",
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
-            liger=bool(self.settings.get("liger_kernels")),
+            liger=bool(self.settings.get("liger_kernels")) and self.structure.model_type in LIGER_LAYER_MODELS,
         )
 
     @property
