@@ -208,7 +208,8 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     entry and token; Liger's fused linear cross-entropy no logits, but the gradient buffers its forward
     fills, fused_linear_forward_bytes), fused RMSNorm/RoPE kernels (a calibrated share of each layer's
     working set; the checkpointed layer inputs stay whole), the extra checkpoint copies PEFT keeps
-    under multi-GPU FSDP with reentrant checkpointing, the vision tower, and one 4-bit weight dequantised to 16 bits.
+    under multi-GPU FSDP with reentrant checkpointing, the vision tower, and one 4-bit weight
+    dequantised to 16 bits.
     """
     m = w.structure
     padded = w.memory_tokens()  # the longest sample (plan.lengths); time uses the mean
