@@ -64,8 +64,8 @@ print(runs[["model_name", "batch_size", "status", "train_runtime",
 QUESTIONS = [
     ("1. Will Llama-3.1-8B LoRA at 8k tokens fit on 2 x A100, and what does it cost?",
      ("`plan` gives memory per GPU with its breakdown, the out-of-memory probability, speed, time and cost. "
-     "At batch 8 the job fits but with a 0.18 chance of running out of memory (`risky`, above the default "
-     "`--max-oom-risk` of 0.10): the loss on a 128k vocabulary dominates. `max-batch` finds the largest batch "
+     "At batch 8 the job fits but is `risky`: its chance of running out of memory is above the default "
+     "`--max-oom-risk` of 0.10; the loss on a 128k vocabulary dominates. `max-batch` finds the largest batch "
      "within the risk; a chunked loss (`loss_implementation=chunked`) makes batch 8 safe."),
      [("sh", ("tunebench plan finetune_lora_benchmark-v1.0.0 model_name=llama-3.1-8b model_max_length=8192 "
              "number_gpus=2 batch_size=8 gpu_model=A100-80GB --price-per-gpu-hour 2.5")),

@@ -56,12 +56,20 @@ def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys):
     rows = {r["property"]: r for r in out["comparison"]}
     # the measurement: the reference's CSV row (ado docs, SmolLM2-135M, batch 2 x 1,024 tokens, CPU)
     measured_tps, measured_runtime, measured_sps = 4353.090823344991, 30.1101, 136.034
-    # the prediction, from this host's measured training rate (bfloat16, checkpointing: the spec's
-    # defaults) and the FLOPs written out above: the planner predicts the host it runs on
-    from tunebench.plan.host import host_flops
+    # the prediction, from this host's measured training rate for SmolLM2-135M's own layers (bfloat16,
+    # checkpointing: the spec's defaults; a micro-batch of 2 x 1,024 tokens) and the FLOPs written out
+    # above, plus the optimizer step timed on this host per parameter: the planner predicts the host it runs on
+    from tunebench.plan.host import entity_rate
+    from tunebench.plan.structure import structure_of
+    from tunebench.spec.runs import resolve_model
 
-    tps = smollm2_135m_cpu_tokens_per_second(host_flops("bfloat16", None, True) / 1e12, 1024)
-    step = 2 * 4 * 1024 / tps  # batch 2 x gradient_accumulation_steps 4 (spec default) x 1,024 tokens
+    structure = structure_of(resolve_model("smollm2-135m"))
+    rate = entity_rate(structure, "bfloat16", None, True, 2 * 1024)
+    assert rate.probe.startswith("smollm2-135m at ") and structure.total_params == 134_515_008
+    tps = smollm2_135m_cpu_tokens_per_second(rate.flops / 1e12, 1024)
+    # batch 2 x gradient_accumulation_steps 4 (spec default) x 1,024 tokens, then one AdamW step
+    step = 2 * 4 * 1024 / tps + structure.total_params * rate.optimizer_s_per_param
+    tps = 2 * 4 * 1024 / step
     runtime = -(-30 // step) * step  # HF stops at the end of the first step past stop_after_seconds=30
     expected = {  # property: (predicted, measured); plan_json rounds predictions to 4 places
         "dataset_tokens_per_second": (tps, measured_tps),

@@ -139,6 +139,24 @@ def test_flops_per_token_by_hand():
     )
 
 
+def test_a_cpu_step_adds_this_hosts_optimizer_time_per_trainable_parameter():
+    cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2}
+    c = Calibration().coefficients
+    for exp in (FULL, LORA):
+        w = build_workload(exp.method, [effective_values(exp, make_entity(exp, cpu))])
+        without = predict_throughput(w, c, host_flops=np.array([1e11]))
+        timed = predict_throughput(w, c, host_flops=np.array([1e11]), host_optimizer_s_per_param=np.array([2e-9]))
+        # one optimizer step per step (after gradient_accumulation_steps micro-batches): every weight of
+        # full fine-tuning, only the adapters of LoRA (the spec's r=4 on q_proj 576->576 and v_proj 576->192
+        # of 30 layers)
+        trainable = w.structure.total_params if exp is FULL else 30 * 4 * ((576 + 576) + (576 + 192))
+        assert timed.step_seconds[0] - without.step_seconds[0] == pytest.approx(trainable * 2e-9, rel=1e-6)
+    # measured elsewhere (calibration records): the calibrated cpu_tflops alone
+    assert predict_throughput(w, c).step_seconds[0] == pytest.approx(
+        predict_throughput(w, c, host_flops=c.cpu_tflops * 1e12).step_seconds[0]
+    )
+
+
 def test_runtime_is_steps_times_step_time_and_cost_follows_price():
     values = effective_values(FULL, make_entity(FULL, {**BASE, "num_train_epochs": 2}))
     w = build_workload("full", [values])
@@ -456,9 +474,11 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
     monkeypatch.setattr(host, "_MEMO", {})
-    calls = []
-    real = host.measure_training_flops
+    monkeypatch.setattr(host, "host_busy", lambda: False)
+    calls, probes = [], []
+    real, real_entity = host.measure_training_flops, host.measure_entity
     monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: calls.append(a) or real(*a, seconds=0.2))
+    monkeypatch.setattr(host, "measure_entity", lambda *a, **k: probes.append(a) or real_entity(*a, seconds=0.4))
     first = host.host_flops("float32", None, True)
     assert first > 1e6 and len(calls) == 1 and (tmp_path / host.CACHE_FILE).exists()
     assert host.host_flops("float32", None, True) == first and len(calls) == 1  # in-process memo
@@ -472,8 +492,49 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
         "torch_dtype": "float32",
     }
     r = predict(FULL, entity)
-    assert len(calls) == 1 and r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
-    assert any(f"{first / 1e9:.3g} GFLOP/s" in n for n in r.metadata["notes"])
+    # the entity's own probes (two SmolLM2 layers with and without its 49,152-entry vocabulary) at its
+    # micro-batch's 1,024 tokens, or fewer where this CPU would take over PROBE_STEP_SECONDS a step, measured
+    # once: a second plan, and a new process, reuse them
+    assert len(calls) == 1 and len(probes) == 1
+    tokens = probes[0][4]
+    assert tokens in (128, 256, 512, 1024)
+    assert r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
+    note = next(n for n in r.metadata["notes"] if n.startswith("CPU: this host trains at"))
+    assert f"probe: smollm2-135m at {tokens} tokens" in note and "GFLOP/s (float32" in note
+    cached = json.loads((tmp_path / host.CACHE_FILE).read_text())
+    (key,) = [k for k in cached if k.endswith(f"| {tokens} tokens")]
+    assert cached[key]["flops"] > 1e6 and 0 < cached[key]["optimizer_s_per_param"] < 1e-6
+    assert f"{cached[key]['flops'] / 1e9:.3g} GFLOP/s" in note
+    monkeypatch.setattr(host, "_MEMO", {})
+    assert predict(FULL, entity).properties == r.properties and len(probes) == 1
+
+
+def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet(tmp_path, monkeypatch):
+    from tunebench.plan import host
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 1.5e9)
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (3.0 * host.usable_cores(), 0.0, 0.0))
+    assert host.host_busy()
+    assert host.host_flops("float32", None, False) == 1.5e9
+    (entry,) = json.loads((tmp_path / host.CACHE_FILE).read_text()).values()
+    assert entry == {"flops": 1.5e9, "busy": True}
+    monkeypatch.setattr(host, "_MEMO", {})  # a new process, the host still busy: the cache answers
+    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 4.0e9)
+    assert host.host_flops("float32", None, False) == 1.5e9
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # quiet now: measured again
+    monkeypatch.setattr(host, "_MEMO", {})
+    assert host.host_flops("float32", None, False) == 4.0e9
+    assert list(json.loads((tmp_path / host.CACHE_FILE).read_text()).values()) == [{"flops": 4.0e9, "busy": False}]
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 9.9e9)
+    assert host.host_flops("float32", None, False) == 4.0e9  # a quiet measurement stays
+    # an older tunebench's bare number (load unknown) is measured again on a quiet host
+    key = host.host_key("float32", None, False)
+    (tmp_path / host.CACHE_FILE).write_text(json.dumps({key: 3.7e9}))
+    monkeypatch.setattr(host, "_MEMO", {})
+    assert host.host_flops("float32", None, False) == 9.9e9
 
 
 @pytest.mark.slow

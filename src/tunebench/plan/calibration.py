@@ -247,6 +247,12 @@ def fit(records: list[Record], start: Coefficients | None = None) -> Coefficient
     return c
 
 
+def _model_label(family: str) -> str:
+    """A model's name for the shipped calibration: a published run's config file by its folder's name
+    (``.../configs/llama-3-8b/config.json`` -> ``llama-3-8b``), so no machine's paths are shipped."""
+    return Path(family).parent.name if family.endswith("config.json") else family
+
+
 def _robust_sd(x: np.ndarray) -> float:
     """Standard deviation estimated from the median absolute deviation (robust to a few odd runs)."""
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
@@ -383,6 +389,6 @@ def calibrate(
         coefficients=c,
         source=source,
         records=len(records),
-        models=tuple(sorted({r.family for r in records})),
+        models=tuple(sorted({_model_label(r.family) for r in records})),
         metrics=metrics,
     )

@@ -41,6 +41,17 @@ def build_model(config, hf, vision: bool):
         raise cannot_build(config, "the model class fails on it", exc) from None
 
 
+def enable_checkpointing(model, kwargs: dict[str, Any]) -> None:
+    """Turn on activation checkpointing with torch.utils.checkpoint ``kwargs``: transformers >= 5.2x names it
+    ``activation_checkpointing_enable`` (``gradient_checkpointing_enable`` is its deprecated alias, which
+    warns); earlier 5.x releases have only the old name."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def build_structure(config) -> Structure:
     """Build the model of a ModelConfig on the meta device and read its Structure off it."""
     from tunebench.plan.config import hf_config

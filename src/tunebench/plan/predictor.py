@@ -28,7 +28,7 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 from tunebench.plan.coefficients import Calibration, default_calibration
-from tunebench.plan.host import CACHE_FILE, host_flops
+from tunebench.plan.host import CACHE_FILE, HostRate, entity_rate, entity_tokens
 from tunebench.plan.lengths import UserLengths
 from tunebench.plan.memory import predict_memory
 from tunebench.plan.throughput import network_rate, predict_throughput
@@ -194,6 +194,25 @@ def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
     return gpu.price_usd_per_gpu_hour, f"GPU catalog, USD: {gpu.price_source}"
 
 
+def cpu_rates(w, padded) -> list[HostRate]:
+    """This host's rate for each CPU entity of a workload, at its micro-batch's tokens (plan.host)."""
+    tokens = np.broadcast_to(w.per_device_batch * padded, (w.size,))
+    memo: dict[int, HostRate] = {}
+    out = []
+    for n in tokens:
+        key = entity_tokens(float(n))
+        if key not in memo:
+            memo[key] = entity_rate(w.structure, w.torch_dtype, w.autocast, w.checkpointing, float(n))
+        out.append(memo[key])
+    return out
+
+
+def _gflops(rates: np.ndarray) -> str:
+    """GFLOP/s of one rate, or the range of several."""
+    lo, hi = float(np.min(rates)) / 1e9, float(np.max(rates)) / 1e9
+    return f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
+
+
 def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptions, model: ModelSpec | None) -> None:
     """Fill the columns of one group of rows (a Workload) in place."""
     method = rows[idx[0]][0]
@@ -210,9 +229,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             out["fits"][i] = False
         return
     m = predict_memory(w, c)
-    host = None if w.on_gpu else host_flops(w.torch_dtype, w.autocast, w.checkpointing)
-    t = predict_throughput(w, c, opts.network_gbps, host)
     real, padded = w.sample_tokens()
+    rates = None if w.on_gpu else cpu_rates(w, padded)
+    host = None if rates is None else np.array([r.flops for r in rates])
+    opt = None if rates is None else np.array([r.optimizer_s_per_param or 0.0 for r in rates])
+    t = predict_throughput(w, c, opts.network_gbps, host, opt)
     cols = {
         "gpu_memory_utilization_peak": m.utilization_pct,
         "gpu_memory_allocated_peak_gib": m.allocated_gib,
@@ -255,10 +276,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
-    if host is not None:
+    if rates is not None:
+        probes = sorted({r.probe for r in rates})
         notes.append(
-            f"CPU: this host trains at {host / 1e9:.3g} GFLOP/s ({w.torch_dtype}, autocast "
-            f"{w.autocast or 'no'}, checkpointing {'on' if w.checkpointing else 'off'}; measured once, "
+            f"CPU: this host trains at {_gflops(host)} GFLOP/s ({w.torch_dtype}, autocast {w.autocast or 'no'}, "
+            f"checkpointing {'on' if w.checkpointing else 'off'}; probe: {', '.join(probes)}; measured once, "
             f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's"
         )
     if lengths is not None:

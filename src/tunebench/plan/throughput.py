@@ -239,9 +239,14 @@ def offload_seconds(w: Workload) -> np.ndarray:
     return t
 
 
-def optimizer_seconds(w: Workload) -> np.ndarray:
-    """Optimizer step: read param, grad and states, write param and states, over HBM (memory-bound)."""
-    if w.gpu is None or w.offload_optimizer != "gpu":
+def optimizer_seconds(w: Workload, host_s_per_param: np.ndarray | float | None = None) -> np.ndarray:
+    """Optimizer step: read param, grad and states, write param and states, over HBM (memory-bound). On the
+    CPU: the trainable parameters x the seconds per parameter timed on this host (plan.host.entity_rate),
+    else none (the calibrated cpu_tflops of another host's runs absorbs it)."""
+    if w.gpu is None:
+        per_param = 0.0 if host_s_per_param is None else host_s_per_param
+        return trainable_params(w) * np.where(w.gpus >= 1, 0.0, per_param) * np.ones(w.size)
+    if w.offload_optimizer != "gpu":
         return np.zeros(w.size)  # offloaded: offload_seconds
     opt = OPTIMIZERS.get(w.optim, _ADAM)
     pb = param_bytes(w)
@@ -267,22 +272,21 @@ class ThroughputPrediction:
     train_runtime: np.ndarray
 
 
-# Achieved share of the host probe's training rate (plan.host) that a CPU run reaches: 1, the probe
-# already trains a small Llama in the entity's dtype, autocast and checkpointing; measured on 2 EPYC
-# cores, 4-layer 256-wide Llama runs of tunebench measure reached within a factor of 2 of it (the probe
-# is smaller than most models, so wider models are predicted on the slow side).
+# Achieved share of the host probe's training rate (plan.host) that a CPU run reaches: 1, the probes
+# train the entity's own layers in its dtype, autocast and checkpointing; measured on 2 EPYC cores,
+# SmolLM2-135M runs of tunebench measure within -8 to +23 % of the prediction (docs/planner.md section 5).
 CPU_EFFICIENCY = 1.0
 
 
-def cpu_rate(c: Coefficients, host_flops: float | None) -> float:
-    """FLOP/s of a CPU device: the host's measured training rate x CPU_EFFICIENCY when given (the
-    planner measures the host it runs on), else the calibrated cpu_tflops (the measurements'
-    own host, for calibration records measured elsewhere)."""
-    return host_flops * CPU_EFFICIENCY if host_flops else c.cpu_tflops * 1e12
+def cpu_rate(c: Coefficients, host_flops: np.ndarray | float | None) -> np.ndarray | float:
+    """FLOP/s of a CPU device (per entity when an array): the host's measured training rate x
+    CPU_EFFICIENCY when given (the planner measures the host it runs on), else the calibrated cpu_tflops
+    (the measurements' own host, for calibration records measured elsewhere)."""
+    return host_flops * CPU_EFFICIENCY if host_flops is not None else c.cpu_tflops * 1e12
 
 
 def micro_step_seconds(
-    w: Workload, c: Coefficients, micro_flops: np.ndarray, padded, host_flops: float | None = None
+    w: Workload, c: Coefficients, micro_flops: np.ndarray, padded, host_flops: np.ndarray | float | None = None
 ) -> np.ndarray:
     """Seconds of one micro-batch's forward and backward on one device: matmul FLOPs at the
     calibrated efficiency, memory-bound elementwise traffic and per-layer overheads (on the CPU: FLOPs
@@ -315,10 +319,15 @@ def micro_step_seconds(
 
 
 def predict_throughput(
-    w: Workload, c: Coefficients, network_gbps: float | None = None, host_flops: float | None = None
+    w: Workload,
+    c: Coefficients,
+    network_gbps: float | None = None,
+    host_flops: np.ndarray | float | None = None,
+    host_optimizer_s_per_param: np.ndarray | float | None = None,
 ) -> ThroughputPrediction:
     """Step time and the spec's throughput properties for every entity of a workload; CPU entities at
-    ``host_flops`` (plan.host.host_flops, FLOP/s) when given, else at the calibrated cpu_tflops."""
+    ``host_flops`` (FLOP/s, per entity when an array) and ``host_optimizer_s_per_param`` (seconds per
+    trainable parameter; plan.host.entity_rate) when given, else at the calibrated cpu_tflops."""
     a = w.structure
     real, padded = w.sample_tokens()
     micro_tokens = w.per_device_batch * padded
@@ -338,7 +347,7 @@ def predict_throughput(
     step = (
         step_compute
         + exposed
-        + optimizer_seconds(w)
+        + optimizer_seconds(w, host_optimizer_s_per_param)
         + offload_seconds(w)
         + w.grad_accum * parallel_seconds(w, c, micro_tokens)
     )

@@ -49,7 +49,7 @@ import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.paths import write_atomic
-from tunebench.plan.meta_model import quiet
+from tunebench.plan.meta_model import enable_checkpointing, quiet
 from tunebench.plan.structure import Structure, cache_dir, library_versions, write_json
 
 log = logging.getLogger(__name__)
@@ -488,7 +488,7 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
         kwargs: dict[str, Any] = {"use_reentrant": request.reentrant}
         if request.selective:
             kwargs = {"use_reentrant": False, "context_fn": selective_checkpoint_context}
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        enable_checkpointing(model, kwargs)
         if request.reentrant and request.method != "full":
             model.enable_input_require_grads()  # what transformers Trainer / peft do for reentrant checkpoints
     model.train()
