@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         print(row(f"  {name}", m))
     print("\nper held-out model (leave-one-model-out):")
     for name, m in lomo["per_group"].items():
-        print(row(f"  {name.split('/configs/')[-1].removesuffix('/config.json')}", m))
+        print(row(f"  {name.removeprefix('published/')}", m))
     print("\ntargets:")
     for title, m in (("leave-one-model-out", lomo["pooled"]), ("leave-one-source-out", loso["pooled"])):
         checks = [

@@ -247,10 +247,10 @@ def fit(records: list[Record], start: Coefficients | None = None) -> Coefficient
     return c
 
 
-def _model_label(family: str) -> str:
-    """A model's name for the shipped calibration: a published run's config file by its folder's name
-    (``.../configs/llama-3-8b/config.json`` -> ``llama-3-8b``), so no machine's paths are shipped."""
-    return Path(family).parent.name if family.endswith("config.json") else family
+def model_label(family: str) -> str:
+    """A model family's name in a calibration: a published run's config file by its folder
+    (``.../configs/llama-3-8b/config.json`` -> ``published/llama-3-8b``), so no machine's paths are shipped."""
+    return f"published/{Path(family).parent.name}" if family.endswith("config.json") else family
 
 
 def _robust_sd(x: np.ndarray) -> float:
@@ -347,7 +347,7 @@ def leave_one_model_out(
     progress: Callable[..., None] | None = None,
     fit_s: float | None = None,
 ):
-    return leave_one_out(records, lambda r: r.family, start, progress, fit_s)
+    return leave_one_out(records, lambda r: model_label(r.family), start, progress, fit_s)
 
 
 def leave_one_source_out(records: list[Record], start: Coefficients | None = None):
@@ -389,6 +389,6 @@ def calibrate(
         coefficients=c,
         source=source,
         records=len(records),
-        models=tuple(sorted({_model_label(r.family) for r in records})),
+        models=tuple(sorted({model_label(r.family) for r in records})),
         metrics=metrics,
     )
