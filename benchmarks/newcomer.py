@@ -99,10 +99,11 @@ QUESTIONS = [
              "dataset_id=news-tokens-128kplus-entries-320"))]),
     ("5. Measure two tiny configurations and compare with the planner",
      ("Two LoRA runs of smollm2-135m on this CPU (random weights: nothing is downloaded), kept in `runs.db`; "
-     "`plan --compare` sets a fresh prediction beside every measurement of the store. The CPU is shared "
-     "with other work: the measured speed varies from run to run, and the planner's rate for this CPU is "
-     "measured once and cached (`plan/host.py`), at another moment; the error column says how far apart "
-     "they are here (on the GPU runs it is calibrated on, docs/planner.md §8 gives the planner's accuracy)."),
+     "`plan --compare` sets a fresh prediction beside every measurement of the store: on the CPU the planner "
+     "times two of the model's own layers on this host once (`plan/host.py`; its notes name the probe) and "
+     "caches the rate. The CPU is shared with other work, the measured speed varies from run to run, and a "
+     "two-step run is mostly its first steps; the error column says how far apart they are here "
+     "(docs/planner.md §5 has longer CPU runs, §8 the accuracy on the GPU runs the planner is calibrated on)."),
      [("sh", (f"tunebench run finetune_lora_benchmark-v1.0.0 model_name=smollm2-135m model_max_length=256 "
              f"number_gpus=0 batch_size=1 {CPU} --weights random --store runs.db")),
       ("sh", (f"tunebench run finetune_lora_benchmark-v1.0.0 model_name=smollm2-135m model_max_length=256 "

@@ -14,22 +14,23 @@ from tunebench.commands.main import main
 DATA = DATA
 
 
-def smollm2_135m_cpu_tokens_per_second(cpu_tflops: float, tokens: int) -> float:
-    """The planner's CPU rate for SmolLM2-135M, written out from the model's published config.json
-    (hidden 576, 30 layers, MLP 1536, 9 heads / 3 KV heads of 64, vocabulary 49,152, tied head).
+def smollm2_135m_full_flops_per_token(tokens: int) -> float:
+    """The planner's FLOPs per token of SmolLM2-135M full fine-tuning, written out from the model's published
+    config.json (hidden 576, 30 layers, MLP 1536, 9 heads / 3 KV heads of 64, vocabulary 49,152, tied head).
 
-    FLOPs per token: 2 per matmul weight forward, 4 backward, 2 more for the layers' recomputed forward
-    (spec 004: gradient_checkpointing defaults to True), the head never recomputed; the attention core
-    2 x layers x 576 x tokens per pass (causal half of QK^T and AV), 4 passes (Kaplan et al. 2020; PaLM
-    App. B). tokens/s = cpu_tflops x 1e12 / FLOPs per token.
+    2 per matmul weight forward, 4 backward, 2 more for the layers' recomputed forward (spec 004:
+    gradient_checkpointing defaults to True), the head never recomputed; the attention core 2 x layers x
+    576 x tokens per pass (causal half of QK^T and AV), 4 passes (Kaplan et al. 2020; PaLM App. B).
     """
     layer = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536  # q, o; k, v (3 x 64 wide); gate, up, down
     body, head = 30 * layer, 576 * 49152
-    flops = 8 * body + 6 * head + 2 * 30 * 576 * tokens * 4
-    return cpu_tflops * 1e12 / flops
+    return 8 * body + 6 * head + 2 * 30 * 576 * tokens * 4
 
 
-def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys):
+def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys, monkeypatch):
+    from tunebench.plan import host
+
+    monkeypatch.setattr(host, "host_busy", lambda: False)  # the entity's own probes run (test workers share cores)
     store = str(tmp_path / "store.db")
     assert main(["import", str(DATA / "ado_docs_example_smollm2_cpu_measurements.csv"), "--store", store]) == 0
     capsys.readouterr()
@@ -59,14 +60,15 @@ def test_plan_compare_shows_prediction_beside_measurement(tmp_path, capsys):
     # the prediction, from this host's measured training rate for SmolLM2-135M's own layers (bfloat16,
     # checkpointing: the spec's defaults; a micro-batch of 2 x 1,024 tokens) and the FLOPs written out
     # above, plus the optimizer step timed on this host per parameter: the planner predicts the host it runs on
-    from tunebench.plan.host import entity_rate
+    from tunebench.plan.host import entity_rate, probe_shape
     from tunebench.plan.structure import structure_of
     from tunebench.spec.runs import resolve_model
 
     structure = structure_of(resolve_model("smollm2-135m"))
-    rate = entity_rate(structure, "bfloat16", None, True, 2 * 1024)
+    flops = smollm2_135m_full_flops_per_token(1024)
+    rate = entity_rate(structure, "bfloat16", None, True, probe_shape(2 * 1024, 1024), flops, "sdpa")
     assert rate.probe.startswith("smollm2-135m at ") and structure.total_params == 134_515_008
-    tps = smollm2_135m_cpu_tokens_per_second(rate.flops / 1e12, 1024)
+    tps = rate.flops / flops
     # batch 2 x gradient_accumulation_steps 4 (spec default) x 1,024 tokens, then one AdamW step
     step = 2 * 4 * 1024 / tps + structure.total_params * rate.optimizer_s_per_param
     tps = 2 * 4 * 1024 / step

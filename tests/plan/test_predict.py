@@ -496,45 +496,103 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     # micro-batch's 1,024 tokens, or fewer where this CPU would take over PROBE_STEP_SECONDS a step, measured
     # once: a second plan, and a new process, reuse them
     assert len(calls) == 1 and len(probes) == 1
-    tokens = probes[0][4]
-    assert tokens in (128, 256, 512, 1024)
+    batch, seq = probes[0][4]  # batch 2 x 512 tokens, or halved (the batch first) on a slow CPU
+    assert (batch, seq) in ((2, 512), (1, 512), (1, 256), (1, 128)) and probes[0][5] == "sdpa"
     assert r.properties["train_tokens_per_second"] < 1000  # the shipped cpu_tflops gave ~3,800
     note = next(n for n in r.metadata["notes"] if n.startswith("CPU: this host trains at"))
-    assert f"probe: smollm2-135m at {tokens} tokens" in note and "GFLOP/s (float32" in note
+    assert f"probe: smollm2-135m at {batch} x {seq} tokens" in note and "GFLOP/s (float32" in note
     cached = json.loads((tmp_path / host.CACHE_FILE).read_text())
-    (key,) = [k for k in cached if k.endswith(f"| {tokens} tokens")]
-    assert cached[key]["flops"] > 1e6 and 0 < cached[key]["optimizer_s_per_param"] < 1e-6
-    assert f"{cached[key]['flops'] / 1e9:.3g} GFLOP/s" in note
+    (key,) = [k for k in cached if "smollm2-135m" in k]
+    assert key.endswith(f"| {batch} x {seq} tokens | sdpa")
+    assert 0 < cached[key]["seconds_per_token"] < 1 and 0 < cached[key]["optimizer_s_per_param"] < 1e-6
+    # the rate: the planner's FLOPs count of the entity over the probes' step
+    w = build_workload("full", [effective_values(FULL, make_entity(FULL, entity))])
+    assert f"{flops_per_token(w)[0] / cached[key]['seconds_per_token'] / 1e9:.3g} GFLOP/s" in note
     monkeypatch.setattr(host, "_MEMO", {})
     assert predict(FULL, entity).properties == r.properties and len(probes) == 1
+    # LoRA: probed with its adapters (PEFT's wrapped layers cost time their FLOPs count does not show)
+    lora = predict(LORA, entity)
+    assert len(probes) == 2 and probes[1][6].target_modules == ("q_proj", "v_proj")
+    assert any("LoRA" in n and n.startswith("CPU: this host trains at") for n in lora.metadata["notes"])
 
 
 def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet(tmp_path, monkeypatch):
     from tunebench.plan import host
 
+    def rate(flops, share=1.0):
+        return lambda *a, **k: {"flops": flops, "optimizer_s_per_param": 1e-9, "cpu_share": share}
+
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
     monkeypatch.setattr(host, "_MEMO", {})
-    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 1.5e9)
+    monkeypatch.setattr(host, "measure_training_flops", rate(1.5e9))
     monkeypatch.setattr(host.os, "getloadavg", lambda: (3.0 * host.usable_cores(), 0.0, 0.0))
     assert host.host_busy()
     assert host.host_flops("float32", None, False) == 1.5e9
     (entry,) = json.loads((tmp_path / host.CACHE_FILE).read_text()).values()
-    assert entry == {"flops": 1.5e9, "busy": True}
+    assert entry == {"flops": 1.5e9, "optimizer_s_per_param": 1e-9, "busy": True}
     monkeypatch.setattr(host, "_MEMO", {})  # a new process, the host still busy: the cache answers
-    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 4.0e9)
+    monkeypatch.setattr(host, "measure_training_flops", rate(4.0e9))
     assert host.host_flops("float32", None, False) == 1.5e9
     monkeypatch.setattr(host.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # quiet now: measured again
     monkeypatch.setattr(host, "_MEMO", {})
     assert host.host_flops("float32", None, False) == 4.0e9
-    assert list(json.loads((tmp_path / host.CACHE_FILE).read_text()).values()) == [{"flops": 4.0e9, "busy": False}]
+    (entry,) = json.loads((tmp_path / host.CACHE_FILE).read_text()).values()
+    assert entry["flops"] == 4.0e9 and entry["busy"] is False
     monkeypatch.setattr(host, "_MEMO", {})
-    monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: 9.9e9)
+    monkeypatch.setattr(host, "measure_training_flops", rate(9.9e9))
     assert host.host_flops("float32", None, False) == 4.0e9  # a quiet measurement stays
-    # an older tunebench's bare number (load unknown) is measured again on a quiet host
+    # a quiet load average, but the probe's threads got a third of the CPU: another process competed
     key = host.host_key("float32", None, False)
-    (tmp_path / host.CACHE_FILE).write_text(json.dumps({key: 3.7e9}))
+    (tmp_path / host.CACHE_FILE).write_text("{}")
     monkeypatch.setattr(host, "_MEMO", {})
-    assert host.host_flops("float32", None, False) == 9.9e9
+    monkeypatch.setattr(host, "measure_training_flops", rate(2.0e9, share=0.33))
+    assert host.host_flops("float32", None, False) == 2.0e9
+    assert json.loads((tmp_path / host.CACHE_FILE).read_text())[key]["busy"] is True
+    # an older tunebench's bare number (load unknown) or an entry missing a field is measured again
+    for old in (3.7e9, {"flops": 3.7e9}):
+        (tmp_path / host.CACHE_FILE).write_text(json.dumps({key: old}))
+        monkeypatch.setattr(host, "_MEMO", {})
+        monkeypatch.setattr(host, "measure_training_flops", rate(9.9e9))
+        assert host.host_flops("float32", None, False) == 9.9e9
+
+
+def test_a_cpu_probe_that_fails_falls_back_to_the_generic_rate_once(tmp_path, monkeypatch, caplog):
+    from tunebench.plan import host
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(
+        host, "measure_training_flops", lambda *a, **k: {"flops": 4e11, "optimizer_s_per_param": 2e-9, "cpu_share": 1}
+    )
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(a)
+        raise RuntimeError("no CPU kernel for\n  this op")
+
+    monkeypatch.setattr(host, "measure_entity", broken)
+    monkeypatch.setattr(host, "host_busy", lambda: False)
+    entity = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2}
+    with caplog.at_level("WARNING", logger="tunebench.plan.host"):
+        first = predict(FULL, entity)
+        again = predict(FULL, {**entity, "batch_size": 1})  # another shape of the same probe: tried anew
+        predict(FULL, entity)  # the same probe: not tried again in this process
+    assert len(calls) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and "no CPU kernel for this op" in warnings[0] and "\n" not in warnings[0]
+    for r in (first, again):
+        assert any("probe: generic" in n and "400 GFLOP/s" in n for n in r.metadata["notes"])
+    # on a busy host the entity's probes are not run (they would take cores from the work there): generic
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "host_busy", lambda: True)
+    busy = predict(FULL, entity)
+    assert len(calls) == 2 and any("probe: generic (the host was busy)" in n for n in busy.metadata["notes"])
+    # the generic rate still times the optimizer step: full fine-tuning's 134.5 M parameters x 2 ns
+    w = build_workload("full", [effective_values(FULL, make_entity(FULL, entity))])
+    micro = 2 * 4 * 512 * flops_per_token(w)[0] / 4e11  # batch 2 x accumulation 4 x 512 tokens
+    assert first.properties["train_runtime"] / first.metadata["steps"] == pytest.approx(
+        micro + 134_515_008 * 2e-9, rel=1e-3
+    )
 
 
 @pytest.mark.slow

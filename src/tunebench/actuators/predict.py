@@ -1,7 +1,8 @@
 """The predicting actuator: the planner (tunebench.plan) behind the actuator contract.
 
 ``predict_actuator(experiment, entity, options) -> Result`` predicts in microseconds and never uses
-a GPU. Its options: calibration (a JSON path), price_per_gpu_hour (default: the GPU catalog's USD list price),
+a GPU (a CPU entity's first plan of a shape times two of its model's layers on this host once, seconds:
+plan.host). Its options: calibration (a JSON path), price_per_gpu_hour (default: the GPU catalog's USD list price),
 network_gbps, host_memory_gib. Valid results store gpu_hours and cost beside the predicted properties. The measuring
 actuator's options and what executors add are accepted and ignored, so a space file written for
 measuring can be screened with the planner as is.

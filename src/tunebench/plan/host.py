@@ -1,32 +1,43 @@
-"""The host CPU's training rate, measured once and cached: what the planner divides CPU FLOPs by.
+"""This host CPU's training rates, measured once and cached: what the planner divides CPU FLOPs by.
 
 A CPU's training rate depends on its cores, vector units (AVX-512, AMX), the shapes of the matrices
 and how the entity's dtype, autocast and gradient checkpointing run there, none of which a catalog can
 know. So the planner trains probes on this host and divides the FLOPs it counts by their step times:
 
 - the entity's own architecture (``entity_rate``): two of its decoder layers with its output layer and
-  vocabulary, and the same two layers with a 512-entry vocabulary, at its micro-batch's tokens (a power
-  of two from 128 to 1,024); a step of all its layers is the first plus (layers - 2) / 2 times the
-  second. The optimizer step (torch AdamW, as the Trainer runs it) is timed on the same probes, per
-  parameter. Measured with a small probe only, a 576-wide model ran 2x faster than predicted: wide
-  matrices and long sequences reach more of a CPU than small ones (docs/planner.md section 5).
-- a small generic Llama (``host_flops``): for entities whose probe would take too long (wide models on
-  a slow CPU), that cannot be built, or whose layers are of several kinds.
+  vocabulary, and the same two layers with a 512-entry vocabulary, with its attention implementation and
+  LoRA adapters, on a micro-batch shaped like its own (``probe_shape``: at most 1,024 tokens); a step of
+  all its layers is the first plus (layers - 2) / 2 times the second, and the rate is the planner's FLOPs
+  count of the entity over that time. The optimizer step (gradient clipping and torch AdamW, as the
+  Trainer runs them) is timed on the same probes, per trainable parameter. With a small probe only, a
+  576-wide model ran 2x faster than predicted: wide matrices and long sequences reach more of a CPU than
+  small ones; and LoRA saves 7 % of a CPU step where its FLOPs count says 26 % (docs/planner.md §5).
+- a small generic Llama (``host_flops``, ``generic_rate``; the optimizer step timed on one flat tensor):
+  for entities whose probe would take too long (wide models on a slow CPU) or too much memory, that
+  cannot be built, or whose layers differ (hybrid, interleaved dense and MoE layers, vision towers).
 
-Results are cached in memory (one measurement per process and configuration) and on disk in
-``<tunebench home>/host_flops.json``, keyed by CPU model, usable cores, torch threads and torch
-version, so later processes reuse them. A rate measured while other work fills the cores (load average
-above ``BUSY_LOAD`` x cores) is marked so: a later process measures again once the host is quiet.
+Results are cached in memory (one measurement per process and probe) and on disk in
+``<tunebench home>/host_flops.json``, keyed by CPU model, usable cores, torch threads and torch version,
+so later processes reuse them. A measurement taken while other work competes for the cores (the 1-minute
+load average above the usable cores, or the probe's threads getting under ``BUSY_CPU_SHARE`` of the CPU
+time the wall clock allowed them) is marked busy: a later process measures it again once the host is
+quiet; on a busy host an entity's probes are not run at all (they would take cores from the work running
+there), the generic rate stands in. A probe that fails is remembered for the process (its error logged
+once) and the generic rate used.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import platform
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunebench import paths
@@ -34,17 +45,25 @@ from tunebench import paths
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "host_flops.json"
-MEASURE_SECONDS = 1.5  # per dtype, after one untimed warm-up step
+MEASURE_SECONDS = 1.5  # per probe, after one untimed warm-up step
 DTYPES = ("float32", "bfloat16", "float16")
 BUSY_LOAD = 1.0  # 1-minute load average per usable core above which a measurement is marked busy
-ENTITY_TOKENS = (128, 1024)  # an entity probe's sequence: a power of two in this range
+# Share of the CPU time (threads x wall time) a probe's timed steps must get; OpenMP threads of two
+# processes on the same cores lose 2-50x (measured: 2 EPYC cores, a second 2-thread process running)
+BUSY_CPU_SHARE = 0.6
+PROBE_MAX_TOKENS = 1024  # an entity probe's micro-batch (batch x sequence): at most this many tokens
 PROBE_STEP_SECONDS = 2.0  # longest probe step the planner waits for (estimated at the generic rate)
-PROBE_MAX_PARAMS = 1.5e9  # larger probes (two layers of a big MoE, a huge vocabulary) use the generic rate
+PROBE_MEMORY_SHARE = 0.25  # of the host's available memory a probe may take (weights, gradients, AdamW)
 PROBE_VOCAB = 512  # the second probe's vocabulary: its output layer is negligible
+OPTIMIZER_PROBE_PARAMS = 1 << 22  # the generic AdamW timing: one flat tensor of 4 M parameters
+# config keys of models whose decoder layers are not all alike (dense layers among MoE layers)
+MIXED_LAYER_KEYS = ("first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "moe_layer_freq")
 
-_MEMO: dict[str, object] = {}
+_MEMO: dict[str, dict] = {}
+_LOCK = threading.RLock()  # one measurement at a time in a process: parallel probes would slow each other
 
 
+@functools.cache
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, platform.processor() elsewhere)."""
     try:
@@ -110,33 +129,46 @@ def _train_step(model, ids, autocast: str | None, optimizer=None) -> tuple[float
     loss.backward()
     t1 = time.perf_counter()
     if optimizer is not None:
-        optimizer.step()
+        _optimizer_step(optimizer)
     t2 = time.perf_counter()
     model.zero_grad(set_to_none=True)
     return t1 - t0, t2 - t1
 
 
-def _best_times(model, tokens: int, vocab: int, autocast, seconds: float, optimizer=None) -> tuple[float, float]:
-    """Fastest forward-backward and optimizer-step seconds over steps run for ``seconds`` (at least 2, after
-    one untimed warm-up step: thread pool, allocator, kernel selection; other processes only ever slow a
-    step)."""
+def _optimizer_step(optimizer) -> None:
+    """What the Trainer does once per optimizer step: clip the gradients' norm to max_grad_norm (1.0 by
+    default, transformers TrainingArguments) and step AdamW."""
     import torch
 
-    ids = torch.randint(0, vocab, (1, tokens))
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+
+
+def _best_times(
+    model, shape: tuple[int, int], vocab: int, autocast, seconds: float, optimizer=None
+) -> tuple[float, float, float]:
+    """Fastest forward-backward and optimizer-step seconds over steps of a (batch, sequence) micro-batch run
+    for ``seconds`` (at least 2, after one untimed warm-up step: thread pool, allocator, kernel selection;
+    other processes only ever slow a step), and the share of CPU time its threads got meanwhile."""
+    import torch
+
+    ids = torch.randint(0, vocab, shape)
     _train_step(model, ids, autocast, optimizer)
     times: list[tuple[float, float]] = []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while len(times) < 2 or (time.perf_counter() - start < seconds and len(times) < 1000):
         times.append(_train_step(model, ids, autocast, optimizer))
-    return min(t for t, _ in times), min(o for _, o in times)
+    share = (time.process_time() - cpu) / max((time.perf_counter() - start) * torch.get_num_threads(), 1e-9)
+    return min(t for t, _ in times), min(o for _, o in times), share
 
 
 def measure_training_flops(
     dtype: str, autocast: str | None = None, checkpointing: bool = False, seconds: float = MEASURE_SECONDS
-) -> float:
-    """FLOP/s a training step of the generic probe reaches on this CPU with weights in ``dtype``,
-    ``autocast`` (or None) and gradient checkpointing as the entity runs them: the probe's FLOPs over its
-    fastest step run in ``seconds``."""
+) -> dict[str, float]:
+    """The generic probe on this CPU with weights in ``dtype``, ``autocast`` (or None) and gradient
+    checkpointing as the entity runs them: {"flops": its FLOPs over its fastest step,
+    "optimizer_s_per_param": AdamW on one flat tensor, "cpu_share": see _best_times}."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -148,8 +180,23 @@ def measure_training_flops(
         if checkpointing:
             enable_checkpointing(model, {"use_reentrant": False})
         model.config.use_cache = False
-        step, _ = _best_times(model, PROBE_TOKENS, PROBE["vocab_size"], autocast, seconds)
-    return probe_flops_per_step(model, PROBE_TOKENS, checkpointing) / step
+        step, _, share = _best_times(model, (1, PROBE_TOKENS), PROBE["vocab_size"], autocast, seconds)
+        flat = torch.nn.Parameter(torch.zeros(OPTIMIZER_PROBE_PARAMS, dtype=getattr(torch, dtype)))
+        flat.grad = torch.zeros_like(flat)
+        optimizer = torch.optim.AdamW([flat], lr=1e-5)  # the Trainer's adamw_torch
+        _optimizer_step(optimizer)  # allocates the states
+        opt = min(_timed(lambda: _optimizer_step(optimizer)) for _ in range(3))
+    return {
+        "flops": probe_flops_per_step(model, PROBE_TOKENS, checkpointing) / step,
+        "optimizer_s_per_param": opt / OPTIMIZER_PROBE_PARAMS,
+        "cpu_share": share,
+    }
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -158,29 +205,38 @@ class HostRate:
     and seconds of the optimizer step per trainable parameter; ``probe`` says what was measured."""
 
     flops: float
-    optimizer_s_per_param: float | None
-    probe: str  # "<model> at <n> tokens" or "generic"
+    optimizer_s_per_param: float
+    probe: str  # "<model> at <batch> x <sequence> tokens[, LoRA]" or "generic"
+    tokens: int = 0  # the probe's micro-batch tokens (0: generic)
 
 
-def entity_tokens(tokens: float) -> int:
-    """The entity probe's sequence length for a micro-batch of ``tokens``: the power of two nearest below,
-    within ENTITY_TOKENS."""
-    lo, hi = ENTITY_TOKENS
-    return int(min(hi, max(lo, 2 ** math.floor(math.log2(max(tokens, 1))))))
+@dataclass(frozen=True)
+class Adapters:
+    """The LoRA adapters a probe carries (the entity's target modules; rank and dropout as the planner's
+    trace takes them: the adapters' own FLOPs are negligible, the layers they wrap are not)."""
+
+    target_modules: tuple[str, ...] | str | None
+    dropout: bool
+    rank: int = 8
 
 
-def full_step_flops(structure, tokens: int, checkpointing: bool) -> float:
-    """FLOPs of a full fine-tuning step of one sequence of ``tokens``, counted as plan.throughput counts
-    them (flops_per_token): 6 per matmul weight per token, 2 more for the recomputed layers, attention."""
-    mm = structure.matmul_params_per_token
-    recompute = 1.0 if checkpointing else 0.0
-    dense = 6 * mm + 2 * recompute * (mm - structure.lm_head_params)
-    return tokens * (dense + structure.attention_flops_per_token_per_context * tokens * (3 + recompute))
+def probe_shape(tokens: float, sequence: float) -> tuple[int, int]:
+    """The entity probe's (batch, sequence) for a micro-batch of ``tokens`` in sequences of ``sequence``: the
+    nearest powers of two, PROBE_MAX_TOKENS at most in all (the sequence kept first)."""
+    seq = min(_pow2(sequence), PROBE_MAX_TOKENS)
+    batch = max(1, min(_pow2(tokens / max(sequence, 1)), PROBE_MAX_TOKENS // seq))
+    return batch, seq
 
 
-def _probe_model(structure, vocab: int | None, dtype: str, checkpointing: bool):
+def _pow2(x: float) -> int:
+    """The power of two nearest to ``x`` (>= 1) on a log scale."""
+    return 1 << max(0, round(math.log2(max(x, 1.0))))
+
+
+def _probe_model(structure, vocab: int | None, dtype: str, checkpointing: bool, attention: str, adapters):
     """Two decoder layers of the entity's architecture (its vocabulary, or ``vocab``) with random weights on
-    the CPU, prepared as the measuring worker prepares a model."""
+    the CPU, with its attention implementation and LoRA adapters, prepared as the measuring worker
+    prepares a model."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -194,26 +250,45 @@ def _probe_model(structure, vocab: int | None, dtype: str, checkpointing: bool):
     if vocab:  # special token ids may lie beyond a smaller vocabulary
         overrides.update(vocab_size=vocab, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(hf_config(config, **overrides), dtype=getattr(torch, dtype)).train()
+    hf = hf_config(config, **overrides)
+    model = AutoModelForCausalLM.from_config(hf, dtype=getattr(torch, dtype), attn_implementation=attention)
+    model.train()
     if checkpointing:
         enable_checkpointing(model, {"use_reentrant": False})
     model.config.use_cache = False
+    if adapters is not None:
+        from peft import LoraConfig, get_peft_model
+
+        targets = adapters.target_modules
+        lora = LoraConfig(
+            r=adapters.rank,
+            lora_alpha=2 * adapters.rank,
+            lora_dropout=0.05 if adapters.dropout else 0.0,
+            target_modules=list(targets) if isinstance(targets, tuple) else targets,
+        )
+        model = get_peft_model(model, lora)
     return model
 
 
-def _probe_params(structure, vocab: int | None) -> float:
-    """Parameters of a two-layer probe (an estimate from the structure, before building it)."""
+def _probe_params(structure) -> float:
+    """Parameters of the larger probe (two layers, the embeddings and output layer), from the structure."""
     per_layer = structure.layer_params / max(structure.layers, 1)
-    v = vocab or structure.vocab
-    head = 0 if structure.tied else v * structure.hidden
-    return 2 * per_layer + v * structure.hidden + head
+    return 2 * per_layer + structure.embedding_params + (0 if structure.tied else structure.lm_head_params)
 
 
 def measure_entity(
-    structure, dtype: str, autocast: str | None, checkpointing: bool, tokens: int, seconds: float = MEASURE_SECONDS
+    structure,
+    dtype: str,
+    autocast: str | None,
+    checkpointing: bool,
+    shape: tuple[int, int],
+    attention: str = "sdpa",
+    adapters: Adapters | None = None,
+    seconds: float = MEASURE_SECONDS,
 ) -> dict[str, float]:
-    """Time the entity's two probes at ``tokens`` and compose a step of all its layers (module docstring):
-    {"flops": FLOP/s, "optimizer_s_per_param": seconds}."""
+    """Time the entity's two probes on a ``shape`` (batch, sequence) micro-batch and compose a step of all
+    its layers (module docstring): {"seconds_per_token": forward and backward, "optimizer_s_per_param":
+    per trainable parameter, "cpu_share": the smaller of the two probes' (_best_times)}."""
     import torch
 
     from tunebench.plan.meta_model import quiet
@@ -221,18 +296,18 @@ def measure_entity(
     runs = []
     with quiet():
         for vocab in (None, PROBE_VOCAB):
-            model = _probe_model(structure, vocab, dtype, checkpointing)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # the Trainer's adamw_torch
-            step, opt = _best_times(model, tokens, vocab or structure.vocab, autocast, seconds / 2, optimizer)
-            runs.append((step, opt, sum(p.numel() for p in model.parameters())))
-            del model, optimizer
-    (step_a, opt_a, params_a), (step_b, opt_b, params_b) = runs
+            model = _probe_model(structure, vocab, dtype, checkpointing, attention, adapters)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            optimizer = torch.optim.AdamW(trainable, lr=1e-5)  # the Trainer's adamw_torch
+            step, opt, share = _best_times(model, shape, vocab or structure.vocab, autocast, seconds / 2, optimizer)
+            runs.append((step, opt, sum(p.numel() for p in trainable), share))
+            del model, optimizer, trainable
+    (step_a, opt_a, params_a, share_a), (step_b, opt_b, params_b, share_b) = runs
     rest = max(structure.layers - 2, 0) / 2  # the other layers, in pairs like the second probe's
-    step = step_a + rest * step_b
-    params = params_a + rest * params_b
     return {
-        "flops": full_step_flops(structure, tokens, checkpointing) / step,
-        "optimizer_s_per_param": (opt_a + rest * opt_b) / params,
+        "seconds_per_token": (step_a + rest * step_b) / (shape[0] * shape[1]),
+        "optimizer_s_per_param": (opt_a + rest * opt_b) / (params_a + rest * params_b),
+        "cpu_share": min(share_a, share_b),
     }
 
 
@@ -242,97 +317,160 @@ def _read_cache() -> dict[str, object]:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        k: v
-        for k, v in data.items()
-        if (isinstance(v, (int, float)) and v > 0)
-        or (isinstance(v, dict) and isinstance(v.get("flops"), (int, float)) and v["flops"] > 0)
-    }
+    return data if isinstance(data, dict) else {}
 
 
 def _write_cache(cache: dict[str, object]) -> None:
     path = paths.home() / CACHE_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)  # atomic: concurrent processes never read half a file
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{CACHE_FILE}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
     except OSError:
         pass  # a read-only home: the in-process memo still saves re-measuring
 
 
 def host_busy() -> bool:
-    """Whether other work fills this host's cores now (1-minute load average > BUSY_LOAD x usable cores):
-    a rate measured then is another machine's."""
+    """Whether other work fills this host's cores now (1-minute load average > BUSY_LOAD x usable cores)."""
     try:
         return os.getloadavg()[0] > BUSY_LOAD * usable_cores()
     except (AttributeError, OSError):  # Windows: no load average
         return False
 
 
-def _cached(key: str, measure, what: str) -> dict[str, float]:
-    """The memo's value of ``key``, else the disk cache's, else ``measure()`` ({"flops": ..., ...}), written
-    to disk with whether the host was busy meanwhile; a busy measurement is taken again once the host is
-    quiet (as is an entry of an older tunebench, a bare number, whose load is unknown)."""
-    if key in _MEMO:
-        return _MEMO[key]
-    cache = _read_cache()
-    entry = cache.get(key)
-    if isinstance(entry, (int, float)):
+def _usable(entry: object, fields: tuple[str, ...]) -> dict | None:
+    """A cache entry with every one of ``fields`` a positive number, else None (an older tunebench's bare
+    number counts as a busy {"flops": ...})."""
+    if isinstance(entry, (int, float)) and not isinstance(entry, bool):
         entry = {"flops": float(entry), "busy": True}
-    if entry is None or (entry.get("busy") and not host_busy()):
-        log.info("measuring this CPU's training rate: %s (once, cached in %s)", what, paths.home() / CACHE_FILE)
-        busy = host_busy()
-        entry = {**measure(), "busy": busy or host_busy()}
-        cache = _read_cache()  # another process may have written meanwhile
-        cache[key] = entry
-        _write_cache(cache)
-    _MEMO[key] = entry
-    return entry
+    if not isinstance(entry, dict):
+        return None
+    ok = all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in fields)
+    return entry if ok else None
+
+
+def _cached(
+    key: str, measure: Callable[[], dict], what: str, fields: tuple[str, ...], when_busy: bool = True
+) -> dict | None:
+    """The memo's entry for ``key``, else the disk cache's, else ``measure()``'s, written to disk marked busy
+    when other work competed meanwhile; a busy entry is measured again once the host is quiet. With
+    ``when_busy`` False nothing is measured on a busy host (None): a probe would take cores from the work
+    running there (measurements of a parallel exploration) and measure another machine."""
+    with _LOCK:
+        if key in _MEMO:
+            return _MEMO[key]
+        entry = _usable(_read_cache().get(key), fields)
+        if entry is None and not when_busy and host_busy():
+            return None
+        if entry is None or (entry.get("busy") and not host_busy()):
+            log.info("measuring this CPU's training rate: %s (once, cached in %s)", what, paths.home() / CACHE_FILE)
+            loaded = host_busy()
+            measured = dict(measure())
+            share = measured.pop("cpu_share", 1.0)
+            entry = {**measured, "busy": bool(loaded or host_busy() or share < BUSY_CPU_SHARE)}
+            cache = _read_cache()  # another process may have written meanwhile
+            cache[key] = entry
+            _write_cache(cache)
+        _MEMO[key] = entry
+        return entry
+
+
+def _normal(dtype: str, autocast: str | None) -> tuple[str, str | None]:
+    return (dtype if dtype in DTYPES else "float32"), (autocast if autocast in DTYPES else None)
+
+
+def generic_rate(dtype: str, autocast: str | None = None, checkpointing: bool = False) -> HostRate:
+    """This host's rate on the generic probe with weights in ``dtype`` (float32, bfloat16 or float16),
+    ``autocast`` and ``checkpointing``: memo, else disk cache, else measured (about MEASURE_SECONDS)."""
+    dtype, autocast = _normal(dtype, autocast)
+    key = host_key(dtype, autocast, bool(checkpointing))
+    entry = _cached(
+        key,
+        lambda: measure_training_flops(dtype, autocast, bool(checkpointing)),
+        f"generic probe, {dtype}, ~{MEASURE_SECONDS + 0.5:.0f} s",
+        ("flops", "optimizer_s_per_param"),
+    )
+    return HostRate(entry["flops"], entry["optimizer_s_per_param"], "generic")
 
 
 def host_flops(dtype: str, autocast: str | None = None, checkpointing: bool = False) -> float:
-    """This host's training FLOP/s on the generic probe with weights in ``dtype`` (float32, bfloat16 or
-    float16), ``autocast`` and ``checkpointing``: memo, else disk cache, else measured (about
-    MEASURE_SECONDS) and cached."""
-    if dtype not in DTYPES:
-        dtype = "float32"
-    if autocast not in DTYPES:
-        autocast = None
-    key = host_key(dtype, autocast, bool(checkpointing))
-    measure = lambda: {"flops": measure_training_flops(dtype, autocast, bool(checkpointing))}  # noqa: E731
-    return _cached(key, measure, f"generic probe, {dtype}, ~{MEASURE_SECONDS + 0.5:.0f} s")["flops"]
+    """FLOP/s of the generic probe (generic_rate)."""
+    return generic_rate(dtype, autocast, checkpointing).flops
 
 
-def entity_rate(structure, dtype: str, autocast: str | None, checkpointing: bool, tokens: float) -> HostRate:
-    """This host's rate for an entity of ``structure`` whose micro-batch holds ``tokens``: its own probes
-    (measure_entity) where they run in PROBE_STEP_SECONDS at the generic rate, at the longest such length
-    up to entity_tokens(tokens), else the generic probe's rate (no optimizer time)."""
-    if dtype not in DTYPES:
-        dtype = "float32"
-    if autocast not in DTYPES:
-        autocast = None
-    generic = host_flops(dtype, autocast, checkpointing)
-    homogeneous = len({kind for kind, _ in structure.layer_kinds}) <= 1
-    if not homogeneous or structure.vision or _probe_params(structure, None) > PROBE_MAX_PARAMS:
-        return HostRate(generic, None, "generic")
-    n = entity_tokens(tokens)
-    while n > ENTITY_TOKENS[0] and _probe_seconds(structure, n, checkpointing, generic) > PROBE_STEP_SECONDS:
-        n //= 2
-    if _probe_seconds(structure, n, checkpointing, generic) > PROBE_STEP_SECONDS:
-        return HostRate(generic, None, "generic")
-    key = f"{host_key(dtype, autocast, bool(checkpointing))} | {structure.name} {structure.config_key} | {n} tokens"
-    seconds = MEASURE_SECONDS + 4 * _probe_seconds(structure, n, checkpointing, generic)  # + warm-up steps
-    what = f"{structure.name}'s layers at {n} tokens, {dtype}, ~{seconds:.0f} s"
+def entity_rate(
+    structure,
+    dtype: str,
+    autocast: str | None,
+    checkpointing: bool,
+    shape: tuple[int, int],
+    flops_per_token: float,
+    attention: str = "sdpa",
+    adapters: Adapters | None = None,
+) -> HostRate:
+    """This host's rate for an entity of ``structure`` whose micro-batch probe_shape gives ``shape`` and
+    whose step the planner counts at ``flops_per_token`` (plan.throughput.flops_per_token): its own probes
+    (measure_entity), halved in batch, then sequence, until a step takes PROBE_STEP_SECONDS at the generic
+    rate; else (too slow even at 128 tokens, too large for PROBE_MEMORY_SHARE of the free memory, layers
+    that differ, a vision tower, a probe that fails) the generic rate."""
+    dtype, autocast = _normal(dtype, autocast)
+    generic = generic_rate(dtype, autocast, checkpointing)
+    if not _probe_fits(structure, dtype):
+        return generic
+    batch, seq = shape
+    while (
+        batch * seq > 128 and _probe_seconds(structure, batch * seq, checkpointing, generic.flops) > PROBE_STEP_SECONDS
+    ):
+        batch, seq = (batch // 2, seq) if batch > 1 else (batch, seq // 2)
+    if _probe_seconds(structure, batch * seq, checkpointing, generic.flops) > PROBE_STEP_SECONDS:
+        return generic
+    attention = "eager" if attention == "eager" else "sdpa"  # flash-attention has no CPU kernels
+    lora = (
+        "" if adapters is None else f", LoRA on {adapters.target_modules}{' with dropout' if adapters.dropout else ''}"
+    )
+    key = (
+        f"{host_key(dtype, autocast, bool(checkpointing))} | {structure.name} {structure.config_key}"
+        f" | {batch} x {seq} tokens | {attention}{lora}"
+    )
+    if key in _MEMO and "failed" in _MEMO[key]:
+        return generic
+    est = 2 * MEASURE_SECONDS + 6 * _probe_seconds(structure, batch * seq, checkpointing, generic.flops)
+    what = f"{structure.name}'s layers on {batch} x {seq} tokens{lora}, {dtype}, ~{est:.0f} s"
     try:
-        value = _cached(key, lambda: measure_entity(structure, dtype, autocast, bool(checkpointing), n), what)
+        entry = _cached(
+            key,
+            lambda: measure_entity(structure, dtype, autocast, bool(checkpointing), (batch, seq), attention, adapters),
+            what,
+            ("seconds_per_token", "optimizer_s_per_param"),
+            when_busy=False,
+        )
     except Exception as exc:  # noqa: BLE001 - a modelling class that will not run on the CPU: the generic probe
-        log.warning("the CPU probe of %s failed (%s); using the generic probe's rate", structure.name, exc)
+        reason = " ".join(str(exc).split())[:200]
+        log.warning(
+            "the CPU probe of %s failed (%s); its speed is planned at the generic probe's rate", structure.name, reason
+        )
         log.debug("the CPU probe's error", exc_info=True)
-        return HostRate(generic, None, "generic")
-    return HostRate(float(value["flops"]), float(value["optimizer_s_per_param"]), f"{structure.name} at {n} tokens")
+        _MEMO[key] = {"failed": reason}
+        return generic
+    if entry is None:  # a busy host: the generic rate, measured once even there
+        return HostRate(generic.flops, generic.optimizer_s_per_param, "generic (the host was busy)")
+    probe = f"{structure.name} at {batch} x {seq} tokens{', LoRA' if adapters is not None else ''}"
+    return HostRate(flops_per_token / entry["seconds_per_token"], entry["optimizer_s_per_param"], probe, batch * seq)
+
+
+def _probe_fits(structure, dtype: str) -> bool:
+    """Whether the entity's probes represent it and fit in memory: alike decoder layers, no vision tower,
+    weights, gradients and two AdamW states of the larger probe within PROBE_MEMORY_SHARE of the free memory."""
+    import psutil
+
+    kinds = {kind for kind, _ in structure.layer_kinds}
+    mixed = len(kinds) > 1 or any(structure.config.get(k) for k in MIXED_LAYER_KEYS)
+    if mixed or structure.vision:
+        return False
+    size = 4 if dtype == "float32" else 2
+    return _probe_params(structure) * 4 * size <= PROBE_MEMORY_SHARE * psutil.virtual_memory().available
 
 
 def _probe_seconds(structure, tokens: int, checkpointing: bool, generic: float) -> float:

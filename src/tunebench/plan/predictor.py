@@ -28,10 +28,10 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 from tunebench.plan.coefficients import Calibration, default_calibration
-from tunebench.plan.host import CACHE_FILE, HostRate, entity_rate, entity_tokens
+from tunebench.plan.host import CACHE_FILE, Adapters, HostRate, entity_rate, probe_shape
 from tunebench.plan.lengths import UserLengths
 from tunebench.plan.memory import predict_memory
-from tunebench.plan.throughput import network_rate, predict_throughput
+from tunebench.plan.throughput import flops_per_token, network_rate, predict_throughput
 from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_key
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
@@ -195,15 +195,24 @@ def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
 
 
 def cpu_rates(w, padded) -> list[HostRate]:
-    """This host's rate for each CPU entity of a workload, at its micro-batch's tokens (plan.host)."""
+    """This host's rate for each CPU entity of a workload, probed on a micro-batch shaped like its own, with
+    its attention implementation and LoRA adapters (plan.host)."""
     tokens = np.broadcast_to(w.per_device_batch * padded, (w.size,))
-    memo: dict[int, HostRate] = {}
+    seqs = np.broadcast_to(padded, (w.size,))
+    fpt = np.broadcast_to(flops_per_token(w), (w.size,))
+    adapters = None
+    if w.method in ("lora", "qlora", "gptq-lora"):
+        request = w.trace_request()
+        adapters = Adapters(request.target_modules, request.lora_dropout)
+    memo: dict[tuple, HostRate] = {}  # sweeps repeat the probe's shape and FLOPs count
     out = []
-    for n in tokens:
-        key = entity_tokens(float(n))
-        if key not in memo:
-            memo[key] = entity_rate(w.structure, w.torch_dtype, w.autocast, w.checkpointing, float(n))
-        out.append(memo[key])
+    for n, seq, f in zip(tokens, seqs, fpt, strict=True):
+        shape = probe_shape(float(n), float(seq))
+        if (shape, float(f)) not in memo:
+            memo[shape, float(f)] = entity_rate(
+                w.structure, w.torch_dtype, w.autocast, w.checkpointing, shape, float(f), w.attention, adapters
+            )
+        out.append(memo[shape, float(f)])
     return out
 
 
@@ -232,7 +241,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     real, padded = w.sample_tokens()
     rates = None if w.on_gpu else cpu_rates(w, padded)
     host = None if rates is None else np.array([r.flops for r in rates])
-    opt = None if rates is None else np.array([r.optimizer_s_per_param or 0.0 for r in rates])
+    opt = None if rates is None else np.array([r.optimizer_s_per_param for r in rates])
     t = predict_throughput(w, c, opts.network_gbps, host, opt)
     cols = {
         "gpu_memory_utilization_peak": m.utilization_pct,
@@ -277,7 +286,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
     if rates is not None:
-        probes = sorted({r.probe for r in rates})
+        probes = [r.probe for r in sorted(set(rates), key=lambda r: (r.tokens, r.probe))]
         notes.append(
             f"CPU: this host trains at {_gflops(host)} GFLOP/s ({w.torch_dtype}, autocast {w.autocast or 'no'}, "
             f"checkpointing {'on' if w.checkpointing else 'off'}; probe: {', '.join(probes)}; measured once, "
