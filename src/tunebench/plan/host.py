@@ -365,7 +365,7 @@ def _cached(
         if entry is None and not when_busy and host_busy():
             return None
         if entry is None or (entry.get("busy") and not host_busy()):
-            log.info("measuring this CPU's training rate: %s (once, cached in %s)", what, paths.home() / CACHE_FILE)
+            log.info("CPU probe (once): %s", what)  # short: a terminal line of 80 columns
             loaded = host_busy()
             measured = dict(measure())
             share = measured.pop("cpu_share", 1.0)
@@ -389,7 +389,7 @@ def generic_rate(dtype: str, autocast: str | None = None, checkpointing: bool = 
     entry = _cached(
         key,
         lambda: measure_training_flops(dtype, autocast, bool(checkpointing)),
-        f"generic probe, {dtype}, ~{MEASURE_SECONDS + 0.5:.0f} s",
+        f"generic, {dtype} (~{MEASURE_SECONDS + 0.5:.0f} s)",
         ("flops", "optimizer_s_per_param"),
     )
     return HostRate(entry["flops"], entry["optimizer_s_per_param"], "generic")
@@ -437,7 +437,7 @@ def entity_rate(
     if key in _MEMO and "failed" in _MEMO[key]:
         return generic
     est = 2 * MEASURE_SECONDS + 6 * _probe_seconds(structure, batch * seq, checkpointing, generic.flops)
-    what = f"{structure.name}'s layers on {batch} x {seq} tokens{lora}, {dtype}, ~{est:.0f} s"
+    what = f"{structure.name}, {batch} x {seq} tokens{', LoRA' if adapters else ''}, {dtype} (~{est:.0f} s)"
     try:
         entry = _cached(
             key,
