@@ -548,6 +548,12 @@ def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet
     monkeypatch.setattr(host, "measure_training_flops", rate(2.0e9, share=0.33))
     assert host.host_flops("float32", None, False) == 2.0e9
     assert json.loads((tmp_path / host.CACHE_FILE).read_text())[key]["busy"] is True
+    # busy again when measured again, but alike (within 10 %): the host's own rate (a CPU quota), kept
+    monkeypatch.setattr(host.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "measure_training_flops", rate(2.1e9, share=0.33))
+    assert host.host_flops("float32", None, False) == 2.1e9
+    assert json.loads((tmp_path / host.CACHE_FILE).read_text())[key]["busy"] is False
     # an older tunebench's bare number (load unknown) or an entry missing a field is measured again
     for old in (3.7e9, {"flops": 3.7e9}):
         (tmp_path / host.CACHE_FILE).write_text(json.dumps({key: old}))

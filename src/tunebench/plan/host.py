@@ -21,9 +21,10 @@ Results are cached in memory (one measurement per process and probe) and on disk
 so later processes reuse them. A measurement taken while other work competes for the cores (the 1-minute
 load average above the usable cores, or the probe's threads getting under ``BUSY_CPU_SHARE`` of the CPU
 time the wall clock allowed them) is marked busy: a later process measures it again once the host is
-quiet; on a busy host an entity's probes are not run at all (they would take cores from the work running
-there), the generic rate stands in. A probe that fails is remembered for the process (its error logged
-once) and the generic rate used.
+quiet (two busy measurements within 10 % of each other are the host's own rate, e.g. under a CPU
+quota). On a busy host an entity's probes are not run at all (they would take cores from the work
+running there): the generic rate stands in. A probe that fails is remembered for the process (its
+error logged once) and the generic rate used.
 """
 
 from __future__ import annotations
@@ -369,12 +370,21 @@ def _cached(
             loaded = host_busy()
             measured = dict(measure())
             share = measured.pop("cpu_share", 1.0)
-            entry = {**measured, "busy": bool(loaded or host_busy() or share < BUSY_CPU_SHARE)}
+            busy = bool(loaded or host_busy() or share < BUSY_CPU_SHARE)
+            if busy and entry is not None and _agree(entry, measured, fields[0]):
+                busy = False  # measured twice alike: the host's own rate (a CPU quota, threads > cores)
+            entry = {**measured, "busy": busy}
             cache = _read_cache()  # another process may have written meanwhile
             cache[key] = entry
             _write_cache(cache)
         _MEMO[key] = entry
         return entry
+
+
+def _agree(a: dict, b: dict, field: str, tolerance: float = 0.1) -> bool:
+    """Whether two measurements of ``field`` are within ``tolerance`` of each other."""
+    x, y = a.get(field), b.get(field)
+    return isinstance(x, (int, float)) and isinstance(y, (int, float)) and abs(x - y) <= tolerance * max(x, y)
 
 
 def _normal(dtype: str, autocast: str | None) -> tuple[str, str | None]:
