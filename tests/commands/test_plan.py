@@ -292,7 +292,7 @@ def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path)
     batch.write_text("".join(json.dumps(line) + "\n" for line in lines))
     res = invoke("plan", "--batch", str(batch), "--json")
     assert res.exit_code == 1, (res.output, res.exception)  # documented: 1 when any line failed
-    rows = [json.loads(line) for line in res.output.splitlines()]
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
     assert len(rows) == 3
     assert rows[0]["is_valid"] is True and rows[0]["gpu_memory_peak_gib"] > 0
     assert rows[2]["is_valid"] is True and rows[2]["gpu_memory_peak_gib"] > 0

@@ -154,7 +154,7 @@ def test_cli_calibrate_from_csv(fms_csv, tmp_path):
         str(out),
         "--json",
     )
-    assert res.exit_code == 0 and json.loads(res.output)["calibration"] == saved.source
+    assert res.exit_code == 0 and json.loads(res.stdout)["calibration"] == saved.source
 
 
 def test_cli_calibrate_errors(tmp_path):

@@ -251,7 +251,7 @@ def test_cli_plan_batch_one_result_per_line_in_order(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
     res = invoke("plan", "--batch", str(path), "--json")
     assert res.exit_code == 0, res.output
-    lines = [json.loads(x) for x in res.output.strip().splitlines()]
+    lines = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(lines) == 3 and [x["is_valid"] for x in lines] == [True, True, False]
     for req, line in zip(requests, lines, strict=True):
         exp = get_experiment(req["experiment"])
@@ -270,7 +270,7 @@ def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     res = invoke("plan", "--batch", str(path), "--json")
     assert res.exit_code == 1, res.output
-    out = [json.loads(x) for x in res.output.strip().splitlines()]
+    out = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(out) == 5
     assert out[0]["is_valid"] is True and out[4]["is_valid"] is True
     assert out[1] == {"line": 2, "error": out[1]["error"]} and out[1]["error"].startswith("model_name: unknown model")

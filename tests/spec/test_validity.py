@@ -144,7 +144,7 @@ def test_validate_and_plan_print_the_platform_notes():
     assert validate.exit_code == 0 and "QLoRA fine tuning is not supported on NVIDIA L40S" in validate.output
     plan = CliRunner().invoke(app, ["plan", *args, "--json"])
     assert plan.exit_code == 0, plan.output
-    assert "not supported on NVIDIA L40S" in " ".join(json.loads(plan.output)["platform_notes"])
+    assert "not supported on NVIDIA L40S" in " ".join(json.loads(plan.stdout)["platform_notes"])
 
 
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
@@ -179,10 +179,10 @@ def test_mig_slice_gets_the_watsonx_partitioning_note_and_is_planned_by_its_own_
     assert validate.exit_code == 0 and "cannot be partitioned" in validate.output
     plan = CliRunner().invoke(app, ["plan", *args, "--json"])
     assert plan.exit_code == 0, plan.output
-    out = json.loads(plan.output)
+    out = json.loads(plan.stdout)
     assert any("cannot be partitioned" in n for n in out["platform_notes"])
     assert out["capacity_gib"] == 40.0  # the slice's 4/8 of the A100's 80 GiB, not the whole GPU
     whole = CliRunner().invoke(app, ["plan", *args[:-1], "gpu_model=NVIDIA-A100-SXM4-80GB", "--json"])
-    whole = json.loads(whole.output)
+    whole = json.loads(whole.stdout)
     assert whole["capacity_gib"] == 80.0
     assert whole["train_tokens_per_gpu_per_second"] > out["train_tokens_per_gpu_per_second"]  # 7/7 vs 3/7 of the SMs
