@@ -263,3 +263,13 @@ def test_oom_boundary_keeps_its_prior_where_no_verdict_can_move_it():
     for prior in (0.05, 0.2):
         c = Coefficients().replace(oom_fragmentation_fraction=prior)
         assert _oom_fragmentation(Batch.of(recs), c) == prior
+
+
+def test_fms_foak_records_of_4bit_bases_state_fused_lora():
+    """fms-acceleration's foak scenarios on 4-bit bases run the fused LoRA ops with the other kernels (all or
+    nothing); the records say so, with the base layer, and the other records do not."""
+    recs = [r for r in default_records() if r.origin == "fms-acceleration"]
+    four_bit = [r for r in recs if r.method in ("qlora", "gptq-lora")]
+    foak = [r for r in four_bit if r.values.get("fast_kernels")]
+    assert foak and {r.values["fused_lora"] for r in foak} == {("bitsandbytes", True), ("auto_gptq", True)}
+    assert all("fused_lora" not in r.values for r in recs if r not in foak)

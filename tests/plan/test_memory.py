@@ -181,6 +181,42 @@ def test_liger_kernels_keep_what_their_autograd_functions_save():
     assert not workload("full", model_name=str(gemma), liger_kernels=True).trace_request().liger
 
 
+def test_foak_fused_lora_ops_keep_what_their_autograd_functions_save():
+    """fms-acceleration-foak's fused LoRA ops (LoRA_QKV, LoRA_W, LoRA_MLP) keep the input and one 16-bit dropped
+    copy per adapted projection and the MLP's gate and up outputs; peft keeps an fp32 dropped copy and a 1-byte
+    mask per projection, and transformers' SwiGLU keeps silu(gate) and the product too. Per layer and token,
+    without checkpointing: q, k, v, o save 4 x (4 + 1 - 2) = 12 B per hidden element; gate and up 2 x 3 = 6 B per
+    hidden element; down 3 B and the SwiGLU chain 4 B per intermediate element (e, silu(e), g, h against e, g)."""
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def qlora(fused: bool, **props):
+        exp = get_experiment(EXP["qlora"])
+        raw = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
+               "gpu_model": "A100-80GB", "target_modules": targets, **props}  # fmt: skip
+        values = effective_values(exp, make_entity(exp, raw))
+        if fused:  # as fms-acceleration's foak records state it
+            values["fused_lora"] = ("bitsandbytes", True)
+        return build_workload(exp.method, [values])
+
+    plain, fused = qlora(False, gradient_checkpointing=False), qlora(True, gradient_checkpointing=False)
+    assert fused.trace_request().fused_lora and not plain.trace_request().fused_lora
+    assert plain.trace_request().key != fused.trace_request().key
+    m = plain.structure
+    intermediate = m.config["intermediate_size"]
+    per_layer_token = 18 * m.hidden + 7 * intermediate
+    saved = activation_moments(plain, UNIT)["forward"][0][0] - activation_moments(fused, UNIT)["forward"][0][0]
+    assert per_layer_token * 512 * m.layers <= saved <= 1.05 * per_layer_token * 512 * m.layers
+    # with checkpointing only the layer being recomputed is smaller; the layer inputs stay
+    before = activation_moments(qlora(False), UNIT)["last_layer"][0][0]
+    after = activation_moments(qlora(True), UNIT)["last_layer"][0][0]
+    assert 512 * m.hidden * m.layers * 2 < after < before
+    # the gptq-lora experiment runs them (the SFTTrainer spec hardcodes fused_lora); a 16-bit base never does
+    assert workload("gptq-lora", target_modules=("q_proj", "v_proj")).fused_lora and not workload("qlora").fused_lora
+    lora = workload("lora")
+    lora.settings["fused_lora"] = ("bitsandbytes", True)
+    assert not lora.fused_lora
+
+
 def test_lora_adapter_parameters_by_hand():
     # smollm2-135m: h 576, 9 heads x 64, 3 KV heads x 64, 30 layers; q_proj (576 -> 576), v_proj (576 -> 192)
     w = workload("lora", r=8)

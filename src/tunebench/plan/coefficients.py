@@ -36,7 +36,9 @@ class Coefficients:
     fused_loss_bytes_per_vocab: float = 8.0
     # Share of the traced (non-loss) activations left with fms-acceleration's fused RMSNorm and RoPE
     # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
-    # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them.
+    # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them. Fitted 0.94 on the shipped runs
+    # once foak's fused LoRA ops are traced (plan.trace, fused_lora): close to the 7 % that tracing the kernels'
+    # saved tensors takes off Mistral-7B's last-layer working set (docs/planner.md section 10).
     fast_kernels_activation_fraction: float = 0.85
     # The same for torch.compile (inductor fuses those element-wise chains too): its own coefficient, so
     # compiled runs of other stacks never move fms-acceleration's kernel share (starts at the same value).

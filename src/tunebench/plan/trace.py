@@ -87,10 +87,14 @@ class TraceRequest:
     adapter_dtype: str = "float32"  # trainable adapters' dtype (peft upcasts to fp32 by default)
     loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" (tunebench.training.loss)
     liger: bool = False  # liger_kernels: Liger-Kernel's RMSNorm and SwiGLU kernels, as autograd sees them
+    fused_lora: bool = False  # fms-acceleration-foak's fused LoRA ops on a 4-bit base, as autograd sees them
 
     @property
     def key(self) -> str:
-        text = json.dumps({**asdict(self), "version": TRACE_VERSION}, sort_keys=True, default=str)
+        fields = asdict(self)
+        if not self.fused_lora:  # added after TRACE_VERSION 3: requests without it keep their keys (and profiles)
+            del fields["fused_lora"]
+        text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -484,6 +488,8 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
         model.requires_grad_(True)
     else:
         model = _peft(model, request)
+        if request.fused_lora and structure.model_type in FOAK_LORA_MODELS:
+            _foak_lora_layers(model)
     if request.checkpointing:
         kwargs: dict[str, Any] = {"use_reentrant": request.reentrant}
         if request.selective:
@@ -555,6 +561,127 @@ def _liger_functions():
             return a.detach(), b.detach()  # written over the saved inputs
 
     return RMSNorm, SiLUMul
+
+
+# --- fms-acceleration-foak's fused LoRA ops, as autograd sees them (fused_ops/unsloth_lora/{bnb,gptq}/fast_lora.py) -
+# foak swaps the forward of adapted projections on a 4-bit base (models/llama.py rules "llama-qkvo", "llama-mlp";
+# models/utils.py build_lora_fused_ops): q, k and v in one op when all three are adapted (LoRA_QKV), o alone
+# (LoRA_W), gate, up and down in one op when all three are adapted (LoRA_MLP). Each op is an autograd function:
+# it saves its input and, per adapted projection, the dropped-out input in the input's dtype (dropout is applied
+# inside, so no mask is kept), where peft keeps an fp32 dropped copy and a mask per projection; LoRA_MLP saves
+# the gate and up outputs and never their SwiGLU product. In the backward LoRA_QKV and LoRA_MLP write the input's
+# gradient over the saved input (torch.matmul(..., out=X)); LoRA_MLP first computes the down projection's input
+# gradient (intermediate size) and overwrites the gate and up outputs with theirs. The stand-ins below allocate
+# and save the same and compute nothing. Model types with those rules (models/__init__.py):
+FOAK_LORA_MODELS = ("llama", "mistral", "mixtral", "granite", "granitemoe", "granitemoeshared")
+
+
+def _is_lora(module) -> bool:
+    return module is not None and all(hasattr(module, n) for n in ("lora_A", "lora_B", "base_layer"))
+
+
+def _adapter(module) -> tuple[Any, Any, bool]:
+    """(lora_A weight, lora_B weight, dropout on) of a peft LoRA layer's default adapter."""
+    import torch
+
+    dropout = module.lora_dropout["default"]
+    on = isinstance(dropout, torch.nn.Dropout) and dropout.p > 0
+    return module.lora_A["default"].weight, module.lora_B["default"].weight, on
+
+
+def _foak_lora_layers(model) -> None:
+    """foak's fused LoRA ops in place of peft's adapted q/k/v, o and gate/up/down projections (see above)."""
+    for module in model.modules():
+        qkv = [getattr(module, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+        if all(_is_lora(m) for m in qkv):
+            _fuse_qkv(qkv)
+        o = getattr(module, "o_proj", None)
+        if _is_lora(o):
+            o.forward = functools.partial(_foak_o_forward, o)
+        mlp = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if all(_is_lora(m) for m in mlp):
+            module.forward = functools.partial(_foak_mlp_forward, mlp)
+
+
+def _fuse_qkv(projections: list) -> None:
+    """q, k and v computed by one op on the first call, handed out one per call (build_lora_fused_ops)."""
+    pending: dict[int, Any] = {}
+
+    def forward(index: int, x):
+        if not pending:
+            adapters = [_adapter(p) for p in projections]
+            sizes = tuple(p.base_layer.out_features for p in projections)
+            flat = [w for a, b, _ in adapters for w in (a, b)]
+            pending.update(enumerate(_foak_functions()[0].apply(x, sizes, adapters[0][2], *flat)))
+        return pending.pop(index)
+
+    for i, p in enumerate(projections):
+        p.forward = functools.partial(forward, i)
+
+
+def _foak_o_forward(module, x):
+    a, b, dropout = _adapter(module)
+    return _foak_functions()[1].apply(x, module.base_layer.out_features, dropout, a, b)
+
+
+def _foak_mlp_forward(projections: list, x):
+    adapters = [_adapter(p) for p in projections]
+    flat = [w for a, b, _ in adapters for w in (a, b)]
+    sizes = (projections[0].base_layer.out_features, projections[2].base_layer.out_features)
+    return _foak_functions()[2].apply(x, sizes, adapters[0][2], *flat)
+
+
+@functools.cache
+def _foak_functions():
+    import torch
+
+    def _grads(adapters):
+        return tuple(torch.empty_like(w) for w in adapters)
+
+    class QKV(torch.autograd.Function):  # LoRA_QKV
+        @staticmethod
+        def forward(ctx, x, sizes, dropout, *adapters):
+            dropped = [torch.empty_like(x) if dropout else x for _ in sizes]
+            ctx.save_for_backward(x, *dropped, *adapters)
+            ctx.adapters = len(adapters)
+            return tuple(x.new_empty(*x.shape[:-1], n) for n in sizes)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            saved = ctx.saved_tensors
+            return (saved[0].detach(), None, None, *_grads(saved[-ctx.adapters :]))  # dX over X
+
+    class Out(torch.autograd.Function):  # LoRA_W (the attention output projection)
+        @staticmethod
+        def forward(ctx, x, size, dropout, a, b):
+            ctx.save_for_backward(x, torch.empty_like(x) if dropout else x, a, b)
+            return x.new_empty(*x.shape[:-1], size)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, _, a, b = ctx.saved_tensors
+            return (torch.empty_like(x), None, None, *_grads((a, b)))  # dY @ W.t(): a new tensor
+
+    class MLP(torch.autograd.Function):  # LoRA_MLP
+        @staticmethod
+        def forward(ctx, x, sizes, dropout, *adapters):
+            intermediate, hidden = sizes
+            e = x.new_empty(*x.shape[:-1], intermediate)
+            g = torch.empty_like(e)
+            h = torch.empty_like(e)  # the SwiGLU product: the down projection's input, not kept
+            dropped = (torch.empty_like(x), torch.empty_like(x), torch.empty_like(h)) if dropout else (x, x, x)
+            ctx.save_for_backward(x, e, g, *dropped, *adapters)
+            ctx.adapters = len(adapters)
+            return x.new_empty(*x.shape[:-1], hidden)
+
+        @staticmethod
+        def backward(ctx, dy):
+            saved = ctx.saved_tensors
+            dw = torch.empty_like(saved[1])  # the down projection's input gradient; then e and g in place
+            del dw
+            return (saved[0].detach(), None, None, *_grads(saved[-ctx.adapters :]))  # dX over X
+
+    return QKV, Out, MLP
 
 
 def selective_checkpoint_context():

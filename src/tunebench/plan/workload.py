@@ -41,6 +41,7 @@ CATEGORICAL = (
     "_network_gbps", "_flce_chunk_upcast", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode",
     "torch_compile", "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device",
     "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels",
+    "fused_lora",
 )  # fmt: skip
 
 # Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
@@ -209,7 +210,19 @@ class Workload:
             loss="chunked" if self.loss_implementation == "chunked" else "upcast",
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
             liger=bool(self.settings.get("liger_kernels")) and self.structure.model_type in LIGER_LAYER_MODELS,
+            fused_lora=self.fused_lora,
         )
+
+    @property
+    def fused_lora(self) -> bool:
+        """fms-acceleration-foak's fused LoRA ops run (``fused_lora``: base layer, then the flag): on a 4-bit
+        base (bitsandbytes or auto_gptq) only, where foak swaps the adapted projections' forward (its
+        fused_ops/unsloth_lora); the gptq-lora experiment hardcodes it on (the SFTTrainer spec)."""
+        value = self.settings.get("fused_lora")
+        if self.method not in ("qlora", "gptq-lora") or not value:
+            return False
+        flag = value[-1] if isinstance(value, (list, tuple)) else value
+        return str(flag).lower() in ("true", "1")
 
     @property
     def kbit_upcast(self) -> bool:

@@ -69,6 +69,7 @@ METHOD_EXPERIMENT = {
 # runs spend 0.7-3 s per step that no FLOP or bandwidth term explains (see docs/planner.md).
 EVALUATION_ONLY = ("refs_orca_a100_80gb_pf.csv", "refs_orca_a100_80gb_mp.csv")
 
+FUSED_LORA_BASE = {"qlora": "bitsandbytes", "gptq-lora": "auto_gptq"}  # foak's fused_lora base layers
 FMS_MAX_SEQ_LENGTH = 4096  # fms-acceleration scripts/benchmarks: alpaca packed to 4096 tokens
 
 
@@ -206,6 +207,9 @@ def _fms_row(row: Mapping[str, str], gpu: str, tokens_per_sample: float | None, 
         "max_steps": 100,
         "dataset_id": "news-tokens-16384plus-entries-4096",
         "fast_kernels": (True, True, True) if "foak" in framework else None,
+        # foak on a 4-bit base runs its fused LoRA ops too, all or nothing (fms-acceleration sample-configurations/
+        # accelerated-peft-{bnb-nf4,autogptq}-foak-sample-configuration.yaml: base_layer, fused_lora: true)
+        "fused_lora": (FUSED_LORA_BASE[method], True) if "foak" in framework and method in FUSED_LORA_BASE else None,
         "loss_implementation": "fused_linear" if "liger" in framework else None,
         "lora_dropout": 0.05 if method != "full" else None,
         "target_modules": tuple((row.get("target_modules") or "").split()) or None,
