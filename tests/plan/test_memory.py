@@ -191,8 +191,8 @@ def test_foak_fused_lora_ops_keep_what_their_autograd_functions_save():
 
     def qlora(fused: bool, **props):
         exp = get_experiment(EXP["qlora"])
-        raw = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1,
-               "gpu_model": "A100-80GB", "target_modules": targets, **props}  # fmt: skip
+        raw = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
+        raw |= {"gpu_model": "A100-80GB", "target_modules": targets, **props}
         values = effective_values(exp, make_entity(exp, raw))
         if fused:  # as fms-acceleration's foak records state it
             values["fused_lora"] = ("bitsandbytes", True)
