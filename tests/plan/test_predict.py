@@ -137,6 +137,13 @@ def test_flops_per_token_by_hand():
     assert flops_per_token(w)[0] == pytest.approx(
         4 * a.matmul_params_per_token + recompute + 6 * n_t + attention / 3 * 4
     )
+    # eager attention multiplies the whole s x s square: twice the causal kernels' attention core
+    eager = effective_values(
+        FULL, make_entity(FULL, {**BASE, "gradient_checkpointing": False, "attn_implementation": "eager"})
+    )
+    w = build_workload("full", [eager])
+    assert w.attention == "eager"
+    assert flops_per_token(w)[0] == pytest.approx(6 * a.matmul_params_per_token + 2 * attention)
 
 
 def test_a_cpu_step_adds_this_hosts_optimizer_time_per_trainable_parameter():

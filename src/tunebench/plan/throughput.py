@@ -50,8 +50,11 @@ def flops_per_token(w: Workload) -> np.ndarray:
         dense = 4 * mm + 2 * recompute * body  # frozen base: no weight-gradient GEMMs
         dense = dense + 6 * trainable_params(w)  # adapters: negligible, counted
     _, padded = w.sample_tokens()
-    # attention core: forward attn_ctx * s (causal half), backward 2x, recompute 1x (llm-foundry, PaLM)
-    attention = a.attention_flops_per_token_per_context * padded * (3 + recompute)
+    # attention core: forward attn_ctx * s (causal half), backward 2x, recompute 1x (llm-foundry, PaLM); flash and
+    # SDPA's causal kernels skip the masked half, eager attention multiplies the whole s x s square (transformers
+    # eager_attention_forward: torch.matmul(query, key.transpose(2, 3)), softmax, then torch.matmul with values)
+    square = 2.0 if w.attention == "eager" else 1.0
+    attention = a.attention_flops_per_token_per_context * padded * (3 + recompute) * square
     return dense + attention
 
 
