@@ -215,6 +215,13 @@ def test_foak_fused_lora_ops_keep_what_their_autograd_functions_save():
     lora = workload("lora")
     lora.settings["fused_lora"] = ("bitsandbytes", True)
     assert not lora.fused_lora
+    # nor a model type foak has no rules for (Gemma): traced as peft runs it, under peft's key
+    from pathlib import Path
+
+    import tunebench
+
+    gemma = Path(tunebench.__file__).parent / "plan/data/measurements/published/configs/gemma-2b/config.json"
+    assert not qlora(True, model_name=str(gemma)).fused_lora
 
 
 def test_lora_adapter_parameters_by_hand():

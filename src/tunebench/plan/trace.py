@@ -488,7 +488,7 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
         model.requires_grad_(True)
     else:
         model = _peft(model, request)
-        if request.fused_lora and structure.model_type in FOAK_LORA_MODELS:
+        if request.fused_lora:
             _foak_lora_layers(model)
     if request.checkpointing:
         kwargs: dict[str, Any] = {"use_reentrant": request.reentrant}

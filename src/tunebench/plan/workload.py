@@ -22,7 +22,7 @@ from tunebench.datasets.ids import DatasetId
 from tunebench.errors import InputError
 from tunebench.plan.lengths import SampleLengths
 from tunebench.plan.structure import Structure, image_tiles, structure_of
-from tunebench.plan.trace import LIGER_LAYER_MODELS, ActivationProfile, TraceRequest, profile
+from tunebench.plan.trace import FOAK_LORA_MODELS, LIGER_LAYER_MODELS, ActivationProfile, TraceRequest, profile
 from tunebench.spec.properties import SPEC_TORCH_DTYPES
 
 # Numeric entity properties, vectorised per group (the SFTTrainer spec names).
@@ -217,9 +217,10 @@ class Workload:
     def fused_lora(self) -> bool:
         """fms-acceleration-foak's fused LoRA ops run (``fused_lora``: base layer, then the flag): on a 4-bit
         base (bitsandbytes or auto_gptq) only, where foak swaps the adapted projections' forward (its
-        fused_ops/unsloth_lora); the gptq-lora experiment hardcodes it on (the SFTTrainer spec)."""
+        fused_ops/unsloth_lora) of the model types it has rules for (plan.trace.FOAK_LORA_MODELS); the gptq-lora
+        experiment hardcodes it on (the SFTTrainer spec)."""
         value = self.settings.get("fused_lora")
-        if self.method not in ("qlora", "gptq-lora") or not value:
+        if self.method not in ("qlora", "gptq-lora") or not value or self.structure.model_type not in FOAK_LORA_MODELS:
             return False
         flag = value[-1] if isinstance(value, (list, tuple)) else value
         return str(flag).lower() in ("true", "1")
