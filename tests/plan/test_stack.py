@@ -149,9 +149,12 @@ def test_loss_paths_order_by_what_they_keep():
             workload("lora", batch_size=4, model_max_length=2048, loss_implementation=impl),
             UNIT.replace(fused_loss_bytes_per_vocab=4.0),
         )["loss"][0]
-        for impl in ("upcast", "chunked", "fused_linear")
+        for impl in ("upcast", "model_dtype", "chunked", "fused_linear")
     }
-    assert peaks["upcast"] > peaks["chunked"] > peaks["fused_linear"] == 0
+    assert peaks["upcast"] > peaks["model_dtype"] > peaks["chunked"] > peaks["fused_linear"] == 0
+    # model_dtype, traced as training.loss runs it: bf16 logits, their shifted copy and the log-softmax (2 B each)
+    w = workload("lora", batch_size=4, model_max_length=2048, loss_implementation="model_dtype")
+    assert max(m.vocab_bytes for m in w.activations.moments.values()) == pytest.approx(6.0, abs=0.5)
     default = workload("lora", fast_kernels=[True, True, True])
     assert default.loss_implementation == "fast_loss"  # fms-acceleration fused kernel, a fitted budget
 

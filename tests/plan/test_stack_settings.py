@@ -22,7 +22,7 @@ from tunebench.engines import FMS, NATIVE
 from tunebench.engines.support import RULES, unsupported
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
-from tunebench.training.loss import chunked_causal_lm_loss
+from tunebench.training.loss import chunked_causal_lm_loss, model_dtype_causal_lm_loss
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 FULL = "finetune_full_benchmark-v1.0.0"
@@ -79,6 +79,36 @@ def test_chunked_loss_keeps_no_fp32_logits_for_backward():
     assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] > 100]  # at most scalars in fp32
 
 
+@pytest.mark.parametrize("num_items", [None, 57])
+def test_model_dtype_loss_is_the_upcast_loss_computed_in_the_logits_dtype(num_items):
+    """fp32 logits: exactly transformers' loss and gradient; bf16 logits: within bf16's rounding, its gradient
+    in bf16, and no fp32 vocabulary-sized tensor saved for backward (the point of the path)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    vocab = 300
+    labels = torch.randint(0, vocab, (3, 40))
+    labels[:, :12] = -100
+    labels[1, 30:] = -100
+    n = torch.tensor(num_items) if num_items else None
+    logits = torch.randn(3, 40, vocab).requires_grad_()
+    upcast = ForCausalLMLoss(logits, labels, vocab, num_items_in_batch=n)
+    (grad_upcast,) = torch.autograd.grad(upcast, logits)
+    same = model_dtype_causal_lm_loss(logits, labels, vocab, num_items_in_batch=n)
+    (grad_same,) = torch.autograd.grad(same, logits)
+    assert same.item() == pytest.approx(upcast.item(), rel=1e-6)
+    torch.testing.assert_close(grad_same, grad_upcast)
+
+    saved = []
+    half = logits.detach().to(torch.bfloat16).requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.numel())) or t, lambda t: t):
+        loss = model_dtype_causal_lm_loss(half, labels, vocab, num_items_in_batch=n)
+    (grad_half,) = torch.autograd.grad(loss, half)
+    assert loss.dtype == torch.bfloat16 and grad_half.dtype == torch.bfloat16
+    assert loss.item() == pytest.approx(upcast.item(), rel=2e-2)
+    assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] > 100]
+
+
 # ------------------------------------------------------------------------------- real runs of the worker
 
 
@@ -107,6 +137,22 @@ def test_chunked_loss_run_trains_like_the_upcast_run(tmp_path):
     up, ch = runs["upcast"]["train_losses"], runs["chunked"]["train_losses"]
     assert len(up) == len(ch) == 3 and all(math.isfinite(x) for x in ch)
     assert ch == pytest.approx(up, rel=1e-4)
+
+
+def test_model_dtype_loss_run_trains_like_the_upcast_run(tmp_path):
+    """A float32 model: the model_dtype loss is the upcast loss, so the runs' losses agree."""
+    runs = {}
+    for loss in ("upcast", "model_dtype"):
+        (tmp_path / loss).mkdir()
+        rc, r, _ = run(tmp_path / loss, loss_implementation=loss, peft_method="lora", steps=3)
+        assert rc == 0, r.get("reason")
+        runs[loss] = r["metadata"]
+    assert runs["model_dtype"]["loss"] == {
+        "implementation": "model_dtype",
+        "function": "tunebench model_dtype_causal_lm_loss",
+    }
+    up, md = runs["upcast"]["train_losses"], runs["model_dtype"]["train_losses"]
+    assert len(up) == len(md) == 3 and md == pytest.approx(up, rel=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -223,6 +269,7 @@ JUDGED = [
     (FMS, LORA, {"attn_implementation": "eager"}, "measure with --engine native"),
     (FMS, LORA, {"loss_implementation": "chunked"}, "fast_kernels' fast_loss"),
     (FMS, LORA, {"loss_implementation": "fused_linear"}, "fms-hf-tuning has no fused linear cross-entropy"),
+    (FMS, LORA, {"loss_implementation": "model_dtype"}, "loss_implementation model_dtype: fms-hf-tuning"),
     (FMS, LORA, {"adapter_dtype": "bfloat16"}, "adapter_dtype bfloat16: fms-hf-tuning keeps adapter weights"),
     (FMS, LORA, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),
     (NATIVE, LORA, {"liger_kernels": True}, "liger_kernels is planning only"),

@@ -228,6 +228,11 @@ def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
             "loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
             f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"
         ]
+    if asked == "model_dtype":
+        return [
+            "loss_implementation model_dtype: fms-hf-tuning computes the loss with transformers' fp32 upcast "
+            f"(or fast_kernels' fast_loss): {NATIVE_HINT}"
+        ]
     if asked == "upcast" and fast:
         return [
             "loss_implementation upcast: fms-hf-tuning with fast_kernels' fast_loss runs fms-acceleration-foak's "

@@ -215,7 +215,7 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     padded = w.memory_tokens()  # the longest sample (plan.lengths); time uses the mean
     batch = w.per_device_batch
     tokens = batch * padded
-    impl = w.loss_implementation  # upcast and chunked are traced; the other two keep a fixed budget:
+    impl = w.loss_implementation  # upcast, chunked, model_dtype are traced; the other two keep a fixed budget:
     keep = {"fused_linear": 0.0, "fast_loss": c.fused_loss_bytes_per_vocab}.get(impl)
     flce = fused_linear_forward_bytes(w, tokens) if impl == "fused_linear" else 0.0  # per GPU
     pipeline = w.mode() == "PP"  # device_map: each GPU holds its layers' activations, the last the loss

@@ -85,7 +85,7 @@ class TraceRequest:
     virtual_tokens: int
     selective: bool = False  # op-level selective activation checkpointing (torchtitan's policy)
     adapter_dtype: str = "float32"  # trainable adapters' dtype (peft upcasts to fp32 by default)
-    loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" (tunebench.training.loss)
+    loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" | "model_dtype" (training.loss)
     liger: bool = False  # liger_kernels: Liger-Kernel's RMSNorm and SwiGLU kernels, as autograd sees them
     fused_lora: bool = False  # fms-acceleration-foak's fused LoRA ops on a 4-bit base, as autograd sees them
 
@@ -476,10 +476,10 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
     dtype = torch.bfloat16 if request.dtype == "float16" else getattr(torch, request.dtype)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=hf._attn_implementation)
-    if request.loss == "chunked":  # the measuring worker's chunked cross-entropy, traced as it runs
+    if request.loss in ("chunked", "model_dtype"):  # the measuring worker's loss functions, traced as they run
         from tunebench.training.loss import apply
 
-        apply(model, "chunked", on_gpu=False)
+        apply(model, request.loss, on_gpu=False)
     if request.kbit_upcast:
         _upcast_like_kbit(model)
     if request.liger:

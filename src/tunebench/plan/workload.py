@@ -207,7 +207,7 @@ class Workload:
             lora_dropout=lora and (self.settings.get("lora_dropout") or 0) > 0,
             virtual_tokens=int(self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0,
             selective=self.selective_checkpointing,
-            loss="chunked" if self.loss_implementation == "chunked" else "upcast",
+            loss=self.loss_implementation if self.loss_implementation in ("chunked", "model_dtype") else "upcast",
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
             liger=bool(self.settings.get("liger_kernels")) and self.structure.model_type in LIGER_LAYER_MODELS,
             fused_lora=self.fused_lora,
@@ -281,8 +281,9 @@ class Workload:
 
     @property
     def loss_implementation(self) -> str:
-        """'upcast' (transformers: fp32 logits), 'chunked' (16-bit logits, fp32 a chunk at a time: traced
-        with tunebench.training.loss), 'fused_linear' (Liger FLCE, no logits) or 'fast_loss'
+        """'upcast' (transformers: fp32 logits), 'chunked' (16-bit logits, fp32 a chunk at a time) and
+        'model_dtype' (the logits' own dtype; both traced with tunebench.training.loss), 'fused_linear' (Liger
+        FLCE, no logits) or 'fast_loss'
         (fms-acceleration's fused cross-entropy kernel, fast_kernels[0], when no loss_implementation is given)."""
         explicit = self.settings.get("loss_implementation")
         if explicit:

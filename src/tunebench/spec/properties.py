@@ -63,8 +63,10 @@ FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
                             "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}  # fmt: skip
 # The loss path: transformers upcasts the logits to fp32 (ForCausalLMLoss); chunked / in-place kernels keep
 # 16-bit logits (fms-acceleration fast_loss, torchtune CEWithChunkedOutputLoss, Unsloth); Liger's fused
-# linear cross-entropy never materialises the logits (liger_kernel.transformers LigerFusedLinearCrossEntropyLoss).
-LOSS_IMPLEMENTATIONS = ("upcast", "chunked", "fused_linear")
+# linear cross-entropy never materialises the logits (liger_kernel.transformers LigerFusedLinearCrossEntropyLoss);
+# model_dtype: nn.CrossEntropyLoss on the logits in the model's dtype, no fp32 copy (the heads of remote-code
+# models such as Qwen (v1)'s modeling_qwen.py QWenLMHeadModel.forward).
+LOSS_IMPLEMENTATIONS = ("upcast", "chunked", "fused_linear", "model_dtype")
 # Trainable adapter weights: peft keeps them in fp32 (get_peft_model(autocast_adapter_dtype=True));
 # False, or litgpt's bf16-true, keeps them in the base dtype.
 ADAPTER_DTYPES = ("float32", "bfloat16", "float16")
@@ -535,8 +537,9 @@ PROPERTIES: dict[str, Property] = {
             "loss_implementation",
             "choice",
             "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
-            "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits); None = upcast, or "
-            "fms-acceleration's fused kernel with fast_kernels' fast_loss.",
+            "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits), model_dtype (the "
+            "logits' own dtype, no fp32 copy); None = upcast, or fms-acceleration's fused kernel with "
+            "fast_kernels' fast_loss.",
             default=None,
             choices=(None, *LOSS_IMPLEMENTATIONS),
         ),

@@ -6,7 +6,10 @@
   (``torch.utils.checkpoint``), so only the 16-bit logits and one chunk's fp32 values are alive
   (torchtune's CEWithChunkedOutputLoss keeps the same budget);
 - ``fused_linear``: Liger's fused linear cross-entropy (liger-kernel, Triton: GPU only), which never
-  materialises the logits (``apply_fused_linear``).
+  materialises the logits (``apply_fused_linear``);
+- ``model_dtype``: :func:`model_dtype_causal_lm_loss`, the cross-entropy of the logits in their own (16-bit)
+  dtype, no fp32 copy: what heads that call ``nn.CrossEntropyLoss`` on the model's logits run (Qwen (v1)'s
+  remote code, ``modeling_qwen.py`` ``QWenLMHeadModel.forward``, on the Hugging Face Hub).
 
 Same label rules as ForCausalLMLoss (transformers.loss.loss_utils): labels shifted by one with
 -100 padding, -100 ignored, the sum divided by ``num_items_in_batch`` when the Trainer passes it
@@ -62,6 +65,31 @@ def chunked_causal_lm_loss(
     return total / num_items_in_batch
 
 
+def model_dtype_causal_lm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """ForCausalLMLoss's value computed on the logits as they are (bf16/fp16 log-softmax; no fp32 copy), the
+    way heads written before transformers' loss_function shift them: a contiguous copy of all but the last
+    position (``shift_logits = logits[..., :-1, :].contiguous()``), then ``nn.CrossEntropyLoss``."""
+    if shift_labels is None:
+        logits = logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:]
+    flat = logits.reshape(-1, vocab_size)
+    targets = shift_labels.reshape(-1).to(flat.device)
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat, targets, ignore_index=ignore_index)
+    total = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
 def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model whose forward computes the loss (under a peft wrapper, its base model)."""
     get_base = getattr(model, "get_base_model", None)
@@ -86,6 +114,9 @@ def apply(model: torch.nn.Module, implementation: str, on_gpu: bool) -> dict[str
             "function": "tunebench chunked_causal_lm_loss",
             "chunk_tokens": CHUNK_TOKENS,
         }
+    if implementation == "model_dtype":
+        target.loss_function = model_dtype_causal_lm_loss
+        return {"implementation": "model_dtype", "function": "tunebench model_dtype_causal_lm_loss"}
     return apply_fused_linear(target, on_gpu)
 
 

@@ -186,8 +186,8 @@ def _add_stack_flags(p: argparse.ArgumentParser) -> None:
         "--loss_implementation",
         default=None,
         choices=LOSS_IMPLEMENTATIONS,
-        help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU); default: chunked with "
-        "fast_kernels' fast_loss, else upcast",
+        help="upcast (transformers), chunked (tunebench), fused_linear (liger-kernel, GPU), model_dtype (no fp32 "
+        "copy); default: chunked with fast_kernels' fast_loss, else upcast",
     )
     a(
         "--adapter_dtype",
