@@ -599,8 +599,13 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
     )
     reserved = allocated + _where(on_gpu, slack, 0.0)
     # On a full device the allocator frees its cached blocks and retries before it fails
-    # (c10 CUDACachingAllocator), so only the fragmentation of live segments adds to the need.
-    required = allocated + c.oom_fragmentation_fraction * (b["transient"] + b["loss"])
+    # (c10 CUDACachingAllocator), so only the fragmentation of live segments adds to the need: each phase
+    # needs its own peak plus a share of its own transient tensors (forward/backward: activations, the loss,
+    # gathered weights; the optimizer step: its foreach temporaries), and the run the larger of the two
+    required = np.maximum(
+        b["peak_forward_backward"] + c.oom_fragmentation_fraction * (b["transient"] + b["loss"]),
+        b["peak_optimizer_step"] + c.oom_fragmentation_fraction * b["optimizer_step_transient"],
+    )
     capacity = w.gpu.memory_bytes if (w.gpu is not None) else None  # nvidia-smi's total
     if capacity is not None:
         # the allocator can hand out what CUDA gives the process (less than nvidia-smi's total: the
