@@ -107,6 +107,10 @@ def test_model_dtype_loss_is_the_upcast_loss_computed_in_the_logits_dtype(num_it
     assert loss.dtype == torch.bfloat16 and grad_half.dtype == torch.bfloat16
     assert loss.item() == pytest.approx(upcast.item(), rel=2e-2)
     assert saved and not [s for s in saved if s[0] == torch.float32 and s[1] > 100]
+    # under AMP torch autocasts cross_entropy to fp32 (the copy this path avoids): the path turns it off
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.cross_entropy(half.reshape(-1, vocab), labels.reshape(-1)).dtype == torch.float32
+        assert model_dtype_causal_lm_loss(half, labels, vocab).dtype == torch.bfloat16
 
 
 # ------------------------------------------------------------------------------- real runs of the worker

@@ -8,8 +8,9 @@
 - ``fused_linear``: Liger's fused linear cross-entropy (liger-kernel, Triton: GPU only), which never
   materialises the logits (``apply_fused_linear``);
 - ``model_dtype``: :func:`model_dtype_causal_lm_loss`, the cross-entropy of the logits in their own (16-bit)
-  dtype, no fp32 copy: what heads that call ``nn.CrossEntropyLoss`` on the model's logits run (Qwen (v1)'s
-  remote code, ``modeling_qwen.py`` ``QWenLMHeadModel.forward``, on the Hugging Face Hub).
+  dtype, no fp32 copy: what heads that call ``nn.CrossEntropyLoss`` on the model's logits run without AMP
+  (Qwen (v1)'s remote code, ``modeling_qwen.py`` ``QWenLMHeadModel.forward``, on the Hugging Face Hub, under
+  DeepSpeed, which casts the model instead of autocasting).
 
 Same label rules as ForCausalLMLoss (transformers.loss.loss_utils): labels shifted by one with
 -100 padding, -100 ignored, the sum divided by ``num_items_in_batch`` when the Trainer passes it
@@ -76,15 +77,20 @@ def model_dtype_causal_lm_loss(
 ) -> torch.Tensor:
     """ForCausalLMLoss's value computed on the logits as they are (bf16/fp16 log-softmax; no fp32 copy), the
     way heads written before transformers' loss_function shift them: a contiguous copy of all but the last
-    position (``shift_logits = logits[..., :-1, :].contiguous()``), then ``nn.CrossEntropyLoss``."""
+    position (``shift_logits = logits[..., :-1, :].contiguous()``), then ``nn.CrossEntropyLoss``.
+
+    Autocast is off around the cross-entropy: under AMP (the Trainer's bf16/fp16 flags) torch autocasts
+    ``cross_entropy`` to fp32 (its op list), which would make the fp32 copy this path exists to avoid; such a
+    head under AMP runs upcast's budget, not this one."""
     if shift_labels is None:
         logits = logits[..., :-1, :].contiguous()
         shift_labels = labels[..., 1:]
     flat = logits.reshape(-1, vocab_size)
     targets = shift_labels.reshape(-1).to(flat.device)
-    if num_items_in_batch is None:
-        return F.cross_entropy(flat, targets, ignore_index=ignore_index)
-    total = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
+    with torch.autocast(device_type="cuda" if flat.is_cuda else "cpu", enabled=False):
+        if num_items_in_batch is None:
+            return F.cross_entropy(flat, targets, ignore_index=ignore_index)
+        total = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
