@@ -64,8 +64,8 @@ FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
 # The loss path: transformers upcasts the logits to fp32 (ForCausalLMLoss); chunked / in-place kernels keep
 # 16-bit logits (fms-acceleration fast_loss, torchtune CEWithChunkedOutputLoss, Unsloth); Liger's fused
 # linear cross-entropy never materialises the logits (liger_kernel.transformers LigerFusedLinearCrossEntropyLoss);
-# model_dtype: nn.CrossEntropyLoss on the logits in the model's dtype, no fp32 copy (the heads of remote-code
-# models such as Qwen (v1)'s modeling_qwen.py QWenLMHeadModel.forward).
+# model_dtype: nn.CrossEntropyLoss on the logits in the model's dtype, no fp32 copy (what remote-code heads
+# such as Qwen (v1)'s modeling_qwen.py QWenLMHeadModel.forward run without AMP).
 LOSS_IMPLEMENTATIONS = ("upcast", "chunked", "fused_linear", "model_dtype")
 # Trainable adapter weights: peft keeps them in fp32 (get_peft_model(autocast_adapter_dtype=True));
 # False, or litgpt's bf16-true, keeps them in the base dtype.
@@ -536,10 +536,8 @@ PROPERTIES: dict[str, Property] = {
         _p(
             "loss_implementation",
             "choice",
-            "Cross-entropy path: upcast (transformers, fp32 logits), chunked "
-            "(16-bit logits, fp32 a chunk at a time), fused_linear (Liger, no logits), model_dtype (the "
-            "logits' own dtype, no fp32 copy); None = upcast, or fms-acceleration's fused kernel with "
-            "fast_kernels' fast_loss.",
+            "Cross-entropy: upcast (fp32 logits), chunked (fp32 a chunk at a time), fused_linear "
+            "(Liger, no logits), model_dtype (16-bit, no fp32 copy); None = upcast, or foak's with fast_loss.",
             default=None,
             choices=(None, *LOSS_IMPLEMENTATIONS),
         ),
