@@ -124,39 +124,26 @@ def test_attention_implementation_is_set_on_the_model(tmp_path, attn):
     assert agg["properties"]["train_runtime"] > 0
 
 
-def test_chunked_loss_run_trains_like_the_upcast_run(tmp_path):
-    """Same seed, data and float32 model: the chunked run's losses are the upcast run's."""
+@pytest.mark.parametrize(
+    "loss, facts",
+    [
+        ("chunked", {"function": "tunebench chunked_causal_lm_loss", "chunk_tokens": 1024}),
+        ("model_dtype", {"function": "tunebench model_dtype_causal_lm_loss"}),
+    ],
+)
+def test_loss_run_trains_like_the_upcast_run(tmp_path, loss, facts):
+    """Same seed, data and float32 model: the chunked and model_dtype runs' losses are the upcast run's."""
     runs = {}
-    for loss in ("upcast", "chunked"):
-        (tmp_path / loss).mkdir()
-        rc, r, _ = run(tmp_path / loss, loss_implementation=loss, peft_method="lora", steps=3)
+    for name in ("upcast", loss):
+        (tmp_path / name).mkdir()
+        rc, r, _ = run(tmp_path / name, loss_implementation=name, peft_method="lora", steps=3)
         assert rc == 0, r.get("reason")
-        runs[loss] = r["metadata"]
-    assert runs["chunked"]["loss"] == {
-        "implementation": "chunked",
-        "function": "tunebench chunked_causal_lm_loss",
-        "chunk_tokens": 1024,
-    }
+        runs[name] = r["metadata"]
+    assert runs[loss]["loss"] == {"implementation": loss, **facts}
     assert runs["upcast"]["loss"]["implementation"] == "upcast"
-    up, ch = runs["upcast"]["train_losses"], runs["chunked"]["train_losses"]
-    assert len(up) == len(ch) == 3 and all(math.isfinite(x) for x in ch)
-    assert ch == pytest.approx(up, rel=1e-4)
-
-
-def test_model_dtype_loss_run_trains_like_the_upcast_run(tmp_path):
-    """A float32 model: the model_dtype loss is the upcast loss, so the runs' losses agree."""
-    runs = {}
-    for loss in ("upcast", "model_dtype"):
-        (tmp_path / loss).mkdir()
-        rc, r, _ = run(tmp_path / loss, loss_implementation=loss, peft_method="lora", steps=3)
-        assert rc == 0, r.get("reason")
-        runs[loss] = r["metadata"]
-    assert runs["model_dtype"]["loss"] == {
-        "implementation": "model_dtype",
-        "function": "tunebench model_dtype_causal_lm_loss",
-    }
-    up, md = runs["upcast"]["train_losses"], runs["model_dtype"]["train_losses"]
-    assert len(up) == len(md) == 3 and md == pytest.approx(up, rel=1e-4)
+    up, other = runs["upcast"]["train_losses"], runs[loss]["train_losses"]
+    assert len(up) == len(other) == 3 and all(math.isfinite(x) for x in other)
+    assert other == pytest.approx(up, rel=1e-4)
 
 
 @pytest.mark.parametrize(
