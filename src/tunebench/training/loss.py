@@ -59,8 +59,16 @@ def chunked_causal_lm_loss(
             total = total + checkpoint(_chunk_sum, part, part_targets, ignore_index, use_reentrant=False)
         else:
             total = total + _chunk_sum(part, part_targets, ignore_index)
+    return _per_item(total, targets, num_items_in_batch, ignore_index)
+
+
+def _per_item(
+    total: torch.Tensor, targets: torch.Tensor, num_items_in_batch: torch.Tensor | int | None, ignore_index: int
+) -> torch.Tensor:
+    """ForCausalLMLoss's reduction of a summed loss: over ``num_items_in_batch`` when the Trainer passes it
+    (gradient accumulation), else the mean over label tokens (0/0 = nan, as F.cross_entropy)."""
     if num_items_in_batch is None:
-        return total / (targets != ignore_index).sum()  # the mean over label tokens (0/0 = nan, as F.cross_entropy)
+        return total / (targets != ignore_index).sum()
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
@@ -88,12 +96,8 @@ def model_dtype_causal_lm_loss(
     flat = logits.reshape(-1, vocab_size)
     targets = shift_labels.reshape(-1).to(flat.device)
     with torch.autocast(device_type="cuda" if flat.is_cuda else "cpu", enabled=False):
-        if num_items_in_batch is None:
-            return F.cross_entropy(flat, targets, ignore_index=ignore_index)
         total = F.cross_entropy(flat, targets, ignore_index=ignore_index, reduction="sum")
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    return _per_item(total, targets, num_items_in_batch, ignore_index)
 
 
 def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
