@@ -9,9 +9,15 @@ import pytest
 from plan.test_memory import UNIT, states, workload
 
 from tunebench.errors import InputError
-from tunebench.plan.memory import memory_breakdown, predict_memory
+from tunebench.plan.memory import memory_breakdown, predict_memory, trainable_params
 from tunebench.plan.predictor import predict
-from tunebench.plan.throughput import dequant_seconds, offload_seconds, optimizer_seconds, predict_throughput
+from tunebench.plan.throughput import (
+    _link_gbps,
+    dequant_seconds,
+    offload_seconds,
+    optimizer_seconds,
+    predict_throughput,
+)
 from tunebench.spec.experiments import get_experiment
 from tunebench.spec.validity import check_values
 
@@ -95,6 +101,24 @@ def test_offload_is_slower_than_keeping_states_on_the_gpu():
         workload("full", **DS, deepspeed_zero_stage=1, bf16=True, gradient_accumulation_steps=4), UNIT
     )
     assert z3.comm_seconds[0] > z1.comm_seconds[0]  # ZeRO-3 gathers parameters every micro-batch
+
+
+def test_zero_1_and_2_move_only_the_trainable_parameters_of_a_peft_run():
+    """ZeRO stages 1-2 partition and all-gather what the optimizer updates (DeepSpeed stage_1_and_2.py keeps
+    the params with requires_grad): LoRA moves its adapters' gradients and updated values, never the frozen
+    base; stage 3 partitions every parameter and gathers the base in each micro-batch's forward and backward."""
+    two_nodes = {**DS, "number_nodes": 2, "gradient_accumulation_steps": 4, "bf16": True}
+    lora = {stage: workload("lora", **two_nodes, deepspeed_zero_stage=stage) for stage in (1, 2, 3)}
+    comm = {stage: predict_throughput(w, UNIT).comm_seconds[0] for stage, w in lora.items()}
+    w = lora[2]
+    ring = 7 / 8
+    grad_bytes = trainable_params(w)[0] * 2
+    link = _link_gbps(w, UNIT, None)[0]
+    assert comm[2] == pytest.approx((4 + 1) * grad_bytes * ring / link)  # 4 reduce-scatters + 1 all-gather
+    assert comm[1] == pytest.approx(2 * grad_bytes * ring / link)
+    assert comm[3] > 100 * comm[2]  # the frozen base is gathered twice per micro-batch
+    full = workload("full", **two_nodes, deepspeed_zero_stage=2)
+    assert predict_throughput(full, UNIT).comm_seconds[0] > 100 * comm[2]
 
 
 def test_dequantisation_outside_the_matmul_costs_memory_traffic_per_micro_batch():

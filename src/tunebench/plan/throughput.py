@@ -23,6 +23,7 @@ from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import (
     _ADAM,
     OPTIMIZERS,
+    compute_param_bytes,
     expert_fraction,
     param_bytes,
     sharding_degree,
@@ -176,7 +177,10 @@ def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None
     volume = np.where(mode == "FSDP", np.where(w.sharding == "NO_SHARD", allreduce, fsdp), 0.0)
     volume = np.where(mode == "DDP", allreduce, volume)
     volume = np.where(mode == "DP", dp, volume)
-    volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, grad_bytes, params, ring), volume)
+    # DeepSpeed converts the whole module to 16 bits under bf16/fp16 (adapters too): its gradients are
+    # what deepspeed_states holds, compute_param_bytes each
+    ds_grad_bytes = n_train * compute_param_bytes(w)
+    volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, ds_grad_bytes, params, ring), volume)
     return volume / _link_gbps(w, c, network_gbps)
 
 
@@ -185,12 +189,15 @@ def deepspeed_comm_bytes(w: Workload, grad_bytes, params, ring) -> np.ndarray:
     what DDP's all-reduce moves, stage 3 1.5x): stage 0-1 all-reduce or reduce-scatter the gradients
     once per step and stage 1 all-gathers the updated parameters; stage 2 reduce-scatters every
     micro-batch (partitioned gradients cannot accumulate unreduced); stage 3 also all-gathers the
-    parameters in forward and in backward of every micro-batch."""
+    parameters in forward and in backward of every micro-batch. Stages 1-2 partition and all-gather
+    only what the optimizer updates, the trainable parameters (zero/stage_1_and_2.py: bit16_groups
+    keeps the params with requires_grad), so a PEFT run's frozen base never crosses the link; stage 3
+    partitions every parameter (the frozen base too) and gathers them all."""
     z, ga = w.zero_stage, w.grad_accum
     if z <= 1:
         return 2 * grad_bytes * ring
     if z == 2:
-        return ga * grad_bytes * ring + params * ring
+        return (ga + 1) * grad_bytes * ring  # reduce-scatter per micro-batch + the updated params' all-gather
     return ga * (2 * params * ring + grad_bytes * ring)
 
 
