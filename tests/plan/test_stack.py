@@ -121,6 +121,23 @@ def test_zero_1_and_2_move_only_the_trainable_parameters_of_a_peft_run():
     assert predict_throughput(full, UNIT).comm_seconds[0] > 100 * comm[2]
 
 
+def test_fsdp_and_zero_3_pay_their_per_layer_hooks_and_other_backends_do_not():
+    """FSDP and ZeRO-3 gather and release every layer from host hooks in each micro-batch's forward and
+    backward: sharded_unit_overhead_s per layer and micro-batch, on top of the launches every run pays;
+    ZeRO-1/2, DDP and one GPU shard no layer."""
+    c, none = UNIT.replace(sharded_unit_overhead_s=0.01), UNIT.replace(sharded_unit_overhead_s=0.0)
+    layers = workload("full").structure.layers
+    shared = {"number_gpus": 8, "batch_size": 8, "gradient_accumulation_steps": 2, "bf16": True}
+
+    def compute_s(coefficients, **entity):
+        return predict_throughput(workload("full", **shared, **entity), coefficients).compute_seconds[0]
+
+    for sharded in ({"distributed_backend": "FSDP"}, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3}):
+        assert compute_s(c, **sharded) - compute_s(none, **sharded) == pytest.approx(2 * layers * 0.01)
+    for unsharded in ({"distributed_backend": "DDP"}, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2}):
+        assert compute_s(c, **unsharded) == pytest.approx(compute_s(none, **unsharded))
+
+
 def test_dequantisation_outside_the_matmul_costs_memory_traffic_per_micro_batch():
     """4-bit weights dequantised before each use: bitsandbytes 4.5 B per weight in the forward, the recomputed
     forward and the backward; AutoGPTQ's torch path 18.5 B in both forwards and the saved fp16 weight read in the

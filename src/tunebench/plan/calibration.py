@@ -118,7 +118,8 @@ MEMORY_FIT = ("fused_loss_bytes_per_vocab", "fast_kernels_activation_fraction", 
 SLACK_FIT = ("cuda_context_gib", "reserve_fixed_gib", "reserve_transient_fraction", "reserve_loss_fraction")
 SPEED_FIT = (
     "hfu_max", "hidden_half", "elementwise_passes", "qlora_speed", "gptq_speed", "fast_kernels_speed", "compile_speed",
-    "layer_overhead_s", "expert_overhead_s", "alltoall_latency_s", "comm_exposed_fraction", "cpu_tflops",
+    "layer_overhead_s", "sharded_unit_overhead_s", "expert_overhead_s", "alltoall_latency_s", "comm_exposed_fraction",
+    "cpu_tflops",
 )  # fmt: skip
 # The fit is a maximum a posteriori estimate: each measurement's log error ~ N(0, DATA_SIGMA) and each
 # coefficient's log ratio to its physical prior ~ N(0, PRIOR_SIGMA). Hundreds of runs outweigh the
@@ -142,6 +143,7 @@ BOUNDS = {
     "fast_kernels_speed": (0.8, 1.6),
     "compile_speed": (0.8, 1.6),
     "layer_overhead_s": (0.0, 0.02),
+    "sharded_unit_overhead_s": (0.0, 0.02),
     "expert_overhead_s": (0.0, 0.02),
     "alltoall_latency_s": (0.0, 0.02),
     "comm_exposed_fraction": (0.0, 1.0),

@@ -86,6 +86,11 @@ class Coefficients:
     elementwise_passes: float = 2.0
     # Fixed time per decoder layer per micro-batch (kernel launches, host syncs), seconds.
     layer_overhead_s: float = 0.0006
+    # Fixed time per sharded unit (decoder layer) per micro-batch on top of it, FSDP and ZeRO-3: the host
+    # hooks that gather a unit before its forward and backward and release and reduce-scatter after
+    # (torch fsdp/_runtime_utils.py _pre_forward_unshard, _post_backward_hook; DeepSpeed
+    # zero/parameter_offload.py hooks on every submodule, partitioned_param_coordinator.fetch_sub_module).
+    sharded_unit_overhead_s: float = 0.0006
     # Fixed time per expert per MoE layer per micro-batch for eager (looped) MoE, seconds.
     expert_overhead_s: float = 0.0008
     # Latency of one expert-parallel all-to-all including its host sync (fast_moe > 1), seconds.

@@ -321,8 +321,10 @@ def micro_step_seconds(
         traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes / split
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
     compute = compute + dequant_seconds(w, w.per_device_batch * padded / w.sp)  # rows each linear sees
-    # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them
-    overhead = c.layer_overhead_s * a.layers
+    # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them;
+    # FSDP and ZeRO-3 add their gather/release hooks per layer (sharded_unit_overhead_s)
+    sharded = (w.mode() == "FSDP") | ((w.mode() == "DeepSpeed") & (w.zero_stage == 3))
+    overhead = (c.layer_overhead_s + np.where(sharded, c.sharded_unit_overhead_s, 0.0)) * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)
         overhead += c.expert_overhead_s * a.layers * a.experts
     return compute + np.where(on_gpu, overhead, 0.0)
