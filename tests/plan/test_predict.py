@@ -191,10 +191,11 @@ def test_more_gpus_raise_throughput():
         for g in (1, 2, 4, 8)
     ]
     assert all(later > earlier for earlier, later in zip(rates, rates[1:]))
-    # the same 4 samples per GPU: g GPUs compute g times as much per step and communication only adds
-    # time, so the total is below g x one GPU's rate; LoRA's collectives mostly hide behind compute
+    # the same 4 samples per GPU: g GPUs compute g times as much per step while communication and FSDP's
+    # per-layer hooks only add time, so the total is below g x one GPU's rate; fms-acceleration's LoRA runs
+    # keep 0.90-0.97 of one GPU's rate per GPU on 2 and 4 GPUs (the shipped measurements)
     for g, rate in zip((2, 4, 8), rates[1:]):
-        assert 0.9 * g * rates[0] < rate < g * rates[0], g
+        assert 0.85 * g * rates[0] < rate < g * rates[0], g
 
 
 def test_roce_speeds_up_multi_node():
