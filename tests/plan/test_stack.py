@@ -9,6 +9,7 @@ import pytest
 from plan.test_memory import UNIT, states, workload
 
 from tunebench.errors import InputError
+from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import memory_breakdown, predict_memory, trainable_params
 from tunebench.plan.predictor import predict
 from tunebench.plan.throughput import (
@@ -119,23 +120,42 @@ def test_zero_1_and_2_move_only_the_trainable_parameters_of_a_peft_run():
     assert comm[3] > 100 * comm[2]  # the frozen base is gathered twice per micro-batch
     full = workload("full", **two_nodes, deepspeed_zero_stage=2)
     assert predict_throughput(full, UNIT).comm_seconds[0] > 100 * comm[2]
+    # without bf16/fp16 DeepSpeed keeps the fp32 adapters and communicates in fp32 (communication_data_type)
+    fp32 = workload("lora", **{**two_nodes, "bf16": False}, deepspeed_zero_stage=2)
+    assert predict_throughput(fp32, UNIT).comm_seconds[0] == pytest.approx(2 * comm[2])
 
 
 def test_fsdp_and_zero_3_pay_their_per_layer_hooks_and_other_backends_do_not():
     """FSDP and ZeRO-3 gather and release every layer from host hooks in each micro-batch's forward and
     backward: sharded_unit_overhead_s per layer and micro-batch, on top of the launches every run pays;
-    ZeRO-1/2, DDP and one GPU shard no layer."""
+    ZeRO-3 hooks its layers on one GPU too; ZeRO-1/2, DDP, FSDP's NO_SHARD and one GPU shard no layer."""
     c, none = UNIT.replace(sharded_unit_overhead_s=0.01), UNIT.replace(sharded_unit_overhead_s=0.0)
     layers = workload("full").structure.layers
     shared = {"number_gpus": 8, "batch_size": 8, "gradient_accumulation_steps": 2, "bf16": True}
 
     def compute_s(coefficients, **entity):
-        return predict_throughput(workload("full", **shared, **entity), coefficients).compute_seconds[0]
+        return predict_throughput(workload("full", **{**shared, **entity}), coefficients).compute_seconds[0]
 
-    for sharded in ({"distributed_backend": "FSDP"}, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3}):
+    zero3 = {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3}
+    for sharded in ({"distributed_backend": "FSDP"}, zero3, {**zero3, "number_gpus": 1, "batch_size": 1}):
         assert compute_s(c, **sharded) - compute_s(none, **sharded) == pytest.approx(2 * layers * 0.01)
-    for unsharded in ({"distributed_backend": "DDP"}, {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2}):
+    for unsharded in (
+        {"distributed_backend": "DDP"},
+        {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 2},
+        {"distributed_backend": "FSDP", "fsdp_sharding_strategy": "NO_SHARD"},
+        {"distributed_backend": "FSDP", "number_gpus": 1, "batch_size": 1},
+    ):
         assert compute_s(c, **unsharded) == pytest.approx(compute_s(none, **unsharded))
+
+
+def test_a_calibration_fitted_before_the_sharded_term_keeps_its_per_layer_cost_whole():
+    """A calibration file without sharded_unit_overhead_s fitted layer_overhead_s with that cost inside: it
+    loads the sharded term at 0 rather than the prior (no double count); a misspelt coefficient is an error."""
+    old = Coefficients.from_dict({"layer_overhead_s": 0.0048})
+    assert old.sharded_unit_overhead_s == 0.0 and old.layer_overhead_s == 0.0048
+    assert Coefficients.from_dict({}).sharded_unit_overhead_s == Coefficients().sharded_unit_overhead_s
+    with pytest.raises(TypeError, match="layer_overhead"):
+        UNIT.replace(layer_overhead=0.01)
 
 
 def test_dequantisation_outside_the_matmul_costs_memory_traffic_per_micro_batch():

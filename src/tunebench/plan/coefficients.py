@@ -108,9 +108,16 @@ class Coefficients:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Coefficients:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) for k, v in data.items() if k in known})
+        values = {k: float(v) for k, v in data.items() if k in known}
+        if "layer_overhead_s" in values and "sharded_unit_overhead_s" not in values:
+            # a calibration fitted before the sharded term: its layer_overhead_s already holds that cost
+            values["sharded_unit_overhead_s"] = 0.0
+        return cls(**values)
 
     def replace(self, **changes: float) -> Coefficients:
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown coefficients: {', '.join(sorted(unknown))}")
         return Coefficients.from_dict({**self.to_dict(), **changes})
 
 

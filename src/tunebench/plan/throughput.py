@@ -2,10 +2,11 @@
 
     FLOPs per token  full 6N, PEFT 4N (no weight gradients), + 2N when checkpointing recomputes the
                      forward, + the attention core (estimation.md §6; Kaplan et al. 2020; PaLM App. B)
-    t_micro          FLOPs / (peak x efficiency) + fixed per-layer (and eager-MoE per-expert) overhead
+    t_micro          FLOPs / (peak x efficiency) + fixed per-layer (and eager-MoE per-expert) overhead,
+                     more per layer under FSDP and ZeRO-3 (their gather/release hooks)
                      + dequantisation of 4-bit weights outside the matmul (memory-bound, per micro-batch)
-    t_comm           FSDP all-gathers and reduce-scatters, DDP all-reduces, over NVLink / PCIe /
-                     the network (RoCE or TCP), partly hidden behind compute
+    t_comm           FSDP all-gathers and reduce-scatters, DDP all-reduces, DeepSpeed ZeRO's collectives,
+                     over NVLink / PCIe / the network (RoCE or TCP), partly hidden behind compute
     t_optimizer      optimizer state traffic / HBM bandwidth (memory-bound)
     t_step           accumulation x t_micro + exposed comm + t_optimizer
 
@@ -23,7 +24,6 @@ from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.memory import (
     _ADAM,
     OPTIMIZERS,
-    compute_param_bytes,
     expert_fraction,
     param_bytes,
     sharding_degree,
@@ -177,14 +177,16 @@ def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None
     volume = np.where(mode == "FSDP", np.where(w.sharding == "NO_SHARD", allreduce, fsdp), 0.0)
     volume = np.where(mode == "DDP", allreduce, volume)
     volume = np.where(mode == "DP", dp, volume)
-    # DeepSpeed converts the whole module to 16 bits under bf16/fp16 (adapters too): its gradients are
-    # what deepspeed_states holds, compute_param_bytes each
-    ds_grad_bytes = n_train * compute_param_bytes(w)
-    volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, ds_grad_bytes, params, ring), volume)
+    # DeepSpeed converts the whole module to 16 bits under bf16/fp16 (adapters too) and then communicates
+    # in it; without either its communication_data_type is fp32 (runtime/engine.py) and the parameters
+    # it gathers keep their own dtype
+    ds_reduce = n_train * (2.0 if w.deepspeed_16bit else 4.0)
+    ds_gather = n_train * (2.0 if w.deepspeed_16bit else param_bytes(w))
+    volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, ds_reduce, ds_gather, params, ring), volume)
     return volume / _link_gbps(w, c, network_gbps)
 
 
-def deepspeed_comm_bytes(w: Workload, grad_bytes, params, ring) -> np.ndarray:
+def deepspeed_comm_bytes(w: Workload, grad_bytes, gather_bytes, params, ring) -> np.ndarray:
     """Bytes each GPU sends per optimizer step under ZeRO (Rajbhandari et al. 2020 §7: stages 1-2 move
     what DDP's all-reduce moves, stage 3 1.5x): stage 0-1 all-reduce or reduce-scatter the gradients
     once per step and stage 1 all-gathers the updated parameters; stage 2 reduce-scatters every
@@ -194,10 +196,12 @@ def deepspeed_comm_bytes(w: Workload, grad_bytes, params, ring) -> np.ndarray:
     keeps the params with requires_grad), so a PEFT run's frozen base never crosses the link; stage 3
     partitions every parameter (the frozen base too) and gathers them all."""
     z, ga = w.zero_stage, w.grad_accum
-    if z <= 1:
+    if z == 0:
         return 2 * grad_bytes * ring
+    if z == 1:
+        return (grad_bytes + gather_bytes) * ring
     if z == 2:
-        return (ga + 1) * grad_bytes * ring  # reduce-scatter per micro-batch + the updated params' all-gather
+        return (ga * grad_bytes + gather_bytes) * ring  # reduce-scatter per micro-batch + one all-gather
     return ga * (2 * params * ring + grad_bytes * ring)
 
 
@@ -322,8 +326,8 @@ def micro_step_seconds(
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
     compute = compute + dequant_seconds(w, w.per_device_batch * padded / w.sp)  # rows each linear sees
     # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them;
-    # FSDP and ZeRO-3 add their gather/release hooks per layer (sharded_unit_overhead_s)
-    sharded = (w.mode() == "FSDP") | ((w.mode() == "DeepSpeed") & (w.zero_stage == 3))
+    # FSDP that shards (not NO_SHARD) and ZeRO-3 (on one GPU too) add their gather/release hooks per layer
+    sharded = ((w.mode() == "FSDP") & (sharding_degree(w)[0] > 1)) | ((w.mode() == "DeepSpeed") & (w.zero_stage == 3))
     overhead = (c.layer_overhead_s + np.where(sharded, c.sharded_unit_overhead_s, 0.0)) * a.layers
     if a.experts and not w.fast_moe:  # eager MoE loops over experts in Python (modeling_mixtral/granitemoe)
         overhead += c.expert_overhead_s * a.layers * a.experts
