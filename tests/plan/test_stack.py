@@ -40,6 +40,22 @@ def test_zero_stages_partition_as_the_zero_paper_says(stage, bytes_per_param):
     assert (b["gathered_weights"][0] > 0) == (stage == 3)
 
 
+def test_zero_without_16bit_keeps_peft_adapters_and_their_states_in_fp32():
+    """Without bf16/fp16 DeepSpeed casts nothing: PEFT's fp32 adapters on a bf16 base keep 4 B weights and
+    gradients and 2 x 4 B AdamW states, with no master copy; with bf16 the module, adapters included, is
+    16-bit and the optimizer holds the fp32 master and states (ZeRO paper, K = 12)."""
+    shared = {**DS, "deepspeed_zero_stage": 0, "torch_dtype": "bfloat16", "optim": "adamw_torch_fused"}
+    w = workload("lora", **shared)
+    n = trainable_params(w)[0]
+    b = memory_breakdown(w, UNIT)
+    assert b["gradients"][0] == pytest.approx(4 * n)
+    assert b["optimizer_states"][0] == pytest.approx(8 * n)
+    cast = memory_breakdown(workload("lora", **shared, bf16=True), UNIT)
+    assert cast["gradients"][0] == pytest.approx(2 * n)
+    assert cast["optimizer_states"][0] == pytest.approx(12 * n)
+    assert b["weights"][0] - cast["weights"][0] == pytest.approx(2 * n)
+
+
 def test_zero_offload_moves_states_to_the_host_per_node():
     on_gpu = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused")
     off = workload(

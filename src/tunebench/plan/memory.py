@@ -454,7 +454,8 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     K = 12 bytes of fp32 master weights and Adam states per parameter; stage 1 partitions the states,
     stage 2 also the gradients, stage 3 also the parameters, over the N data-parallel ranks. With bf16
     or fp16 enabled DeepSpeed converts the module to 16 bits (runtime/engine.py) and keeps the fp32
-    master copy in the optimizer; without, states are kept in the parameters' dtype. Frozen (PEFT)
+    master copy in the optimizer; without, trainable parameters stay as stored (PEFT's fp32 adapters on a
+    16-bit base: param_bytes) and their gradients and states take that dtype. Frozen (PEFT)
     weights are partitioned only at stage 3. ZeRO-Offload moves the fp32 states, master weights and
     gradient partitions to the host (CPU Adam); ZeRO-Infinity (stage 3) moves the 16-bit parameters too.
     """
@@ -462,7 +463,9 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     z = w.zero_stage
     p16 = compute_param_bytes(w)
     master = 4.0 if (w.amp and p16 == 2.0) else 0.0
-    state_elem = 4.0 if w.amp else p16
+    # bf16/fp16 on: the module is cast, adapters included (deepspeed_16bit); off: each keeps its stored dtype
+    train = p16 + np.zeros(w.size) if w.amp else param_bytes(w)
+    state_elem = 4.0 if w.amp else train
     n_train = trainable_params(w)
     n_frozen = w.structure.total_params - n_train if w.peft else 0.0
     if w.method in ("qlora", "gptq-lora"):
@@ -470,8 +473,8 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     else:
         frozen = n_frozen * p16 + np.zeros(w.size)
     by = lambda stage: np.where(z >= stage, n, 1.0)  # noqa: E731 - the divisor of a stage's partitioning
-    weights = (n_train * p16 + frozen) / by(3)
-    grads = (n_train * p16 if opt.keeps_gradients else n_train * 0) / by(2)
+    weights = (n_train * train + frozen) / by(3)
+    grads = (n_train * train if opt.keeps_gradients else n_train * 0) / by(2)
     states = n_train * (opt.state_copies * state_elem + opt.state_bytes + master) / by(1)
     # the step converts each 16-bit gradient partition to an fp32 copy for the fp32 master weights
     # (zero/stage_1_and_2.py step: single_grad_partition .to(fp32)); stage 3 steps one sub-group of
