@@ -36,12 +36,14 @@ class Coefficients:
     fused_loss_bytes_per_vocab: float = 8.0
     # Share of the traced (non-loss) activations left with fms-acceleration's fused RMSNorm and RoPE
     # kernels (fast_kernels[1], [2]): Triton kernels keep fewer intermediates than transformers' fp32
-    # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them. Fitted 0.94 on the shipped runs
-    # once foak's fused LoRA ops are traced (plan.trace, fused_lora): close to the 7 % that tracing the kernels'
-    # saved tensors takes off Mistral-7B's last-layer working set (docs/planner.md section 10).
-    fast_kernels_activation_fraction: float = 0.85
+    # norm upcasts and rotate_half copies, and tracing on the CPU cannot run them. The prior is what tracing the
+    # kernels' autograd functions as they save (the input, the weight and one fp32 number per row; queries and keys
+    # rotated in place: foak kernels/unsloth rms_layernorm.py, rope_embedding.py) takes off Mistral-7B's last-layer
+    # working set, 7 % (docs/planner.md section 10); fitted 0.94 on the shipped runs.
+    fast_kernels_activation_fraction: float = 0.93
     # The same for torch.compile (inductor fuses those element-wise chains too): its own coefficient, so
-    # compiled runs of other stacks never move fms-acceleration's kernel share (starts at the same value).
+    # compiled runs of other stacks never move fms-acceleration's kernel share (prior 0.85, a guess that
+    # inductor keeps 15 % fewer intermediates; nothing traces inductor's kernels on the CPU).
     compile_activation_fraction: float = 0.85
     # Extra copies of the checkpointed layer inputs (h L residual-stream elements per token) that PEFT methods keep
     # under multi-GPU FSDP with reentrant checkpointing (measured: fms-acceleration LoRA/QLoRA slopes rise ~1.45x
