@@ -56,6 +56,19 @@ def test_zero_without_16bit_keeps_peft_adapters_and_their_states_in_fp32():
     assert b["weights"][0] - cast["weights"][0] == pytest.approx(2 * n)
 
 
+def test_zero_1_and_2_gradient_buckets_on_any_gpu_count_sized_by_the_run_config():
+    """DeepSpeed stage 1/2's backward allocates its contiguous-gradient buffers (two with overlap_comm) of
+    reduce_bucket_size 16-bit elements whatever the world size: hidden^2 under transformers' "auto", or what a
+    record's config states (``_ds_bucket_elements``); stage 3 has none of them."""
+    one = {"number_gpus": 1, "batch_size": 1, "distributed_backend": "DeepSpeed", "bf16": True}
+    auto = workload("lora", **one, deepspeed_zero_stage=2)
+    hidden = auto.structure.hidden
+    assert memory_breakdown(auto, UNIT)["ddp_buckets"][0] == pytest.approx(2 * hidden**2 * 2)
+    sized = workload("lora", **one, deepspeed_zero_stage=2, _ds_bucket_elements=2e8)
+    assert memory_breakdown(sized, UNIT)["ddp_buckets"][0] == pytest.approx(2 * 2e8 * 2)
+    assert memory_breakdown(workload("lora", **one, deepspeed_zero_stage=3), UNIT)["ddp_buckets"][0] == 0
+
+
 def test_zero_offload_moves_states_to_the_host_per_node():
     on_gpu = workload("full", **DS, deepspeed_zero_stage=2, bf16=True, optim="adamw_torch_fused")
     off = workload(

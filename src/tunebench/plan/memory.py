@@ -376,8 +376,11 @@ def _largest_moment(w: Workload, c: Coefficients, base, grads, grads_accumulated
     return forward_backward, acts_at_peak, loss_at_peak, grads_at_peak, moment_at_peak
 
 
-# DeepSpeed buffers under transformers' "auto" config (integrations/deepspeed.py trainer_config_finalize):
-# reduce_bucket_size = hidden^2 elements; ZeRO-2 also fills an equal gradient (ipg) bucket.
+# DeepSpeed ZeRO-1/2 gradient buckets: backward() allocates the contiguous-gradients (ipg) buffer of
+# reduce_bucket_size elements in the 16-bit dtype, and a second one with overlap_comm, at any world size
+# (zero/stage_1_and_2.py backward); transformers' "auto" config sets reduce_bucket_size = hidden^2
+# (integrations/deepspeed.py trainer_config_finalize). A record of a run whose config sized it states
+# ``_ds_bucket_elements``.
 DS_BUCKETS = 2
 # ZeRO-3 stage3_max_live_parameters default (DeepSpeed zero/config.py): gathered parameters kept at once.
 DS_MAX_LIVE_PARAMS = 1e9
@@ -483,7 +486,8 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
     step_tmp = stepped * (opt.step_copies * state_elem + master)
     units = np.minimum(w.structure.root_params + 2 * w.structure.largest_layer_params, DS_MAX_LIVE_PARAMS)
     gathered = np.where(z == 3, units * p16 * (1 - 1 / n), 0.0)
-    buffers = np.where((z >= 1) & (z <= 2) & (n > 1), DS_BUCKETS * w.structure.hidden**2 * p16, 0.0)
+    bucket = float(w.settings.get("_ds_bucket_elements") or w.structure.hidden**2)
+    buffers = np.where((z >= 1) & (z <= 2), DS_BUCKETS * bucket * p16, 0.0) + np.zeros(w.size)
     host = np.zeros(w.size)
     nvme = np.zeros(w.size)
     if w.offload_optimizer != "gpu":
