@@ -482,7 +482,10 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
     monkeypatch.setattr(host, "_MEMO", {})
+    # a quiet host: neither the load average nor the probe's CPU share (another test worker on the same two
+    # cores) marks a measurement busy, which a new process would measure again
     monkeypatch.setattr(host, "host_busy", lambda: False)
+    monkeypatch.setattr(host, "BUSY_CPU_SHARE", 0.0)
     calls, probes = [], []
     real, real_entity = host.measure_training_flops, host.measure_entity
     monkeypatch.setattr(host, "measure_training_flops", lambda *a, **k: calls.append(a) or real(*a, seconds=0.2))
