@@ -37,11 +37,11 @@ CATEGORICAL = (
     "target_modules", "torch_dtype", "bf16", "fp16", "accelerate_config_mixed_precision", "optim",
     "distributed_backend", "fsdp_sharding_strategy", "gradient_checkpointing", "fast_kernels", "gpu_model",
     "dataset_id", "fast_moe", "enable_roce", "lora_dropout", "num_virtual_tokens", "auto_stop_method",
-    "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel", "_ds_bucket_elements",
+    "loss_implementation", "flash_attn", "gradient_checkpointing_use_reentrant", "_kbit_upcast", "_gptq_kernel",
     "_network_gbps", "_flce_chunk_upcast", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode",
     "torch_compile", "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device",
     "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels",
-    "fused_lora",
+    "fused_lora", "_ds_bucket_elements",
 )  # fmt: skip
 
 # Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
