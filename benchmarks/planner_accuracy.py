@@ -9,6 +9,7 @@ does the same per measuring stack (fms-acceleration, litgpt, peft, torchtitan): 
 what a new model or a new stack will see. accelerate's and DeepSpeed's estimators (benchmarks/
 baselines.py) are scored on the same runs. Targets: peak memory MdAPE <= 10 %, out-of-memory
 accuracy >= 95 % (also on the runs within 25 % of the GPU's memory), throughput MdAPE <= 20 %.
+The output ends with each wrong verdict near the limit (the run, what was measured, the held-out prediction).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tunebench.plan.calibration import (
     leave_one_source_out,
     mdape,
     measured,
+    near_limit_misses,
     scores,
 )
 from tunebench.plan.measurements import default_records
@@ -68,6 +70,22 @@ def naive_scores(records, capacity) -> dict[str, dict[str, float]]:
 def subset(records, pooled, keep) -> dict[str, float]:
     idx = [i for i, r in enumerate(records) if keep(r)]
     return scores([records[i] for i in idx], {k: v[idx] for k, v in pooled.items()})
+
+
+def miss_line(r, i: int, pred: dict) -> str:
+    """One wrong verdict near the limit: the run, what was measured, what the held-out planner said."""
+    v = r.values
+    gpus = int(v.get("number_gpus") or 0)
+    per_gpu = int(v.get("batch_size") or 0) // max(gpus, 1)
+    stack = v.get("distributed_backend") or "one process"
+    kernels = " fast kernels" if any(v.get("fast_kernels") or ()) else ""
+    used = max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
+    seen = f"ran at {used:.1f} GiB" if r.valid else "out of memory"
+    model = str(v.get("model_name", "?")).removesuffix("/config.json").rsplit("/", 1)[-1]
+    return (
+        f"  {r.source[:36]:36s} {model[:24]:24s} {r.method:9s} {gpus} x {per_gpu:>2d} x {v.get('model_max_length'):>5}"
+        f" {stack}{kernels}: {seen}; predicted {pred['allocated'][i]:.1f} GiB allocated, p(OOM) {pred['p_oom'][i]:.2f}"
+    )
 
 
 def fmt(x: float, width: int = 9) -> str:
@@ -131,6 +149,11 @@ def main(argv=None) -> int:
     print("\nper held-out model (leave-one-model-out):")
     for name, m in lomo["per_group"].items():
         print(row(f"  {name.removeprefix('published/')}", m))
+    for title, pooled_pred in (("leave-one-model-out", pooled), ("leave-one-source-out", pooled_src)):
+        misses = near_limit_misses(records, pooled_pred)
+        print(f"\nwrong verdicts near the limit, {title} ({len(misses)}; GPUs x samples per GPU x tokens):")
+        for i in misses:
+            print(miss_line(records[i], i, pooled_pred))
     print("\ntargets:")
     for title, m in (("leave-one-model-out", lomo["pooled"]), ("leave-one-source-out", loso["pooled"])):
         checks = [

@@ -273,3 +273,23 @@ def test_fms_foak_records_of_4bit_bases_state_fused_lora():
     foak = [r for r in four_bit if r.values.get("fast_kernels")]
     assert foak and {r.values["fused_lora"] for r in foak} == {("bitsandbytes", True), ("auto_gptq", True)}
     assert all("fused_lora" not in r.values for r in recs if r not in foak)
+
+
+def test_near_limit_misses_are_the_wrong_verdicts_the_near_limit_accuracy_counts():
+    """The accuracy benchmark lists each wrong verdict near the limit: exactly the runs that near-limit accuracy
+    counts as wrong, each a run near the limit with a known verdict the prediction contradicts; a prediction
+    flipped on one right run adds it to the list."""
+    from tunebench.plan.calibration import near_limit, near_limit_misses
+
+    recs = default_records()
+    pred = Batch.of(recs).predict(default_calibration().coefficients, throughput=False)
+    misses = near_limit_misses(recs, pred)
+    s = scores(recs, pred)
+    assert misses
+    assert len(misses) == round(s["oom_near_limit_n"] * (1 - s["oom_near_limit_accuracy_pct"] / 100))
+    near = near_limit(recs, pred)
+    assert all(near[i] and bool(pred["fits"][i] > 0) != recs[i].valid for i in misses)
+    right = next(i for i in np.where(near)[0] if i not in misses and "is_valid" in recs[i].properties)
+    flipped = {**pred, "fits": pred["fits"].copy()}
+    flipped["fits"][right] = 0.0 if pred["fits"][right] > 0 else 1.0
+    assert near_limit_misses(recs, flipped) == sorted([*misses, int(right)])

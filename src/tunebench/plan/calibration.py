@@ -112,6 +112,16 @@ def near_limit(records: list[Record], pred: dict[str, np.ndarray]) -> np.ndarray
     return out
 
 
+def near_limit_misses(records: list[Record], pred: dict[str, np.ndarray]) -> list[int]:
+    """Indices of the runs near the limit (``near_limit``) with a known verdict that the prediction gets wrong."""
+    near = near_limit(records, pred)
+    return [
+        i
+        for i, r in enumerate(records)
+        if near[i] and "is_valid" in r.properties and bool(pred["fits"][i] > 0) != r.valid
+    ]
+
+
 # --- fitting --------------------------------------------------------------------------------------
 MEMORY_FIT = ("fused_loss_bytes_per_vocab", "fast_kernels_activation_fraction", "fsdp_peft_checkpoint_copies",
               "compile_activation_fraction")  # fmt: skip
