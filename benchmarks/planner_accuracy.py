@@ -82,8 +82,9 @@ def miss_line(r, i: int, pred: dict) -> str:
     used = max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
     seen = f"ran at {used:.1f} GiB" if r.valid else "out of memory"
     model = str(v.get("model_name", "?")).removesuffix("/config.json").rsplit("/", 1)[-1]
+    tokens = v.get("model_max_length") or "-"
     return (
-        f"  {r.source[:36]:36s} {model[:24]:24s} {r.method:9s} {gpus} x {per_gpu:>2d} x {v.get('model_max_length'):>5}"
+        f"  {r.source[:41]:41s} {model[:24]:24s} {r.method:9s} {gpus} x {per_gpu:>2d} x {tokens:>5}"
         f" {stack}{kernels}: {seen}; predicted {pred['allocated'][i]:.1f} GiB allocated, p(OOM) {pred['p_oom'][i]:.2f}"
     )
 
