@@ -26,6 +26,7 @@ from tunebench.plan.calibration import (
     MEMORY_KEYS,
     Batch,
     fit,
+    largest_measured_gib,
     leave_one_model_out,
     leave_one_source_out,
     mdape,
@@ -79,8 +80,7 @@ def miss_line(r, i: int, pred: dict) -> str:
     per_gpu = int(v.get("batch_size") or 0) // max(gpus, 1)
     stack = v.get("distributed_backend") or "one process"
     kernels = " fast kernels" if any(v.get("fast_kernels") or ()) else ""
-    used = max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
-    seen = f"ran at {used:.1f} GiB" if r.valid else "out of memory"
+    seen = f"ran at {largest_measured_gib(r):.1f} GiB" if r.valid else "out of memory"
     model = str(v.get("model_name", "?")).removesuffix("/config.json").rsplit("/", 1)[-1]
     tokens = v.get("model_max_length") or "-"
     return (

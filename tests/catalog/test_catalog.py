@@ -51,6 +51,19 @@ def test_unknown_model_is_an_input_error_with_suggestion():
     assert "llama3.1-8b" in str(err.value)
 
 
+def test_unknown_hugging_face_id_says_how_to_cache_its_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: the id is not there
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(InputError) as err:
+        get_model("Qwen/Qwen2.5-7B")
+    message = str(err.value)
+    assert message.startswith("model_name: unknown model 'Qwen/Qwen2.5-7B'") and "\n" not in message
+    assert "`hf download Qwen/Qwen2.5-7B config.json`" in message
+    with pytest.raises(InputError) as err:
+        get_model("qwen-7b-chatt")  # no org/name: no download hint
+    assert "hf download" not in str(err.value)
+
+
 # Minimal config.json bodies per model_type, with the key names each family really uses.
 CONFIGS = {
     "llama": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

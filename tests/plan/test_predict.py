@@ -378,6 +378,9 @@ def test_recommend_keeps_a_margin_against_running_out_of_memory():
     assert loose["minimum"]["number_gpus"] == 1 and 0.1 < loose["minimum"]["oom_probability"] <= 0.5
     text = " ".join(invoke("recommend", LORA.id, *RISKY, "--max-gpus", "8").output.split())
     assert "out-of-memory probability 0.0" in text and "headroom" in text
+    # the line says what the headroom is measured from: the need, which with it makes up the usable memory
+    need, headroom = strict["minimum"]["required_gib"], strict["minimum"]["headroom_gib"]
+    assert f"needs {need:.1f} GiB, headroom {headroom:.1f} GiB" in text
     assert all(row["oom_probability"] <= 0.1 for row in strict["methods"] if row.get("fits"))
 
 

@@ -97,8 +97,10 @@ def test_target_modules_from_map_or_override(tmp_path):
         '{"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
         ' "vocab_size": 100}'
     )
-    with pytest.raises(InputError, match="^target_modules: .*no target-module mapping"):
+    with pytest.raises(InputError, match="^target_modules: .*no target-module mapping") as err:
         make_entity(exp, {**SMOL, "model_name": str(cfg)})
+    # the line says what peft itself would adapt for this model_type
+    assert "target_modules=q_proj,v_proj (peft's default for model_type qwen2)" in str(err.value)
     entity = make_entity(exp, {**SMOL, "model_name": str(cfg), "target_modules": "q_proj, o_proj"})
     assert effective_values(exp, entity)["target_modules"] == ("q_proj", "o_proj")
     # full fine-tuning needs no mapping

@@ -319,6 +319,15 @@ def load_config_model(value: str, name: str | None = None) -> ModelSpec:
     return spec_from_config(cfg, name=name or resolved, config_path=resolved)
 
 
+def _download_hint(text: str) -> str:
+    """For a Hugging Face id ("org/name"): the command that caches its config.json (a few KB; the planner
+    itself never goes to the network, hf_cached_config), else ""."""
+    org, _, name = text.partition("/")
+    if not (org and name) or "/" in name or any(ch.isspace() for ch in text):
+        return ""
+    return f" Cache its config.json once with `hf download {text} config.json` (huggingface_hub's CLI)."
+
+
 def get_model(value: str) -> ModelSpec:
     """Look a model up by short name, case-insensitive alias (SHORT_NAMES among them), HF id of a catalog
     model, config.json path, or any Hugging Face id whose config.json is in the local Hugging Face cache
@@ -338,7 +347,7 @@ def get_model(value: str) -> ModelSpec:
     raise InputError(
         "model_name",
         f"unknown model {text!r}: not in the catalog, and no config.json of it in the Hugging Face cache "
-        f"{_hf_cache()}." + suggest(text, models),
+        f"{_hf_cache()}." + (_download_hint(text) or suggest(text, models)),
         allowed="a name from `tunebench models`, a Hugging Face id in the local cache (HF_HUB_CACHE or HF_HOME), "
         "or a path to a config.json",
     )

@@ -16,7 +16,16 @@ from rich.table import Table
 
 from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.commands.options import ExperimentArg, Params, Props, argument, option
-from tunebench.commands.printing import cost_text, duration, echo_json, finite, fmt, planner_options, print_plan
+from tunebench.commands.printing import (
+    cost_text,
+    duration,
+    echo_json,
+    finite,
+    fmt,
+    need_text,
+    planner_options,
+    print_plan,
+)
 from tunebench.commands.terminal import Column, print_table
 from tunebench.errors import InputError, parse_json
 from tunebench.inputs import EnvName, NonNegative, Positive, Seconds, Text, TextFile
@@ -575,7 +584,7 @@ def _config(c: dict[str, Any], currency: str) -> str:
     cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
     return (
         f"{c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
-        f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU (headroom {fmt(c.get('headroom_gib'), 1)} GiB, "
+        f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU ({need_text(c)}, "
         f"out-of-memory probability {c['oom_probability']:.3f}), {c['dataset_tokens_per_second']:,.0f} tokens/s, "
         f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
     )

@@ -115,6 +115,7 @@ def print_plan(
     table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
     table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
     table.add_row("usable (CUDA's total - context - NCCL)", fmt(out.get("usable_gib"), 2))
+    table.add_row("predicted need (allocated + fragmentation)", fmt(out.get("required_gib"), 2))
     table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
     table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
     table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))
@@ -145,6 +146,13 @@ def print_plan(
     if out.get("price_source"):
         console.print(f"[dim]price: {out['price_source']}[/dim]", highlight=False)
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
+
+
+def need_text(c: dict[str, Any]) -> str:
+    """'needs 52.3 GiB, headroom 25.8 GiB': the predicted need (allocated peak + fragmentation) that the
+    out-of-memory verdict weighs against usable memory, and what is left; it can be below the nvidia-smi
+    peak, whose cached blocks the allocator frees before it fails (plan.memory.predict_memory)."""
+    return f"needs {fmt(c.get('required_gib'), 1)} GiB, headroom {fmt(c.get('headroom_gib'), 1)} GiB"
 
 
 def _point_cells(c: dict[str, Any], currency: str) -> list[str]:
@@ -219,8 +227,8 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
         highlight=False,
     )
     console.print(
-        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(at['headroom_gib'])} "
-        f"GiB, out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
+        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, {need_text(at)}, "
+        f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
         f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
         highlight=False,
     )
@@ -237,7 +245,7 @@ def _why_not(out: dict[str, Any]) -> str:
         return f"{out['next_verdict']}: " + "; ".join(nxt["notes"])
     return (
         f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
-        f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, headroom {fmt(nxt['headroom_gib'])} GiB)"
+        f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, {need_text(nxt)})"
     )
 
 

@@ -107,19 +107,26 @@ def near_limit(records: list[Record], pred: dict[str, np.ndarray]) -> np.ndarray
             out[i] = r.near_limit
             continue
         cap = pred["capacity"][i]
-        used = max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
-        out[i] = (not r.valid) or (cap == cap and used >= NEAR_LIMIT * cap)
+        out[i] = (not r.valid) or (cap == cap and largest_measured_gib(r) >= NEAR_LIMIT * cap)
     return out
+
+
+def largest_measured_gib(r: Record) -> float:
+    """The largest memory figure a run reports, of any kind (allocated, reserved, nvidia-smi), GiB; 0 if none."""
+    return max((r.properties.get(k, 0.0) for k in MEMORY_KEYS.values()), default=0.0)
+
+
+def verdicts(records: list[Record], pred: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per run: (its out-of-memory verdict is known, the prediction's verdict is right)."""
+    known = np.array(["is_valid" in r.properties for r in records], dtype=bool)
+    right = (pred["fits"] > 0) == np.array([r.valid for r in records], dtype=bool)
+    return known, right
 
 
 def near_limit_misses(records: list[Record], pred: dict[str, np.ndarray]) -> list[int]:
     """Indices of the runs near the limit (``near_limit``) with a known verdict that the prediction gets wrong."""
-    near = near_limit(records, pred)
-    return [
-        i
-        for i, r in enumerate(records)
-        if near[i] and "is_valid" in r.properties and bool(pred["fits"][i] > 0) != r.valid
-    ]
+    known, right = verdicts(records, pred)
+    return [int(i) for i in np.flatnonzero(near_limit(records, pred) & known & ~right)]
 
 
 # --- fitting --------------------------------------------------------------------------------------
@@ -292,14 +299,14 @@ def scores(records: list[Record], pred: dict[str, np.ndarray]) -> dict[str, floa
         pairs_meas.append(m)
     out["peak_mdape_pct"] = mdape(np.concatenate(pairs_pred), np.concatenate(pairs_meas))
     out["peak_n"] = int(sum(out[f"{k}_n"] for k in MEMORY_KEYS))
-    labels = np.array([r.valid for r in records])
-    known = np.array(["is_valid" in r.properties for r in records])
-    right = (pred["fits"] > 0) == labels
-    near = near_limit(records, pred) & known
+    known, right = verdicts(records, pred)
+    labels = np.array([r.valid for r in records], dtype=bool)
+    near_n = int((near_limit(records, pred) & known).sum())
     out["oom_accuracy_pct"] = float(np.mean(right[known]) * 100) if known.any() else float("nan")
     out["oom_n"] = int(known.sum())
-    out["oom_near_limit_accuracy_pct"] = float(np.mean(right[near]) * 100) if near.any() else float("nan")
-    out["oom_near_limit_n"] = int(near.sum())
+    misses = len(near_limit_misses(records, pred))
+    out["oom_near_limit_accuracy_pct"] = 100.0 * (near_n - misses) / near_n if near_n else float("nan")
+    out["oom_near_limit_n"] = near_n
     # the "does not fit" verdict as a detector of real out-of-memory runs: accuracy alone rewards "fits"
     said_oom, was_oom = (pred["fits"] <= 0) & known, ~labels & known
     hits = int((said_oom & was_oom).sum())

@@ -413,8 +413,9 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
 def oom_reason(meta: Mapping[str, Any]) -> str:
     """The invalid reason of a prediction that does not fit: probability, need, usable memory, headroom."""
     return (
-        f"out of GPU memory (probability {meta['oom_probability']:.2f}): predicted peak "
-        f"{meta['required_gib']:.1f} GiB per GPU ({(meta['peak_phase'] or '').replace('_', ' ')}) against "
+        f"out of GPU memory (probability {meta['oom_probability']:.2f}): predicted need "
+        f"{meta['required_gib']:.1f} GiB per GPU (peak in the {(meta['peak_phase'] or '').replace('_', ' ')}"
+        " + fragmentation) against "
         f"{meta['usable_gib']:.1f} GiB usable of the {meta['capacity_gib']:.1f} GiB GPU "
         f"(headroom {meta['headroom_gib']:.1f} GiB)"
     )

@@ -52,6 +52,7 @@ class Candidate:
     gpu_memory_allocated_peak_gib: float
     gpu_memory_utilization_peak: float
     oom_probability: float  # the planner's probability of running out of GPU memory (0 on the CPU)
+    required_gib: float  # the predicted need: allocated peak + fragmentation, GiB per GPU (memory.predict_memory)
     headroom_gib: float  # usable GPU memory minus the predicted need, GiB per GPU (NaN on the CPU)
     dataset_tokens_per_second: float
     train_runtime: float
@@ -120,6 +121,7 @@ def evaluate(
                 gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
                 gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
                 oom_probability=p_oom,
+                required_gib=float(cols["required_gib"][i]),
                 headroom_gib=float(cols["headroom_gib"][i]),
                 dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
                 train_runtime=float(cols["train_runtime"][i]),

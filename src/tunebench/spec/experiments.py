@@ -359,12 +359,27 @@ def _check_target_modules(experiment: Experiment, values: Mapping[str, Any]) -> 
         return
     model = values["model_name"]
     if target_modules_for(experiment, model) is None:
+        spec = get_model(model)
+        peft_default = peft_target_modules(spec.model_type)
+        example = (
+            f"e.g. target_modules={','.join(peft_default)} (peft's default for model_type {spec.model_type})"
+            if peft_default
+            else "e.g. q_proj,v_proj"
+        )
         raise InputError(
             "target_modules",
-            f"{experiment.base_id} has no target-module mapping for model {get_model(model).name!r}; "
-            "set target_modules explicitly",
-            allowed="module names of the model, e.g. q_proj,v_proj",
+            f"{experiment.base_id} has no target-module mapping for model {spec.name!r}; set target_modules explicitly",
+            allowed=f"module names of the model, {example}",
         )
+
+
+def peft_target_modules(model_type: str | None) -> tuple[str, ...]:
+    """The modules peft adapts by default for a model_type (peft.utils.constants' LoRA mapping), or ()."""
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+    except ImportError:  # peft is a dependency; without it there is simply no suggestion
+        return ()
+    return tuple(mapping.get(model_type or "", ()))
 
 
 def parse_assignments(pairs: Iterable[str]) -> dict[str, str]:
