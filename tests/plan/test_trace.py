@@ -101,6 +101,14 @@ def test_extrapolate_and_fit_by_hand():
         quadratic=True,
     )
     assert (a0, a1, a2) == pytest.approx((5, 2, 0.5))
+    # bytes that fall as the sequence grows (a hybrid's layer plans combined) are never extrapolated downward:
+    # a negative curvature is dropped, a negative slope is flat at the values' least-squares level
+    lengths = (1024, 2048, 4096)
+    a0, a1, a2 = fit_tokens(lengths, [10e9, 14e9, 1e9], quadratic=True)
+    assert a1 == 0 and a2 == 0 and a0 == pytest.approx(25e9 / 3)
+    a0, a1, a2 = fit_tokens(lengths, [1e9 + 3e5 * s - 20 * s**2 for s in lengths], quadratic=True)
+    assert a2 == 0 and a1 >= 0
+    assert all(a0 + a1 * s >= 0 for s in (8192, 32768, 131072))
 
 
 def test_eager_attention_grows_with_the_square_of_the_length(tmp_path):

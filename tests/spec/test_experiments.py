@@ -168,6 +168,15 @@ def test_fsdp_sharding_strategy_accepts_the_spec_numbers():
     assert "fsdp_sharding_strategy" not in make_entity(exp, {**SMOL, "fsdp_sharding_strategy": "1"}).values
 
 
+def test_offload_devices_accept_their_default_none_in_any_spelling():
+    exp = get_experiment(IDS[0])
+    ds = {**SMOL, "distributed_backend": "DeepSpeed"}
+    for spelled in ("none", "None", "NONE", None):
+        entity = make_entity(exp, {**ds, "offload_optimizer_device": spelled, "offload_param_device": spelled})
+        assert entity == make_entity(exp, ds)  # the default: the same identity as leaving it out
+    assert make_entity(exp, {**ds, "offload_optimizer_device": "CPU"})["offload_optimizer_device"] == "cpu"
+
+
 def test_domains_are_the_specs_validity_or_the_run_judges_the_rest():
     """The spec's domains: max_steps from -1 (0 and -1 both respect num_train_epochs), stop_after_seconds from -1
     (<= 0 is off), and the stability experiment's "any valid torch_dtype value" (float64, torch's aliases)."""

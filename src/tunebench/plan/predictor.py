@@ -362,6 +362,14 @@ def _group_notes(w) -> list[str]:
     if (wanted or (wanted is None and w.on_gpu)) and w.attention != "flash":
         notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
     notes.extend(w.activations.notes)
+    recurrent = [k for k, _ in w.structure.layer_kinds if "attention" not in k or k.startswith("linear")]
+    if recurrent and len(w.structure.layer_kinds) > 1:
+        notes.append(
+            f"hybrid layers ({', '.join(f'{n} {k}' for k, n in w.structure.layer_kinds)}): activation memory is "
+            "rough, the backward of one layer is extrapolated from reduced models and the "
+            f"{'/'.join(recurrent)} layers are traced with transformers' reference code, which keeps more than "
+            "fused kernels (docs/planner.md section 2)"
+        )
     return notes
 
 

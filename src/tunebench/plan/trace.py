@@ -156,6 +156,8 @@ def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
     path = cache_dir() / f"trace-{key}.json"
     try:
         result = ActivationProfile.from_dict(json.loads(path.read_text()))
+        if _extrapolates_downward(result):
+            raise ValueError("fitted before the slope and curvature were bounded at 0")
     except (OSError, ValueError, TypeError, KeyError):
         result = shipped_profiles().get(key)
         if result is None:
@@ -300,11 +302,25 @@ def extrapolate(plans: list[tuple[str, ...]], counts: dict[str, int], values: li
 
 def fit_tokens(lengths: tuple[int, ...], values: list[float], quadratic: bool) -> tuple[float, float, float]:
     """(a0, a1, a2) with value = a0 + a1 s + a2 s^2 through the traced lengths (least squares; a2 = 0
-    unless the attention holds s^2 tensors)."""
+    unless the attention holds s^2 tensors). a1 and a2 are bounded at 0: more tokens never hold fewer
+    bytes, and a negative slope or curvature (a hybrid model's layer plans combined by ``extrapolate``)
+    would turn negative at the long sequences the profile is extrapolated to."""
     s = np.array(lengths, dtype=float)
-    columns = [np.ones_like(s), s] + ([s**2] if quadratic else [])
-    a, *_ = np.linalg.lstsq(np.stack(columns, axis=1), np.array(values, dtype=float), rcond=None)
+    y = np.array(values, dtype=float)
+    columns = np.stack([np.ones_like(s), s] + ([s**2] if quadratic else []), axis=1)
+    a, *_ = np.linalg.lstsq(columns, y, rcond=None)
+    scale = np.abs(columns).max(axis=0)  # each term at the longest traced length
+    if (a[1:] * scale[1:] < -1e-9 * np.abs(y).max()).any():  # beyond rounding: least squares with a1, a2 >= 0
+        from scipy.optimize import lsq_linear
+
+        lower = [-np.inf] + [0.0] * (len(scale) - 1)
+        a = lsq_linear(columns / scale, y, bounds=(lower, np.inf), method="bvls").x / scale
     return float(a[0]), float(a[1]), float(a[2]) if quadratic else 0.0
+
+
+def _extrapolates_downward(p: ActivationProfile) -> bool:
+    """A profile fitted before fit_tokens bounded the slope and curvature at 0 (a user's cache): retrace it."""
+    return any(m.a1 < -1e-3 or m.a2 < -1e-6 for m in (*p.moments.values(), p.written))
 
 
 def trace_profile(structure: Structure, request: TraceRequest) -> ActivationProfile:

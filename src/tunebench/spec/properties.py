@@ -245,6 +245,8 @@ def _parse_choice(prop: Property, raw: Any) -> Any:
     if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE):
         if None in prop.choices:
             return None
+        if "none" in prop.choices:  # a domain that spells its off value "none" (OFFLOAD_DEVICES): None is it too
+            return "none"
         raise prop.error(raw, "a value is required")
     text = str(raw).strip()
     if prop.name == "torch_dtype":
