@@ -45,13 +45,16 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
     assert plans.loc["rule", "reasons"].startswith("rule 1: batch_size 6 is not divisible by number_gpus 4")
     experiment = get_experiment(LORA)
     expected = predict_many([(experiment, row) for row in frame.to_dict("records")])
-    for (_, row), result in zip(plans.iterrows(), expected):
+    for (_, row), result in zip(plans.iterrows(), expected[:2]):
         assert row["entity_id"] == result.entity_id and row["experiment_id"] == LORA
         for name in PREDICTED:  # the same numbers as the planner, predicted even where the job will not fit
             assert row[name] == pytest.approx(result.metadata["predicted"][name])
         assert row["fits"] == result.metadata["fits"] and row["headroom_gib"] == pytest.approx(
             result.metadata["headroom_gib"]
         )
+    # an entity that breaks a rule cannot start: nothing is planned for it
+    assert expected[2].metadata["planned"] is False and "predicted" not in expected[2].metadata
+    assert plans.loc["rule", list(PREDICTED)].isna().all()
     assert plans.loc["too big", "gpu_memory_peak_gib"] > plans.loc["too big", "usable_gib"]
 
 

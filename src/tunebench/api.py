@@ -120,6 +120,7 @@ def recommend(
     network_gbps: float | None = None,
     avg_tokens: float | None = None,
     lengths: str | Path | None = None,
+    host_memory_gib: float | None = None,
 ) -> dict[str, Any]:
     """What `tunebench recommend --json` prints, as a dict: the fewest GPUs that fit (``minimum``), the
     ``fastest`` and ``cheapest`` (batch, GPUs), the fastest on the largest GPU count (``largest``) and a
@@ -129,7 +130,8 @@ def recommend(
     entity: property -> value (gpu_model needed). A configuration fits when its out-of-memory
     probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
     Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour (default: the GPU
-    catalog's list price, USD). avg_tokens / lengths: your data's sample lengths, as in plan().
+    catalog's list price, USD). avg_tokens / lengths: your data's sample lengths, as in plan();
+    host_memory_gib: each node's RAM, checked against what offload keeps there, as in plan().
     """
     from tunebench.inputs import parse
     from tunebench.plan import load_calibration
@@ -142,11 +144,14 @@ def recommend(
 
     risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     check_recommend(gpus_per_node, max_gpus)
-    parse(PlannerOptions, price=price_per_gpu_hour, network=network_gbps, max_oom_risk=risk)
+    parse(
+        PlannerOptions, price=price_per_gpu_hour, network=network_gbps, host_memory=host_memory_gib, max_oom_risk=risk
+    )
     options = PlanOptions(
         calibration=load_calibration(calibration),
         price_per_gpu_hour=price_per_gpu_hour,
         network_gbps=network_gbps,
+        host_memory_gib=host_memory_gib,
         lengths=_lengths(avg_tokens, lengths),
     )
     exp = get_experiment(experiment, dict(parameters or {}))

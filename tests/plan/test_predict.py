@@ -226,6 +226,23 @@ def test_cpu_entities_plan_without_a_gpu():
     assert r.status == "valid" and r.properties["gpu_memory_utilization_peak"] == 0
 
 
+@pytest.mark.slow
+def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
+    cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0}
+    small = predict(FULL, {**cpu, "batch_size": 2}, host_memory_gib=16)
+    need = small.properties["gpu_memory_allocated_peak_gib"]
+    assert small.status == "valid" and 0 < need < 16
+    huge = predict(FULL, {**cpu, "batch_size": 4096}, host_memory_gib=16)
+    assert huge.status == "invalid" and huge.reasons[0].startswith("out of host memory: the CPU run keeps")
+    assert "16.0 GiB (host_memory_gib)" in huge.reasons[0]
+    # without host_memory_gib: this machine's RAM, the host a CPU plan is timed on
+    assert "this machine's RAM" in predict(FULL, {**cpu, "batch_size": 2**20}).reasons[0]
+    # a gpu_model beside number_gpus=0 names no GPU the run uses: no GPU headroom, the host's rate for MFU
+    named = predict(FULL, {**cpu, "batch_size": 2, "gpu_model": "H100"}, host_memory_gib=16)
+    assert named.metadata["headroom_gib"] is None and named.metadata["usable_gib"] is None
+    assert named.metadata["mfu"] == pytest.approx(small.metadata["mfu"], rel=0.2)
+
+
 def test_calibration_option_changes_predictions():
     reentrant = {**BASE, "gradient_checkpointing_use_reentrant": True}  # LoRA under 2-GPU FSDP, reentrant checkpoints
     base = predict(LORA, reentrant).properties["gpu_memory_allocated_peak_gib"]

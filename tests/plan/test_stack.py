@@ -118,6 +118,32 @@ def test_a_records_stated_network_sets_the_inter_node_bandwidth_unless_the_optio
     )
 
 
+def test_hybrid_shard_puts_only_the_shards_all_reduce_on_the_network():
+    """HYBRID_SHARD gathers and reduce-scatters within a node; across nodes each GPU all-reduces its shard, so a
+    node's NIC carries 2 (n-1)/n of the gradient: on a slow network it is far faster than FULL_SHARD, and what
+    the network adds to it is no more than what it adds to DDP's all-reduce."""
+    two_nodes = {"number_gpus": 16, "number_nodes": 2, "batch_size": 16}  # bf16 weights and gradients in both
+    setups = {
+        "full": {"distributed_backend": "FSDP"},
+        "hybrid": {"distributed_backend": "FSDP", "fsdp_sharding_strategy": "HYBRID_SHARD"},
+        "ddp": {"distributed_backend": "DDP"},
+    }
+
+    def comm(name: str, network_gbps: float) -> float:
+        w = workload("full", **two_nodes, **setups[name])
+        return predict_throughput(w, UNIT, network_gbps=network_gbps).comm_seconds[0]
+
+    assert comm("hybrid", 4.0) < comm("full", 4.0)
+    network = {name: comm(name, 4.0) - comm(name, 400.0) for name in setups}
+    assert 0 < network["hybrid"] <= network["ddp"] < network["full"]
+    one_node = {"number_gpus": 8, "batch_size": 8, "bf16": True, "distributed_backend": "FSDP"}
+    same = [
+        predict_throughput(workload("full", **one_node, fsdp_sharding_strategy=s), UNIT).comm_seconds[0]
+        for s in ("FULL_SHARD", "HYBRID_SHARD")
+    ]
+    assert same[1] == pytest.approx(same[0])  # on one node HYBRID_SHARD is FULL_SHARD
+
+
 def test_offload_is_slower_than_keeping_states_on_the_gpu():
     fast = predict_throughput(workload("full", **DS, deepspeed_zero_stage=2, bf16=True), UNIT)
     slow = predict_throughput(
@@ -334,6 +360,15 @@ def test_host_memory_is_checked_against_the_nodes_ram():
     small = predict(exp, entity, host_memory_gib=64)
     assert small.status == "invalid" and "out of host memory" in small.reasons[0]
     assert predict(exp, entity, host_memory_gib=1024).status == "valid"
+    # recommend weighs the same need: a node with too little RAM takes more nodes (offload per node shrinks)
+    from tunebench.plan.predictor import PlanOptions
+    from tunebench.plan.recommend import evaluate
+
+    variants = [{**entity, "number_gpus": g, "batch_size": g, "number_nodes": g // 8} for g in (8, 16)]
+    per_node = unchecked.metadata["host_memory_gib"]
+    tight = evaluate(exp, variants, PlanOptions(host_memory_gib=per_node * 0.75), max_oom_risk=0.5)
+    assert [c.fits for c in tight] == [False, True]
+    assert "out of host memory" in tight[0].notes[0] and tight[1].host_memory_gib == pytest.approx(per_node / 2)
 
 
 @pytest.mark.parametrize(
@@ -349,6 +384,11 @@ def test_host_memory_is_checked_against_the_nodes_ram():
         ({"distributed_backend": "DDP", "fsdp_offload_params": True}, "needs distributed_backend FSDP"),
         ({"distributed_backend": "FSDP", "device_map": "auto"}, "set distributed_backend None"),
         ({"flash_attn": True, "attn_implementation": "eager"}, "contradicts"),
+        ({"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 needs distributed_backend DeepSpeed"),
+        ({"distributed_backend": None, "device_map": "auto", "number_nodes": 2}, "cannot span number_nodes 2"),
+        # smollm2-135m: 9 attention heads, 3 key/value heads
+        ({"tensor_parallel_degree": 2, "batch_size": 2}, "does not divide the model's num_attention_heads 9"),
+        ({"tensor_parallel_degree": 4, "batch_size": 1}, "does not divide the model's num_key_value_heads 3"),
     ],
 )
 def test_stack_settings_that_cannot_run_together_are_invalid(values, reason):
@@ -416,7 +456,7 @@ def test_optimizer_and_offload_time_follow_the_states_each_rank_holds_under_tens
 
 
 def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_parallel_ranks():
-    base = {"model_name": "smollm2-135m", "number_gpus": 8, "gpu_model": "A100", "distributed_backend": "FSDP"}
+    base = {"model_name": "llama3.1-8b", "number_gpus": 8, "gpu_model": "A100", "distributed_backend": "FSDP"}
     assert check_values({**base, "batch_size": 1, "sequence_parallel_degree": 8}).is_valid
     assert check_values({**base, "batch_size": 2, "tensor_parallel_degree": 4}).is_valid
     bad = check_values({**base, "batch_size": 8, "tensor_parallel_degree": 3})

@@ -237,7 +237,7 @@ JUDGED = [
         },
         "distributed_backend DeepSpeed is planning only",
     ),
-    (NATIVE, FULL, {"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 applies to distributed_backend DeepSpeed"),
+    (NATIVE, FULL, {"deepspeed_zero_stage": 3}, "deepspeed_zero_stage 3 needs distributed_backend DeepSpeed"),
     (NATIVE, FULL, {"device_map": "auto", "distributed_backend": None}, "device_map auto"),
     (NATIVE, FULL, {"fsdp_offload_params": True}, "fsdp_offload_params is planning only"),
     (NATIVE, FULL, {"gradient_checkpointing_mode": "selective"}, "gradient_checkpointing_mode selective"),

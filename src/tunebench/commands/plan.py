@@ -378,6 +378,7 @@ def recommend(
     price: Price = None,
     calibration: CalibrationPath = None,
     network: Network = None,
+    host_memory: HostMemory = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     currency: Currency = "USD",
     avg_tokens: AvgTokens = None,
@@ -390,7 +391,7 @@ def recommend(
     from tunebench.plan.recommend import recommend as run
 
     check_recommend(gpus_per_node, max_gpus)
-    opts = planner_options(price, calibration, network, currency=currency, avg_tokens=avg_tokens, lengths=lengths)
+    opts = planner_options(price, calibration, network, host_memory, currency, avg_tokens, lengths)
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
     exp = get_experiment(experiment, parse_assignments(params or []))
@@ -403,6 +404,7 @@ def recommend(
         "--currency": currency,
         "--avg-tokens": avg_tokens,
         "--lengths": lengths,
+        "--host-memory-gib": host_memory,
     }
     defaults = {
         "--gpus-per-node": 8,
@@ -412,6 +414,7 @@ def recommend(
         "--currency": "USD",
         "--avg-tokens": None,
         "--lengths": None,
+        "--host-memory-gib": None,
     }
     cli_options = {k: v for k, v in repeat.items() if v != defaults[k]}
     out = run(
@@ -461,6 +464,7 @@ def max_batch(
     price: Price = None,
     currency: Currency = "USD",
     calibration: CalibrationPath = None,
+    host_memory: HostMemory = None,
     as_json: Json = False,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
@@ -481,6 +485,7 @@ def max_batch(
         calibration,
         as_json,
         gpu,
+        host_memory,
     )
 
 
@@ -498,6 +503,7 @@ def max_length(
     price: Price = None,
     currency: Currency = "USD",
     calibration: CalibrationPath = None,
+    host_memory: HostMemory = None,
     as_json: Json = False,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
@@ -518,6 +524,7 @@ def max_length(
         calibration,
         as_json,
         gpu,
+        host_memory,
     )
 
 
@@ -535,12 +542,13 @@ def largest_command(
     calibration: Path | None,
     as_json: bool,
     gpu: GPUOptions,
+    host_memory: float | None = None,
 ) -> None:
     """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output."""
     from tunebench.commands.printing import print_largest
     from tunebench.plan.sweep import largest, method_job, padded_tokens
 
-    opts = planner_options(price, calibration, None, currency=currency)
+    opts = planner_options(price, calibration, None, host_memory, currency=currency)
     gpu.register(gpu_model)
     raw = parse_assignments(props or [])
     given = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
@@ -582,11 +590,12 @@ def largest_command(
 def _config(c: dict[str, Any], currency: str) -> str:
     """One recommended configuration on one line: GPUs, batch, memory and its risk, speed, time, cost."""
     cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
+    host = f"; offload keeps {c['host_memory_gib']:,.1f} GiB of host RAM per node" if c.get("host_memory_gib") else ""
     return (
         f"{c['number_gpus']} GPU(s) on {c['number_nodes']} node(s), batch_size {c['batch_size']}, "
         f"peak {c['gpu_memory_peak_gib']:.1f} GiB/GPU ({need_text(c)}, "
         f"out-of-memory probability {c['oom_probability']:.3f}), {c['dataset_tokens_per_second']:,.0f} tokens/s, "
-        f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost})"
+        f"data set in {duration(c['train_runtime'])} ({c['gpu_hours']:.2f} GPU-h{cost}){host}"
     )
 
 

@@ -104,6 +104,9 @@ def print_plan(
         console.print(f"  - {reason}")
     for note in out.get("platform_notes") or []:
         console.print(f"  [yellow]note:[/yellow] {note}")
+    if not out.get("planned", True):
+        console.print("not planned: a run that breaks a validity rule cannot start", highlight=False)
+        return
     table = Table(title="GPU memory per GPU (GiB)")
     table.add_column("component")
     table.add_column("GiB", justify="right")

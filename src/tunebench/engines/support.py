@@ -96,16 +96,11 @@ def _shown(value: Any) -> str:
 
 
 def _deepspeed(values: dict[str, Any], engine: str) -> list[str]:
-    backend, stage = values.get("distributed_backend"), values.get("deepspeed_zero_stage", 2)
-    if backend == "DeepSpeed":
+    # a ZeRO stage without DeepSpeed breaks a validity rule (spec.validity.stack_reasons), judged before this
+    if values.get("distributed_backend") == "DeepSpeed":
         return [
             "distributed_backend DeepSpeed is planning only: tunebench measures FSDP and DDP runs "
             "(use the predict actuator, or distributed_backend FSDP)"
-        ]
-    if stage not in (None, 2):  # the property's default: a stage without DeepSpeed would not run
-        return [
-            f"deepspeed_zero_stage {stage} applies to distributed_backend DeepSpeed only (got {backend}): "
-            "leave it at its default 2"
         ]
     return []
 

@@ -617,8 +617,8 @@ def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:
     if capacity is not None:
         # the allocator can hand out what CUDA gives the process (less than nvidia-smi's total: the
         # driver keeps some, catalog.gpus cuda_memory_mib) minus the CUDA context and NCCL's buffers
-        usable = w.gpu.cuda_memory_bytes - context - nccl
-        reserved = np.minimum(reserved, np.maximum(allocated, usable))
+        usable = _where(on_gpu, w.gpu.cuda_memory_bytes - context - nccl, np.nan)  # a CPU run: no GPU to fill
+        reserved = np.fmin(reserved, np.fmax(allocated, usable))  # fmax/fmin: a CPU run's NaN usable caps nothing
         p_oom = _where(on_gpu, oom_probability(required, usable, c.peak_log_sigma), 0.0)
         smi = reserved + context + nccl
         utilization = _where(on_gpu, 100.0 * smi / capacity, 0.0)

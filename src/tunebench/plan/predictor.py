@@ -321,6 +321,8 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             variants[key] = [*notes, *([no_sync_note] if key[0] else []), *([network_note] if key[1] else [])]
         out["notes"][i] = variants[key]
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
+    if not w.on_gpu:
+        _check_cpu_memory(out, idx, m.allocated_gib, opts.host_memory_gib)
 
 
 _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",
@@ -349,6 +351,24 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
         elif need > node_gib:
             out["reasons"][i].append(
                 f"out of host memory: offload keeps {need:.1f} GiB per node against host_memory_gib {node_gib:g}"
+            )
+            out["fits"][i] = False
+
+
+def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
+    """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: above the RAM
+    (host_memory_gib, else this machine's, the host a CPU plan is timed on too) it does not fit."""
+    if node_gib is None:
+        import psutil
+
+        node_gib, source = psutil.virtual_memory().total / 2**30, "this machine's RAM"
+    else:
+        source = "host_memory_gib"
+    for j, i in enumerate(idx):
+        if float(need_gib[j]) > node_gib:
+            out["reasons"][i].append(
+                f"out of host memory: the CPU run keeps {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
+                f"({source})"
             )
             out["fits"][i] = False
 
@@ -394,6 +414,12 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
                 )
             )
             continue
+        if rule_reasons:
+            # an entity that breaks a validity rule cannot run, so nothing is planned for it: its numbers
+            # (computed with a negative batch, tp x sp beyond its GPUs, ...) would mean nothing
+            meta = {"calibration": cols["calibration"], "notes": cols["notes"][i], "planned": False}
+            out.append(Result.invalid(experiment_id, entity_id, list(rule_reasons), metadata=meta, actuator="predict"))
+            continue
         predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))
         meta: dict[str, Any] = dict(zip(meta_names, [col[i] for col in meta_lists], strict=True))
         meta["predicted"] = predicted
@@ -406,7 +432,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
             del meta["cost"], meta["price_per_gpu_hour"]
         else:
             meta["price_source"] = cols["price_source"][i]
-        reasons = list(rule_reasons) + cols["reasons"][i]
+        reasons = list(cols["reasons"][i])
         if not fits[i] and (meta.get("oom_probability") or 0) > 0.5:
             reasons.append(oom_reason(meta))
         if reasons:
@@ -477,6 +503,7 @@ def plan_json(result: Result) -> dict[str, Any]:
     ):
         if key in meta:
             out[key] = _round(meta[key])
+    out["planned"] = meta.get("planned", True)  # false: the entity breaks a validity rule, nothing is predicted
     return out
 
 

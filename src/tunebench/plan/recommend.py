@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
 from tunebench.spec.validity import check_values
@@ -54,6 +56,9 @@ class Candidate:
     oom_probability: float  # the planner's probability of running out of GPU memory (0 on the CPU)
     required_gib: float  # the predicted need: allocated peak + fragmentation, GiB per GPU (memory.predict_memory)
     headroom_gib: float  # usable GPU memory minus the predicted need, GiB per GPU (NaN on the CPU)
+    host_memory_gib: (
+        float  # host RAM per node that offload keeps, GiB (0 without offload); checked with host_memory_gib
+    )
     dataset_tokens_per_second: float
     train_runtime: float
     gpu_hours: float
@@ -123,11 +128,12 @@ def evaluate(
                 oom_probability=p_oom,
                 required_gib=float(cols["required_gib"][i]),
                 headroom_gib=float(cols["headroom_gib"][i]),
+                host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])),
                 dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
                 train_runtime=float(cols["train_runtime"][i]),
                 gpu_hours=float(cols["gpu_hours"][i]),
                 cost=cost,
-                notes=list(valid.reasons),
+                notes=list(valid.reasons) + list(cols["reasons"][i]),  # the rules, then out of host memory
             )
         )
     return out

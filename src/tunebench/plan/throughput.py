@@ -138,14 +138,18 @@ def network_rate(w: Workload, network_gbps: float | None) -> tuple[float, str]:
     return TCP_GBPS, "enable_roce off: NCCL over TCP sockets assumed"
 
 
-def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None) -> np.ndarray:
-    """Per-direction bandwidth the collectives see: NVLink/PCIe within a node, the NIC across nodes.
+def _link_gbps(
+    w: Workload, c: Coefficients, network_gbps: float | None, within_node: bool = False
+) -> np.ndarray:
+    """Per-direction bandwidth (bytes/s) the collectives see: NVLink/PCIe within a node, the NIC across
+    nodes (within_node: a collective among one node's GPUs only).
 
     The catalog's intra_node_bandwidth_gbps is bidirectional (NVLink 3 600 GB/s, PCIe 4.0 x16 64 GB/s),
     so one direction is half of it.
     """
     intra = (w.gpu.intra_node_bandwidth_gbps / 2) if w.gpu is not None else 1.0
-    bw = np.where(w.nodes > 1, np.minimum(intra, network_rate(w, network_gbps)[0]), intra)
+    across = (w.nodes > 1) & (not within_node)
+    bw = np.where(across, np.minimum(intra, network_rate(w, network_gbps)[0]), intra)
     return bw * c.link_efficiency * 1e9
 
 
@@ -170,8 +174,6 @@ def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None
     # (SHARD_GRAD_OP), reduce-scatter gradients at each sync; HYBRID adds an all-reduce across nodes.
     gathers = np.where(gathers_all, 1.0, 2.0)
     fsdp = ga * gathers * params * (degree - 1) / np.maximum(degree, 1) + grad_bytes * ring
-    if w.sharding.startswith("HYBRID"):
-        fsdp = fsdp + 2 * grad_bytes / np.maximum(degree, 1) * (w.nodes - 1) / w.nodes
     allreduce = 2 * grad_bytes * ring  # DDP / NO_SHARD: one all-reduce per optimizer step
     dp = ga * params * ring + allreduce  # DataParallel: broadcasts weights every forward
     volume = np.where(mode == "FSDP", np.where(w.sharding == "NO_SHARD", allreduce, fsdp), 0.0)
@@ -183,7 +185,17 @@ def comm_seconds(w: Workload, c: Coefficients, network_gbps: float | None = None
     ds_reduce = n_train * (2.0 if w.deepspeed_16bit else 4.0)
     ds_gather = n_train * (2.0 if w.deepspeed_16bit else param_bytes(w))
     volume = np.where(mode == "DeepSpeed", deepspeed_comm_bytes(w, ds_reduce, ds_gather, params, ring), volume)
-    return volume / _link_gbps(w, c, network_gbps)
+    seconds = volume / _link_gbps(w, c, network_gbps)
+    if w.sharding.startswith("HYBRID"):
+        # HYBRID_SHARD shards within a node (degree: its GPUs) and replicates across nodes (torch FSDP
+        # ShardingStrategy docs): gathers and reduce-scatters stay on NVLink/PCIe; across nodes each GPU
+        # all-reduces its gradient shard, and a node's GPUs share its NIC: 2 (n-1)/n of the whole gradient
+        # per node, what DDP's all-reduce puts on the network
+        within = ga * gathers * params + grad_bytes
+        within = within * (degree - 1) / np.maximum(degree, 1) / _link_gbps(w, c, network_gbps, within_node=True)
+        across = 2 * grad_bytes * (w.nodes - 1) / w.nodes / _link_gbps(w, c, network_gbps)
+        seconds = np.where((mode == "FSDP") & (w.sharding != "NO_SHARD"), within + across, seconds)
+    return seconds
 
 
 def deepspeed_comm_bytes(w: Workload, grad_bytes, gather_bytes, params, ring) -> np.ndarray:
@@ -382,7 +394,8 @@ def predict_throughput(
         # longer of 120 s or 10 steps (ado-sfttrainer.md §8.2), never past the end of training
         runtime = np.minimum(np.maximum(120.0, 10 * step), np.maximum(runtime - 60.0, step))
     model_flops = (6 if w.method == "full" else 4) * a.matmul_params_per_token
-    peak = peak_tflops(w) * 1e12 if w.gpu is not None else cpu_rate(c, host_flops)
+    # a CPU run is rated against the host's own rate, whatever gpu_model names (number_gpus=0 uses no GPU)
+    peak = np.where(on_gpu, peak_tflops(w) * 1e12 if w.gpu is not None else 1.0, cpu_rate(c, host_flops))
     mfu = tokens_gpu * model_flops / peak
     return ThroughputPrediction(
         step_seconds=step,

@@ -106,6 +106,10 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
         reasons.append(f"offload_optimizer_device {opt_dev} needs deepspeed_zero_stage >= 1 (got {stage})")
     elif opt_dev == "nvme" and stage < 3:
         reasons.append(f"offload_optimizer_device nvme needs deepspeed_zero_stage 3 (got {stage})")
+    # a ZeRO stage other than accelerate's default (2) is a DeepSpeed setting: under FSDP or DDP it would be
+    # silently ignored (the default cannot be told apart from an explicit 2, so it never counts)
+    if stage != 2 and backend != "DeepSpeed":
+        reasons.append(f"deepspeed_zero_stage {stage} needs distributed_backend DeepSpeed (got {backend})")
     if param_dev != "none" and (backend != "DeepSpeed" or stage != 3):
         reasons.append(
             f"offload_param_device {param_dev} needs distributed_backend DeepSpeed with deepspeed_zero_stage 3"
@@ -118,12 +122,25 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
         reasons.append(
             f"device_map {values['device_map']} runs one process over the GPUs: set distributed_backend None (got {backend})"
         )
+    if values.get("device_map") and values.get("number_nodes", 1) > 1:
+        reasons.append(
+            f"device_map {values['device_map']} runs one process, on one node: it cannot span number_nodes "
+            f"{values['number_nodes']}"
+        )
     tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
     if tp * sp > 1 and max(1, values.get("number_gpus", 0)) % (tp * sp) != 0:
         reasons.append(
             f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "
             f"sequence_parallel_degree {tp} x {sp}"
         )
+    if tp > 1:
+        # Megatron-LM arguments.py: num_attention_heads and num_query_groups (key/value heads) must be divisible
+        # by tensor_model_parallel_size; each rank keeps whole heads (torchtitan's colwise q/k/v split likewise)
+        model = get_model(values["model_name"])
+        heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
+        for name, count in heads.items():
+            if count and count % tp != 0:
+                reasons.append(f"tensor_parallel_degree {tp} does not divide the model's {name} {count}")
     if tp * sp > 1 and values.get("device_map"):
         reasons.append("device_map runs one process: it cannot be combined with tensor or sequence parallelism")
     attn = values.get("attn_implementation")
