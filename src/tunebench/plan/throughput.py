@@ -138,9 +138,7 @@ def network_rate(w: Workload, network_gbps: float | None) -> tuple[float, str]:
     return TCP_GBPS, "enable_roce off: NCCL over TCP sockets assumed"
 
 
-def _link_gbps(
-    w: Workload, c: Coefficients, network_gbps: float | None, within_node: bool = False
-) -> np.ndarray:
+def _link_gbps(w: Workload, c: Coefficients, network_gbps: float | None, within_node: bool = False) -> np.ndarray:
     """Per-direction bandwidth (bytes/s) the collectives see: NVLink/PCIe within a node, the NIC across
     nodes (within_node: a collective among one node's GPUs only).
 
