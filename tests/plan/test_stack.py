@@ -389,6 +389,9 @@ def test_host_memory_is_checked_against_the_nodes_ram():
         # smollm2-135m: 9 attention heads, 3 key/value heads
         ({"tensor_parallel_degree": 2, "batch_size": 2}, "does not divide the model's num_attention_heads 9"),
         ({"tensor_parallel_degree": 4, "batch_size": 1}, "does not divide the model's num_key_value_heads 3"),
+        ({"gpu_model": "V100-32GB", "flash_attn": True}, "flash-attention 2 does not run on Volta GPUs"),
+        ({"gpu_model": "Tesla-T4", "attn_implementation": "flash_attention_2"}, "does not run on Turing GPUs"),
+        ({"attn_implementation": "flash_attention_3"}, "flash_attention_3 runs on Hopper GPUs only (got Ampere"),
     ],
 )
 def test_stack_settings_that_cannot_run_together_are_invalid(values, reason):

@@ -381,6 +381,11 @@ def _group_notes(w) -> list[str]:
         wanted = explicit.startswith("flash_attention")
     if (wanted or (wanted is None and w.on_gpu)) and w.attention != "flash":
         notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
+    if wanted is None and w.on_gpu and w.gpu is not None and w.gpu.architecture in ("Volta", "Turing"):
+        notes.append(  # spec.validity judges an explicit flash_attn 1 there; the default is only warned about
+            f"flash-attention 2 does not run on {w.gpu.architecture} GPUs: fms-hf-tuning's default (use_flash_attn) "
+            "would fail there; set flash_attn=0 to plan the run that can start"
+        )
     notes.extend(w.activations.notes)
     recurrent = [k for k, _ in w.structure.layer_kinds if "attention" not in k or k.startswith("linear")]
     if recurrent and len(w.structure.layer_kinds) > 1:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunebench.catalog import get_model
-from tunebench.catalog.gpus import is_mig
+from tunebench.catalog.gpus import get_gpu, is_mig
+from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 
 # the SFTTrainer spec note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
@@ -146,7 +147,25 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     attn = values.get("attn_implementation")
     if values.get("flash_attn") is True and attn in ("eager", "sdpa"):
         reasons.append(f"flash_attn 1 contradicts attn_implementation {attn}")
+    arch = _architecture(values)
+    # Dao-AILab/flash-attention README: FlashAttention-2 needs Ampere, Ada or Hopper (Turing "coming soon";
+    # ROCm: MI200/MI300); FlashAttention-3 needs Hopper (H100/H800)
+    flash2 = attn == "flash_attention_2" or (values.get("flash_attn") is True and attn is None)
+    if flash2 and arch in ("Volta", "Turing"):
+        reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set flash_attn 0")
+    if attn == "flash_attention_3" and arch is not None and arch not in ("Hopper", "Custom"):
+        reasons.append(f"flash_attention_3 runs on Hopper GPUs only (got {arch}, {values['gpu_model']})")
     return reasons
+
+
+def _architecture(values: dict[str, Any]) -> str | None:
+    """The architecture of the entity's GPU (catalog.gpus), or None: a CPU run, or a label the catalog lacks."""
+    if values.get("number_gpus", 0) < 1 or not values.get("gpu_model"):
+        return None
+    try:
+        return get_gpu(str(values["gpu_model"])).architecture
+    except InputError:  # any node label is a gpu_model (the spec); planning asks for its numbers separately
+        return None
 
 
 def check(experiment: Experiment, entity: Entity) -> Validity:
