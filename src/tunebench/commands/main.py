@@ -105,13 +105,13 @@ CpuProcesses = Annotated[int, Field(ge=1, le=MAX_CPU_PROCESSES)]
 # What each listing shows, most important first (priority 0 always; the highest is left out first on a
 # narrow terminal): the name, then what sizes a job, then the rest.
 MODEL_COLUMNS = (
-    Column("name", shrink=True, min_width=20), Column("params", justify="right"),
+    Column("name", breaks=True, min_width=20), Column("params", justify="right"),
     Column("layers", 1, justify="right"), Column("hidden", 2, justify="right"), Column("heads/kv", 2),
     Column("vocab", 3, justify="right"), Column("max context", 1, justify="right"),
     Column("FSDP wrap", 4, shrink=True), Column("confidence", 3),
 )  # fmt: skip
 GPU_COLUMNS = (
-    Column("gpu_model", shrink=True, min_width=16), Column("memory GiB", justify="right"),
+    Column("gpu_model", breaks=True, min_width=16), Column("memory GiB", justify="right"),
     Column("bf16 TFLOP/s", justify="right"), Column("fp32 TFLOP/s", 3, justify="right"),
     Column("HBM GB/s", 2, justify="right"), Column("TDP W", 3, justify="right"),
     Column("interconnect", 4, wrap=True, min_width=16), Column("aliases", 5, wrap=True, min_width=16),

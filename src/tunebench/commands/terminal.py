@@ -35,12 +35,12 @@ def middle(text: str, width: int) -> str:
 
 
 def _pieces(text: str) -> list[str]:
-    """text cut after each '_' (spaces kept): the places a name may wrap without splitting a word."""
-    return [p for p in re.findall(r"[^_\s]*_\s*|[^_\s]+\s*|\s+", text) if p]
+    """text cut after each '_' or '-' (spaces kept): the places a name may wrap without splitting a word."""
+    return [p for p in re.findall(r"[^_\-\s]*[_\-]\s*|[^_\-\s]+\s*|\s+", text) if p]
 
 
 def wrap_name(text: str, width: int) -> str:
-    """text on lines of at most width characters, broken only after '_' or at a space (a piece longer
+    """text on lines of at most width characters, broken only after '_', '-' or at a space (a piece longer
     than width stays whole)."""
     lines: list[str] = []
     for piece in _pieces(text):
@@ -57,7 +57,8 @@ class Column:
 
     priority: 0 is always shown; on a narrow terminal the column with the highest priority goes first.
     shrink: an id or name shortened in the middle down to min_width when space is short.
-    breaks: a snake_case name that wraps after '_' (down to min_width) rather than being shortened.
+    breaks: a name that wraps after '_' or '-' (down to min_width) rather than being shortened: one a
+        user types (a model, a GPU label) stays whole.
     wrap: free text wrapped at spaces (at least min_width wide).
     """
 
@@ -103,7 +104,12 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) ->
         kept.remove(drop)
     spare = max(0, width - total(kept))
     widths = {i: need[i] for i in kept}
-    for i in sorted(kept, key=lambda i: (columns[i].wrap, columns[i].breaks, columns[i].priority, i)):  # text: the rest
+    # the spare: first to what loses characters when narrow (shortened), then to names that wrap (a model
+    # or GPU name stays on fewer lines), then to plain columns (their headers wrap), wrapped text last
+    def rank(c: Column) -> int:
+        return 0 if c.shrink else 1 if c.breaks else 3 if c.wrap else 2
+
+    for i in sorted(kept, key=lambda i: (rank(columns[i]), columns[i].priority, i)):
         grow = min(natural[i] - need[i], spare)
         widths[i] += grow
         spare -= grow
