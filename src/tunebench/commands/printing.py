@@ -107,7 +107,8 @@ def print_plan(
     if not out.get("planned", True):
         console.print("not planned: a run that breaks a validity rule cannot start", highlight=False)
         return
-    table = Table(title="GPU memory per GPU (GiB)")
+    over = (out.get("oom_probability") or 0) > 0.5  # figures above the GPU's: what the run would need, not get
+    table = Table(title="GPU memory per GPU (GiB)" + (", as the run would need it" if over else ""))
     table.add_column("component")
     table.add_column("GiB", justify="right")
     for k, v in out["breakdown"].items():

@@ -104,6 +104,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) ->
         kept.remove(drop)
     spare = max(0, width - total(kept))
     widths = {i: need[i] for i in kept}
+
     # the spare: first to what loses characters when narrow (shortened), then to names that wrap (a model
     # or GPU name stays on fewer lines), then to plain columns (their headers wrap), wrapped text last
     def rank(c: Column) -> int:

@@ -345,7 +345,7 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
         if node_gib is None:
             out["notes"][i] = [
                 *out["notes"][i],
-                f"offload keeps {need:.1f} GiB in host memory per node "
+                f"offload keeps {need:.{1 if need >= 0.1 else 2}f} GiB in host memory per node "
                 "(not checked: give host_memory_gib, the node's RAM)",
             ]
         elif need > node_gib:
