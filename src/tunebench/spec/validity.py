@@ -147,14 +147,16 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     attn = values.get("attn_implementation")
     if values.get("flash_attn") is True and attn in ("eager", "sdpa"):
         reasons.append(f"flash_attn 1 contradicts attn_implementation {attn}")
-    arch = _architecture(values)
     # Dao-AILab/flash-attention README: FlashAttention-2 needs Ampere, Ada or Hopper (Turing "coming soon";
-    # ROCm: MI200/MI300); FlashAttention-3 needs Hopper (H100/H800)
+    # ROCm: MI200/MI300); FlashAttention-3 needs Hopper (H100/H800). Looked up only when asked for explicitly
+    # (a catalog lookup per entity would slow 100,000-entity plans)
     flash2 = attn == "flash_attention_2" or (values.get("flash_attn") is True and attn is None)
-    if flash2 and arch in ("Volta", "Turing"):
-        reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set flash_attn 0")
-    if attn == "flash_attention_3" and arch is not None and arch not in ("Hopper", "Custom"):
-        reasons.append(f"flash_attention_3 runs on Hopper GPUs only (got {arch}, {values['gpu_model']})")
+    if flash2 or attn == "flash_attention_3":
+        arch = _architecture(values)
+        if flash2 and arch in ("Volta", "Turing"):
+            reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set flash_attn 0")
+        if attn == "flash_attention_3" and arch is not None and arch not in ("Hopper", "Custom"):
+            reasons.append(f"flash_attention_3 runs on Hopper GPUs only (got {arch}, {values['gpu_model']})")
     return reasons
 
 
