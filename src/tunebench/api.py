@@ -131,7 +131,8 @@ def recommend(
     probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
     Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour (default: the GPU
     catalog's list price, USD). avg_tokens / lengths: your data's sample lengths, as in plan();
-    host_memory_gib: each node's RAM, checked against what offload keeps there, as in plan().
+    host_memory_gib: each node's RAM, checked against what offload keeps there (and a CPU run's memory),
+    as in plan().
     """
     from tunebench.inputs import parse
     from tunebench.plan import load_calibration

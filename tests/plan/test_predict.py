@@ -226,6 +226,14 @@ def test_cpu_entities_plan_without_a_gpu():
     assert r.status == "valid" and r.properties["gpu_memory_utilization_peak"] == 0
 
 
+def test_the_default_flash_attention_on_a_volta_gpu_gets_a_note_not_a_verdict():
+    job = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
+    volta = predict(LORA, {**job, "gpu_model": "V100-32GB"})
+    assert volta.status == "valid" and any("does not run on Volta GPUs" in n for n in volta.metadata["notes"])
+    assert not any("Volta" in n for n in predict(LORA, {**job, "gpu_model": "A100"}).metadata["notes"])
+    assert predict(LORA, {**job, "gpu_model": "V100-32GB", "flash_attn": True}).status == "invalid"
+
+
 @pytest.mark.slow
 def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
     cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0}

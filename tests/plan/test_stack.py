@@ -388,7 +388,7 @@ def test_host_memory_is_checked_against_the_nodes_ram():
         ({"distributed_backend": None, "device_map": "auto", "number_nodes": 2}, "cannot span number_nodes 2"),
         # smollm2-135m: 9 attention heads, 3 key/value heads
         ({"tensor_parallel_degree": 2, "batch_size": 2}, "does not divide the model's num_attention_heads 9"),
-        ({"tensor_parallel_degree": 4, "batch_size": 1}, "does not divide the model's num_key_value_heads 3"),
+        ({"tensor_parallel_degree": 4, "batch_size": 1}, "a multiple of the model's num_key_value_heads 3"),
         ({"gpu_model": "V100-32GB", "flash_attn": True}, "flash-attention 2 does not run on Volta GPUs"),
         ({"gpu_model": "Tesla-T4", "attn_implementation": "flash_attention_2"}, "does not run on Turing GPUs"),
         ({"attn_implementation": "flash_attention_3"}, "flash_attention_3 runs on Hopper GPUs only (got Ampere"),
@@ -495,3 +495,45 @@ def test_one_gpu_and_several_fsdp_rows_plan_as_they_would_apart():
     together = predict_values(rows)["gpu_memory_allocated_peak_gib"]
     apart = [predict_values([row])["gpu_memory_allocated_peak_gib"][0] for row in rows]
     assert list(together) == pytest.approx(apart)
+
+
+def test_the_new_rules_leave_every_catalog_model_and_gpu_at_its_defaults_valid():
+    """The heads, ZeRO, device_map and flash-attention rules fire only on settings a user asks for: a default
+    entity of every catalog model on every catalog GPU (one GPU and a node of 8) breaks none of them."""
+    from tunebench.catalog.gpus import list_gpus
+    from tunebench.catalog.models import list_models
+    from tunebench.spec.validity import stack_reasons
+
+    for model in list_models():
+        for gpu in list_gpus():
+            for gpus in (1, 8):
+                values = {
+                    "model_name": model.name,
+                    "number_gpus": gpus,
+                    "batch_size": gpus,
+                    "gpu_model": gpu.name,
+                    "distributed_backend": "FSDP",
+                    "deepspeed_zero_stage": 2,
+                }
+                assert stack_reasons(values) == [], (model.name, gpu.name, gpus)
+    # asked for explicitly, each names the setting to change
+    t4 = {"model_name": "smollm2-135m", "number_gpus": 1, "batch_size": 1, "gpu_model": "Tesla-T4"}
+    assert stack_reasons({**t4, "attn_implementation": "flash_attention_2"})[0].endswith("set attn_implementation sdpa")
+    assert stack_reasons({**t4, "flash_attn": True})[0].endswith("set flash_attn 0")
+    # multi-query models (one key/value head) copy it to every tensor-parallel rank
+    mqa = {"model_name": "granite-20b-v2", "number_gpus": 8, "batch_size": 2, "gpu_model": "A100"}
+    assert stack_reasons({**mqa, "tensor_parallel_degree": 4}) == []
+
+
+def test_recommend_gives_no_figures_for_a_variant_that_breaks_a_rule():
+    from tunebench.plan.predictor import PlanOptions
+    from tunebench.plan.recommend import FIGURES, evaluate
+
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    base = {"model_name": "smollm2-135m", "model_max_length": 512, "gpu_model": "A100", "number_nodes": 1}
+    good, bad = evaluate(
+        exp, [{**base, "number_gpus": 2, "batch_size": 2}, {**base, "number_gpus": 2, "batch_size": -2}], PlanOptions()
+    )
+    assert all(np.isfinite(getattr(good, f)) for f in FIGURES)
+    assert not bad.fits and "rule 4" in bad.notes[0] and all(np.isnan(getattr(bad, f)) for f in FIGURES)
+    assert bad.to_dict()["dataset_tokens_per_second"] is None and bad.cost is None

@@ -72,7 +72,12 @@ Network = Annotated[
 ]
 HostMemory = Annotated[
     float | None,
-    option(Positive, "--host-memory-gib", help="Host RAM per node, GiB: checked against what offload keeps there."),
+    option(
+        Positive,
+        "--host-memory-gib",
+        help="Host RAM per node, GiB: checked against what offload keeps there, and against a CPU run's memory "
+        "(default for a CPU run: this machine's RAM).",
+    ),
 ]
 AvgTokens = Annotated[
     float | None,

@@ -35,8 +35,15 @@ def middle(text: str, width: int) -> str:
 
 
 def _pieces(text: str) -> list[str]:
-    """text cut after each '_' or '-' (spaces kept): the places a name may wrap without splitting a word."""
-    return [p for p in re.findall(r"[^_\-\s]*[_\-]\s*|[^_\-\s]+\s*|\s+", text) if p]
+    """text cut after each '_' or '-' (spaces kept): the places a name may wrap without splitting a word;
+    never inside a number's exponent (1.5e-05)."""
+    pieces: list[str] = []
+    for p in re.findall(r"[^_\-\s]*[_\-]\s*|[^_\-\s]+\s*|\s+", text):
+        if pieces and re.search(r"\de-$", pieces[-1]):
+            pieces[-1] += p
+        elif p:
+            pieces.append(p)
+    return pieces
 
 
 def wrap_name(text: str, width: int) -> str:

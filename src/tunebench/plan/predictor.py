@@ -69,7 +69,7 @@ class PlanOptions:
     calibration: Calibration | None = None
     price_per_gpu_hour: float | None = None  # currency units per GPU-hour, for cost (None: the catalog's USD price)
     network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
-    host_memory_gib: float | None = None  # host RAM per node, checked against what offload keeps there
+    host_memory_gib: float | None = None  # host RAM per node, checked against offload's need and a CPU run's memory
     lengths: UserLengths | None = None  # the user's sample lengths (--avg-tokens, --lengths), else the data set's
 
 
@@ -267,7 +267,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         "nvme_gib": m.nvme_gib,
     }
     if m.capacity_gib is not None:
-        cols["capacity_gib"] = np.full(w.size, m.capacity_gib)
+        cols["capacity_gib"] = np.where(w.gpus >= 1, m.capacity_gib, np.nan)  # a CPU run fills no GPU
         cols["usable_gib"] = m.usable_gib
         cols["required_gib"] = m.required_gib
         cols["headroom_gib"] = m.usable_gib - m.required_gib
@@ -357,7 +357,8 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
 
 def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
     """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: above the RAM
-    (host_memory_gib, else this machine's, the host a CPU plan is timed on too) it does not fit."""
+    (host_memory_gib, else this machine's, the host a CPU plan is timed on too; psutil's total, which a
+    container's memory limit does not lower) it does not fit."""
     if node_gib is None:
         import psutil
 
@@ -422,7 +423,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
         if rule_reasons:
             # an entity that breaks a validity rule cannot run, so nothing is planned for it: its numbers
             # (computed with a negative batch, tp x sp beyond its GPUs, ...) would mean nothing
-            meta = {"calibration": cols["calibration"], "notes": cols["notes"][i], "planned": False}
+            meta = {"calibration": cols["calibration"], "notes": cols["notes"][i], "planned": False, "fits": False}
             out.append(Result.invalid(experiment_id, entity_id, list(rule_reasons), metadata=meta, actuator="predict"))
             continue
         predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))

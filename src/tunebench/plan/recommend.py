@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,9 +56,8 @@ class Candidate:
     oom_probability: float  # the planner's probability of running out of GPU memory (0 on the CPU)
     required_gib: float  # the predicted need: allocated peak + fragmentation, GiB per GPU (memory.predict_memory)
     headroom_gib: float  # usable GPU memory minus the predicted need, GiB per GPU (NaN on the CPU)
-    host_memory_gib: (
-        float  # host RAM per node that offload keeps, GiB (0 without offload); checked with host_memory_gib
-    )
+    # host RAM per node that offload keeps, GiB (0 without offload); checked against PlanOptions.host_memory_gib
+    host_memory_gib: float
     dataset_tokens_per_second: float
     train_runtime: float
     gpu_hours: float
@@ -71,6 +70,13 @@ class Candidate:
             if isinstance(v, float):
                 out[k] = round(v, 4) if math.isfinite(v) else None
         return out
+
+
+# Candidate's predicted figures: none for a variant that breaks a validity rule
+FIGURES = (
+    "gpu_memory_peak_gib", "gpu_memory_allocated_peak_gib", "gpu_memory_utilization_peak", "oom_probability",
+    "required_gib", "headroom_gib", "host_memory_gib", "dataset_tokens_per_second", "train_runtime", "gpu_hours",
+)  # fmt: skip
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
@@ -116,26 +122,27 @@ def evaluate(
         valid = check_values(v, single_node_only=experiment.single_node_only)
         cost = float(cols["cost"][i]) if math.isfinite(cols["cost"][i]) else None  # NaN: no price for this GPU
         p_oom = float(cols["oom_probability"][i]) if math.isfinite(cols["oom_probability"][i]) else 0.0
-        out.append(
-            Candidate(
-                number_gpus=v["number_gpus"],
-                number_nodes=v["number_nodes"],
-                batch_size=v["batch_size"],
-                fits=bool(cols["fits"][i]) and valid.is_valid and p_oom <= max_oom_risk,
-                gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
-                gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
-                gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
-                oom_probability=p_oom,
-                required_gib=float(cols["required_gib"][i]),
-                headroom_gib=float(cols["headroom_gib"][i]),
-                host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])),
-                dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
-                train_runtime=float(cols["train_runtime"][i]),
-                gpu_hours=float(cols["gpu_hours"][i]),
-                cost=cost,
-                notes=list(valid.reasons) + list(cols["reasons"][i]),  # the rules, then out of host memory
-            )
+        candidate = Candidate(
+            number_gpus=v["number_gpus"],
+            number_nodes=v["number_nodes"],
+            batch_size=v["batch_size"],
+            fits=bool(cols["fits"][i]) and valid.is_valid and p_oom <= max_oom_risk,
+            gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
+            gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
+            gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
+            oom_probability=p_oom,
+            required_gib=float(cols["required_gib"][i]),
+            headroom_gib=float(cols["headroom_gib"][i]),
+            host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])),
+            dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
+            train_runtime=float(cols["train_runtime"][i]),
+            gpu_hours=float(cols["gpu_hours"][i]),
+            cost=cost,
+            notes=list(valid.reasons) + list(cols["reasons"][i]),  # the rules, then out of host memory
         )
+        if not valid.is_valid:  # breaks a rule, so it cannot start: its figures mean nothing (predictor._results)
+            candidate = replace(candidate, **dict.fromkeys(FIGURES, math.nan), cost=None)
+        out.append(candidate)
     return out
 
 

@@ -94,7 +94,7 @@ class Point:
     """One planned point: the swept values and how it fares."""
 
     values: dict[str, Any]  # the swept properties at this point
-    verdict: str  # fits | risky (fits, above max_oom_risk) | OOM | invalid (a validity rule)
+    verdict: str  # fits | risky (fits, above max_oom_risk) | OOM | invalid (a validity rule, or out of host memory)
     candidate: Candidate
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,7 +103,7 @@ class Point:
 
 def verdict(candidate: Candidate, max_oom_risk: float) -> str:
     """fits, risky (the planner's fit at an out-of-memory probability above max_oom_risk), OOM (probability
-    above 0.5: the planner's own verdict) or invalid (a validity rule, in candidate.notes)."""
+    above 0.5: the planner's own verdict) or invalid (a validity rule, or the host's RAM: candidate.notes)."""
     if candidate.fits:
         return "fits"
     if candidate.notes:

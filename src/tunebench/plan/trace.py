@@ -319,8 +319,16 @@ def fit_tokens(lengths: tuple[int, ...], values: list[float], quadratic: bool) -
 
 
 def _extrapolates_downward(p: ActivationProfile) -> bool:
-    """A profile fitted before fit_tokens bounded the slope and curvature at 0 (a user's cache): retrace it."""
-    return any(m.a1 < -1e-3 or m.a2 < -1e-6 for m in (*p.moments.values(), p.written))
+    """A profile fitted before fit_tokens bounded the slope and curvature at 0 (a user's cache): retrace it.
+    Relative to the moment's size at the longest traced length, and looser (1e-6) than fit_tokens' own
+    rounding allowance (1e-9), so a profile fitted now is never traced again."""
+    s = SEQUENCE_LENGTHS[-1]
+
+    def downward(m: Moment) -> bool:
+        size = abs(m.a0) + abs(m.a1) * s + abs(m.a2) * s**2
+        return min(m.a1 * s, m.a2 * s**2) < -1e-6 * size
+
+    return any(downward(m) for m in (*p.moments.values(), p.written))
 
 
 def trace_profile(structure: Structure, request: TraceRequest) -> ActivationProfile:

@@ -102,7 +102,8 @@ def boundary(
 
 
 def _fits(experiment: Experiment, values: dict[str, Any], points: list[tuple[int, int]]) -> list[bool]:
-    """Whether the planner predicts each (batch size, length) fits in memory (validity rules aside)."""
+    """Whether the planner predicts each (batch size, length) fits in memory; a point that breaks a validity
+    rule is not planned and counts as not fitting."""
     from tunebench.plan import predict_many
 
     items, index = [], []

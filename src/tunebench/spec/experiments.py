@@ -377,7 +377,7 @@ def peft_target_modules(model_type: str | None) -> tuple[str, ...]:
     """The modules peft adapts by default for a model_type (peft.utils.constants' LoRA mapping), or ()."""
     try:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
-    except ImportError:  # peft is a dependency; without it there is simply no suggestion
+    except Exception:  # peft (and the torch it imports) broken or absent: the error line just has no suggestion
         return ()
     return tuple(mapping.get(model_type or "", ()))
 

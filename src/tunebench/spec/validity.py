@@ -135,13 +135,17 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
             f"sequence_parallel_degree {tp} x {sp}"
         )
     if tp > 1:
-        # Megatron-LM arguments.py: num_attention_heads and num_query_groups (key/value heads) must be divisible
-        # by tensor_model_parallel_size; each rank keeps whole heads (torchtitan's colwise q/k/v split likewise)
+        # each rank keeps whole attention heads (Megatron-LM arguments.py: num_attention_heads divisible by
+        # tensor_model_parallel_size; torchtitan's colwise q/k/v split likewise); key/value heads are split
+        # too, or, fewer than the ranks, copied to each (the bigcode Megatron fork's multi-query attention)
         model = get_model(values["model_name"])
-        heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
-        for name, count in heads.items():
-            if count and count % tp != 0:
-                reasons.append(f"tensor_parallel_degree {tp} does not divide the model's {name} {count}")
+        heads, kv = model.num_attention_heads, model.num_key_value_heads
+        if heads and heads % tp != 0:
+            reasons.append(f"tensor_parallel_degree {tp} does not divide the model's num_attention_heads {heads}")
+        if kv and kv % tp != 0 and tp % kv != 0:
+            reasons.append(
+                f"tensor_parallel_degree {tp} neither divides nor is a multiple of the model's num_key_value_heads {kv}"
+            )
     if tp * sp > 1 and values.get("device_map"):
         reasons.append("device_map runs one process: it cannot be combined with tensor or sequence parallelism")
     attn = values.get("attn_implementation")
@@ -154,7 +158,8 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     if flash2 or attn == "flash_attention_3":
         arch = _architecture(values)
         if flash2 and arch in ("Volta", "Turing"):
-            reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set flash_attn 0")
+            fix = "attn_implementation sdpa" if attn == "flash_attention_2" else "flash_attn 0"
+            reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set {fix}")
         if attn == "flash_attention_3" and arch is not None and arch not in ("Hopper", "Custom"):
             reasons.append(f"flash_attention_3 runs on Hopper GPUs only (got {arch}, {values['gpu_model']})")
     return reasons
