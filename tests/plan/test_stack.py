@@ -81,6 +81,11 @@ def test_zero_offload_moves_states_to_the_host_per_node():
     m = predict_memory(off, UNIT)
     # per process: fp32 master + m + v + fp32 gradients (16 B) over 8 ranks; 8 processes on the node
     assert m.host_gib[0] == pytest.approx(16 * n / GIB)
+    # stage 1 keeps the whole 16-bit gradients on the GPU until the step's reduce, offload or not
+    stage1 = {"deepspeed_zero_stage": 1, "bf16": True, "optim": "adamw_torch_fused"}
+    kept = memory_breakdown(workload("full", **DS, **stage1, offload_optimizer_device="cpu"), UNIT)
+    assert kept["gradients"][0] == memory_breakdown(workload("full", **DS, **stage1), UNIT)["gradients"][0] == 2 * n
+    assert kept["optimizer_states"][0] == 0
     infinity = workload(
         "full",
         **DS,

@@ -497,7 +497,11 @@ def deepspeed_states(w: Workload, opt: OptimizerMemory) -> dict[str, np.ndarray]
             host = host + moved
         else:
             nvme = nvme + moved
-        states, step_tmp, grads = (np.zeros(w.size),) * 3
+        states, step_tmp = np.zeros(w.size), np.zeros(w.size)
+        # stage 2-3 reduce each gradient into its host partition as backward produces it; stage 1 keeps the
+        # whole 16-bit gradients in param.grad until the step's reduce, which then copies the rank's partition
+        # to the host (zero/stage_1_and_2.py: partition_gradients False, reduce_gradients, copy_grads_in_partition)
+        grads = np.where(z >= 2, 0.0, grads)
     if w.offload_params != "gpu":
         if w.offload_params == "cpu":
             host = host + weights
