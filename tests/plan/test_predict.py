@@ -238,10 +238,9 @@ def test_the_default_flash_attention_on_a_volta_gpu_gets_a_note_not_a_verdict():
 def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
     cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0}
     small = predict(FULL, {**cpu, "batch_size": 2}, host_memory_gib=16)
-    need = small.properties["gpu_memory_allocated_peak_gib"]
-    assert small.status == "valid" and 0 < need < 16
+    assert small.status == "valid" and 0 < small.properties["gpu_memory_allocated_peak_gib"] < 16
     huge = predict(FULL, {**cpu, "batch_size": 4096}, host_memory_gib=16)
-    assert huge.status == "invalid" and huge.reasons[0].startswith("out of host memory: the CPU run keeps")
+    assert huge.status == "invalid" and huge.reasons[0].startswith("out of host memory: the CPU run needs")
     assert "16.0 GiB (host_memory_gib)" in huge.reasons[0]
     # without host_memory_gib: this machine's RAM, the host a CPU plan is timed on
     assert "this machine's RAM" in predict(FULL, {**cpu, "batch_size": 2**20}).reasons[0]

@@ -676,13 +676,17 @@ def method_columns(currency: str) -> list[Column]:
 
 
 def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
-    """Why nothing fits (at the largest GPU count tried) and the nearest change that fits."""
-    console.print(
-        f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
-        f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
-        f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
-        f"({fmt(d['largest_component_gib'], 1)} GiB)"
-    )
+    """Why nothing fits (at the largest GPU count tried): the validity rules it breaks, else its memory; and
+    the nearest change that fits."""
+    if d.get("rules"):
+        console.print(f"why: on {d['number_gpus']} GPUs the job breaks a validity rule: {'; '.join(d['rules'])}")
+    else:
+        console.print(
+            f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
+            f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
+            f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
+            f"({fmt(d['largest_component_gib'], 1)} GiB)"
+        )
     for note in d["notes"]:
         console.print(f"  note: {note}")
     if nearest is None:

@@ -82,7 +82,8 @@ def verdict(out: dict[str, Any], max_oom_risk: float) -> str:
     """plan's one-line verdict: fits (with its out-of-memory probability and headroom), fits but above
     the accepted risk, or invalid."""
     p, headroom = out.get("oom_probability"), out.get("headroom_gib")
-    risk = "" if p is None else f" (out-of-memory probability {p:.3f}, headroom {fmt(headroom, 1)} GiB)"
+    room = "" if headroom is None else f", headroom {fmt(headroom, 1)} GiB"  # none on a CPU run
+    risk = "" if p is None else f" (out-of-memory probability {p:.3f}{room})"
     if not out["is_valid"]:
         return "[red]invalid[/red]"
     if p is not None and p > max_oom_risk:
@@ -108,7 +109,8 @@ def print_plan(
         console.print("not planned: a run that breaks a validity rule cannot start", highlight=False)
         return
     over = (out.get("oom_probability") or 0) > 0.5  # figures above the GPU's: what the run would need, not get
-    table = Table(title="GPU memory per GPU (GiB)" + (", as the run would need it" if over else ""))
+    title = "GPU memory per GPU (GiB)" if out.get("capacity_gib") is not None else "Memory of the CPU run (GiB)"
+    table = Table(title=title + (", as the run would need it" if over else ""))
     table.add_column("component")
     table.add_column("GiB", justify="right")
     for k, v in out["breakdown"].items():

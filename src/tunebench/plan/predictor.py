@@ -322,7 +322,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         out["notes"][i] = variants[key]
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
-        _check_cpu_memory(out, idx, m.allocated_gib, opts.host_memory_gib)
+        _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
 
 
 _META = ("capacity_gib", "usable_gib", "required_gib", "headroom_gib", "oom_probability", "step_seconds", "steps",
@@ -356,7 +356,8 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
 
 
 def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
-    """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: above the RAM
+    """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: its need (the
+    allocated peak + fragmentation, as a GPU's) above the RAM
     (host_memory_gib, else this machine's, the host a CPU plan is timed on too; psutil's total, which a
     container's memory limit does not lower) it does not fit."""
     if node_gib is None:
@@ -368,7 +369,7 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
     for j, i in enumerate(idx):
         if float(need_gib[j]) > node_gib:
             out["reasons"][i].append(
-                f"out of host memory: the CPU run keeps {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
+                f"out of host memory: the CPU run needs {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
                 f"({source})"
             )
             out["fits"][i] = False

@@ -224,6 +224,8 @@ def diagnose(
     breakdown = cols["breakdown"][0] or {}
     name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)
     rules = check_values(v, single_node_only=experiment.single_node_only).reasons
+    if rules:  # it cannot start at all: the rules are why, and its memory figures would mean nothing
+        return {"number_gpus": top, "rules": rules, "notes": list(cols["notes"][0])}
     return {
         "number_gpus": top,
         "largest_component": name,
@@ -231,7 +233,7 @@ def diagnose(
         "required_gib": float(cols["required_gib"][0]),
         "usable_gib": float(cols["usable_gib"][0]),
         "oom_probability": float(cols["oom_probability"][0]),
-        "notes": [*rules, *cols["reasons"][0], *cols["notes"][0]],
+        "notes": [*cols["reasons"][0], *cols["notes"][0]],
     }
 
 
