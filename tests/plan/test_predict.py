@@ -285,9 +285,10 @@ def test_cli_plan_batch_one_result_per_line_in_order(tmp_path):
     assert res.exit_code == 0, res.output
     lines = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(lines) == 3 and [x["is_valid"] for x in lines] == [True, True, False]
-    for req, line in zip(requests, lines, strict=True):
+    for n, (req, line) in enumerate(zip(requests, lines, strict=True), start=1):
         exp = get_experiment(req["experiment"])
-        assert line == json.loads(json.dumps(plan_json(predict(exp, req["entity"]))))
+        # every result names its input line, as an error line does
+        assert line == {"line": n, **json.loads(json.dumps(plan_json(predict(exp, req["entity"]))))}
 
 
 def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):

@@ -149,7 +149,7 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
             rows.append((n, {"line": n, "error": str(item)}))
             continue
         r = next(results)
-        rows.append((n, {"line": n, "error": r.error} if r.status == "failed" else plan_json(r)))
+        rows.append((n, {"line": n, "error": r.error} if r.status == "failed" else {"line": n, **plan_json(r)}))
     failed = sum("error" in o for _, o in rows)
     if as_json:
         for _, o in rows:
@@ -159,26 +159,35 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
     return 1 if failed else 0
 
 
+BATCH_COLUMNS = (
+    Column("line", justify="right"), Column("verdict"), Column("P(OOM)", 1, justify="right"),
+    Column("peak GiB", 1, justify="right", min_width=5), Column("tokens/s", 2, justify="right"),
+    Column("runtime", 2, justify="right", min_width=6), Column("util %", 4, justify="right"),
+    Column("experiment", 3, shrink=True, min_width=14), Column("reason or error", wrap=True, min_width=20),
+)  # fmt: skip
+
+
 def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
-    console = Console()
-    table = Table(title=f"{len(rows)} plans")
-    for col in ("line", "experiment", "fits", "P(OOM)", "peak GiB", "util %", "tokens/s", "runtime"):
-        table.add_column(col)
+    """--batch's table at the terminal's width: one row per line, its verdict and why where it has one."""
+    cells = []
     for n, o in rows:
         if "error" in o:
-            table.add_row(str(n), f"[red]error[/red]: {o['error']}", "-", "-", "-", "-", "-", "-")
+            cells.append([str(n), "error", *["-"] * 6, o["error"]])
             continue
-        table.add_row(
-            str(n),
-            o["experiment_id"],
-            "yes" if o["is_valid"] else "no",
-            fmt(o.get("oom_probability"), 2),
-            fmt(o["gpu_memory_peak_gib"]),
-            fmt(o["gpu_memory_utilization_peak"]),
-            fmt(o["train_tokens_per_second"], 0),
-            duration(o["train_runtime"]),
+        cells.append(
+            [
+                str(n),
+                "fits" if o["is_valid"] else "invalid",
+                fmt(o.get("oom_probability"), 2),
+                fmt(o["gpu_memory_peak_gib"]),
+                fmt(o["train_tokens_per_second"], 0),
+                duration(o["train_runtime"]) if o["train_runtime"] is not None else "-",
+                fmt(o["gpu_memory_utilization_peak"]),
+                o["experiment_id"],
+                "; ".join(o["reasons"]),
+            ]
         )
-    console.print(table)
+    print_table(Console(), BATCH_COLUMNS, cells, title=f"{len(rows)} plans", more="--json shows them")
 
 
 def _require_gpu_model(values: dict[str, Any]) -> None:

@@ -346,7 +346,7 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
             out["notes"][i] = [
                 *out["notes"][i],
                 f"offload keeps {need:.{1 if need >= 0.1 else 2}f} GiB in host memory per node "
-                "(not checked: give host_memory_gib, the node's RAM)",
+                "(not checked: give the node's RAM, --host-memory-gib or host_memory_gib)",
             ]
         elif need > node_gib:
             out["reasons"][i].append(

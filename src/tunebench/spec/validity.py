@@ -129,7 +129,9 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
             f"{values['number_nodes']}"
         )
     tp, sp = values.get("tensor_parallel_degree") or 1, values.get("sequence_parallel_degree") or 1
-    if tp * sp > 1 and max(1, values.get("number_gpus", 0)) % (tp * sp) != 0:
+    if tp * sp > 1 and values.get("number_gpus", 0) < 1:
+        reasons.append(f"tensor_parallel_degree x sequence_parallel_degree {tp} x {sp} needs GPUs (number_gpus is 0)")
+    elif tp * sp > 1 and values.get("number_gpus", 0) % (tp * sp) != 0:
         reasons.append(
             f"number_gpus {values.get('number_gpus')} is not divisible by tensor_parallel_degree x "
             f"sequence_parallel_degree {tp} x {sp}"
