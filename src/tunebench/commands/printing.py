@@ -154,10 +154,17 @@ def print_plan(
     console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
 
 
+def _per(c: dict[str, Any]) -> str:
+    """The unit of a configuration's peak: per GPU, or the CPU run's whole."""
+    return "GiB" if c.get("number_gpus") == 0 else "GiB/GPU"
+
+
 def need_text(c: dict[str, Any]) -> str:
     """'needs 52.3 GiB, headroom 25.8 GiB': the predicted need (allocated peak + fragmentation) that the
     out-of-memory verdict weighs against usable memory, and what is left; it can be below the nvidia-smi
     peak, whose cached blocks the allocator frees before it fails (plan.memory.predict_memory)."""
+    if c.get("headroom_gib") is None:  # a CPU run: its need is weighed against the host's RAM, no GPU headroom
+        return f"needs {fmt(c.get('required_gib'), 1)} GiB"
     return f"needs {fmt(c.get('required_gib'), 1)} GiB, headroom {fmt(c.get('headroom_gib'), 1)} GiB"
 
 
@@ -233,7 +240,7 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
         highlight=False,
     )
     console.print(
-        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} GiB/GPU, {need_text(at)}, "
+        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}, {need_text(at)}, "
         f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
         f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
         highlight=False,
@@ -251,7 +258,7 @@ def _why_not(out: dict[str, Any]) -> str:
         return f"{out['next_verdict']}: " + "; ".join(nxt["notes"])
     return (
         f"{out['next_verdict']}, out-of-memory probability {risk(nxt['oom_probability'], out['max_oom_risk'])} "
-        f"(peak {fmt(nxt['gpu_memory_peak_gib'])} GiB/GPU, {need_text(nxt)})"
+        f"(peak {fmt(nxt['gpu_memory_peak_gib'])} {_per(nxt)}, {need_text(nxt)})"
     )
 
 
