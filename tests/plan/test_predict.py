@@ -226,6 +226,15 @@ def test_cpu_entities_plan_without_a_gpu():
     assert r.status == "valid" and r.properties["gpu_memory_utilization_peak"] == 0
 
 
+def test_a_length_past_the_models_context_is_planned_with_a_note():
+    job = {"model_name": "smollm2-135m", "number_gpus": 1, "batch_size": 1, "gpu_model": "A100"}  # 8,192 positions
+    past, within = predict_many([(LORA, {**job, "model_max_length": 16384}), (LORA, {**job, "model_max_length": 8192})])
+    assert any(
+        "model_max_length 16,384 exceeds the model's context (8,192 positions)" in n for n in past.metadata["notes"]
+    )
+    assert not any("context" in n for n in within.metadata["notes"])
+
+
 def test_the_default_flash_attention_on_a_volta_gpu_gets_a_note_not_a_verdict():
     job = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
     volta = predict(LORA, {**job, "gpu_model": "V100-32GB"})

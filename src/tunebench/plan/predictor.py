@@ -320,6 +320,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         if key not in variants:
             variants[key] = [*notes, *([no_sync_note] if key[0] else []), *([network_note] if key[1] else [])]
         out["notes"][i] = variants[key]
+    _note_lengths(out, idx, w)
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
         _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
@@ -353,6 +354,21 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
                 f"out of host memory: offload keeps {need:.1f} GiB per node against host_memory_gib {node_gib:g}"
             )
             out["fits"][i] = False
+
+
+def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
+    """A model_max_length past the model's context (max_position_embeddings) is planned as asked, with a note
+    (only the entities past it are visited: a hot path for 100,000-entity plans)."""
+    limit = w.structure.max_position
+    if not limit:
+        return
+    for j in np.flatnonzero(np.asarray(w.max_length) > limit):
+        i, asked = idx[j], int(w.max_length[j])
+        out["notes"][i] = [
+            *out["notes"][i],
+            f"model_max_length {asked:,} exceeds the model's context ({limit:,} positions): planned as "
+            "asked, but the model was not trained that long",
+        ]
 
 
 def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
