@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,11 +72,8 @@ class Candidate:
         return out
 
 
-# Candidate's predicted figures: none for a variant that breaks a validity rule
-FIGURES = (
-    "gpu_memory_peak_gib", "gpu_memory_allocated_peak_gib", "gpu_memory_utilization_peak", "oom_probability",
-    "required_gib", "headroom_gib", "host_memory_gib", "dataset_tokens_per_second", "train_runtime", "gpu_hours",
-)  # fmt: skip
+# Candidate's predicted figures (its float fields): none for a variant that breaks a validity rule
+FIGURES = tuple(f.name for f in fields(Candidate) if f.type == "float")
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
