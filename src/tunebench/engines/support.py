@@ -167,17 +167,6 @@ def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
-def _attention_gpu(values: dict[str, Any], engine: str) -> list[str]:
-    attn = attention(values)
-    if attn in ("flash_attention_2", "flash_attention_3") and _gpus(values) == 0:
-        via = "flash_attn 1" if values.get("attn_implementation") is None else f"attn_implementation {attn}"
-        return [
-            f"{via}: flash-attention needs an NVIDIA GPU (number_gpus is 0): use attn_implementation sdpa "
-            "or eager on the CPU"
-        ]
-    return []
-
-
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
@@ -257,7 +246,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tensor_parallel_degree, sequence_parallel_degree", BOTH, _model_parallel),
     Rule("gradient_checkpointing_mode", BOTH, _checkpointing_mode),
     Rule("attn_implementation", (FMS,), _attention_fms),
-    Rule("attn_implementation, flash_attn", BOTH, _attention_gpu),
+    # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
     Rule("loss_implementation", (NATIVE,), _loss_native),
     Rule("loss_implementation", (NATIVE,), _loss_package, here=True),

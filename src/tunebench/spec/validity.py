@@ -157,10 +157,14 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
     # ROCm: MI200/MI300); FlashAttention-3 needs Hopper (H100/H800). Looked up only when asked for explicitly
     # (a catalog lookup per entity would slow 100,000-entity plans)
     flash2 = attn == "flash_attention_2" or (values.get("flash_attn") is True and attn is None)
-    if (flash2 or attn == "flash_attention_3") and values.get("number_gpus", 0) < 1:
+    flash = flash2 or attn == "flash_attention_3"
+    if flash and values.get("number_gpus", 0) < 1:
         what = f"attn_implementation {attn}" if attn else "flash_attn 1"
-        reasons.append(f"{what}: flash-attention needs an NVIDIA GPU (number_gpus is 0)")
-    elif flash2 or attn == "flash_attention_3":
+        reasons.append(
+            f"{what}: flash-attention needs an NVIDIA GPU (number_gpus is 0): use attn_implementation sdpa or eager "
+            "on the CPU"
+        )
+    elif flash:
         arch = _architecture(values)
         if flash2 and arch in ("Volta", "Turing"):
             fix = "attn_implementation sdpa" if attn == "flash_attention_2" else "flash_attn 0"
