@@ -473,14 +473,14 @@ def entity_rate(
 def _probe_fits(structure, dtype: str) -> bool:
     """Whether the entity's probes represent it and fit in memory: alike decoder layers, no vision tower,
     weights, gradients and two AdamW states of the larger probe within PROBE_MEMORY_SHARE of the free memory."""
-    import psutil
+    from tunebench.limits import available_memory
 
     kinds = {kind for kind, _ in structure.layer_kinds}
     mixed = len(kinds) > 1 or any(structure.config.get(k) for k in MIXED_LAYER_KEYS)
     if mixed or structure.vision:
         return False
     size = 4 if dtype == "float32" else 2
-    return _probe_params(structure) * 4 * size <= PROBE_MEMORY_SHARE * psutil.virtual_memory().available
+    return _probe_params(structure) * 4 * size <= PROBE_MEMORY_SHARE * available_memory()
 
 
 def _probe_seconds(structure, tokens: int, checkpointing: bool, generic: float) -> float:

@@ -374,12 +374,12 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
 def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
     """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: its need (the
     allocated peak + fragmentation, as a GPU's) above the RAM
-    (host_memory_gib, else this machine's, the host a CPU plan is timed on too; psutil's total, which a
-    container's memory limit does not lower) it does not fit."""
+    (host_memory_gib, else this machine's, the host a CPU plan is timed on too, within a container's
+    memory limit) it does not fit."""
     if node_gib is None:
-        import psutil
+        from tunebench.limits import total_memory
 
-        node_gib, source = psutil.virtual_memory().total / 2**30, "this machine's RAM"
+        node_gib, source = total_memory() / 2**30, "this machine's RAM"
     else:
         source = "host_memory_gib"
     for j, i in enumerate(idx):
