@@ -235,6 +235,23 @@ def test_a_length_past_the_models_context_is_planned_with_a_note():
     assert not any("context" in n for n in within.metadata["notes"])
 
 
+@pytest.mark.slow
+def test_a_mamba_hybrid_is_planned_with_mamba_ssms_kernel_on_gpus_and_attention_does_not_flip_it():
+    """granite-4.0-h-tiny (36 Mamba-2, 4 attention layers): on a GPU its Mamba layers are planned as
+    mamba_ssm's kernel runs them, and flash or eager attention change its activations by little at 2,048
+    tokens (4 attention layers of 40). The extrapolation from reduced models once charged 25.9 GiB of
+    activations with flash attention and far less with eager."""
+    job = {"model_name": "granite-4.0-h-tiny", "model_max_length": 2048, "number_gpus": 1, "batch_size": 8,
+           "gpu_model": "A100"}  # fmt: skip
+    flash, eager, cpu = predict_many(
+        [(LORA, job), (LORA, {**job, "flash_attn": False}), (LORA, {**job, "number_gpus": 0, "batch_size": 1})]
+    )
+    acts = [r.metadata["breakdown"]["activations"] for r in (flash, eager)]
+    assert 0 < acts[0] <= acts[1] < 1.2 * acts[0] + 0.5
+    assert any("mamba_ssm's fused kernel" in n for n in flash.metadata["notes"])
+    assert not any("hybrid layers" in n for n in cpu.metadata["notes"])  # the CPU runs transformers' scan
+
+
 def test_the_default_flash_attention_on_a_volta_gpu_gets_a_note_not_a_verdict():
     job = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
     volta = predict(LORA, {**job, "gpu_model": "V100-32GB"})

@@ -9,7 +9,16 @@ import pytest
 
 from tunebench.catalog import get_model
 from tunebench.plan.structure import structure_of
-from tunebench.plan.trace import MOMENTS, TraceRequest, extrapolate, fit_tokens, layer_plans, profile, trace_step
+from tunebench.plan.trace import (
+    MAMBA2_KERNEL_MODELS,
+    MOMENTS,
+    TraceRequest,
+    extrapolate,
+    fit_tokens,
+    layer_plans,
+    profile,
+    trace_step,
+)
 
 
 def small_model(tmp_path, name: str, cfg: dict):
@@ -62,39 +71,60 @@ def test_extrapolated_profile_equals_tracing_every_layer(tmp_path, method, check
             assert predicted == pytest.approx(whole[m][0], rel=0.02, abs=64 * 1024), (m, length)
 
 
+HYBRID = {"model_type": "granitemoehybrid", "hidden_size": 64, "intermediate_size": 32, "shared_intermediate_size": 128,
+          "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500,
+          "layer_types": ["mamba", "mamba", "attention", "mamba", "attention"], "num_local_experts": 0,
+          "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16, "mamba_chunk_size": 64,
+          "max_position_embeddings": 8192}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_hybrid_layers_extrapolate_per_kind(tmp_path):
-    cfg = {
-        "model_type": "granitemoehybrid",
-        "hidden_size": 64,
-        "intermediate_size": 32,
-        "shared_intermediate_size": 128,
-        "num_hidden_layers": 5,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 500,
-        "layer_types": ["mamba", "mamba", "attention", "mamba", "attention"],
-        "num_local_experts": 0,
-        "mamba_n_heads": 4,
-        "mamba_d_head": 32,
-        "mamba_d_state": 16,
-        "mamba_chunk_size": 64,
-        "max_position_embeddings": 8192,
-    }
-    s = small_model(tmp_path, "hybrid", cfg)
+@pytest.mark.parametrize(
+    ("layer_types", "method"),
+    [
+        (["mamba", "mamba", "attention", "mamba", "attention"], "full"),  # backward starts in an attention layer
+        (["mamba", "attention", "mamba", "attention", "mamba"], "full"),  # ... in a Mamba layer
+        (["mamba", "mamba", "attention", "mamba", "attention"], "lora"),  # base: attention (q_proj, v_proj)
+    ],
+)
+def test_hybrid_layers_extrapolate_per_kind(tmp_path, layer_types, method):
+    """Every moment of a Mamba/attention hybrid, extrapolated from 1- and 2-layer models, equals the whole
+    model's: the working layer's kind (the last, or the first) is not an increment per layer."""
+    s = small_model(tmp_path, "hybrid", {**HYBRID, "layer_types": layer_types})
     plans, counts = layer_plans(s)
     mamba, attention = (kind for kind, _ in s.layer_kinds)  # transformers' names of the two kinds
-    assert plans == [(mamba,), (mamba, mamba), (mamba, attention)] and counts == {mamba: 3, attention: 2}
-    req = request(s, "full")
+    assert s.layer_types == tuple(mamba if k == "mamba" else attention for k in layer_types)
+    assert plans == [(mamba,), (mamba, mamba), (mamba, attention), (mamba, attention, mamba)]
+    assert counts == {mamba: 3, attention: 2}
+    req = request(s, method)
     p = profile(s, req)
-    whole = trace_step(s, req, (mamba, mamba, attention, mamba, attention), 1024)
-    predicted = float(p.moments["forward"].bytes(np.array(1), np.array(1024)))
-    assert predicted == pytest.approx(whole["forward"][0], rel=0.02)
+    kinds = tuple(mamba if k == "mamba" else attention for k in layer_types)
+    # LoRA on q_proj, v_proj: the Mamba layers before the first attention layer keep nothing and have no
+    # backward, so the tracker of the whole model never reaches its "first layer"; the model without them
+    # has every moment of the whole one, and its first layer is the first adapted one
+    adapted = kinds[kinds.index(attention) :] if method == "lora" else kinds
+    for length in (768, 1536):
+        whole = trace_step(s, req, kinds, length)
+        trimmed = trace_step(s, req, adapted, length)
+        for m in MOMENTS:
+            predicted = float(p.moments[m].bytes(np.array(1), np.array(length)))
+            measured = (trimmed if m in ("first_layer", "tail") else whole)[m][0]
+            assert predicted == pytest.approx(measured, rel=0.02, abs=64 * 1024), (m, length)
+            if m not in ("first_layer", "tail"):
+                assert trimmed[m][0] == pytest.approx(measured, rel=0.001), (m, length)
 
 
 def test_extrapolate_and_fit_by_hand():
-    # base 10, first kind +3 per layer, second kind +5: (k0,) = 13, (k0, k0) = 16, (k0, k1) = 18
-    assert extrapolate([("a",), ("a", "a"), ("a", "b")], {"a": 4, "b": 2}, [13, 16, 18]) == 10 + 4 * 3 + 2 * 5
+    plans = [("a",), ("a", "a"), ("a", "b"), ("a", "b", "a")]
+    # base 10, first kind +3 per layer, second kind +5: (a,) = 13, (a, a) = 16, (a, b) = 18, (a, b, a) = 21
+    for last, at in ((None, "last"), ("b", "last"), ("b", "first")):
+        assert extrapolate(plans, {"a": 4, "b": 2}, [13, 16, 18, 21], last, at) == 10 + 4 * 3 + 2 * 5
+    # the last layer works, holding x(a) = 7 or x(b) = 1 in place of its 3 or 5: (a,) = 17, (a, a) = 20,
+    # (a, b) = 10 + 3 + 1 = 14, (a, b, a) = 10 + 3 + 5 + 7 = 25
+    assert extrapolate(plans, {"a": 4, "b": 2}, [17, 20, 14, 25], "b", "last") == 10 + 4 * 3 + 5 + 1
+    assert extrapolate(plans, {"a": 4, "b": 2}, [17, 20, 14, 25], "a", "last") == 10 + 3 * 3 + 2 * 5 + 7
+    # the first layer (kind a) works, holding 7; behind it a keeps 1, b 2: (a,) = 17, (a, a) = 18, (a, b) = 19
+    assert extrapolate(plans, {"a": 4, "b": 2}, [17, 18, 19, 20], "b", "first") == 10 + 7 + 3 * 1 + 2 * 2
     a0, a1, a2 = fit_tokens(
         (100, 200, 400),
         [5 + 2 * 100 + 0.5 * 100**2, 5 + 2 * 200 + 0.5 * 200**2, 5 + 2 * 400 + 0.5 * 400**2],
@@ -228,3 +258,38 @@ def test_a_damaged_shipped_set_is_traced_around(tmp_path, monkeypatch, caplog):
         finally:
             trace._load_shipped.cache_clear()
     assert "cannot be read: tracing instead" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_mamba_kernel_keeps_what_mamba_ssm_keeps(tmp_path, method):
+    """On a GPU the Mamba-2 layers run mamba_ssm's fused kernel: per token and Mamba layer it keeps the in_proj
+    output and the scan's output (and the in_proj input, for its weight), far less than transformers' torch
+    scan keeps; the extrapolation still equals the whole model's trace."""
+    from dataclasses import replace
+
+    s = small_model(tmp_path, "hybrid", HYBRID)
+    torch_scan = request(s, method)
+    kernel = replace(torch_scan, mamba_kernel=True)
+    assert kernel.key != torch_scan.key
+    p, q = profile(s, kernel), profile(s, torch_scan)
+    kinds = tuple(k for k in s.layer_types)
+    length = 1024
+    whole = trace_step(s, kernel, kinds, length)
+    for m in ("forward", "head", "last_layer"):
+        predicted = float(p.moments[m].bytes(np.array(1), np.array(length)))
+        assert predicted == pytest.approx(whole[m][0], rel=0.02, abs=64 * 1024), m
+    if method == "full":
+        assert p.moments["forward"].a1 < q.moments["forward"].a1 / 2  # the torch scan keeps far more
+        # a Mamba layer more keeps at least its in_proj output (zxbcdt, bf16) and the scan's output (out_x)
+        proj = 2 * 128 + 2 * 16 + 4  # 2 x (heads x head_dim) + 2 x (groups x d_state) + heads
+        more = trace_step(s, kernel, (s.layer_types[0], *kinds), length)["forward"][0] - whole["forward"][0]
+        assert more >= 2 * (proj + 128) * length
+
+
+def test_mamba_kernel_models_call_the_kernel_in_transformers():
+    import importlib
+
+    for model_type in MAMBA2_KERNEL_MODELS:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        assert hasattr(module, "mamba2_split_conv1d_scan_combined"), model_type

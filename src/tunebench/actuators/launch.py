@@ -25,11 +25,11 @@ from tunebench.actuators.network import nccl_environment
 from tunebench.catalog import get_model, model_paths
 from tunebench.datasets import parse_dataset_id
 from tunebench.engines import FMS, NATIVE
-from tunebench.engines.support import flash_attn_on, unsupported
+from tunebench.engines.support import unsupported
 from tunebench.errors import InputError, has_control_characters
 from tunebench.paths import data_dir
 from tunebench.spec.experiments import Entity, Experiment, effective_values
-from tunebench.spec.properties import PROPERTIES
+from tunebench.spec.properties import PROPERTIES, flash_attn_on
 from tunebench.spec.validity import check_values
 
 WORKER_MODULE = "tunebench.worker"

@@ -17,7 +17,7 @@ from typing import Any
 
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.versions import PLUGINS, engine_reasons, plugins_used
-from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, fast_loss_on, loss_path
+from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, attention_asked, fast_loss_on, loss_path
 
 NATIVE_HINT = "measure with --engine native"
 FMS_HINT = "measure with --engine fms-hf-tuning"
@@ -32,21 +32,6 @@ class Rule:
     engines: tuple[str, ...]
     check: Callable[[dict[str, Any], str], list[str]]
     here: bool = False
-
-
-def flash_attn_on(values: dict[str, Any]) -> bool:
-    """The flash_attn property as run: None = on with GPUs, off on the CPU (tunebench.actuators.launch)."""
-    flash = values.get("flash_attn")
-    return bool(values.get("number_gpus", 0) > 0) if flash is None else bool(flash)
-
-
-def attention(values: dict[str, Any]) -> str | None:
-    """The attention implementation asked for: attn_implementation, else flash_attention_2 when flash_attn is on,
-    else None (transformers' default for the model: sdpa where it has it, else eager)."""
-    attn = values.get("attn_implementation")
-    if attn is not None:
-        return attn
-    return "flash_attention_2" if flash_attn_on(values) else None
 
 
 def loss(values: dict[str, Any]) -> str:
@@ -168,7 +153,7 @@ def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
-    attn = attention(values)
+    attn = attention_asked(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
         module, package = FLASH_ATTENTION_PACKAGES[attn]
         if importlib.util.find_spec(module) is None:

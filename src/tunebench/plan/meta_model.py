@@ -145,6 +145,7 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
         attention_layers=int(attention_layers),
         linears=tuple(linears),
         layer_kinds=_layer_kinds(text, n_layers),
+        layer_types=tuple(str(k) for k in text.layer_types[:n_layers]) if _layer_kinds(text, n_layers) else (),
         vision=_vision(model, hf, vision_prefixes) if vision_prefixes else {},
         attention=_attention_support(model),
         default_attention=str(getattr(hf, "_attn_implementation", None) or "eager"),

@@ -394,25 +394,29 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
 def _group_notes(w) -> list[str]:
     """What the prediction of a group assumed: the model's reading, the attention, the activation source."""
     notes = [f"model: {a}" for a in w.structure.assumptions]
-    explicit, wanted = w.settings.get("attn_implementation"), w.settings.get("flash_attn")
-    if explicit is not None:
-        wanted = explicit.startswith("flash_attention")
-    if (wanted or (wanted is None and w.on_gpu)) and w.attention != "flash":
+    if w.flash_asked and w.attention != "flash":
         notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
-    if wanted is None and w.on_gpu and w.gpu is not None and w.gpu.architecture in ("Volta", "Turing"):
+    by_default = w.settings.get("flash_attn") is None and w.settings.get("attn_implementation") is None
+    if by_default and w.on_gpu and w.gpu is not None and w.gpu.architecture in ("Volta", "Turing"):
         notes.append(  # spec.validity judges an explicit flash_attn 1 there; the default is only warned about
             f"flash-attention 2 does not run on {w.gpu.architecture} GPUs: fms-hf-tuning's default (use_flash_attn) "
             "would fail there; set flash_attn=0 to plan the run that can start"
         )
     notes.extend(w.activations.notes)
     recurrent = [k for k, _ in w.structure.layer_kinds if "attention" not in k or k.startswith("linear")]
-    if recurrent and len(w.structure.layer_kinds) > 1:
-        notes.append(
-            f"hybrid layers ({', '.join(f'{n} {k}' for k, n in w.structure.layer_kinds)}): activation memory is "
-            "rough, the backward of one layer is extrapolated from reduced models and the "
-            f"{'/'.join(recurrent)} layers are traced with transformers' reference code, which keeps more than "
-            "fused kernels (docs/planner.md section 2)"
-        )
+    if recurrent and len(w.structure.layer_kinds) > 1 and w.on_gpu:
+        layers = ", ".join(f"{n} {k}" for k, n in w.structure.layer_kinds)
+        if w.trace_request().mamba_kernel:
+            notes.append(
+                f"hybrid layers ({layers}): the Mamba-2 layers are planned as mamba_ssm's fused kernel runs them "
+                "(fms-hf-tuning 3.1.0 installs mamba_ssm and causal-conv1d); without those packages transformers "
+                "runs its torch scan, which keeps far more (docs/planner.md section 2)"
+            )
+        else:
+            notes.append(
+                f"hybrid layers ({layers}): the {'/'.join(recurrent)} layers are traced with transformers' torch "
+                "code; a fused kernel keeps less (docs/planner.md section 2)"
+            )
     return notes
 
 

@@ -22,7 +22,7 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 
-STRUCTURE_VERSION = 3  # bump when the extraction changes: old cache files are then ignored
+STRUCTURE_VERSION = 4  # 4: layer_types; bump when the extraction changes: old cache files are then ignored
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,9 @@ class Structure:
     top_k: int
     attention_layers: int  # decoder layers with self-attention (the rest: state-space layers)
     linears: tuple[Linear, ...]
-    layer_kinds: tuple[tuple[str, int], ...] = ()  # (config layer_types value, count), if the config has them
+    layer_kinds: tuple[tuple[str, int], ...] = ()  # (config layer_types value, count), if the config has them,
+    # in the order of their first layer
+    layer_types: tuple[str, ...] = ()  # every decoder layer's kind, in order (empty without layer_types)
     vision: dict[str, Any] = field(default_factory=dict)
     attention: tuple[str, ...] = ("eager",)  # implementations the model class supports
     default_attention: str = "eager"  # what transformers picks when none is asked for
@@ -190,6 +192,7 @@ class Structure:
         data = dict(data)
         data["linears"] = tuple(Linear(**lin) for lin in data["linears"])
         data["layer_kinds"] = tuple(tuple(k) for k in data.get("layer_kinds", ()))
+        data["layer_types"] = tuple(data.get("layer_types", ()))
         for key in ("assumptions", "attention", "no_split_modules"):
             data[key] = tuple(data.get(key, ()))
         data["stand_in"] = tuple((name, tuple(leaves)) for name, leaves in data.get("stand_in", ()))

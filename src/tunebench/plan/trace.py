@@ -88,12 +88,14 @@ class TraceRequest:
     loss: str = "upcast"  # "upcast" (transformers' ForCausalLMLoss) | "chunked" | "model_dtype" (training.loss)
     liger: bool = False  # liger_kernels: Liger-Kernel's RMSNorm and SwiGLU kernels, as autograd sees them
     fused_lora: bool = False  # fms-acceleration-foak's fused LoRA ops on a 4-bit base, as autograd sees them
+    mamba_kernel: bool = False  # Mamba-2 layers through mamba_ssm's fused kernel (GPU), not transformers' scan
 
     @property
     def key(self) -> str:
         fields = asdict(self)
-        if not self.fused_lora:  # added after TRACE_VERSION 3: requests without it keep their keys (and profiles)
-            del fields["fused_lora"]
+        for name in ("fused_lora", "mamba_kernel"):  # added after TRACE_VERSION 3: requests without them keep
+            if not fields[name]:  # their keys (and profiles)
+                del fields[name]
         text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -279,25 +281,66 @@ def layer_plans(structure: Structure, first: str | None = None) -> tuple[list[tu
     """Reduced models to trace (as layer-kind lists) and each kind's count in the full model.
 
     Uniform models: 1 and 2 layers. Models whose config lists layer_types (hybrid Mamba/attention,
-    sliding/full attention): one kind alone (the first, unless `first` says which), then it followed
-    by each kind.
+    sliding/full attention): the base kind b alone (the first kind, unless `first` says which), (b, b), and
+    for every other kind k, (b, k) (k the last layer) and (b, k, b) (k between two): see extrapolate.
     """
     if not structure.layer_kinds:
         return [("layer",), ("layer", "layer")], {"layer": structure.layers}
     kinds = [k for k, _ in structure.layer_kinds]
-    first = first or kinds[0]
-    return [(first,)] + [(first, k) for k in kinds], dict(structure.layer_kinds)
+    base = first or kinds[0]
+    others = [k for k in kinds if k != base]
+    return [(base,), (base, base), *[(base, k) for k in others], *[(base, k, base) for k in others]], dict(
+        structure.layer_kinds
+    )
 
 
-def extrapolate(plans: list[tuple[str, ...]], counts: dict[str, int], values: list[float]) -> float:
-    """A per-layer additive quantity of the full model from its values on the reduced models.
+def extrapolate(
+    plans: list[tuple[str, ...]],
+    counts: dict[str, int],
+    values: list[float],
+    last: str | None = None,
+    at: str = "last",
+) -> float:
+    """A quantity of the full model from its values on the reduced models (plans and counts from layer_plans).
 
-    value(plan) = base + sum over its layers of inc[kind]; plans[0] = (k0,), plans[1:] = (k0, k).
+    At a moment of the step each layer holds what it keeps, s(kind), except one that is working and holds its
+    working set as well: the last layer (at="last": the forward's and the loss's peaks, the backward of the
+    last layer, where backward starts), or the first (at="first": its backward, then the embeddings'), which is
+    of the base kind b (layer_plans). value(plan) = c + sum over its layers but the working one of s(kind) +
+    x(working layer's kind). With v(plan) the traced values: s(b) = v(b, b) - v(b); s(k) = v(b, k, b) -
+    v(b, b) (at="last") or v(b, k) - v(b) (at="first"); x(k) - x(b) = v(b, k) - v(b) - s(b) (at="last").
+    A quantity that adds up over layers (gradients, bytes written) fits this with x(k) = s(k) + c'.
+
+    counts: the layers of each kind that keep anything (a LoRA model's layers before its first adapted one
+    keep nothing: nothing before them needs a gradient). last: the full model's last layer's kind (None: b,
+    as in a uniform model, where this is value(1) + (n - 1) increments).
     """
-    single = values[0]
-    inc = {plan[1]: v - single for plan, v in zip(plans[1:], values[1:], strict=True)}
-    base = single - inc[plans[0][0]]
-    return base + sum(counts[k] * inc[k] for k in counts)
+    v = dict(zip(plans, values, strict=True))
+    base = plans[0][0]
+    one = v[(base,)]
+    saved_base = v[(base, base)] - one
+
+    def saved(k: str) -> float:
+        if k == base:
+            return saved_base
+        return v[(base, k, base)] - v[(base, base)] if at == "last" else v[(base, k)] - one
+
+    working = last if at == "last" and last else base
+    extra = 0.0 if working == base else v[(base, working)] - one - saved_base
+    return one + sum(n * saved(k) for k, n in counts.items()) - saved(working) + extra
+
+
+def keeping_layers(structure: Structure, counts: dict[str, int], base: str) -> dict[str, int]:
+    """Per kind, the layers that keep activations when the trace's base kind is `base`: all, unless `base`
+    is not the first layer's kind (_trace_profile moves the base off kinds no LoRA target is in); then the
+    layers before the first of the base kind hold no adapter and nothing before them needs a gradient,
+    so autograd saves nothing of theirs."""
+    if not structure.layer_types or structure.layer_types[0] == base:
+        return counts
+    counts = dict(counts)
+    for kind in structure.layer_types[: structure.layer_types.index(base)]:
+        counts[kind] -= 1
+    return counts
 
 
 def fit_tokens(lengths: tuple[int, ...], values: list[float], quadratic: bool) -> tuple[float, float, float]:
@@ -365,13 +408,19 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     ]
     span = lengths[1] - lengths[0]
 
-    def full(quantity, i: int) -> float:  # a quantity of the full model at lengths[i]
-        return extrapolate(plans, counts, [quantity(measured[p][i]) for p in range(len(plans))])
+    last = structure.layer_types[-1] if structure.layer_types else None
+    keeping = keeping_layers(structure, counts, plans[0][0])
+
+    def full(quantity, i: int, at: str = "last", layers: dict[str, int] = counts) -> float:
+        """A quantity of the full model at lengths[i]."""
+        values = [quantity(measured[p][i]) for p in range(len(plans))]
+        return extrapolate(plans, layers, values, last, at)
 
     moments = {}
     for m in MOMENTS:
-        acts = [full(lambda r, m=m: r[m][0], i) for i in range(len(lengths))]
-        alive, total = full(lambda r, m=m: r[m][1], 1), full(lambda r: r["grads"], 1)
+        at = "first" if m in ("first_layer", "tail") else "last"  # the layer that works at this moment
+        acts = [full(lambda r, m=m: r[m][0], i, at, keeping) for i in range(len(lengths))]
+        alive, total = full(lambda r, m=m: r[m][1], 1, at), full(lambda r: r["grads"], 1)
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
         vocab = (slope_full - slope_half) / half if half else 0.0
@@ -443,7 +492,7 @@ def trace_step(
             if request.autocast  # fp16: same bytes as bf16
             else torch.autocast("cpu", enabled=False)
         )
-        with tracker:
+        with tracker, _mamba_kernel(model, request.mamba_kernel):  # the backward recomputes checkpointed layers
             with autocast:
                 loss = model(**kwargs).loss
             loss.backward()
@@ -585,6 +634,113 @@ def _liger_functions():
             return a.detach(), b.detach()  # written over the saved inputs
 
     return RMSNorm, SiLUMul
+
+
+# --- mamba_ssm's fused Mamba-2 layer, as autograd sees it (mamba_ssm/ops/triton/ssd_combined.py) --------------
+# In training, transformers' Mamba-2 layers hand the in_proj output (zxbcdt) to mamba_split_conv1d_scan_combined
+# when mamba_ssm is installed (and causal-conv1d; integrations/hub_kernels.py
+# use_kernel_func_from_hub_with_fallback), else run the torch scan, which keeps every chunk's decay matrices
+# for backward. The kernel (MambaSplitConv1dScanCombinedFn) saves only zxbcdt, the scan's output before the
+# gated norm (out_x) and the norm's fp32 reciprocal RMS, and recomputes the convolution in backward. The
+# stand-in allocates what it allocates and saves what it saves, and computes nothing. Forward: the convolved
+# x, B, C; _mamba_chunk_scan_combined_fwd's dt and its cumulative sum (fp32, per head and token), the chunk
+# states (fp32, chunks x heads x head_dim x d_state) and the passed states (in C's dtype), C^T B per chunk
+# (fp32, chunk x chunk per group), out_x; the gated RMSNorm's output and rstd; out_proj's output. Backward:
+# the recomputed output and convolution, the gradient of zxbcdt and of xBC, out_proj's input gradient, dz,
+# the norm's input gradient, and _mamba_chunk_scan_combined_bwd's recomputed dt, cumsum, states, C^T B and
+# the states' gradients (fp32); then the weights' gradients.
+MAMBA2_KERNEL_MODELS = ("bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h", "zamba2")  # models whose
+# transformers code calls mamba2_split_conv1d_scan_combined in training
+MAMBA2_KERNEL = "mamba2_split_conv1d_scan_combined"
+
+
+@contextmanager
+def _mamba_kernel(model, on: bool) -> Iterator[None]:
+    """While the step runs: the model's module-level mamba2_split_conv1d_scan_combined is the stand-in."""
+    import sys
+
+    modules = {sys.modules[type(m).__module__] for m in model.modules()} if on else set()
+    patched = [(mod, getattr(mod, MAMBA2_KERNEL)) for mod in modules if hasattr(mod, MAMBA2_KERNEL)]
+    for mod, _ in patched:
+        setattr(mod, MAMBA2_KERNEL, _mamba_split_conv1d_scan_combined)
+    try:
+        yield
+    finally:
+        for mod, original in patched:
+            setattr(mod, MAMBA2_KERNEL, original)
+
+
+def _mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, **kwargs):
+    shape = (kwargs.get("headdim"), kwargs.get("ngroups", 1), chunk_size)
+    weights = (kwargs.get("rmsnorm_weight"), kwargs.get("outproj_weight"), kwargs.get("outproj_bias"))
+    return _mamba_function().apply(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, *weights, shape)
+
+
+@functools.cache
+def _mamba_function():
+    import torch
+
+    def sizes(zxbcdt, conv1d_weight, D, shape):
+        headdim, groups, chunk = shape
+        batch, length, _ = zxbcdt.shape
+        heads = D.shape[0]
+        dim = heads * headdim
+        state = (conv1d_weight.shape[0] - dim) // groups // 2
+        chunks = -(-length // chunk)
+        return batch, length, heads, headdim, dim, groups, state, chunks, chunk
+
+    def scan_buffers(x, f32, batch, length, heads, headdim, groups, state, chunks, chunk):
+        """What the chunked scan holds at once (forward and recomputed in backward)."""
+        return [
+            x.new_empty(batch, heads, chunks, chunk, dtype=f32),  # dt (softplus, clamped)
+            x.new_empty(batch, heads, chunks, chunk, dtype=f32),  # its cumulative sum
+            x.new_empty(batch, chunks, heads, headdim, state, dtype=f32),  # chunk states
+            x.new_empty(batch, chunks, heads, headdim * state),  # states after passing (C's dtype)
+            x.new_empty(batch, chunks, groups, chunk, chunk, dtype=f32),  # C^T B
+        ]
+
+    class MambaSplitConv1dScanCombined(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, norm_w, out_w, out_b, shape):
+            batch, length, heads, headdim, dim, groups, state, chunks, chunk = sizes(zxbcdt, conv1d_weight, D, shape)
+            f32 = torch.float32
+            xbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])  # convolved x, B, C
+            held = scan_buffers(zxbcdt, f32, batch, length, heads, headdim, groups, state, chunks, chunk)
+            out_x = zxbcdt.new_empty(batch, length, dim)
+            rstd = zxbcdt.new_empty(groups * batch * length, dtype=f32)
+            normed = zxbcdt.new_empty(batch, length, dim)
+            out = normed @ out_w.t() if out_w is not None else normed
+            del xbc, held, normed
+            ctx.shape = shape
+            ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, out_b)
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, out_b = ctx.saved_tensors
+            batch, length, heads, headdim, dim, groups, state, chunks, chunk = sizes(
+                zxbcdt, conv1d_weight, D, ctx.shape
+            )
+            f32 = torch.float32
+            recomputed = zxbcdt.new_empty(batch, length, dim)  # the norm's output, for out_proj's weight gradient
+            xbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])
+            dzxbcdt = torch.empty_like(zxbcdt)
+            dxbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])
+            dnormed = dout @ out_w if out_w is not None else dout
+            dz = zxbcdt.new_empty(batch * length, dim)
+            dscan = zxbcdt.new_empty(batch, length, dim)
+            held = scan_buffers(zxbcdt, f32, batch, length, heads, headdim, groups, state, chunks, chunk)
+            dstates = zxbcdt.new_empty(batch, chunks, heads, headdim, state, dtype=f32)
+            grads = [
+                torch.empty_like(t) if t is not None else None for t in (conv1d_weight, conv1d_bias, dt_bias, A, D)
+            ]
+            dnorm_w = torch.empty_like(norm_w) if norm_w is not None else None
+            dout_w = torch.empty_like(out_w) if out_w is not None else None
+            dout_b = torch.empty_like(out_b) if out_b is not None else None
+            del recomputed, xbc, dxbc, dnormed, dz, dscan, held, dstates
+            return dzxbcdt, *grads, dnorm_w, dout_w, dout_b, None
+
+    return MambaSplitConv1dScanCombined
 
 
 # --- fms-acceleration-foak's fused LoRA ops, as autograd sees them (fused_ops/unsloth_lora/{bnb,gptq}/fast_lora.py) -

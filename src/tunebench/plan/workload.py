@@ -22,8 +22,15 @@ from tunebench.datasets.ids import DatasetId
 from tunebench.errors import InputError
 from tunebench.plan.lengths import SampleLengths
 from tunebench.plan.structure import Structure, image_tiles, structure_of
-from tunebench.plan.trace import FOAK_LORA_MODELS, LIGER_LAYER_MODELS, ActivationProfile, TraceRequest, profile
-from tunebench.spec.properties import SPEC_TORCH_DTYPES
+from tunebench.plan.trace import (
+    FOAK_LORA_MODELS,
+    LIGER_LAYER_MODELS,
+    MAMBA2_KERNEL_MODELS,
+    ActivationProfile,
+    TraceRequest,
+    profile,
+)
+from tunebench.spec.properties import SPEC_TORCH_DTYPES, attention_asked
 
 # Numeric entity properties, vectorised per group (the SFTTrainer spec names).
 NUMERIC = (
@@ -115,6 +122,12 @@ class Workload:
         return bool(self.gpus.size and self.gpus[0] >= 1)
 
     @property
+    def flash_asked(self) -> bool:
+        """Whether the entity asks for flash-attention (2 or 3), explicitly or by flash_attn's default."""
+        asked = attention_asked({**self.settings, "number_gpus": int(self.on_gpu)})
+        return asked is not None and asked.startswith("flash_attention")
+
+    @property
     def attention(self) -> str:
         """The attention implementation the run uses: 'flash' (flash-attention 2 or 3), 'sdpa' or 'eager'.
 
@@ -125,12 +138,7 @@ class Workload:
         explicit = self.settings.get("attn_implementation")
         if explicit == "eager":
             return "eager"
-        if explicit is None:
-            wanted = self.settings.get("flash_attn")
-            wanted = self.on_gpu if wanted is None else bool(wanted)
-        else:
-            wanted = explicit.startswith("flash_attention")
-        if wanted and "flash_attention_2" in self.structure.attention:
+        if self.flash_asked and "flash_attention_2" in self.structure.attention:
             return "flash"
         if explicit == "sdpa" and "sdpa" in self.structure.attention:
             return "sdpa"
@@ -211,6 +219,7 @@ class Workload:
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
             liger=bool(self.settings.get("liger_kernels")) and self.structure.model_type in LIGER_LAYER_MODELS,
             fused_lora=self.fused_lora,
+            mamba_kernel=self.on_gpu and self.structure.model_type in MAMBA2_KERNEL_MODELS,
         )
 
     @property

@@ -93,6 +93,21 @@ def loss_path(loss_implementation: str | None, fast_kernels: Any) -> str:
     return loss_implementation or ("chunked" if fast_loss_on(fast_kernels) else "upcast")
 
 
+def flash_attn_on(values: dict[str, Any]) -> bool:
+    """The flash_attn property as run: None = on with GPUs, off on the CPU (tunebench.actuators.launch)."""
+    flash = values.get("flash_attn")
+    return bool(values.get("number_gpus", 0) > 0) if flash is None else bool(flash)
+
+
+def attention_asked(values: dict[str, Any]) -> str | None:
+    """The attention implementation asked for: attn_implementation, else flash_attention_2 when flash_attn is on,
+    else None (transformers' default for the model: sdpa where it has it, else eager)."""
+    attn = values.get("attn_implementation")
+    if attn is not None:
+        return attn
+    return "flash_attention_2" if flash_attn_on(values) else None
+
+
 # The most GPUs (and nodes) an entity may name: the largest published training job, Llama 3 405B on 16,384
 # H100s (Llama Team, "The Llama 3 Herd of Models", 2024, §3.3). More is surely a typo, and a launch plan
 # or a recommendation would enumerate every one of them.
