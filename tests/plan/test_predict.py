@@ -241,8 +241,8 @@ def test_a_mamba_hybrid_is_planned_with_mamba_ssms_kernel_on_gpus_and_attention_
     mamba_ssm's kernel runs them, and flash or eager attention change its activations by little at 2,048
     tokens (4 attention layers of 40). The extrapolation from reduced models once charged 25.9 GiB of
     activations with flash attention and far less with eager."""
-    job = {"model_name": "granite-4.0-h-tiny", "model_max_length": 2048, "number_gpus": 1, "batch_size": 8,
-           "gpu_model": "A100"}  # fmt: skip
+    job = {"model_name": "granite-4.0-h-tiny", "model_max_length": 2048, "number_gpus": 1, "batch_size": 8}
+    job["gpu_model"] = "A100"
     flash, eager, cpu = predict_many(
         [(LORA, job), (LORA, {**job, "flash_attn": False}), (LORA, {**job, "number_gpus": 0, "batch_size": 1})]
     )
