@@ -282,16 +282,18 @@ def layer_plans(structure: Structure, first: str | None = None) -> tuple[list[tu
 
     Uniform models: 1 and 2 layers. Models whose config lists layer_types (hybrid Mamba/attention,
     sliding/full attention): the base kind b alone (the first kind, unless `first` says which), (b, b), and
-    for every other kind k, (b, k) (k the last layer) and (b, k, b) (k between two): see extrapolate.
+    for every other kind k, (b, k) (k the last layer) and (b, k, b) (k between two); and (k0, b) when the
+    first layer's kind k0 is not b (k0 the first layer): see extrapolate.
     """
     if not structure.layer_kinds:
         return [("layer",), ("layer", "layer")], {"layer": structure.layers}
     kinds = [k for k, _ in structure.layer_kinds]
     base = first or kinds[0]
     others = [k for k in kinds if k != base]
-    return [(base,), (base, base), *[(base, k) for k in others], *[(base, k, base) for k in others]], dict(
-        structure.layer_kinds
-    )
+    plans = [(base,), (base, base), *[(base, k) for k in others], *[(base, k, base) for k in others]]
+    if structure.layer_types and structure.layer_types[0] != base:
+        plans.append((structure.layer_types[0], base))
+    return plans, dict(structure.layer_kinds)
 
 
 def extrapolate(
@@ -300,20 +302,21 @@ def extrapolate(
     values: list[float],
     last: str | None = None,
     at: str = "last",
+    first: str | None = None,
 ) -> float:
     """A quantity of the full model from its values on the reduced models (plans and counts from layer_plans).
 
     At a moment of the step each layer holds what it keeps, s(kind), except one that is working and holds its
-    working set as well: the last layer (at="last": the forward's and the loss's peaks, the backward of the
-    last layer, where backward starts), or the first (at="first": its backward, then the embeddings'), which is
-    of the base kind b (layer_plans). value(plan) = c + sum over its layers but the working one of s(kind) +
-    x(working layer's kind). With v(plan) the traced values: s(b) = v(b, b) - v(b); s(k) = v(b, k, b) -
-    v(b, b) (at="last") or v(b, k) - v(b) (at="first"); x(k) - x(b) = v(b, k) - v(b) - s(b) (at="last").
-    A quantity that adds up over layers (gradients, bytes written) fits this with x(k) = s(k) + c'.
+    working set as well: the last layer (at="last": the loss's peak, the backward of the last layer, where
+    backward starts), or the first (at="first": its backward, then the embeddings'). value(plan) = c + sum
+    over its layers but the working one of s(kind) + x(working layer's kind). With v(plan) the traced values
+    and b the base kind: s(b) = v(b, b) - v(b); at="last": s(k) = v(b, k, b) - v(b, b) and x(k) - x(b) =
+    v(b, k) - v(b) - s(b); at="first": s(k) = v(b, k) - v(b) and x(k) - x(b) = v(k, b) - v(b) - s(b). A
+    quantity that adds up over layers (gradients, bytes written) fits this with x(k) = s(k) + c'.
 
-    counts: the layers of each kind that keep anything (a LoRA model's layers before its first adapted one
-    keep nothing: nothing before them needs a gradient). last: the full model's last layer's kind (None: b,
-    as in a uniform model, where this is value(1) + (n - 1) increments).
+    counts: the layers of each kind that keep anything (keeping_layers). last, first: the full model's last
+    and first working layers' kinds (None: b, as in a uniform model, where this is value(1) + (n - 1)
+    increments).
     """
     v = dict(zip(plans, values, strict=True))
     base = plans[0][0]
@@ -325,17 +328,52 @@ def extrapolate(
             return saved_base
         return v[(base, k, base)] - v[(base, base)] if at == "last" else v[(base, k)] - one
 
-    working = last if at == "last" and last else base
-    extra = 0.0 if working == base else v[(base, working)] - one - saved_base
+    working = (last if at == "last" else first) or base
+    if working == base:
+        extra = 0.0
+    else:
+        extra = v[(base, working) if at == "last" else (working, base)] - one - saved_base
     return one + sum(n * saved(k) for k, n in counts.items()) - saved(working) + extra
 
 
-def keeping_layers(structure: Structure, counts: dict[str, int], base: str) -> dict[str, int]:
+def extrapolate_forward(
+    plans: list[tuple[str, ...]], layer_types: tuple[str, ...], keeping: bool, peaks: list[list[float]]
+) -> float:
+    """The forward's peak inside the decoder layers of a hybrid model: the largest, over its layers, of what the
+    layers before one keep plus that layer's working set (with checkpointing each keeps only its input, and
+    the layer with the largest working set, wherever it is, sets the peak).
+
+    peaks[p][i]: the peak of plan p while its layer i runs forward. With b the base kind: the base alone
+    holds c + x(b); s(b) and s(k) from the layer after them in (b, b) and (b, k, b); x(k) - x(b) from the
+    second layer of (b, k) against that of (b, b). keeping: False where the layers before the first of the
+    base kind keep nothing (keeping_layers); their own peaks, with nothing kept before them, are left out.
+    """
+    p = dict(zip(plans, peaks, strict=True))
+    base = plans[0][0]
+    one = p[(base,)][0]
+    s = {base: p[(base, base)][1] - p[(base, base)][0]}
+    x = {base: 0.0}
+    for k in {k for k in layer_types if k != base}:
+        s[k] = p[(base, k, base)][2] - p[(base, k, base)][0] - s[base]
+        x[k] = p[(base, k)][1] - p[(base, base)][1]
+    start = 0 if keeping else layer_types.index(base)
+    best, kept = -np.inf, 0.0
+    for kind in layer_types[start:]:
+        best = max(best, one + kept + x[kind])
+        kept += s[kind]
+    return float(best)
+
+
+def keeping_layers(structure: Structure, counts: dict[str, int], base: str, request: TraceRequest) -> dict[str, int]:
     """Per kind, the layers that keep activations when the trace's base kind is `base`: all, unless `base`
-    is not the first layer's kind (_trace_profile moves the base off kinds no LoRA target is in); then the
-    layers before the first of the base kind hold no adapter and nothing before them needs a gradient,
-    so autograd saves nothing of theirs."""
+    is not the first layer's kind (_trace_profile moves a LoRA's base off kinds none of its targets is in)
+    and nothing makes the embeddings' output need a gradient: then the layers before the first of the base
+    kind hold no adapter and nothing before them needs a gradient, so autograd saves nothing of theirs.
+    With checkpointing transformers makes the input need one (activation_checkpointing_enable calls
+    enable_input_require_grads for models that take input_ids), so every layer keeps its input."""
     if not structure.layer_types or structure.layer_types[0] == base:
+        return counts
+    if request.checkpointing or request.method != "lora":
         return counts
     counts = dict(counts)
     for kind in structure.layer_types[: structure.layer_types.index(base)]:
@@ -408,18 +446,32 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     ]
     span = lengths[1] - lengths[0]
 
-    last = structure.layer_types[-1] if structure.layer_types else None
-    keeping = keeping_layers(structure, counts, plans[0][0])
+    types, base = structure.layer_types, plans[0][0]
+    keeping = keeping_layers(structure, counts, base, request)
+    last = types[-1] if types else None
+    first = (types[0] if keeping == counts else base) if types else None  # the first layer with a backward
 
     def full(quantity, i: int, at: str = "last", layers: dict[str, int] = counts) -> float:
         """A quantity of the full model at lengths[i]."""
         values = [quantity(measured[p][i]) for p in range(len(plans))]
-        return extrapolate(plans, layers, values, last, at)
+        return extrapolate(plans, layers, values, last, at, first)
+
+    def forward(i: int) -> float:
+        """A hybrid's forward peak at lengths[i]: in its layers (extrapolate_forward), or past them (the head's
+        forward, where every layer keeps what it saved: extrapolate)."""
+        peaks = []
+        for p, plan in enumerate(plans):
+            peaks.append([measured[p][i].get(f"forward_layer{j}", (0, 0))[0] for j in range(len(plan))])
+        rest = full(lambda r: r.get("forward_rest", (0, 0))[0], i, "last", keeping)
+        return max(rest, extrapolate_forward(plans, types, keeping == counts, peaks))
 
     moments = {}
     for m in MOMENTS:
         at = "first" if m in ("first_layer", "tail") else "last"  # the layer that works at this moment
-        acts = [full(lambda r, m=m: r[m][0], i, at, keeping) for i in range(len(lengths))]
+        if m == "forward" and types:
+            acts = [forward(i) for i in range(len(lengths))]
+        else:
+            acts = [full(lambda r, m=m: r[m][0], i, at, keeping) for i in range(len(lengths))]
         alive, total = full(lambda r, m=m: r[m][1], 1, at), full(lambda r: r["grads"], 1)
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
@@ -479,7 +531,7 @@ def trace_step(
 
     model = _reduced_model(structure, request, plan, vocab)
     layers = _decoder_layer_list(model, len(plan))
-    tracker = _tracker_class()(layers[0], layers[-1])
+    tracker = _tracker_class()(layers)
     with FakeTensorMode(allow_non_fake_inputs=True):
         _to_fake_empty(model)
         v = vocab or structure.vocab
@@ -641,14 +693,15 @@ def _liger_functions():
 # when mamba_ssm is installed (and causal-conv1d; integrations/hub_kernels.py
 # use_kernel_func_from_hub_with_fallback), else run the torch scan, which keeps every chunk's decay matrices
 # for backward. The kernel (MambaSplitConv1dScanCombinedFn) saves only zxbcdt, the scan's output before the
-# gated norm (out_x) and the norm's fp32 reciprocal RMS, and recomputes the convolution in backward. The
-# stand-in allocates what it allocates and saves what it saves, and computes nothing. Forward: the convolved
-# x, B, C; _mamba_chunk_scan_combined_fwd's dt and its cumulative sum (fp32, per head and token), the chunk
-# states (fp32, chunks x heads x head_dim x d_state) and the passed states (in C's dtype), C^T B per chunk
-# (fp32, chunk x chunk per group), out_x; the gated RMSNorm's output and rstd; out_proj's output. Backward:
-# the recomputed output and convolution, the gradient of zxbcdt and of xBC, out_proj's input gradient, dz,
-# the norm's input gradient, and _mamba_chunk_scan_combined_bwd's recomputed dt, cumsum, states, C^T B and
-# the states' gradients (fp32); then the weights' gradients.
+# gated norm (out_x), the norm's fp32 reciprocal RMS and, under autocast, out_proj's weight cast to 16 bits, and
+# recomputes the convolution in backward. The stand-in allocates what it allocates and saves what it saves,
+# and computes nothing. Forward: the convolved x, B, C; _mamba_chunk_scan_combined_fwd's dt and its cumulative
+# sum (fp32, per head and token), the chunk states (fp32, chunks x heads x head_dim x d_state), freed once
+# passed (in C's dtype), C^T B per chunk (fp32, chunk x chunk per group), out_x; the gated RMSNorm's output
+# and rstd; out_proj's output. Backward: the recomputed norm output and convolution, the gradients of zxbcdt
+# (dz is a view of it) and of xBC, out_proj's input gradient, the norm's input gradient, and
+# _mamba_chunk_scan_combined_bwd's recomputed dt, cumsum, chunk and passed states (fp32), C^T B and its
+# gradient, the states' gradients (fp32 and in C's dtype); then the weights' gradients.
 MAMBA2_KERNEL_MODELS = ("bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h", "zamba2")  # models whose
 # transformers code calls mamba2_split_conv1d_scan_combined in training
 MAMBA2_KERNEL = "mamba2_split_conv1d_scan_combined"
@@ -689,55 +742,60 @@ def _mamba_function():
         chunks = -(-length // chunk)
         return batch, length, heads, headdim, dim, groups, state, chunks, chunk
 
-    def scan_buffers(x, f32, batch, length, heads, headdim, groups, state, chunks, chunk):
-        """What the chunked scan holds at once (forward and recomputed in backward)."""
-        return [
-            x.new_empty(batch, heads, chunks, chunk, dtype=f32),  # dt (softplus, clamped)
-            x.new_empty(batch, heads, chunks, chunk, dtype=f32),  # its cumulative sum
-            x.new_empty(batch, chunks, heads, headdim, state, dtype=f32),  # chunk states
-            x.new_empty(batch, chunks, heads, headdim * state),  # states after passing (C's dtype)
-            x.new_empty(batch, chunks, groups, chunk, chunk, dtype=f32),  # C^T B
-        ]
-
     class MambaSplitConv1dScanCombined(torch.autograd.Function):
         @staticmethod
         def forward(ctx, zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, norm_w, out_w, out_b, shape):
             batch, length, heads, headdim, dim, groups, state, chunks, chunk = sizes(zxbcdt, conv1d_weight, D, shape)
-            f32 = torch.float32
-            xbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])  # convolved x, B, C
-            held = scan_buffers(zxbcdt, f32, batch, length, heads, headdim, groups, state, chunks, chunk)
-            out_x = zxbcdt.new_empty(batch, length, dim)
-            rstd = zxbcdt.new_empty(groups * batch * length, dtype=f32)
-            normed = zxbcdt.new_empty(batch, length, dim)
-            out = normed @ out_w.t() if out_w is not None else normed
-            del xbc, held, normed
+            f32, new = torch.float32, zxbcdt.new_empty
+            xbc = new(batch, length, conv1d_weight.shape[0])  # convolved x, B, C
+            dt = [new(batch, heads, chunks, chunk, dtype=f32) for _ in range(2)]  # dt (softplus), its cumsum
+            states = new(batch, chunks, heads, headdim, state, dtype=f32)  # _chunk_state_fwd
+            passed = new(batch, chunks, heads, headdim * state)  # _state_passing_fwd (out_dtype: C's)
+            del states
+            cb = new(batch, chunks, groups, chunk, chunk, dtype=f32)  # _bmm_chunk_fwd: C^T B
+            out_x = new(batch, length, dim)  # the scan's output, saved
+            rstd = new(groups * batch * length, dtype=f32)  # the gated RMSNorm's, saved
+            normed = new(batch, length, dim)
+            proj_w = out_w
+            if out_w is not None and torch.is_autocast_enabled("cpu"):  # the trace's autocast (the kernel: CUDA's)
+                dtype = torch.get_autocast_dtype("cpu")
+                normed, proj_w = normed.to(dtype), out_w.to(dtype)  # the cast weight is saved for backward
+            out = normed @ proj_w.t() if proj_w is not None else normed
+            del xbc, dt, passed, cb, normed
             ctx.shape = shape
-            ctx.save_for_backward(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, out_b)
+            ctx.save_for_backward(
+                zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, proj_w, out_b
+            )
             return out
 
         @staticmethod
         def backward(ctx, dout):
-            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, out_b = ctx.saved_tensors
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, out_x, rstd, norm_w, out_w, proj_w, out_b = (
+                ctx.saved_tensors
+            )
             batch, length, heads, headdim, dim, groups, state, chunks, chunk = sizes(
                 zxbcdt, conv1d_weight, D, ctx.shape
             )
-            f32 = torch.float32
-            recomputed = zxbcdt.new_empty(batch, length, dim)  # the norm's output, for out_proj's weight gradient
-            xbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])
-            dzxbcdt = torch.empty_like(zxbcdt)
-            dxbc = zxbcdt.new_empty(batch, length, conv1d_weight.shape[0])
-            dnormed = dout @ out_w if out_w is not None else dout
-            dz = zxbcdt.new_empty(batch * length, dim)
-            dscan = zxbcdt.new_empty(batch, length, dim)
-            held = scan_buffers(zxbcdt, f32, batch, length, heads, headdim, groups, state, chunks, chunk)
-            dstates = zxbcdt.new_empty(batch, chunks, heads, headdim, state, dtype=f32)
+            f32, new = torch.float32, zxbcdt.new_empty
+            recomputed = new(batch, length, dim)  # the norm's output again, for out_proj's weight gradient
+            xbc = new(batch, length, conv1d_weight.shape[0])  # the convolution again
+            dzxbcdt = torch.empty_like(zxbcdt)  # returned; dz is a view of it
+            dxbc = new(batch, length, conv1d_weight.shape[0])
+            dnormed = dout @ proj_w.to(dout.dtype) if proj_w is not None else dout
+            dscan = new(batch, length, dim)  # the norm's input gradient
+            # _mamba_chunk_scan_combined_bwd: dt and its cumsum, chunk states and passed states (fp32 here),
+            # C^T B and its gradient, the states' gradients (fp32, then in C's dtype)
+            held = [new(batch, heads, chunks, chunk, dtype=f32) for _ in range(2)]
+            held += [new(batch, chunks, heads, headdim, state, dtype=f32) for _ in range(3)]
+            held += [new(batch, chunks, groups, chunk, chunk, dtype=f32) for _ in range(2)]
+            held.append(new(batch, chunks, heads, headdim, state))
             grads = [
                 torch.empty_like(t) if t is not None else None for t in (conv1d_weight, conv1d_bias, dt_bias, A, D)
             ]
             dnorm_w = torch.empty_like(norm_w) if norm_w is not None else None
             dout_w = torch.empty_like(out_w) if out_w is not None else None
             dout_b = torch.empty_like(out_b) if out_b is not None else None
-            del recomputed, xbc, dxbc, dnormed, dz, dscan, held, dstates
+            del recomputed, xbc, dxbc, dnormed, dscan, held
             return dzxbcdt, *grads, dnorm_w, dout_w, dout_b, None
 
     return MambaSplitConv1dScanCombined
@@ -993,10 +1051,13 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
     acts = (_MemRefType.ACT, _MemRefType.TEMP, _MemRefType.OTH)
 
     class StepTracker(MemTracker):
-        def __init__(self, first_layer, last_layer) -> None:
+        def __init__(self, layers) -> None:
             super().__init__()
-            self.layers = (first_layer, last_layer)
-            self.moments = {m: (0, 0) for m in MOMENTS}  # phase -> (activation bytes, gradient bytes)
+            self.all_layers = list(layers)
+            self.layers = (layers[0], layers[-1])
+            # phase -> (activation bytes, gradient bytes); also forward_layer<i> (the forward of the reduced
+            # model's layer i) and forward_rest (the forward outside the decoder layers: embeddings, head)
+            self.moments = {m: (0, 0) for m in MOMENTS}
             self.written = 0
             self.first_seen = self.last_seen = False
 
@@ -1027,10 +1088,13 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
 
         def _phases(self) -> tuple[str, ...]:
             """The phase(s) the current operator belongs to (a one-layer model's layer is first and last)."""
-            if not self._mod_tracker.is_bw:
-                return ("forward",)
-            first, last = (self._mod_tracker.get_known_fqn(m) for m in self.layers)
             active = self._mod_tracker.parents
+            if not self._mod_tracker.is_bw:
+                for i, layer in enumerate(self.all_layers):
+                    if self._mod_tracker.get_known_fqn(layer) in active:
+                        return ("forward", f"forward_layer{i}")
+                return ("forward", "forward_rest")
+            first, last = (self._mod_tracker.get_known_fqn(m) for m in self.layers)
             if first in active:
                 self.first_seen = True
                 return ("first_layer", "last_layer") if first == last else ("first_layer",)
@@ -1047,7 +1111,7 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
                 act = sum(snap[k] for k in acts)
                 grad = snap[_MemRefType.GRAD]
                 for phase in self._phases():
-                    if act > self.moments[phase][0]:
+                    if act > self.moments.get(phase, (0, 0))[0]:
                         self.moments[phase] = (act, grad)
 
     return StepTracker
