@@ -54,7 +54,8 @@ from tunebench.plan.structure import Structure, cache_dir, library_versions, wri
 
 log = logging.getLogger(__name__)
 
-TRACE_VERSION = 3  # 2: the loss's vocabulary bytes from slopes over two lengths; 3: tied weights swapped once
+TRACE_VERSION = 4  # 2: the loss's vocabulary bytes from slopes over two lengths; 3: tied weights swapped once;
+# 4: hybrid models by the working layer's kind and per-layer peaks (profiles cached with 3 are traced again)
 # (profiles cached before could hold an attention fallback the garbage collector caused: _to_fake_empty)
 # Traced at batch 1 (fake tensors: the cost does not depend on the size). Long enough that in every
 # phase the token-proportional tensors, not a fixed-size one (an output-layer gradient), set the peak.
@@ -336,30 +337,39 @@ def extrapolate(
     return one + sum(n * saved(k) for k, n in counts.items()) - saved(working) + extra
 
 
-def extrapolate_forward(
-    plans: list[tuple[str, ...]], layer_types: tuple[str, ...], keeping: bool, peaks: list[list[float]]
+def extrapolate_layer_peak(
+    plans: list[tuple[str, ...]],
+    layer_types: tuple[str, ...],
+    keeping: bool,
+    forward: list[list[float]],
+    backward: list[list[float]] | None = None,
 ) -> float:
-    """The forward's peak inside the decoder layers of a hybrid model: the largest, over its layers, of what the
-    layers before one keep plus that layer's working set (with checkpointing each keeps only its input, and
-    the layer with the largest working set, wherever it is, sets the peak).
+    """The peak of a hybrid model's forward (or, given `backward`, its backward) inside its decoder layers: the
+    largest, over its layers, of what the layers before one keep plus that layer's working set. With
+    checkpointing each keeps only its input, and the layer with the largest working set sets the peak wherever
+    it is; in backward the layers after it have freed theirs.
 
-    peaks[p][i]: the peak of plan p while its layer i runs forward. With b the base kind: the base alone
-    holds c + x(b); s(b) and s(k) from the layer after them in (b, b) and (b, k, b); x(k) - x(b) from the
-    second layer of (b, k) against that of (b, b). keeping: False where the layers before the first of the
-    base kind keep nothing (keeping_layers); their own peaks, with nothing kept before them, are left out.
+    forward[p][i], backward[p][i]: the peak of plan p while its layer i runs forward, backward. With b the base
+    kind: what a layer keeps, s(b) and s(k), from the forward of the layer after it in (b, b) and (b, k, b);
+    the working sets against b's, x(k) - x(b), from the second layer of (b, k) against that of (b, b); the
+    level from the first layer of (b,) (forward: c + x(b)) or the second of (b, b) less s(b) (backward). The
+    first layer with a backward is left out of the backward's largest: it is the first_layer moment.
+    keeping: False where the layers before the first of the base kind keep nothing (keeping_layers); they
+    have no backward, and their forward, with nothing kept before it, is left out.
     """
-    p = dict(zip(plans, peaks, strict=True))
+    f = dict(zip(plans, forward, strict=True))
     base = plans[0][0]
-    one = p[(base,)][0]
-    s = {base: p[(base, base)][1] - p[(base, base)][0]}
-    x = {base: 0.0}
+    s = {base: f[(base, base)][1] - f[(base, base)][0]}
     for k in {k for k in layer_types if k != base}:
-        s[k] = p[(base, k, base)][2] - p[(base, k, base)][0] - s[base]
-        x[k] = p[(base, k)][1] - p[(base, base)][1]
+        s[k] = f[(base, k, base)][2] - f[(base, k, base)][0] - s[base]
+    w = f if backward is None else dict(zip(plans, backward, strict=True))  # the working sets' peaks
+    x = {k: (w[(base, k)][1] - w[(base, base)][1] if k != base else 0.0) for k in s}
+    level = f[(base,)][0] if backward is None else w[(base, base)][1] - s[base]
     start = 0 if keeping else layer_types.index(base)
     best, kept = -np.inf, 0.0
-    for kind in layer_types[start:]:
-        best = max(best, one + kept + x[kind])
+    for position, kind in enumerate(layer_types[start:]):
+        if backward is None or position > 0:
+            best = max(best, level + kept + x[kind])
         kept += s[kind]
     return float(best)
 
@@ -433,6 +443,8 @@ def _trace_profile(structure: Structure, request: TraceRequest) -> ActivationPro
 
 def _trace_with_base(structure: Structure, request: TraceRequest, first: str | None) -> ActivationProfile:
     plans, counts = layer_plans(structure, first)
+    if keeping_layers(structure, counts, plans[0][0], request) != counts:  # the first layer with a backward is
+        plans = [plan for plan in plans if plan[0] == plans[0][0]]  # of the base kind: no (k0, b) to trace
     lengths = _lengths(structure)
     _count_step(planned=len(plans) * len(lengths) + 2)  # + the two half-vocabulary steps below
     measured = [[_counted(trace_step(structure, request, plan, s)) for s in lengths] for plan in plans]
@@ -456,26 +468,37 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         values = [quantity(measured[p][i]) for p in range(len(plans))]
         return extrapolate(plans, layers, values, last, at, first)
 
-    def forward(i: int) -> float:
-        """A hybrid's forward peak at lengths[i]: in its layers (extrapolate_forward), or past them (the head's
-        forward, where every layer keeps what it saved: extrapolate)."""
-        peaks = []
-        for p, plan in enumerate(plans):
-            peaks.append([measured[p][i].get(f"forward_layer{j}", (0, 0))[0] for j in range(len(plan))])
-        rest = full(lambda r: r.get("forward_rest", (0, 0))[0], i, "last", keeping)
-        return max(rest, extrapolate_forward(plans, types, keeping == counts, peaks))
+    def layer_peak(direction: str, i: int) -> float:
+        """A hybrid's peak at lengths[i] inside its layers' forward or backward (extrapolate_layer_peak); a
+        layer that keeps nothing has no backward (its peak reads 0, and is not used)."""
+        fwd = [[measured[p][i][f"forward_layer{j}"][0] for j in range(len(plan))] for p, plan in enumerate(plans)]
+        if direction == "forward":
+            return extrapolate_layer_peak(plans, types, keeping == counts, fwd)
+        bwd = [
+            [measured[p][i].get(f"backward_layer{j}", (0, 0))[0] for j in range(len(plan))]
+            for p, plan in enumerate(plans)
+        ]
+        return extrapolate_layer_peak(plans, types, keeping == counts, fwd, bwd)
 
     moments = {}
     for m in MOMENTS:
         at = "first" if m in ("first_layer", "tail") else "last"  # the layer that works at this moment
-        if m == "forward" and types:
-            acts = [forward(i) for i in range(len(lengths))]
+        layers_win = False
+        if m == "forward" and types:  # the head's forward (every layer keeps what it saved) or a layer's
+            rest = [full(lambda r: r["forward_rest"][0], i, "last", keeping) for i in range(len(lengths))]
+            inside = [layer_peak("forward", i) for i in range(len(lengths))]
+            acts = [max(a, b) for a, b in zip(rest, inside, strict=True)]
+            layers_win = inside[-1] > rest[-1]  # then no logits are in the peak (memory.py's loss paths)
+        elif m == "last_layer" and types:  # the last layer's backward, or an earlier one's with a larger working set
+            acts = [
+                max(full(lambda r: r[m][0], i, at, keeping), layer_peak("backward", i)) for i in range(len(lengths))
+            ]
         else:
             acts = [full(lambda r, m=m: r[m][0], i, at, keeping) for i in range(len(lengths))]
         alive, total = full(lambda r, m=m: r[m][1], 1, at), full(lambda r: r["grads"], 1)
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
-        vocab = (slope_full - slope_half) / half if half else 0.0
+        vocab = (slope_full - slope_half) / half if half and not layers_win else 0.0
         moments[m] = Moment(
             *fit_tokens(lengths, acts, quadratic),
             grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
@@ -701,7 +724,8 @@ def _liger_functions():
 # and rstd; out_proj's output. Backward: the recomputed norm output and convolution, the gradients of zxbcdt
 # (dz is a view of it) and of xBC, out_proj's input gradient, the norm's input gradient, and
 # _mamba_chunk_scan_combined_bwd's recomputed dt, cumsum, chunk and passed states (fp32), C^T B and its
-# gradient, the states' gradients (fp32 and in C's dtype); then the weights' gradients.
+# gradient, the states' gradients (fp32 and in C's dtype), xBC transposed for the convolution's backward; then the
+# weights' gradients.
 MAMBA2_KERNEL_MODELS = ("bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h", "zamba2")  # models whose
 # transformers code calls mamba2_split_conv1d_scan_combined in training
 MAMBA2_KERNEL = "mamba2_split_conv1d_scan_combined"
@@ -789,6 +813,7 @@ def _mamba_function():
             held += [new(batch, chunks, heads, headdim, state, dtype=f32) for _ in range(3)]
             held += [new(batch, chunks, groups, chunk, chunk, dtype=f32) for _ in range(2)]
             held.append(new(batch, chunks, heads, headdim, state))
+            held += [new(batch, conv1d_weight.shape[0], length) for _ in range(2)]  # xBC "b d s" for the conv
             grads = [
                 torch.empty_like(t) if t is not None else None for t in (conv1d_weight, conv1d_bias, dt_bias, A, D)
             ]
@@ -1055,8 +1080,9 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
             super().__init__()
             self.all_layers = list(layers)
             self.layers = (layers[0], layers[-1])
-            # phase -> (activation bytes, gradient bytes); also forward_layer<i> (the forward of the reduced
-            # model's layer i) and forward_rest (the forward outside the decoder layers: embeddings, head)
+            # phase -> (activation bytes, gradient bytes); also forward_layer<i> and backward_layer<i> (the forward
+            # and the backward of the reduced model's layer i) and forward_rest (the forward outside the decoder
+            # layers: embeddings, head)
             self.moments = {m: (0, 0) for m in MOMENTS}
             self.written = 0
             self.first_seen = self.last_seen = False
@@ -1095,15 +1121,24 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
                         return ("forward", f"forward_layer{i}")
                 return ("forward", "forward_rest")
             first, last = (self._mod_tracker.get_known_fqn(m) for m in self.layers)
+            layer = next(  # backward_layer<i>: the backward of the reduced model's layer i
+                (
+                    f"backward_layer{i}"
+                    for i, m in enumerate(self.all_layers)
+                    if self._mod_tracker.get_known_fqn(m) in active
+                ),
+                None,
+            )
+            each = (layer,) if layer else ()
             if first in active:
                 self.first_seen = True
-                return ("first_layer", "last_layer") if first == last else ("first_layer",)
+                return ("first_layer", "last_layer", *each) if first == last else ("first_layer", *each)
             if self.first_seen:
                 return ("tail",)
             if last in active:
                 self.last_seen = True
-                return ("last_layer",)
-            return () if self.last_seen else ("head",)  # the layers in between are not recorded
+                return ("last_layer", *each)
+            return each if self.last_seen else ("head",)  # the layers in between: their own phase only
 
         def _update_peak_stats(self, peak_state) -> None:
             # called after every operator: only the per-phase peaks are kept (no per-module snapshots)
