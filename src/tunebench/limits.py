@@ -8,7 +8,6 @@ kernel kills the process.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -24,8 +23,9 @@ def cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int, int] | None:
     """(limit, usage) bytes of this process's memory cgroup (a container's --memory, a Kubernetes pod's
     limit), or None where it has no limit or none is readable (not Linux).
 
-    psutil reads /proc/meminfo, the whole host's memory, which a container's limit does not lower. cgroup v2: ``memory.max`` ("max": none) and ``memory.current`` of the process's group
-    (``0::/path`` in /proc/self/cgroup), or of the root a container sees; cgroup v1:
+    psutil reads /proc/meminfo, the whole host's memory, which a container's limit does not lower. cgroup
+    v2: ``memory.max`` ("max": none) and ``memory.current`` of the process's group (``0::/path`` in
+    /proc/self/cgroup), or of the root a container sees; cgroup v1:
     ``memory/memory.limit_in_bytes`` and ``memory.usage_in_bytes`` (kernel docs, cgroup-v1/memory.rst and
     cgroup-v2.rst)."""
     candidates = [(root / "memory.max", root / "memory.current")]
@@ -55,7 +55,7 @@ def cgroup_memory(root: Path = CGROUP_ROOT) -> tuple[int, int] | None:
 def total_memory(root: Path = CGROUP_ROOT) -> int:
     """Bytes of RAM this process's programs can use: the machine's (psutil), or its cgroup's limit if lower."""
     total = int(psutil.virtual_memory().total)
-    group = cgroup_memory(root) if os.name == "posix" else None
+    group = cgroup_memory(root)
     return min(total, group[0]) if group else total
 
 
@@ -63,7 +63,7 @@ def available_memory(root: Path = CGROUP_ROOT) -> int:
     """Bytes of memory a new allocation can get without swapping (psutil's 'available'), within the memory
     cgroup's limit where one is set (what the kernel's OOM killer enforces)."""
     available = int(psutil.virtual_memory().available)
-    group = cgroup_memory(root) if os.name == "posix" else None
+    group = cgroup_memory(root)
     return min(available, max(0, group[0] - group[1])) if group else available
 
 

@@ -118,6 +118,7 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
     hidden = int(getattr(text, "hidden_size", 0) or 0)
     head_dim = int(getattr(text, "head_dim", 0) or (hidden // heads if heads else 0))
     attention_layers = sum(1 for layer in layer_list if _has_attention(layer))
+    types = _layer_types(text, n_layers)
     return Structure(
         name=config.name,
         model_type=config.model_type,
@@ -144,8 +145,8 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
         top_k=top_k,
         attention_layers=int(attention_layers),
         linears=tuple(linears),
-        layer_kinds=_layer_kinds(text, n_layers),
-        layer_types=tuple(str(k) for k in text.layer_types[:n_layers]) if _layer_kinds(text, n_layers) else (),
+        layer_kinds=_layer_kinds(types),
+        layer_types=types,
         vision=_vision(model, hf, vision_prefixes) if vision_prefixes else {},
         attention=_attention_support(model),
         default_attention=str(getattr(hf, "_attn_implementation", None) or "eager"),
@@ -200,14 +201,20 @@ def _router_params(model, layers_name: str, torch) -> int:
     )
 
 
-def _layer_kinds(text, n_layers: int) -> tuple[tuple[str, int], ...]:
-    """(kind, count) of hybrid models' ``layer_types`` (e.g. full/sliding attention, linear attention)."""
+def _layer_types(text, n_layers: int) -> tuple[str, ...]:
+    """Every decoder layer's kind, from a hybrid model's ``layer_types`` (e.g. full/sliding attention, linear
+    attention, Mamba); empty without them."""
     kinds = getattr(text, "layer_types", None)
-    if not isinstance(kinds, (list, tuple)) or not kinds:
+    if not isinstance(kinds, (list, tuple)):
         return ()
+    return tuple(str(k) for k in kinds[:n_layers])
+
+
+def _layer_kinds(types: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """(kind, count) of the layer types, in the order of each kind's first layer."""
     counts: dict[str, int] = {}
-    for k in kinds[:n_layers]:
-        counts[str(k)] = counts.get(str(k), 0) + 1
+    for k in types:
+        counts[k] = counts.get(k, 0) + 1
     return tuple(counts.items())
 
 

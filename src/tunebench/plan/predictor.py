@@ -406,7 +406,7 @@ def _group_notes(w) -> list[str]:
     recurrent = [k for k, _ in w.structure.layer_kinds if "attention" not in k or k.startswith("linear")]
     if recurrent and len(w.structure.layer_kinds) > 1 and w.on_gpu:
         layers = ", ".join(f"{n} {k}" for k, n in w.structure.layer_kinds)
-        if w.trace_request().mamba_kernel:
+        if w.mamba_kernel:
             notes.append(
                 f"hybrid layers ({layers}): the Mamba-2 layers are planned as mamba_ssm's fused kernel runs them "
                 "(fms-hf-tuning 3.1.0 installs mamba_ssm and causal-conv1d); without those packages transformers "

@@ -443,8 +443,11 @@ def _trace_profile(structure: Structure, request: TraceRequest) -> ActivationPro
 
 def _trace_with_base(structure: Structure, request: TraceRequest, first: str | None) -> ActivationProfile:
     plans, counts = layer_plans(structure, first)
-    if keeping_layers(structure, counts, plans[0][0], request) != counts:  # the first layer with a backward is
-        plans = [plan for plan in plans if plan[0] == plans[0][0]]  # of the base kind: no (k0, b) to trace
+    types, base = structure.layer_types, plans[0][0]
+    keeping = keeping_layers(structure, counts, base, request)
+    all_keep = keeping == counts
+    if not all_keep:  # the first layer with a backward is of the base kind: no (k0, b) to trace
+        plans = [plan for plan in plans if plan[0] == base]
     lengths = _lengths(structure)
     _count_step(planned=len(plans) * len(lengths) + 2)  # + the two half-vocabulary steps below
     measured = [[_counted(trace_step(structure, request, plan, s)) for s in lengths] for plan in plans]
@@ -458,10 +461,8 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     ]
     span = lengths[1] - lengths[0]
 
-    types, base = structure.layer_types, plans[0][0]
-    keeping = keeping_layers(structure, counts, base, request)
     last = types[-1] if types else None
-    first = (types[0] if keeping == counts else base) if types else None  # the first layer with a backward
+    first = (types[0] if all_keep else base) if types else None  # the first layer with a backward
 
     def full(quantity, i: int, at: str = "last", layers: dict[str, int] = counts) -> float:
         """A quantity of the full model at lengths[i]."""
@@ -473,12 +474,12 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         layer that keeps nothing has no backward (its peak reads 0, and is not used)."""
         fwd = [[measured[p][i][f"forward_layer{j}"][0] for j in range(len(plan))] for p, plan in enumerate(plans)]
         if direction == "forward":
-            return extrapolate_layer_peak(plans, types, keeping == counts, fwd)
+            return extrapolate_layer_peak(plans, types, all_keep, fwd)
         bwd = [
             [measured[p][i].get(f"backward_layer{j}", (0, 0))[0] for j in range(len(plan))]
             for p, plan in enumerate(plans)
         ]
-        return extrapolate_layer_peak(plans, types, keeping == counts, fwd, bwd)
+        return extrapolate_layer_peak(plans, types, all_keep, fwd, bwd)
 
     moments = {}
     for m in MOMENTS:
@@ -491,7 +492,8 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
             layers_win = inside[-1] > rest[-1]  # then no logits are in the peak (memory.py's loss paths)
         elif m == "last_layer" and types:  # the last layer's backward, or an earlier one's with a larger working set
             acts = [
-                max(full(lambda r: r[m][0], i, at, keeping), layer_peak("backward", i)) for i in range(len(lengths))
+                max(full(lambda r, m=m: r[m][0], i, at, keeping), layer_peak("backward", i))
+                for i in range(len(lengths))
             ]
         else:
             acts = [full(lambda r, m=m: r[m][0], i, at, keeping) for i in range(len(lengths))]
@@ -1078,8 +1080,7 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
     class StepTracker(MemTracker):
         def __init__(self, layers) -> None:
             super().__init__()
-            self.all_layers = list(layers)
-            self.layers = (layers[0], layers[-1])
+            self.layers = list(layers)
             # phase -> (activation bytes, gradient bytes); also forward_layer<i> and backward_layer<i> (the forward
             # and the backward of the reduced model's layer i) and forward_rest (the forward outside the decoder
             # layers: embeddings, head)
@@ -1115,27 +1116,16 @@ def _tracker_class():  # over 60 lines: a class defined here so torch is importe
         def _phases(self) -> tuple[str, ...]:
             """The phase(s) the current operator belongs to (a one-layer model's layer is first and last)."""
             active = self._mod_tracker.parents
+            i = next((i for i, m in enumerate(self.layers) if self._mod_tracker.get_known_fqn(m) in active), None)
             if not self._mod_tracker.is_bw:
-                for i, layer in enumerate(self.all_layers):
-                    if self._mod_tracker.get_known_fqn(layer) in active:
-                        return ("forward", f"forward_layer{i}")
-                return ("forward", "forward_rest")
-            first, last = (self._mod_tracker.get_known_fqn(m) for m in self.layers)
-            layer = next(  # backward_layer<i>: the backward of the reduced model's layer i
-                (
-                    f"backward_layer{i}"
-                    for i, m in enumerate(self.all_layers)
-                    if self._mod_tracker.get_known_fqn(m) in active
-                ),
-                None,
-            )
-            each = (layer,) if layer else ()
-            if first in active:
+                return ("forward", "forward_rest" if i is None else f"forward_layer{i}")
+            each = () if i is None else (f"backward_layer{i}",)  # the backward of the reduced model's layer i
+            if i == 0:
                 self.first_seen = True
-                return ("first_layer", "last_layer", *each) if first == last else ("first_layer", *each)
+                return ("first_layer", "last_layer", *each) if len(self.layers) == 1 else ("first_layer", *each)
             if self.first_seen:
                 return ("tail",)
-            if last in active:
+            if i == len(self.layers) - 1:
                 self.last_seen = True
                 return ("last_layer", *each)
             return each if self.last_seen else ("head",)  # the layers in between: their own phase only

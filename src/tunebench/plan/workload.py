@@ -219,8 +219,14 @@ class Workload:
             adapter_dtype=adapter_dtype if self.method != "full" else "float32",
             liger=bool(self.settings.get("liger_kernels")) and self.structure.model_type in LIGER_LAYER_MODELS,
             fused_lora=self.fused_lora,
-            mamba_kernel=self.on_gpu and self.structure.model_type in MAMBA2_KERNEL_MODELS,
+            mamba_kernel=self.mamba_kernel,
         )
+
+    @property
+    def mamba_kernel(self) -> bool:
+        """Mamba-2 layers run mamba_ssm's fused kernel: on GPUs, for the model types whose transformers code calls
+        it (plan.trace.MAMBA2_KERNEL_MODELS; fms-hf-tuning 3.1.0 installs mamba_ssm)."""
+        return self.on_gpu and self.structure.model_type in MAMBA2_KERNEL_MODELS
 
     @property
     def fused_lora(self) -> bool:
