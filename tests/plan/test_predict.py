@@ -146,6 +146,21 @@ def test_flops_per_token_by_hand():
     assert flops_per_token(w)[0] == pytest.approx(6 * a.matmul_params_per_token + 2 * attention)
 
 
+def test_flops_per_token_count_the_ssd_cores_of_mamba_2_layers():
+    """granite-4.0-h-tiny: 36 Mamba-2 layers (48 heads x 64, state 128, 1 group, chunks of 256) and 4 attention
+    layers. Each SSD core's forward per token: 4 H P N + 2 G Q N + H Q P; backward twice, recompute once."""
+    job = {**BASE, "model_name": "granite-4.0-h-tiny", "gradient_checkpointing": True}
+    w = build_workload("full", [effective_values(FULL, make_entity(FULL, job))])
+    a = w.structure
+    assert a.attention_layers == 4
+    per_layer = 4 * 48 * 64 * 128 + 2 * 1 * 256 * 128 + 48 * 256 * 64
+    assert a.ssd_flops_per_token == 36 * per_layer
+    attention = 2 * 4 * a.heads * a.head_dim * 2048 * 4  # forward, backward twice, recompute
+    dense = 6 * a.matmul_params_per_token + 2 * (a.matmul_params_per_token - a.lm_head_params)
+    assert flops_per_token(w)[0] == pytest.approx(dense + attention + 4 * 36 * per_layer)
+    assert build_workload("full", [effective_values(FULL, make_entity(FULL, BASE))]).structure.ssd_flops_per_token == 0
+
+
 def test_a_cpu_step_adds_this_hosts_optimizer_time_per_trainable_parameter():
     cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0, "batch_size": 2}
     c = Calibration().coefficients

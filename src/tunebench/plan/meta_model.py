@@ -119,6 +119,7 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
     head_dim = int(getattr(text, "head_dim", 0) or (hidden // heads if heads else 0))
     attention_layers = sum(1 for layer in layer_list if _has_attention(layer))
     types = _layer_types(text, n_layers)
+    ssd = sum(_ssd_flops_per_token(m) for layer in layer_list for m in layer.modules())
     return Structure(
         name=config.name,
         model_type=config.model_type,
@@ -144,6 +145,7 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
         experts=n_experts,
         top_k=top_k,
         attention_layers=int(attention_layers),
+        ssd_flops_per_token=float(ssd),
         linears=tuple(linears),
         layer_kinds=_layer_kinds(types),
         layer_types=types,
@@ -295,6 +297,25 @@ def _module_shape(module, torch) -> tuple[str | None, tuple[int, int]]:
     if isinstance(module, torch.nn.Embedding):
         return "embedding", (module.num_embeddings, module.embedding_dim)
     return None, (0, 0)
+
+
+def _ssd_flops_per_token(module) -> float:
+    """Forward FLOPs per token of a Mamba-2 mixer's SSD core (its state-space scan; the mixer's projections are
+    nn.Linear and counted with them), 0 for any other module.
+
+    Every transformers Mamba-2 mixer (Mamba2Mixer, BambaMixer, GraniteMoeHybridMambaLayer, FalconH1Mixer,
+    NemotronHMamba2Mixer, Zamba2MambaMixer) has num_heads H, head_dim P, ssm_state_size N, n_groups G and
+    chunk_size Q. The chunked SSD algorithm (Dao & Gu 2024, arXiv:2405.21060 §6; mamba_ssm
+    ops/triton/ssd_combined.py _mamba_chunk_scan_combined_fwd) per token: the chunk's state B^T x (2 H P N),
+    the chunk's C B^T over the whole Q x Q block (_bmm_chunk_fwd, not causal: 2 G Q N), the output from the
+    states C h (2 H P N) and the causal half of the intra-chunk (C B^T o L) x (_chunk_scan_fwd: H Q P).
+    """
+    names = ("num_heads", "head_dim", "ssm_state_size", "n_groups", "chunk_size")
+    dims = [getattr(module, n, None) for n in names]
+    if not all(isinstance(d, int) and d > 0 for d in dims):
+        return 0.0
+    heads, head_dim, state, groups, chunk = dims
+    return float(4 * heads * head_dim * state + 2 * groups * chunk * state + heads * chunk * head_dim)
 
 
 def _has_attention(layer) -> bool:

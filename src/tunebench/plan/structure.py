@@ -22,7 +22,7 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 
-STRUCTURE_VERSION = 4  # 4: layer_types; bump when the extraction changes: old cache files are then ignored
+STRUCTURE_VERSION = 5  # 4: layer_types; 5: ssd_flops_per_token; bump when the extraction changes: old cache files are then ignored
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Structure:
     experts: int
     top_k: int
     attention_layers: int  # decoder layers with self-attention (the rest: state-space layers)
+    ssd_flops_per_token: float  # forward FLOPs per token of the Mamba-2 layers' SSD cores (meta_model)
     linears: tuple[Linear, ...]
     layer_kinds: tuple[tuple[str, int], ...] = ()  # (config layer_types value, count), if the config has them,
     # in the order of their first layer

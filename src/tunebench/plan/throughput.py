@@ -2,6 +2,7 @@
 
     FLOPs per token  full 6N, PEFT 4N (no weight gradients), + 2N when checkpointing recomputes the
                      forward, + the attention core (estimation.md §6; Kaplan et al. 2020; PaLM App. B)
+                     + Mamba-2 layers' SSD cores
     t_micro          FLOPs / (peak x efficiency) + fixed per-layer (and eager-MoE per-expert) overhead,
                      more per layer under FSDP and ZeRO-3 (their gather/release hooks)
                      + dequantisation of 4-bit weights outside the matmul (memory-bound, per micro-batch)
@@ -56,7 +57,11 @@ def flops_per_token(w: Workload) -> np.ndarray:
     # eager_attention_forward: torch.matmul(query, key.transpose(2, 3)), softmax, then torch.matmul with values)
     square = 2.0 if w.attention == "eager" else 1.0
     attention = a.attention_flops_per_token_per_context * padded * (3 + recompute) * square
-    return dense + attention
+    # Mamba-2's SSD core: its chunked matmuls per token do not depend on the length (chunks of a fixed size);
+    # backward twice the forward, as for the attention core (mamba_ssm _mamba_chunk_scan_combined_bwd: the
+    # gradients of x, B, C and dt from the same chunk products), recompute once more
+    ssd = a.ssd_flops_per_token * (3 + recompute)
+    return dense + attention + ssd
 
 
 def recompute_fraction(w: Workload) -> float:
