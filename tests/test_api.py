@@ -49,9 +49,8 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
         assert row["entity_id"] == result.entity_id and row["experiment_id"] == LORA
         for name in PREDICTED:  # the same numbers as the planner, predicted even where the job will not fit
             assert row[name] == pytest.approx(result.metadata["predicted"][name])
-        assert row["fits"] == result.metadata["fits"] and row["headroom_gib"] == pytest.approx(
-            result.metadata["headroom_gib"]
-        )
+        assert row["headroom_gib"] == pytest.approx(result.metadata["headroom_gib"])
+    assert plans["verdict"].tolist() == ["fits", "OOM", "invalid"] and plans["fits"].tolist() == [True, False, False]
     # an entity that breaks a rule cannot start: nothing is planned for it
     assert expected[2].metadata["planned"] is False and "predicted" not in expected[2].metadata
     assert plans.loc["rule", list(PREDICTED)].isna().all()

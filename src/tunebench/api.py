@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from tunebench.store import Store
 
 DEFAULT_EXPERIMENT = "finetune_full_benchmark-v1.0.0"  # full fine-tuning: plan's default, stated in its signature
-# what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit)
-PLAN_DETAILS = ("fits", "oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
+# what plan() adds from a prediction's metadata (memory in GiB per GPU, time in seconds, cost per currency unit), after
+# its verdict and fits (the verdict at max_oom_risk, as `tunebench plan --json` gives them)
+PLAN_DETAILS = ("oom_probability", "required_gib", "usable_gib", "capacity_gib", "headroom_gib",
                 "peak_phase", "step_seconds", "steps", "mfu", "tokens_per_sample", "gpu_hours", "cost", "host_memory_gib")  # fmt: skip
 
 
@@ -45,6 +46,7 @@ def plan(
     host_memory_gib: float | None = None,
     avg_tokens: float | None = None,
     lengths: str | Path | None = None,
+    max_oom_risk: float | None = None,
 ) -> pd.DataFrame:
     """The planner's prediction of every entity (a row of KEY=VALUE properties), as a DataFrame.
 
@@ -54,7 +56,9 @@ def plan(
     property at its default; an ``experiment`` column overrides the experiment per row). The result
     keeps the input's index and columns and adds: experiment_id, entity_id, status (valid | invalid),
     is_valid, reasons (``; ``-joined), every predicted property (tunebench.plan.PREDICTED: peak
-    memory in GiB per GPU, tokens/s, runtime s, ...) whether or not the job fits, and PLAN_DETAILS.
+    memory in GiB per GPU, tokens/s, runtime s, ...) whether or not the job fits, verdict (fits; risky: it
+    fits at an out-of-memory probability above max_oom_risk, default 0.10 as in recommend(); OOM; invalid),
+    fits (the verdict is fits) and PLAN_DETAILS.
     Cost is in USD at the GPU catalog's list price unless price_per_gpu_hour is given. Your data's sample
     lengths (tunebench.plan.lengths): avg_tokens (mean tokens per sample) or lengths (a JSON-lines file
     of samples, counted with each model's tokenizer) set time, throughput and cost; peak memory still
@@ -64,7 +68,14 @@ def plan(
     import pandas as pd
 
     from tunebench.errors import InputError
+    from tunebench.inputs import parse
     from tunebench.plan import PREDICTED, load_calibration, predict_many
+    from tunebench.plan.options import PlannerOptions
+    from tunebench.plan.predictor import result_verdict
+    from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+
+    risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
+    parse(PlannerOptions, max_oom_risk=risk)
     from tunebench.spec.experiments import get_experiment, make_entity
 
     frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
@@ -100,6 +111,8 @@ def plan(
                 "is_valid": result.status == "valid",
                 "reasons": "; ".join(result.reasons) or (result.error or ""),
                 **{p: predicted.get(p) for p in PREDICTED},
+                "verdict": (verdict := result_verdict(result, risk)),
+                "fits": verdict == "fits",
                 **{k: meta.get(k) for k in PLAN_DETAILS},
             }
         )
@@ -178,7 +191,7 @@ def _lengths(avg_tokens: float | None, lengths: str | Path | None) -> Any:
 
 
 def _plan_columns(predicted: Iterable[str]) -> list[str]:
-    return ["experiment_id", "entity_id", "status", "is_valid", "reasons", *predicted, *PLAN_DETAILS]
+    return ["experiment_id", "entity_id", "status", "is_valid", "reasons", *predicted, "verdict", "fits", *PLAN_DETAILS]
 
 
 def _missing(value: Any) -> bool:

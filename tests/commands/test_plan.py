@@ -303,6 +303,27 @@ def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path)
     assert table.exit_code == 1 and "error" in table.output and "3 plans" in table.output
 
 
+def test_a_batchs_verdicts_follow_max_oom_risk_as_plan_grid_and_recommend_do(tmp_path):
+    """fits / risky / OOM / invalid, one vocabulary: "fits" in a line's JSON is its verdict being fits."""
+    job = {"model_name": "llama3.1-8b", "batch_size": 8, "gpu_model": "A100-80GB", "number_gpus": 1}
+    lines = [
+        {**job, "model_max_length": 512},  # small: fits at any risk
+        {**job, "model_max_length": 3584},  # near the limit: fits, at a probability between 0.1 and 0.5
+        {**job, "model_max_length": 16384},  # far beyond 80 GB
+        {**job, "model_max_length": 512, "number_gpus": 3},  # rule 1: 8 samples over 3 GPUs
+    ]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("".join(json.dumps({"experiment": LORA, "entity": e}) + "\n" for e in lines))
+    rows = [json.loads(line) for line in invoke("plan", "--batch", str(batch), "--json").stdout.splitlines()]
+    assert [r["verdict"] for r in rows] == ["fits", "risky", "OOM", "invalid"]
+    assert [r["fits"] for r in rows] == [True, False, False, False] and rows[0]["max_oom_risk"] == 0.1
+    assert 0.1 < rows[1]["oom_probability"] <= 0.5 and rows[2]["oom_probability"] > 0.5
+    loose = invoke("plan", "--batch", str(batch), "--json", "--max-oom-risk", "0.5").stdout.splitlines()
+    assert [json.loads(line)["verdict"] for line in loose] == ["fits", "fits", "OOM", "invalid"]
+    table = " ".join(invoke("plan", "--batch", str(batch)).output.split())
+    assert all(word in table for word in ("fits", "risky", "OOM", "invalid"))
+
+
 def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     from tunebench.commands.main import main
 

@@ -465,7 +465,10 @@ def test_plan_verdict_is_risky_above_max_oom_risk_and_cost_has_a_currency():
     loose = " ".join(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--max-oom-risk", "0.5").output.split())
     assert "risky" not in loose and "fits (out-of-memory probability" in loose
     out = json.loads(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--json", "--price-per-gpu-hour", "2").stdout)
-    assert out["is_valid"] and not out["within_oom_risk"] and out["currency"] == "USD"
+    assert out["is_valid"] and out["verdict"] == "risky" and out["currency"] == "USD"
+    assert out["fits"] is False and out["max_oom_risk"] == 0.1  # fits means what recommend and max-batch mean
+    loose = json.loads(invoke("plan", LORA.id, *RISKY, "number_gpus=1", "--json", "--max-oom-risk", "0.5").stdout)
+    assert loose["verdict"] == "fits" and loose["fits"] is True
 
 
 def test_recommend_needs_a_gpu_model():

@@ -4,6 +4,8 @@ path, attention, adapter dtype, selective checkpointing and torch.compile, again
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from plan.test_memory import UNIT, states, workload
@@ -532,13 +534,15 @@ def test_the_new_rules_leave_every_catalog_model_and_gpu_at_its_defaults_valid()
 
 def test_recommend_gives_no_figures_for_a_variant_that_breaks_a_rule():
     from tunebench.plan.predictor import PlanOptions
-    from tunebench.plan.recommend import FIGURES, evaluate
+    from tunebench.plan.recommend import Candidate, evaluate
+
+    figures = [f.name for f in dataclasses.fields(Candidate) if f.type == "float"]  # every predicted figure
 
     exp = get_experiment("finetune_full_benchmark-v1.0.0")
     base = {"model_name": "smollm2-135m", "model_max_length": 512, "gpu_model": "A100", "number_nodes": 1}
     good, bad = evaluate(
         exp, [{**base, "number_gpus": 2, "batch_size": 2}, {**base, "number_gpus": 2, "batch_size": -2}], PlanOptions()
     )
-    assert all(np.isfinite(getattr(good, f)) for f in FIGURES)
-    assert not bad.fits and "rule 4" in bad.notes[0] and all(np.isnan(getattr(bad, f)) for f in FIGURES)
+    assert all(np.isfinite(getattr(good, f)) for f in figures)
+    assert not bad.fits and "rule 4" in bad.notes[0] and all(np.isnan(getattr(bad, f)) for f in figures)
     assert bad.to_dict()["dataset_tokens_per_second"] is None and bad.cost is None

@@ -134,7 +134,7 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
         return err
 
 
-def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
+def plan_batch(path: Path, kw: dict[str, Any], as_json: bool, max_oom_risk: float) -> int:
     """Plan every line of a JSONL file; a bad line becomes {"error": ...} at its place. Returns the exit code."""
     from tunebench.plan.predictor import plan_json, predict_many
 
@@ -149,7 +149,9 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool) -> int:
             rows.append((n, {"line": n, "error": str(item)}))
             continue
         r = next(results)
-        rows.append((n, {"line": n, "error": r.error} if r.status == "failed" else {"line": n, **plan_json(r)}))
+        rows.append(
+            (n, {"line": n, "error": r.error} if r.status == "failed" else {"line": n, **plan_json(r, max_oom_risk)})
+        )
     failed = sum("error" in o for _, o in rows)
     if as_json:
         for _, o in rows:
@@ -177,7 +179,7 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
         cells.append(
             [
                 str(n),
-                "fits" if o["is_valid"] else "invalid",
+                o["verdict"],
                 fmt(o.get("oom_probability"), 2),
                 fmt(o["gpu_memory_peak_gib"]),
                 fmt(o["train_tokens_per_second"], 0),
@@ -278,7 +280,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     if batch is not None:
         if experiment is not None:
             raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
-        code = plan_batch(batch, kw, as_json)
+        code = plan_batch(batch, kw, as_json, max_oom_risk)
         if code:
             raise typer.Exit(code=code)
         return
@@ -298,12 +300,10 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
 
         measured = measured_result(store, exp.id, entity.id)
     result = predict(exp, entity, **kw)
-    out = plan_json(result)
+    out = plan_json(result, max_oom_risk)
     from tunebench.spec.validity import platform_notes
 
     out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
-    out["max_oom_risk"] = max_oom_risk
-    out["within_oom_risk"] = out["is_valid"] and (out.get("oom_probability") or 0.0) <= max_oom_risk
     if out.get("cost") is not None:
         out["currency"] = currency
     if compare:

@@ -79,14 +79,17 @@ PEAK_PHASES = {
 
 
 def verdict(out: dict[str, Any], max_oom_risk: float) -> str:
-    """plan's one-line verdict: fits (with its out-of-memory probability and headroom), fits but above
-    the accepted risk, or invalid."""
+    """plan's one-line verdict (plan_json's): fits (with its out-of-memory probability and headroom), fits but
+    above the accepted risk, out of memory, or invalid."""
     p, headroom = out.get("oom_probability"), out.get("headroom_gib")
     room = "" if headroom is None else f", headroom {fmt(headroom, 1)} GiB"  # none on a CPU run
     risk = "" if p is None else f" (out-of-memory probability {p:.3f}{room})"
-    if not out["is_valid"]:
+    kind = out["verdict"]
+    if kind == "invalid":
         return "[red]invalid[/red]"
-    if p is not None and p > max_oom_risk:
+    if kind == "OOM":
+        return f"[red]out of memory[/red]{risk}"
+    if kind == "risky":
         return f"[yellow]risky[/yellow]: fits{risk}, above --max-oom-risk {max_oom_risk:g}"
     return f"[green]fits[/green]{risk}"
 

@@ -111,8 +111,7 @@ def _predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]]
         if not isinstance(entity, Entity):
             entity = make_entity(experiment, entity)
         exp_id, values = _effective_values(experiment, entity, defaults)
-        validity = check_values(values, single_node_only=experiment.single_node_only)
-        prepared.append((exp_id, experiment, entity, values, validity.reasons))
+        prepared.append((exp_id, experiment, entity, values))
         # group by experiment + the entity's own non-numeric values; the rest are the experiment's defaults
         # (entity values are canonical and hashable: tuples, not lists)
         keys.append(
@@ -122,8 +121,13 @@ def _predict_many(items: Iterable[tuple[Experiment, Entity | Mapping[str, Any]]]
                 *[kv for kv in entity.values.items() if kv[0] not in NUMERIC],
             )
         )
-    columns = predict_values([(e.method, v) for _, e, _, v, _ in prepared], opts, keys=keys)
-    return _results(columns, [(exp_id, entity.id, reasons) for exp_id, _, entity, _, reasons in prepared], opts)
+    columns = predict_values(
+        [(e.method, v) for _, e, _, v in prepared],
+        opts,
+        keys=keys,
+        single_node_only=[e.single_node_only for _, e, _, _ in prepared],
+    )
+    return _results(columns, [(exp_id, entity.id) for exp_id, _, entity, _ in prepared], opts)
 
 
 def _effective_values(
@@ -146,14 +150,18 @@ def predict_values(
     options: PlanOptions | None = None,
     model: ModelSpec | None = None,
     keys: Sequence[tuple] | None = None,
+    single_node_only: Sequence[bool] | bool = False,
 ) -> dict[str, Any]:
     """Core: (method, effective values) rows -> columns of predictions (numpy arrays, row order).
 
     The explorer can call this directly on a whole space; ``predict_many`` wraps it into Results.
-    Rows whose GPU is unknown (rule 5) get NaN predictions; a group the planner cannot size gets its
-    InputError in ``errors`` and NaN predictions, so one bad model never stops the others. ``keys``
-    (optional, one per row) replace ``workload.group_key`` for grouping: they may split groups further,
-    never merge rows whose group_key differs; callers that know a cheaper key pass it.
+    A row that breaks a validity rule (spec.validity, with its experiment's ``single_node_only``) has
+    the rules' reasons in ``rules`` and no figures: it cannot start, so numbers computed with a negative
+    batch or tp x sp beyond its GPUs would mean nothing. Rows whose GPU is unknown (rule 5) get NaN
+    predictions; a group the planner cannot size gets its InputError in ``errors`` and NaN predictions,
+    so one bad model never stops the others. ``keys`` (optional, one per row) replace
+    ``workload.group_key`` for grouping: they may split groups further, never merge rows whose group_key
+    differs; callers that know a cheaper key pass it.
     """
     opts = options or PlanOptions()
     cal = opts.calibration or load_calibration()
@@ -169,6 +177,10 @@ def predict_values(
     out["reasons"] = [[] for _ in range(n)]
     out["errors"] = [None] * n
     out["calibration"] = cal.source
+    single = [single_node_only] * n if isinstance(single_node_only, bool) else list(single_node_only)
+    out["rules"] = [
+        check_values(values, single_node_only=one).reasons for (_, values), one in zip(rows, single, strict=True)
+    ]
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (method, values) in enumerate(rows):
         if values.get("number_gpus", 0) > 0 and not values.get("gpu_model"):
@@ -181,7 +193,22 @@ def predict_values(
             for i in idx:
                 out["errors"][i] = err
     out["cost"] = out["gpu_hours"] * out["price_per_gpu_hour"]
+    _unplanned(out, [i for i, rules in enumerate(out["rules"]) if rules])
     return out
+
+
+def _unplanned(out: dict[str, Any], broken: list[int]) -> None:
+    """Rows that break a validity rule keep their rules, notes and data-set reading (padded tokens per sample),
+    and lose every figure: NaN, no breakdown, no reasons of their own (out of memory), not fitting."""
+    keep = ("padded_tokens_per_sample", "tokens_per_sample")
+    for k, col in out.items():
+        if isinstance(col, np.ndarray) and col.dtype.kind == "f" and k not in keep:
+            col[broken] = np.nan
+    for i in broken:
+        out["fits"][i] = False
+        out["peak_phase"][i] = ""
+        out["breakdown"][i] = None
+        out["reasons"][i] = []
 
 
 def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
@@ -420,7 +447,7 @@ def _group_notes(w) -> list[str]:
     return notes
 
 
-def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: PlanOptions) -> list[Result]:
+def _results(cols: dict[str, Any], ids: list[tuple[str, str]], opts: PlanOptions) -> list[Result]:
     """Columns -> one Result per entity (column-wise .tolist(), NaN as None: fast for large spaces)."""
     lists = {  # NaN -> None (v != v only for NaN)
         k: [None if v != v else v for v in np.asarray(cols[k], dtype=float).tolist()]
@@ -432,7 +459,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
     fits = cols["fits"].tolist()
     phase = cols["peak_phase"].tolist()
     out = []
-    for i, (experiment_id, entity_id, rule_reasons) in enumerate(ids):
+    for i, (experiment_id, entity_id) in enumerate(ids):
         if cols["errors"][i] is not None:
             err = cols["errors"][i]
             out.append(
@@ -441,11 +468,11 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str, list[str]]], opts: 
                 )
             )
             continue
-        if rule_reasons:
-            # an entity that breaks a validity rule cannot run, so nothing is planned for it: its numbers
-            # (computed with a negative batch, tp x sp beyond its GPUs, ...) would mean nothing
+        if cols["rules"][i]:  # breaks a validity rule: nothing is planned for it (predict_values)
             meta = {"calibration": cols["calibration"], "notes": cols["notes"][i], "planned": False, "fits": False}
-            out.append(Result.invalid(experiment_id, entity_id, list(rule_reasons), metadata=meta, actuator="predict"))
+            out.append(
+                Result.invalid(experiment_id, entity_id, list(cols["rules"][i]), metadata=meta, actuator="predict")
+            )
             continue
         predicted = dict(zip(PREDICTED, [col[i] for col in pred_lists], strict=True))
         meta: dict[str, Any] = dict(zip(meta_names, [col[i] for col in meta_lists], strict=True))
@@ -482,8 +509,12 @@ def oom_reason(meta: Mapping[str, Any]) -> str:
     )
 
 
-def plan_json(result: Result) -> dict[str, Any]:
-    """The `tunebench plan --json` object: the issue's keys first, then the explanation."""
+def plan_json(result: Result, max_oom_risk: float | None = None) -> dict[str, Any]:
+    """The `tunebench plan --json` object: the issue's keys first, then the explanation, then the verdict
+    (recommend.verdict_of at max_oom_risk, default DEFAULT_MAX_OOM_RISK) and ``fits``, which is the verdict
+    being fits, as in recommend's and max-batch's answers."""
+    from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
+
     meta = result.metadata
     pred = meta.get("predicted", {})
     out: dict[str, Any] = {
@@ -531,7 +562,23 @@ def plan_json(result: Result) -> dict[str, Any]:
         if key in meta:
             out[key] = _round(meta[key])
     out["planned"] = meta.get("planned", True)  # false: the entity breaks a validity rule, nothing is predicted
+    out["max_oom_risk"] = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
+    out["verdict"] = result_verdict(result, out["max_oom_risk"])
+    out["fits"] = out["verdict"] == "fits"
     return out
+
+
+def result_verdict(result: Result, max_oom_risk: float) -> str:
+    """recommend.verdict_of a predicted Result: blocked where nothing was planned (a validity rule) or where it has
+    a reason besides the out-of-memory one (_results adds that one exactly when the probability exceeds 0.5)."""
+    from tunebench.plan.recommend import verdict_of
+
+    if result.status == "failed":
+        return "invalid"
+    p = result.metadata.get("oom_probability")
+    oom = p is not None and p > 0.5
+    blocked = not result.metadata.get("planned", True) or len(result.reasons) > int(oom)
+    return verdict_of(p, blocked, max_oom_risk)
 
 
 def _round(v: Any) -> Any:

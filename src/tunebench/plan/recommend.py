@@ -18,14 +18,13 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
-from tunebench.spec.validity import check_values
 
 if TYPE_CHECKING:  # the planner (numpy, torch when tracing) loads when a recommendation runs, not with --help
     from tunebench.plan.predictor import PlanOptions
@@ -40,6 +39,19 @@ FALLBACK_TARGET_MODULES = ("q_proj", "v_proj")
 # One run in ten out of memory is the most a recommendation accepts by default: the planner's own
 # "fits" is a coin flip (probability <= 0.5), and an out-of-memory run wastes its whole start-up.
 DEFAULT_MAX_OOM_RISK = 0.10
+
+
+def verdict_of(oom_probability: float | None, blocked: bool, max_oom_risk: float) -> str:
+    """A job's verdict, one vocabulary for plan, --batch, --grid, max-batch and recommend: invalid (it breaks a
+    validity rule or exceeds the host's RAM: blocked), OOM (the planner's own verdict, out-of-memory
+    probability above 0.5), risky (it fits, at a probability above max_oom_risk), else fits. "fits" in every
+    JSON answer is this verdict being fits."""
+    if blocked:
+        return "invalid"
+    p = oom_probability if oom_probability is not None and math.isfinite(oom_probability) else 0.0
+    if p > 0.5:
+        return "OOM"
+    return "risky" if p > max_oom_risk else "fits"
 
 
 @dataclass
@@ -70,10 +82,6 @@ class Candidate:
             if isinstance(v, float):
                 out[k] = round(v, 4) if math.isfinite(v) else None
         return out
-
-
-# Candidate's predicted figures (its float fields): none for a variant that breaks a validity rule
-FIGURES = tuple(f.name for f in fields(Candidate) if f.type == "float")
 
 
 def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
@@ -109,37 +117,37 @@ def evaluate(
     options: PlanOptions,
     max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> list[Candidate]:
-    """Predict every variant (one vectorised pass); rule-breaking variants, and those whose
-    out-of-memory probability exceeds max_oom_risk, count as not fitting."""
+    """Predict every variant (one vectorised pass); rule-breaking variants (no figures: predict_values), and
+    those whose out-of-memory probability exceeds max_oom_risk, count as not fitting."""
     from tunebench.plan.predictor import predict_values
 
-    cols = predict_values([(experiment.method, v) for v in variants], options)
+    cols = predict_values(
+        [(experiment.method, v) for v in variants], options, single_node_only=experiment.single_node_only
+    )
     out = []
     for i, v in enumerate(variants):
-        valid = check_values(v, single_node_only=experiment.single_node_only)
-        cost = float(cols["cost"][i]) if math.isfinite(cols["cost"][i]) else None  # NaN: no price for this GPU
+        cost = float(cols["cost"][i]) if math.isfinite(cols["cost"][i]) else None  # NaN: no price, or a broken rule
         p_oom = float(cols["oom_probability"][i]) if math.isfinite(cols["oom_probability"][i]) else 0.0
-        candidate = Candidate(
-            number_gpus=v["number_gpus"],
-            number_nodes=v["number_nodes"],
-            batch_size=v["batch_size"],
-            fits=bool(cols["fits"][i]) and valid.is_valid and p_oom <= max_oom_risk,
-            gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
-            gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
-            gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
-            oom_probability=p_oom,
-            required_gib=float(cols["required_gib"][i]),
-            headroom_gib=float(cols["headroom_gib"][i]),
-            host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])),
-            dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
-            train_runtime=float(cols["train_runtime"][i]),
-            gpu_hours=float(cols["gpu_hours"][i]),
-            cost=cost,
-            notes=list(valid.reasons) + list(cols["reasons"][i]),  # the rules, then out of host memory
+        out.append(
+            Candidate(
+                number_gpus=v["number_gpus"],
+                number_nodes=v["number_nodes"],
+                batch_size=v["batch_size"],
+                fits=verdict_of(p_oom, bool(cols["rules"][i] or cols["reasons"][i]), max_oom_risk) == "fits",
+                gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
+                gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
+                gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
+                oom_probability=p_oom if not cols["rules"][i] else math.nan,
+                required_gib=float(cols["required_gib"][i]),
+                headroom_gib=float(cols["headroom_gib"][i]),
+                host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])) if not cols["rules"][i] else math.nan,
+                dataset_tokens_per_second=float(cols["dataset_tokens_per_second"][i]),
+                train_runtime=float(cols["train_runtime"][i]),
+                gpu_hours=float(cols["gpu_hours"][i]),
+                cost=cost,
+                notes=list(cols["rules"][i]) + list(cols["reasons"][i]),  # the rules, then out of host memory
+            )
         )
-        if not valid.is_valid:  # breaks a rule, so it cannot start: its figures mean nothing (predictor._results)
-            candidate = replace(candidate, **dict.fromkeys(FIGURES, math.nan), cost=None)
-        out.append(candidate)
     return out
 
 
@@ -217,10 +225,10 @@ def diagnose(
     v = _variant(values, top, rounded_batch(batch, top), gpus_per_node)
     from tunebench.plan.predictor import predict_values
 
-    cols = predict_values([(experiment.method, v)], options)
+    cols = predict_values([(experiment.method, v)], options, single_node_only=experiment.single_node_only)
     breakdown = cols["breakdown"][0] or {}
     name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)
-    rules = check_values(v, single_node_only=experiment.single_node_only).reasons
+    rules = cols["rules"][0]
     if rules:  # it cannot start at all: the rules are why, and its memory figures would mean nothing
         return {"number_gpus": top, "rules": rules, "notes": list(cols["notes"][0])}
     return {

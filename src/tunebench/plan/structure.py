@@ -22,7 +22,8 @@ from tunebench import paths
 from tunebench.catalog import ModelSpec
 from tunebench.errors import InputError
 
-STRUCTURE_VERSION = 5  # 4: layer_types; 5: ssd_flops_per_token; bump when the extraction changes: old cache files are then ignored
+# bump when the extraction changes: old cache files are then ignored (4: layer_types; 5: ssd_flops_per_token)
+STRUCTURE_VERSION = 5
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from tunebench.plan.recommend import (
     Candidate,
     evaluate,
     method_values,
+    verdict_of,
 )
 from tunebench.spec.experiments import (
     Experiment,
@@ -102,13 +103,8 @@ class Point:
 
 
 def verdict(candidate: Candidate, max_oom_risk: float) -> str:
-    """fits, risky (the planner's fit at an out-of-memory probability above max_oom_risk), OOM (probability
-    above 0.5: the planner's own verdict) or invalid (a validity rule, or the host's RAM: candidate.notes)."""
-    if candidate.fits:
-        return "fits"
-    if candidate.notes:
-        return "invalid"
-    return "OOM" if candidate.oom_probability > 0.5 else "risky"
+    """recommend.verdict_of a candidate: its notes are the rules it breaks and the host's RAM it exceeds."""
+    return verdict_of(candidate.oom_probability, bool(candidate.notes), max_oom_risk)
 
 
 def plan_grid(
