@@ -250,6 +250,35 @@ def test_a_length_past_the_models_context_is_planned_with_a_note():
     assert not any("context" in n for n in within.metadata["notes"])
 
 
+def test_samples_shorter_than_model_max_length_are_planned_at_their_length_with_a_note():
+    """news-tokens-16384plus entries are about 20,800 tokens; news-chars-512 entries far fewer; granite-20b-v2's
+    tokenizer cuts at 8,192 (ado's sfttrainer_model_hashes.json)."""
+    job = {
+        "model_name": "llama3.1-8b",
+        "number_gpus": 8,
+        "batch_size": 8,
+        "gpu_model": "A100",
+        "model_max_length": 32768,
+    }
+    long, short, fitting = predict_many(
+        [
+            (LORA, job),
+            (LORA, {**job, "model_max_length": 4096, "dataset_id": "news-chars-512-entries-4096"}),
+            (LORA, {**job, "model_max_length": 4096}),
+        ]
+    )
+    note = [n for n in long.metadata["notes"] if "shorter than model_max_length 32,768" in n]
+    assert note and "dataset_id news-tokens-16384plus-entries-4096 are about 20," in note[0]
+    assert long.metadata["tokens_per_sample"] == pytest.approx(
+        float(note[0].split("about ")[1].split()[0].replace(",", "")), abs=1
+    )
+    assert any("shorter than model_max_length 4,096: planned at their length" in n for n in short.metadata["notes"])
+    assert not any("shorter than" in n or "tokenizer" in n for n in fitting.metadata["notes"])
+    cut = predict(FULL, {**job, "model_name": "granite-20b-v2", "model_max_length": 16384})
+    assert any("tokenizer cuts samples at 8,192 tokens" in n for n in cut.metadata["notes"])
+    assert not any("shorter than" in n for n in cut.metadata["notes"])  # 8,192 is the cap the data set fills
+
+
 @pytest.mark.slow
 def test_a_mamba_hybrid_is_planned_with_mamba_ssms_kernel_on_gpus_and_attention_does_not_flip_it():
     """granite-4.0-h-tiny (36 Mamba-2, 4 attention layers): on a GPU its Mamba layers are planned as

@@ -384,38 +384,43 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
 
 
 def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
-    """A model_max_length past the model's context (max_position_embeddings) is planned as asked, with a note
-    (only the entities past it are visited: a hot path for 100,000-entity plans)."""
+    """Notes where a sample is not model_max_length tokens long: past the model's context (max_position_embeddings,
+    planned as asked), cut shorter by the model's tokenizer, or shorter in the data set (planned at the data
+    set's length). Only the entities concerned are visited: a hot path for 100,000-entity plans."""
+    asked = np.broadcast_to(np.asarray(w.max_length), (w.size,))
     limit = w.structure.max_position
-    if not limit:
-        return
-    for j in np.flatnonzero(np.asarray(w.max_length) > limit):
-        i, asked = idx[j], int(w.max_length[j])
-        out["notes"][i] = [
-            *out["notes"][i],
-            f"model_max_length {asked:,} exceeds the model's context ({limit:,} positions): planned as "
-            "asked, but the model was not trained that long",
-        ]
-
-
-def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
-    """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: its need (the
-    allocated peak + fragmentation, as a GPU's) above the RAM
-    (host_memory_gib, else this machine's, the host a CPU plan is timed on too, within a container's
-    memory limit) it does not fit."""
-    if node_gib is None:
-        from tunebench.limits import total_memory
-
-        node_gib, source = total_memory() / 2**30, "this machine's RAM"
-    else:
-        source = "host_memory_gib"
-    for j, i in enumerate(idx):
-        if float(need_gib[j]) > node_gib:
-            out["reasons"][i].append(
-                f"out of host memory: the CPU run needs {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
-                f"({source})"
+    if limit:
+        for j in np.flatnonzero(asked > limit):
+            _add_note(
+                out,
+                idx[j],
+                f"model_max_length {int(asked[j]):,} exceeds the model's context ({limit:,} positions): planned as "
+                "asked, but the model was not trained that long",
             )
-            out["fits"][i] = False
+    cap = w.tokenizer_max_length()
+    if cap:
+        for j in np.flatnonzero(asked > cap):
+            _add_note(
+                out,
+                idx[j],
+                f"{w.model.name}'s tokenizer cuts samples at {cap:,} tokens (its model_max_length): planned at "
+                f"{cap:,}, not at model_max_length {int(asked[j]):,}",
+            )
+    if w.lengths is not None:  # the user's samples: their own note says how long they are
+        return
+    real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
+    for j in np.flatnonzero(real < np.minimum(asked, cap or np.inf) - 0.5):
+        _add_note(
+            out,
+            idx[j],
+            f"the samples of dataset_id {w.dataset.id} are about {real[j]:,.0f} tokens, shorter than "
+            f"model_max_length {int(asked[j]):,}: planned at their length (memory for {int(asked[j]):,}-token "
+            "samples needs a data set of samples that long)",
+        )
+
+
+def _add_note(out: dict[str, Any], i: int, note: str) -> None:
+    out["notes"][i] = [*out["notes"][i], note]
 
 
 def _group_notes(w) -> list[str]:
