@@ -57,8 +57,8 @@ def plan(
     keeps the input's index and columns and adds: experiment_id, entity_id, status (valid | invalid),
     is_valid, reasons (``; ``-joined), every predicted property (tunebench.plan.PREDICTED: peak
     memory in GiB per GPU, tokens/s, runtime s, ...) whether or not the job fits, verdict (fits; risky: it
-    fits at an out-of-memory probability above max_oom_risk, default 0.10 as in recommend(); OOM; invalid),
-    fits (the verdict is fits) and PLAN_DETAILS.
+    fits at an out-of-memory probability above max_oom_risk, default 0.10 as in recommend(); OOM; invalid;
+    failed: the planner could not size it), fits (the verdict is fits) and PLAN_DETAILS.
     Cost is in USD at the GPU catalog's list price unless price_per_gpu_hour is given. Your data's sample
     lengths (tunebench.plan.lengths): avg_tokens (mean tokens per sample) or lengths (a JSON-lines file
     of samples, counted with each model's tokenizer) set time, throughput and cost; peak memory still

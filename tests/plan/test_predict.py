@@ -277,6 +277,14 @@ def test_samples_shorter_than_model_max_length_are_planned_at_their_length_with_
     cut = predict(FULL, {**job, "model_name": "granite-20b-v2", "model_max_length": 16384})
     assert any("tokenizer cuts samples at 8,192 tokens" in n for n in cut.metadata["notes"])
     assert not any("shorter than" in n for n in cut.metadata["notes"])  # 8,192 is the cap the data set fills
+    assert not any("context" in n for n in cut.metadata["notes"])  # cut at its context, 8,192
+    # samples that never reach the tokenizer's limit: no word of it; memory is for the cut length at most
+    short = predict(
+        FULL,
+        {**job, "model_name": "granite-20b-v2", "model_max_length": 16384, "dataset_id": "news-chars-512-entries-4096"},
+    )
+    assert not any("tokenizer" in n for n in short.metadata["notes"])
+    assert any("memory for 8,192-token samples" in n for n in short.metadata["notes"])
 
 
 @pytest.mark.slow

@@ -192,6 +192,7 @@ def predict_values(
         except InputError as err:
             for i in idx:
                 out["errors"][i] = err
+                out["fits"][i] = False  # nothing sized, nothing fits
     out["cost"] = out["gpu_hours"] * out["price_per_gpu_hour"]
     _unplanned(out, [i for i, rules in enumerate(out["rules"]) if rules])
     return out
@@ -384,43 +385,70 @@ def _check_host_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray
 
 
 def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
-    """Notes where a sample is not model_max_length tokens long: past the model's context (max_position_embeddings,
-    planned as asked), cut shorter by the model's tokenizer, or shorter in the data set (planned at the data
-    set's length). Only the entities concerned are visited: a hot path for 100,000-entity plans."""
+    """Notes where a sample is not model_max_length tokens long: cut shorter by the model's tokenizer (where the
+    samples reach its limit), past the model's context (max_position_embeddings: planned as asked), or shorter
+    in the data set (planned at the data set's length). Only the entities concerned are visited: a hot path for
+    100,000-entity plans."""
     asked = np.broadcast_to(np.asarray(w.max_length), (w.size,))
+    cut = np.broadcast_to(w.length_limit(), (w.size,))  # model_max_length, or the tokenizer's when smaller
+    mine = w.lengths  # the user's own samples: their note says how long they are
+    if mine is not None:  # a mean alone gives no longest sample: memory is sized at the cut
+        reach = max(mine.counts) >= cut if mine.longest_known else np.ones(w.size, dtype=bool)
+    else:
+        real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
+        reach = real >= cut - 0.5
+    for j in np.flatnonzero((asked > cut) & reach):
+        _add_note(
+            out,
+            idx[j],
+            f"{w.model.name}'s tokenizer cuts samples at {int(cut[j]):,} tokens (its model_max_length): planned "
+            f"at {int(cut[j]):,}, not at model_max_length {int(asked[j]):,}",
+        )
     limit = w.structure.max_position
     if limit:
-        for j in np.flatnonzero(asked > limit):
+        for j in np.flatnonzero(cut > limit):
+            length = f"model_max_length {int(asked[j]):,}" if cut[j] == asked[j] else f"the tokenizer's {int(cut[j]):,}"
             _add_note(
                 out,
                 idx[j],
-                f"model_max_length {int(asked[j]):,} exceeds the model's context ({limit:,} positions): planned as "
-                "asked, but the model was not trained that long",
+                f"{length} exceeds the model's context ({limit:,} positions): planned as asked, but the model was "
+                "not trained that long",
             )
-    cap = w.tokenizer_max_length()
-    if cap:
-        for j in np.flatnonzero(asked > cap):
-            _add_note(
-                out,
-                idx[j],
-                f"{w.model.name}'s tokenizer cuts samples at {cap:,} tokens (its model_max_length): planned at "
-                f"{cap:,}, not at model_max_length {int(asked[j]):,}",
-            )
-    if w.lengths is not None:  # the user's samples: their own note says how long they are
+    if mine is not None:
         return
-    real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
-    for j in np.flatnonzero(real < np.minimum(asked, cap or np.inf) - 0.5):
+    # padding adds at most 1 % to a data set's sample (Workload.sample_tokens): shorter by more, the plan is too
+    for j in np.flatnonzero(real * 1.01 < cut - 0.5):
         _add_note(
             out,
             idx[j],
             f"the samples of dataset_id {w.dataset.id} are about {real[j]:,.0f} tokens, shorter than "
-            f"model_max_length {int(asked[j]):,}: planned at their length (memory for {int(asked[j]):,}-token "
+            f"model_max_length {int(asked[j]):,}: planned at their length (memory for {int(cut[j]):,}-token "
             "samples needs a data set of samples that long)",
         )
 
 
 def _add_note(out: dict[str, Any], i: int, note: str) -> None:
     out["notes"][i] = [*out["notes"][i], note]
+
+
+def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray, node_gib: float | None) -> None:
+    """A CPU run (number_gpus=0) keeps its weights, states and activations in the host's RAM: its need (the
+    allocated peak + fragmentation, as a GPU's) above the RAM
+    (host_memory_gib, else this machine's, the host a CPU plan is timed on too, within a container's
+    memory limit) it does not fit."""
+    if node_gib is None:
+        from tunebench.limits import total_memory
+
+        node_gib, source = total_memory() / 2**30, "this machine's RAM"
+    else:
+        source = "host_memory_gib"
+    for j, i in enumerate(idx):
+        if float(need_gib[j]) > node_gib:
+            out["reasons"][i].append(
+                f"out of host memory: the CPU run needs {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
+                f"({source})"
+            )
+            out["fits"][i] = False
 
 
 def _group_notes(w) -> list[str]:
@@ -578,8 +606,8 @@ def result_verdict(result: Result, max_oom_risk: float) -> str:
     a reason besides the out-of-memory one (_results adds that one exactly when the probability exceeds 0.5)."""
     from tunebench.plan.recommend import verdict_of
 
-    if result.status == "failed":
-        return "invalid"
+    if result.status == "failed":  # the planner could not size it (its error says why)
+        return "failed"
     p = result.metadata.get("oom_probability")
     oom = p is not None and p > 0.5
     blocked = not result.metadata.get("planned", True) or len(result.reasons) > int(oom)
