@@ -275,6 +275,29 @@ def test_fms_foak_records_of_4bit_bases_state_fused_lora():
     assert all("fused_lora" not in r.values for r in recs if r not in foak)
 
 
+def test_unpacked_fms_runs_count_tokens_per_sample_as_their_padding_does():
+    """HF counts input_ids.numel(): the MoE file's padded runs about 278 tokens a sample, its padding-free runs
+    about 194. Each run carries its own mode's mean; a padding-free run is no duplicate of the padded one."""
+    from tunebench.spec.runs import fms_row_records
+
+    def row(framework, tps, sps):
+        return {"framework_config": framework, "model_name_or_path": "ibm-granite/granite-3.0-3b-a800m-instruct",
+                "num_gpus": "1", "per_device_train_batch_size": "8", "gradient_accumulation_steps": "16",
+                "torch_dtype": "bfloat16", "train_tokens_per_second": tps, "train_steps_per_second": sps,
+                "mem_nvidia_mem_reserved": "49462"}  # fmt: skip
+
+    rows = [row("moe-scattermoe-granite-ep1", "5440.927", "0.152"),
+            row("moe-scattermoe-granite-ep1-padding-free", "5741.041", "0.231"),
+            row("moe-scattermoe-granite-ep1-padding-free-foak", "6215.913", "0.251"),
+            row("moe-scattermoe-granite-ep1-padding-free-foak", "", "")]  # fmt: skip
+    padded, free, foak, failed = (r.values["_tokens_per_sample"] for r in fms_row_records(rows, "refs_moe.csv"))
+    assert padded == pytest.approx(5440.927 / 0.152 / 16 / 8)  # 279.7
+    assert free == foak == failed == pytest.approx((5741.041 / 0.231 + 6215.913 / 0.251) / 2 / 16 / 8)  # 194
+    shipped = [r for r in default_records() if "moe" in r.source and "granite-3.0" in r.values["model_name"]]
+    counts = sorted({round(r.values["_tokens_per_sample"]) for r in shipped})
+    assert len(counts) == 2 and 190 < counts[0] < 200 and 275 < counts[1] < 282
+
+
 def test_near_limit_misses_are_the_wrong_verdicts_the_near_limit_accuracy_counts():
     """The accuracy benchmark lists each wrong verdict near the limit: exactly the runs that near-limit accuracy
     counts as wrong, each a run near the limit with a known verdict the prediction contradicts; a prediction

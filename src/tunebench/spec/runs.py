@@ -133,7 +133,8 @@ def read_fms_csv(path: str | Path) -> list[Record]:
     """Records from a CSV in the fms-acceleration benchmark layout (see module docstring).
 
     Unpacked runs (orca-math, MoE) carry their measured tokens per sample; a failed unpacked run takes
-    that of the successful runs of the same model in the same file (same data, same tokenizer).
+    that of the successful runs of the same model in the same file, padded or padding-free as it is (same
+    data, same tokenizer, same count: _tokens_key).
     """
     path = Path(path)
     with path.open(newline="") as fh:
@@ -148,7 +149,7 @@ def fms_row_records(rows: list[Mapping[str, str]], file_name: str) -> list[Recor
     unpacked run whose tokens per sample nothing in the file tells."""
     gpu = "NVIDIA-L40" if "l40" in file_name.lower() else "NVIDIA-A100-SXM4-80GB"
     unpacked = "orca" in file_name or "moe" in file_name
-    tokens: dict[str, list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, bool], list[float]] = defaultdict(list)
     for row in rows:
         tps, sps = _f(row, "train_tokens_per_second"), _f(row, "train_steps_per_second")
         if unpacked and tps and sps:
@@ -158,12 +159,20 @@ def fms_row_records(rows: list[Mapping[str, str]], file_name: str) -> list[Recor
                 / (_f(row, "gradient_accumulation_steps") or 1)
                 / (_f(row, "per_device_train_batch_size") or 1)
             )
-            tokens[fms_model(row, file_name)].append(per_sample)
+            tokens[_tokens_key(row, file_name)].append(per_sample)
     out = []
     for row in rows:
-        known = tokens.get(fms_model(row, file_name))
+        known = tokens.get(_tokens_key(row, file_name))
         out.append(_fms_row(row, gpu, sum(known) / len(known) if (unpacked and known) else None, file_name))
     return out
+
+
+def _tokens_key(row: Mapping[str, str], file_name: str) -> tuple[str, bool]:
+    """Runs whose tokens per sample are alike: one model, padded or not. HF's tokens/s counts input_ids.numel()
+    (transformers Trainer.num_tokens), so a padded batch counts its padding and fms-acceleration's padding-free
+    plugin (framework_config ...-padding-free: one row of the samples' real tokens) counts none: the MoE file's
+    padded runs count about 278 tokens a sample, its padding-free runs of the same data about 194."""
+    return fms_model(row, file_name), "padding-free" in (row.get("framework_config") or "")
 
 
 def fms_model(row: Mapping[str, str], source: str) -> str:
