@@ -277,7 +277,8 @@ def test_fms_foak_records_of_4bit_bases_state_fused_lora():
 
 def test_unpacked_fms_runs_count_tokens_per_sample_as_their_padding_does():
     """HF counts input_ids.numel(): the MoE file's padded runs about 278 tokens a sample, its padding-free runs
-    about 194. Each run carries its own mode's mean; a padding-free run is no duplicate of the padded one."""
+    about 194; orca-math's padded runs more the more samples a batch pads to its longest. Each run carries the
+    mean of its model, padding and per-device batch; a padding-free run is no duplicate of the padded one."""
     from tunebench.spec.runs import fms_row_records
 
     def row(framework, tps, sps):
@@ -296,6 +297,10 @@ def test_unpacked_fms_runs_count_tokens_per_sample_as_their_padding_does():
     shipped = [r for r in default_records() if "moe" in r.source and "granite-3.0" in r.values["model_name"]]
     counts = sorted({round(r.values["_tokens_per_sample"]) for r in shipped})
     assert len(counts) == 2 and 190 < counts[0] < 200 and 275 < counts[1] < 282
+    orca = [r for r in default_records() if "orca_a100_80gb_pf" in r.source and "fast_kernels" not in r.values]
+    by_batch = {(r.values["batch_size"] // r.values["number_gpus"], r.values["_tokens_per_sample"] < 700) for r in orca}
+    padded = sorted(r.values["_tokens_per_sample"] for r in orca if r.values["_tokens_per_sample"] > 700)
+    assert {b for b, free in by_batch if not free} == {2, 4, 8} and padded[0] < 750 and padded[-1] > 1000
 
 
 def test_near_limit_misses_are_the_wrong_verdicts_the_near_limit_accuracy_counts():

@@ -133,8 +133,8 @@ def read_fms_csv(path: str | Path) -> list[Record]:
     """Records from a CSV in the fms-acceleration benchmark layout (see module docstring).
 
     Unpacked runs (orca-math, MoE) carry their measured tokens per sample; a failed unpacked run takes
-    that of the successful runs of the same model in the same file, padded or padding-free as it is (same
-    data, same tokenizer, same count: _tokens_key).
+    that of the successful runs of the same model, padding and per-device batch in the same file (same data,
+    same tokenizer, same count: _tokens_key).
     """
     path = Path(path)
     with path.open(newline="") as fh:
@@ -167,12 +167,15 @@ def fms_row_records(rows: list[Mapping[str, str]], file_name: str) -> list[Recor
     return out
 
 
-def _tokens_key(row: Mapping[str, str], file_name: str) -> tuple[str, bool]:
-    """Runs whose tokens per sample are alike: one model, padded or not. HF's tokens/s counts input_ids.numel()
-    (transformers Trainer.num_tokens), so a padded batch counts its padding and fms-acceleration's padding-free
-    plugin (framework_config ...-padding-free: one row of the samples' real tokens) counts none: the MoE file's
-    padded runs count about 278 tokens a sample, its padding-free runs of the same data about 194."""
-    return fms_model(row, file_name), "padding-free" in (row.get("framework_config") or "")
+def _tokens_key(row: Mapping[str, str], file_name: str) -> tuple[str, bool, float | None]:
+    """Runs whose tokens per sample are alike: one model, padded or not, one per-device batch. HF's tokens/s
+    counts input_ids.numel() (transformers Trainer.num_tokens): a padded batch counts its padding, up to its
+    longest sample, so the more samples a batch the more (orca-math: 737, 884 and 1,048 tokens a sample at 2, 4
+    and 8), and fms-acceleration's padding-free plugin (framework_config ...-padding-free: one row of the samples'
+    real tokens) counts none (orca-math: about 578 at every batch; the MoE file's padded runs about 278 a sample,
+    its padding-free runs about 194)."""
+    free = "padding-free" in (row.get("framework_config") or "")
+    return fms_model(row, file_name), free, _f(row, "per_device_train_batch_size")
 
 
 def fms_model(row: Mapping[str, str], source: str) -> str:
