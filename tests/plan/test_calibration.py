@@ -282,15 +282,24 @@ def test_unpacked_fms_runs_count_tokens_per_sample_as_their_padding_does():
     from tunebench.spec.runs import fms_row_records
 
     def row(framework, tps, sps):
-        return {"framework_config": framework, "model_name_or_path": "ibm-granite/granite-3.0-3b-a800m-instruct",
-                "num_gpus": "1", "per_device_train_batch_size": "8", "gradient_accumulation_steps": "16",
-                "torch_dtype": "bfloat16", "train_tokens_per_second": tps, "train_steps_per_second": sps,
-                "mem_nvidia_mem_reserved": "49462"}  # fmt: skip
+        return {
+            "framework_config": framework,
+            "model_name_or_path": "ibm-granite/granite-3.0-3b-a800m-instruct",
+            "num_gpus": "1",
+            "per_device_train_batch_size": "8",
+            "gradient_accumulation_steps": "16",
+            "torch_dtype": "bfloat16",
+            "train_tokens_per_second": tps,
+            "train_steps_per_second": sps,
+            "mem_nvidia_mem_reserved": "49462",
+        }
 
-    rows = [row("moe-scattermoe-granite-ep1", "5440.927", "0.152"),
-            row("moe-scattermoe-granite-ep1-padding-free", "5741.041", "0.231"),
-            row("moe-scattermoe-granite-ep1-padding-free-foak", "6215.913", "0.251"),
-            row("moe-scattermoe-granite-ep1-padding-free-foak", "", "")]  # fmt: skip
+    rows = [
+        row("moe-scattermoe-granite-ep1", "5440.927", "0.152"),
+        row("moe-scattermoe-granite-ep1-padding-free", "5741.041", "0.231"),
+        row("moe-scattermoe-granite-ep1-padding-free-foak", "6215.913", "0.251"),
+        row("moe-scattermoe-granite-ep1-padding-free-foak", "", ""),
+    ]
     padded, free, foak, failed = (r.values["_tokens_per_sample"] for r in fms_row_records(rows, "refs_moe.csv"))
     assert padded == pytest.approx(5440.927 / 0.152 / 16 / 8)  # 279.7
     assert free == foak == failed == pytest.approx((5741.041 / 0.231 + 6215.913 / 0.251) / 2 / 16 / 8)  # 194
