@@ -329,22 +329,14 @@ def test_a_config_that_cannot_be_built_is_one_line_and_exit_2(tmp_path, capsys, 
 
     bad = _phi3_without_factors(tmp_path)
     monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path / "home"))
-    code = main(
-        [
-            "plan",
-            LORA,
-            f"model_name={bad}",
-            "model_max_length=512",
-            "number_gpus=1",
-            "batch_size=1",
-            "gpu_model=A100",
-            "target_modules=qkv_proj",
-        ]
-    )
-    out, err = capsys.readouterr()
-    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
-    assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "Traceback" not in err
-    assert "long_factor" in err
+    job = [f"model_name={bad}", "model_max_length=512", "batch_size=1", "gpu_model=A100", "target_modules=qkv_proj"]
+    sweep = ["max-batch", str(bad), "--gpu-model", "A100", "--model-max-length", "512", "target_modules=qkv_proj"]
+    for command in (["plan", LORA, *job, "number_gpus=1"], ["recommend", LORA, *job], sweep):
+        code = main(command)
+        out, err = capsys.readouterr()
+        assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, (command, code, out, err)
+        assert err.startswith(f"error: model_name: {bad}: the phi3 model cannot be built") and "long_factor" in err
+        assert out == "" or command[0] != "plan", out  # recommend says what it sizes before it finds out
 
 
 @pytest.mark.parametrize(

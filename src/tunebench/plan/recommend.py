@@ -124,6 +124,7 @@ def evaluate(
     cols = predict_values(
         [(experiment.method, v) for v in variants], options, single_node_only=experiment.single_node_only
     )
+    _raise_sizing_error(cols)
     out = []
     for i, v in enumerate(variants):
         cost = float(cols["cost"][i]) if math.isfinite(cols["cost"][i]) else None  # NaN: no price, or a broken rule
@@ -149,6 +150,14 @@ def evaluate(
             )
         )
     return out
+
+
+def _raise_sizing_error(cols: Mapping[str, Any]) -> None:
+    """The InputError of a variant the planner could not size (its model: every variant shares it), raised: a
+    recommendation of figures it does not have would be nonsense (predict_values keeps it per row)."""
+    error = next((e for e in cols["errors"] if e is not None), None)
+    if error is not None:
+        raise error
 
 
 def tried_counts(batch: int, gpus_per_node: int, max_gpus: int) -> list[int]:
@@ -226,6 +235,7 @@ def diagnose(
     from tunebench.plan.predictor import predict_values
 
     cols = predict_values([(experiment.method, v)], options, single_node_only=experiment.single_node_only)
+    _raise_sizing_error(cols)
     breakdown = cols["breakdown"][0] or {}
     name, gib = max(breakdown.items(), key=lambda kv: kv[1]) if breakdown else (None, math.nan)
     rules = cols["rules"][0]
