@@ -179,6 +179,21 @@ def test_max_batch_command(capsys, monkeypatch):
     assert f"largest batch_size that fits: {out['largest']}" in text and f"at {out['next']}:" in text
 
 
+def test_max_commands_take_their_options_as_properties_too(capsys):
+    """gpu_model=, number_gpus=, model_max_length= (max-batch) and batch_size= (max-length) as KEY=VALUE, as
+    plan takes them: the same job as the options give."""
+    as_options = ["--gpu-model", "L40S", "--number-gpus", "2", "--model-max-length", "2048", "--json"]
+    assert main(["max-batch", "llama-3.1-8b", *as_options]) == 0
+    options = json.loads(capsys.readouterr().out)
+    assert (
+        main(["max-batch", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=2", "model_max_length=2048", "--json"]) == 0
+    )
+    properties = json.loads(capsys.readouterr().out)
+    assert properties == options and options["job"]["number_gpus"] == 2 and options["largest"] % 2 == 0
+    assert main(["max-length", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job"]["batch_size"] == 2  # one sample per GPU
+
+
 def test_max_length_command(capsys):
     assert (
         main(
@@ -209,6 +224,9 @@ def test_max_length_command(capsys):
         (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "model_name=x"], "model_name"),
         (["max-length", "no-such-model", "--gpu-model", "L40S"], "model_name"),
         (["max-length", "llama-3.1-8b", "--gpu-model", "L40S", "--max-oom-risk", "2"], "--max-oom-risk"),
+        (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "gpu_model=H100"], "gpu_model"),
+        (["max-batch", "llama-3.1-8b", "--model-max-length", "512", "model_max_length=1024"], "model_max_length"),
+        (["max-length", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=two"], "number_gpus"),
     ],
 )
 def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):

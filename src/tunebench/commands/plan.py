@@ -460,20 +460,32 @@ Model = Annotated[
 ]
 # entity values: checked with the entity (its properties' domains and validity rules), named by property
 GPUModel = Annotated[
-    str, option(str, "--gpu-model", help="The GPU (a name from `tunebench gpus`).", show_default=False)
+    str | None,
+    option(str, "--gpu-model", help="The GPU (a name from `tunebench gpus`; or gpu_model=NAME).", show_default=False),
 ]
 Method = Annotated[str, option(str, "--method", help="full | lora | qlora (the benchmark experiment of the method).")]
-GPUs = Annotated[int, option(int, "--number-gpus", help="GPUs the job runs on.")]
+GPUs = Annotated[
+    int | None,
+    option(int, "--number-gpus", help="GPUs the job runs on (default 1; or number_gpus=N).", show_default=False),
+]
 
 
 @with_gpu_options
 def max_batch(
     model: Model,
     props: Props = None,
-    gpu_model: GPUModel = ...,  # type: ignore[assignment]
+    gpu_model: GPUModel = None,
     method: Method = "lora",
-    number_gpus: GPUs = 1,
-    model_max_length: Annotated[int, option(int, "--model-max-length", help="Tokens per sequence.")] = 4096,
+    number_gpus: GPUs = None,
+    model_max_length: Annotated[
+        int | None,
+        option(
+            int,
+            "--model-max-length",
+            help="Tokens per sequence (default 4096; or model_max_length=N).",
+            show_default=False,
+        ),
+    ] = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     price: Price = None,
     currency: Currency = "USD",
@@ -493,6 +505,7 @@ def max_batch(
         method,
         number_gpus,
         {"model_max_length": model_max_length},
+        {"model_max_length": 4096},
         max_oom_risk,
         price,
         currency,
@@ -507,11 +520,11 @@ def max_batch(
 def max_length(
     model: Model,
     props: Props = None,
-    gpu_model: GPUModel = ...,  # type: ignore[assignment]
+    gpu_model: GPUModel = None,
     method: Method = "lora",
-    number_gpus: GPUs = 1,
+    number_gpus: GPUs = None,
     batch_size: Annotated[
-        int | None, option(int, "--batch-size", help="Sequences per step (default: one per GPU).")
+        int | None, option(int, "--batch-size", help="Sequences per step (default: one per GPU; or batch_size=N).")
     ] = None,
     max_oom_risk: MaxOomRisk = DEFAULT_MAX_OOM_RISK,
     price: Price = None,
@@ -531,7 +544,8 @@ def max_length(
         gpu_model,
         method,
         number_gpus,
-        {"batch_size": batch_size or max(1, number_gpus)},
+        {"batch_size": batch_size},
+        {},
         max_oom_risk,
         price,
         currency,
@@ -546,10 +560,11 @@ def largest_command(
     name: str,
     model: str,
     props: list[str] | None,
-    gpu_model: str,
+    gpu_model: str | None,
     method: str,
-    number_gpus: int,
+    number_gpus: int | None,
     fixed: dict[str, Any],
+    defaults: dict[str, Any],
     max_oom_risk: float,
     price: float | None,
     currency: str,
@@ -558,19 +573,31 @@ def largest_command(
     gpu: GPUOptions,
     host_memory: float | None = None,
 ) -> None:
-    """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output."""
+    """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output. An
+    option (None: not given) and its property as KEY=VALUE are one setting: either, not both; neither, its
+    default (defaults, number_gpus 1; max-length's batch_size one per GPU)."""
     from tunebench.commands.printing import print_largest
     from tunebench.plan.sweep import largest, method_job, padded_tokens
+    from tunebench.spec.experiments import parse_value
 
     opts = planner_options(price, calibration, None, host_memory, currency=currency)
-    gpu.register(gpu_model)
     raw = parse_assignments(props or [])
-    given = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
-    for key in given:
-        if key in raw:
+    options = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
+    for key, value in options.items():
+        if value is not None and key in raw:
             raise InputError(key, "given twice: as an option and as KEY=VALUE")
+    given = {**{"number_gpus": 1, **defaults}, **raw, **{k: v for k, v in options.items() if v is not None}}
+    if not given.get("gpu_model"):
+        raise InputError(
+            "--gpu-model", "is required: the GPU to size the job for", allowed="--gpu-model NAME or gpu_model=NAME"
+        )
+    gpu.register(str(given["gpu_model"]))
+    number_gpus = parse_value("number_gpus", given["number_gpus"])
+    given["number_gpus"] = number_gpus
+    if name == "model_max_length" and given.get("batch_size") is None:
+        given["batch_size"] = max(1, number_gpus)  # one sample per GPU
     start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
-    exp, values, notes = method_job(method, {**given, name: start[name], **raw})
+    exp, values, notes = method_job(method, {**given, name: start[name]})
     found = largest(exp, values, name, opts, max_oom_risk)
     out = found.to_dict(max_oom_risk)
     if name == "model_max_length" and found.value:
@@ -587,7 +614,7 @@ def largest_command(
         "gpu_model": values["gpu_model"],
         "number_gpus": number_gpus,
         **{k: values[k] for k in fixed},
-        **raw,
+        **{k: v for k, v in raw.items() if k not in ("model_name", "gpu_model", "number_gpus", *fixed)},
     }
     out["notes"] = notes
     if price is not None:
