@@ -248,6 +248,10 @@ def test_a_length_past_the_models_context_is_planned_with_a_note():
         "model_max_length 16,384 exceeds the model's context (8,192 positions)" in n for n in past.metadata["notes"]
     )
     assert not any("context" in n for n in within.metadata["notes"])
+    # samples that stop short of the context: the length past it changes nothing, and the note says what does
+    short = predict(LORA, {**job, "model_max_length": 16384, "dataset_id": "news-chars-512-entries-4096"})
+    assert not any("context" in n for n in short.metadata["notes"])
+    assert any("shorter than model_max_length 16,384" in n for n in short.metadata["notes"])
 
 
 def test_samples_shorter_than_model_max_length_are_planned_at_their_length_with_a_note():

@@ -392,12 +392,13 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
     asked = np.broadcast_to(np.asarray(w.max_length), (w.size,))
     cut = np.broadcast_to(w.length_limit(), (w.size,))  # model_max_length, or the tokenizer's when smaller
     mine = w.lengths  # the user's own samples: their note says how long they are
-    if mine is not None:  # a mean alone gives no longest sample: memory is sized at the cut
-        reach = max(mine.counts) >= cut if mine.longest_known else np.ones(w.size, dtype=bool)
-    else:
-        real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
-        reach = real >= cut - 0.5
-    for j in np.flatnonzero((asked > cut) & reach):
+    if mine is None:
+        longest = np.broadcast_to(w.sample_tokens()[0], (w.size,))  # the data set's samples, as cut
+    elif mine.longest_known:
+        longest = np.minimum(max(mine.counts), cut)
+    else:  # a mean alone gives no longest sample: memory is sized at the cut
+        longest = cut
+    for j in np.flatnonzero((asked > cut) & (longest >= cut - 0.5)):
         _add_note(
             out,
             idx[j],
@@ -406,7 +407,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         )
     limit = w.structure.max_position
     if limit:
-        for j in np.flatnonzero(cut > limit):
+        for j in np.flatnonzero(longest > limit):
             length = f"model_max_length {int(asked[j]):,}" if cut[j] == asked[j] else f"the tokenizer's {int(cut[j]):,}"
             _add_note(
                 out,
@@ -417,11 +418,11 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
     if mine is not None:
         return
     # padding adds at most 1 % to a data set's sample (Workload.sample_tokens): shorter by more, the plan is too
-    for j in np.flatnonzero(real * 1.01 < cut - 0.5):
+    for j in np.flatnonzero(longest * 1.01 < cut - 0.5):
         _add_note(
             out,
             idx[j],
-            f"the samples of dataset_id {w.dataset.id} are about {real[j]:,.0f} tokens, shorter than "
+            f"the samples of dataset_id {w.dataset.id} are about {longest[j]:,.0f} tokens, shorter than "
             f"model_max_length {int(asked[j]):,}: planned at their length (memory for {int(cut[j]):,}-token "
             "samples needs a data set of samples that long)",
         )
