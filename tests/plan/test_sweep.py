@@ -227,6 +227,7 @@ def test_max_length_command(capsys):
         (["max-batch", "llama-3.1-8b", "--gpu-model", "L40S", "gpu_model=H100"], "gpu_model"),
         (["max-batch", "llama-3.1-8b", "--model-max-length", "512", "model_max_length=1024"], "model_max_length"),
         (["max-length", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=two"], "number_gpus"),
+        (["max-batch", "llama-3.1-8b", "gpu_model=L40S", "batch_size=8"], "batch_size"),
     ],
 )
 def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):

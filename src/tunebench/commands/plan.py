@@ -586,6 +586,8 @@ def largest_command(
     for key, value in options.items():
         if value is not None and key in raw:
             raise InputError(key, "given twice: as an option and as KEY=VALUE")
+    if name in raw:
+        raise InputError(name, "is what this command searches for: leave it out")
     given = {**{"number_gpus": 1, **defaults}, **raw, **{k: v for k, v in options.items() if v is not None}}
     if not given.get("gpu_model"):
         raise InputError(
