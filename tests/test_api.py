@@ -51,6 +51,10 @@ def test_plan_gives_one_row_per_entity_with_the_planners_predictions():
             assert row[name] == pytest.approx(result.metadata["predicted"][name])
         assert row["headroom_gib"] == pytest.approx(result.metadata["headroom_gib"])
     assert plans["verdict"].tolist() == ["fits", "OOM", "invalid"] and plans["fits"].tolist() == [True, False, False]
+    # max_oom_risk as the command line takes it: a number, or its text (checked, then a number)
+    assert api.plan(frame, LORA, max_oom_risk="0.5")["verdict"].tolist() == ["fits", "OOM", "invalid"]
+    with pytest.raises(InputError):
+        api.plan(frame, LORA, max_oom_risk="x")
     # an entity that breaks a rule cannot start: nothing is planned for it
     assert expected[2].metadata["planned"] is False and "predicted" not in expected[2].metadata
     assert plans.loc["rule", list(PREDICTED)].isna().all()

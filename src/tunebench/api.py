@@ -74,8 +74,9 @@ def plan(
     from tunebench.plan.predictor import result_verdict
     from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 
-    risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
-    parse(PlannerOptions, max_oom_risk=risk)
+    risk = parse(
+        PlannerOptions, max_oom_risk=DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
+    ).max_oom_risk
     from tunebench.spec.experiments import get_experiment, make_entity
 
     frame = entities if isinstance(entities, pd.DataFrame) else pd.DataFrame(list(entities))
@@ -156,11 +157,14 @@ def recommend(
     from tunebench.spec.experiments import get_experiment
     from tunebench.spec.results import finite
 
-    risk = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     check_recommend(gpus_per_node, max_gpus)
-    parse(
-        PlannerOptions, price=price_per_gpu_hour, network=network_gbps, host_memory=host_memory_gib, max_oom_risk=risk
-    )
+    risk = parse(
+        PlannerOptions,
+        price=price_per_gpu_hour,
+        network=network_gbps,
+        host_memory=host_memory_gib,
+        max_oom_risk=DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk,
+    ).max_oom_risk
     options = PlanOptions(
         calibration=load_calibration(calibration),
         price_per_gpu_hour=price_per_gpu_hour,

@@ -228,6 +228,8 @@ def test_max_length_command(capsys):
         (["max-batch", "llama-3.1-8b", "--model-max-length", "512", "model_max_length=1024"], "model_max_length"),
         (["max-length", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=two"], "number_gpus"),
         (["max-batch", "llama-3.1-8b", "gpu_model=L40S", "batch_size=8"], "batch_size"),
+        (["max-length", "llama-3.1-8b", "gpu_model=L40S", "batch_size=0"], "batch_size"),  # rule 4 at any length
+        (["max-length", "llama-3.1-8b", "gpu_model=L40S", "number_gpus=3", "batch_size=8"], "batch_size"),  # rule 1
     ],
 )
 def test_max_commands_bad_input_is_one_line_exit_2(capsys, args, field):

@@ -556,6 +556,20 @@ def max_length(
     )
 
 
+def _refuse_broken_rules(values: dict[str, Any], single_node_only: bool, searched: str) -> None:
+    """A job that breaks a validity rule whatever the searched property (batch_size=0, 8 samples over 3 GPUs for
+    max-length) is bad input: one line naming the rule's property, exit 2, before the search."""
+    import re
+
+    from tunebench.spec.validity import check_values
+
+    reasons = check_values(values, single_node_only=single_node_only).reasons
+    if reasons:
+        named = re.match(r"rule \d+: (\w+)", reasons[0])
+        field = named.group(1) if named and named.group(1) in values else "KEY=VALUE"
+        raise InputError(field, f"{reasons[0]}; {searched} is searched with the rest as given")
+
+
 def largest_command(
     name: str,
     model: str,
@@ -600,6 +614,7 @@ def largest_command(
         given["batch_size"] = max(1, number_gpus)  # one sample per GPU
     start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
     exp, values, notes = method_job(method, {**given, name: start[name]})
+    _refuse_broken_rules(values, exp.single_node_only, name)
     found = largest(exp, values, name, opts, max_oom_risk)
     out = found.to_dict(max_oom_risk)
     if name == "model_max_length" and found.value:
