@@ -320,16 +320,6 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             f"checkpointing {'on' if w.checkpointing else 'off'}; probe: {', '.join(probes)}; measured once, "
             f"cached in {paths.home() / CACHE_FILE}): throughput is this host's, not another's"
         )
-    if lengths is not None:
-        longest = (
-            f"its longest sample ({max(lengths.counts):,} tokens, capped at model_max_length)"
-            if lengths.longest_known
-            else "model_max_length (a mean gives no longest sample)"
-        )
-        notes.append(
-            f"samples as long as yours ({lengths.source}; mean {np.mean(lengths.counts):,.1f} tokens): "
-            f"time, throughput and cost use them; peak memory is sized for {longest}"
-        )
     if w.unmatched_target_modules:
         notes.append(f"target_modules {', '.join(w.unmatched_target_modules)} match no layer of {w.model.name}")
     no_sync_note = (
@@ -416,6 +406,23 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 "not trained that long",
             )
     if mine is not None:
+        real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
+        notes: dict[tuple[float, float, float], str] = {}  # one text per (mean, cut, asked): a sweep has a few
+        for j in range(w.size):
+            key = (float(real[j]), float(cut[j]), float(asked[j]))
+            if key not in notes:
+                limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
+                if mine.longest_known:
+                    size = f"its longest sample ({max(mine.counts):,} tokens, capped at {limit_text})"
+                else:
+                    size = f"{limit_text} (a mean gives no longest sample)"
+                mean = float(np.mean(mine.counts))
+                cut_text = "" if abs(mean - real[j]) < 0.05 else f", {real[j]:,.1f} once cut at {int(cut[j]):,}"
+                notes[key] = (
+                    f"samples as long as yours ({mine.source}; mean {mean:,.1f} tokens{cut_text}): time, throughput "
+                    f"and cost use them; peak memory is sized for {size}"
+                )
+            _add_note(out, idx[j], notes[key])
         return
     # padding adds at most 1 % to a data set's sample (Workload.sample_tokens): shorter by more, the plan is too
     for j in np.flatnonzero(longest * 1.01 < cut - 0.5):
