@@ -194,6 +194,15 @@ def test_max_commands_take_their_options_as_properties_too(capsys):
     assert json.loads(capsys.readouterr().out)["job"]["batch_size"] == 2  # one sample per GPU
 
 
+@pytest.mark.slow
+def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
+    """number_gpus=0 is sized against the host's RAM, as plan sizes it: no --gpu-model to give."""
+    assert main(["max-batch", "smollm2-135m", "number_gpus=0", "model_max_length=64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"]["number_gpus"] == 0 and out["job"]["gpu_model"] is None and out["largest"] >= 1
+    assert out["at_largest"]["fits"] and "host memory" in " ".join(out["at_next"]["notes"])
+
+
 def test_max_length_command(capsys):
     assert (
         main(

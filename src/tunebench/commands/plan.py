@@ -603,13 +603,14 @@ def largest_command(
     if name in raw:
         raise InputError(name, "is what this command searches for: leave it out")
     given = {**{"number_gpus": 1, **defaults}, **raw, **{k: v for k, v in options.items() if v is not None}}
-    if not given.get("gpu_model"):
+    number_gpus = parse_value("number_gpus", given["number_gpus"])
+    given["number_gpus"] = number_gpus
+    if number_gpus > 0 and not given.get("gpu_model"):  # a CPU run (number_gpus=0) is sized against the host
         raise InputError(
             "--gpu-model", "is required: the GPU to size the job for", allowed="--gpu-model NAME or gpu_model=NAME"
         )
-    gpu.register(str(given["gpu_model"]))
-    number_gpus = parse_value("number_gpus", given["number_gpus"])
-    given["number_gpus"] = number_gpus
+    if given.get("gpu_model"):
+        gpu.register(str(given["gpu_model"]))
     if name == "model_max_length" and given.get("batch_size") is None:
         given["batch_size"] = max(1, number_gpus)  # one sample per GPU
     start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
@@ -628,7 +629,7 @@ def largest_command(
     out["job"] = {
         "model_name": values["model_name"],
         "method": method,
-        "gpu_model": values["gpu_model"],
+        "gpu_model": values.get("gpu_model"),
         "number_gpus": number_gpus,
         **{k: values[k] for k in fixed},
         **{k: v for k, v in raw.items() if k not in ("model_name", "gpu_model", "number_gpus", *fixed)},

@@ -232,7 +232,7 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
     """max-batch / max-length: the largest value that fits, its numbers, and why the next one up does not."""
     name, value = out["property"], out["largest"]
     console.print(f"[bold]{out['experiment_id']}[/bold]", highlight=False)
-    console.print(", ".join(f"{k} {v}" for k, v in out["job"].items()), highlight=False)
+    console.print(", ".join(f"{k} {v}" for k, v in out["job"].items() if v is not None), highlight=False)
     if value is None:
         console.print(f"nothing fits: at {name} {out['next']:,}, {_why_not(out)}", highlight=False)
         return
@@ -242,8 +242,9 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
         f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= {out['max_oom_risk']:g})",
         highlight=False,
     )
+    need = f"{need_text(at)}, " if at.get("required_gib") is not None else ""  # a CPU run: weighed against RAM
     console.print(
-        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}, {need_text(at)}, "
+        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}, {need}"
         f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
         f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
         highlight=False,
