@@ -194,6 +194,14 @@ def test_max_commands_take_their_options_as_properties_too(capsys):
     assert json.loads(capsys.readouterr().out)["job"]["batch_size"] == 2  # one sample per GPU
 
 
+def test_max_batch_says_what_the_plan_assumed_at_its_answer(capsys):
+    """A data set of short samples sizes the batch for them: the plan's note says so beside the answer."""
+    job = ["llama-3.1-8b", "gpu_model=A100-80GB", "dataset_id=news-chars-512-entries-4096", "--json"]
+    assert main(["max-batch", *job]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any("shorter than model_max_length 4,096: planned at their length" in n for n in out["notes"])
+
+
 @pytest.mark.slow
 def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
     """number_gpus=0 is sized against the host's RAM, as plan sizes it: no --gpu-model to give."""

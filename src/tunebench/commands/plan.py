@@ -591,7 +591,7 @@ def largest_command(
     option (None: not given) and its property as KEY=VALUE are one setting: either, not both; neither, its
     default (defaults, number_gpus 1; max-length's batch_size one per GPU)."""
     from tunebench.commands.printing import print_largest
-    from tunebench.plan.sweep import largest, method_job, padded_tokens
+    from tunebench.plan.sweep import largest, method_job, padded_tokens, plan_notes
     from tunebench.spec.experiments import parse_value
 
     opts = planner_options(price, calibration, None, host_memory, currency=currency)
@@ -618,6 +618,8 @@ def largest_command(
     _refuse_broken_rules(values, exp.single_node_only, name)
     found = largest(exp, values, name, opts, max_oom_risk)
     out = found.to_dict(max_oom_risk)
+    if name == "batch_size" and found.value:  # the plan's notes at the largest batch: lengths, accumulation, ...
+        notes.extend(n for n in plan_notes(exp, {**values, name: found.value}, opts) if n not in notes)
     if name == "model_max_length" and found.value:
         padded = padded_tokens(exp, {**values, name: found.value}, opts)
         if padded < found.value:

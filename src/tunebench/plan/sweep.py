@@ -192,6 +192,12 @@ def largest(
     return Largest(name, good, memo[good], bad, memo[bad], experiment.id, dict(values))
 
 
+def plan_notes(experiment: Experiment, values: Mapping[str, Any], options: PlanOptions) -> list[str]:
+    """The planner's notes on the job of values (effective): what `plan` prints under its table."""
+    cols = predict_values([(experiment.method, values)], options, single_node_only=experiment.single_node_only)
+    return list(cols["notes"][0])
+
+
 def padded_tokens(experiment: Experiment, values: Mapping[str, Any], options: PlanOptions) -> float:
     """The tokens a sample of the job's data set takes once padded (the planner's reading of dataset_id at
     the job's model_max_length): below model_max_length where the data set's samples are shorter."""
