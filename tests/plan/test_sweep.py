@@ -262,3 +262,4 @@ def test_a_probability_next_to_the_threshold_prints_with_the_digits_that_tell_th
 
     assert risk(0.05, 0.1) == "0.050" and risk(0.1002, 0.1) == "0.10020" and risk(0.0999, 0.1) == "0.09990"
     assert risk(0.1, 0.1) == "0.100" and risk(None, 0.1) == "-"
+    assert risk(3e-9, 0.0) == "3e-09" and risk(0.0, 0.0) == "0.000"  # above a threshold of 0, not '0.000'

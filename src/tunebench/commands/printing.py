@@ -83,15 +83,15 @@ def verdict(out: dict[str, Any], max_oom_risk: float) -> str:
     above the accepted risk, out of memory, or invalid."""
     p, headroom = out.get("oom_probability"), out.get("headroom_gib")
     room = "" if headroom is None else f", headroom {fmt(headroom, 1)} GiB"  # none on a CPU run
-    risk = "" if p is None else f" (out-of-memory probability {p:.3f}{room})"
+    odds = "" if p is None else f" (out-of-memory probability {risk(p, max_oom_risk)}{room})"
     kind = out["verdict"]
     if kind == "invalid":
         return "[red]invalid[/red]"
     if kind == "OOM":
-        return f"[red]out of memory[/red]{risk}"
+        return f"[red]out of memory[/red]{odds}"
     if kind == "risky":
-        return f"[yellow]risky[/yellow]: fits{risk}, above --max-oom-risk {max_oom_risk:g}"
-    return f"[green]fits[/green]{risk}"
+        return f"[yellow]risky[/yellow]: fits{odds}, above --max-oom-risk {max_oom_risk:g}"
+    return f"[green]fits[/green]{odds}"
 
 
 def cost_text(cost: float | None, currency: str) -> str:
@@ -268,6 +268,9 @@ def _why_not(out: dict[str, Any]) -> str:
 
 def risk(p: float | None, threshold: float) -> str:
     """An out-of-memory probability to 3 decimals, to 5 where 3 would print it equal to the threshold it is
-    judged against (0.10003 above 0.1 is not '0.100')."""
+    judged against (0.10003 above 0.1 is not '0.100'), to 2 significant digits where 5 would too."""
     text = fmt(p, 3)
-    return fmt(p, 5) if p is not None and p != threshold and text == fmt(threshold, 3) else text
+    if p is None or p == threshold or text != fmt(threshold, 3):
+        return text
+    finer = fmt(p, 5)
+    return finer if finer != fmt(threshold, 5) else f"{p:.2g}"  # 3e-09 above a threshold of 0

@@ -600,8 +600,8 @@ def plan_json(result: Result, max_oom_risk: float | None = None) -> dict[str, An
         "calibration",
         "notes",
     ):
-        if key in meta:
-            out[key] = _round(meta[key])
+        if key in meta:  # the probability unrounded: a tiny one still counts against --max-oom-risk 0
+            out[key] = meta[key] if key == "oom_probability" else _round(meta[key])
     out["planned"] = meta.get("planned", True)  # false: the entity breaks a validity rule, nothing is predicted
     out["max_oom_risk"] = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     out["verdict"] = result_verdict(result, out["max_oom_risk"])
