@@ -576,7 +576,7 @@ class MemoryPrediction:
     breakdown_gib: dict[str, np.ndarray]
 
 
-_ERF = np.vectorize(math.erf, otypes=[float])
+_ERFC = np.vectorize(math.erfc, otypes=[float])
 
 
 def processes_per_node(w: Workload) -> np.ndarray:
@@ -592,7 +592,9 @@ def oom_probability(required: np.ndarray, usable: np.ndarray | float, sigma: flo
     uncertainty: P = Phi(ln(required / usable) / sigma). Above 0.5 the prediction says it does not fit.
     """
     ratio = np.log(np.maximum(required, 1.0) / np.maximum(usable, 1.0))
-    return 0.5 * (1.0 + _ERF(ratio / (max(sigma, 1e-6) * math.sqrt(2.0))))
+    # Phi(x) = erfc(-x / sqrt 2) / 2: the same as (1 + erf(x / sqrt 2)) / 2, without its cancellation far below
+    # the limit (4.4e-16 of rounding noise where the probability is 1e-30)
+    return 0.5 * _ERFC(-ratio / (max(sigma, 1e-6) * math.sqrt(2.0)))
 
 
 def predict_memory(w: Workload, c: Coefficients) -> MemoryPrediction:

@@ -600,8 +600,9 @@ def plan_json(result: Result, max_oom_risk: float | None = None) -> dict[str, An
         "calibration",
         "notes",
     ):
-        if key in meta:  # the probability unrounded: a tiny one still counts against --max-oom-risk 0
-            out[key] = meta[key] if key == "oom_probability" else _round(meta[key])
+        if key in meta:  # the probability to 4 significant digits: a tiny one still counts against --max-oom-risk 0
+            value = meta[key]
+            out[key] = float(f"{value:.4g}") if key == "oom_probability" and value is not None else _round(value)
     out["planned"] = meta.get("planned", True)  # false: the entity breaks a validity rule, nothing is predicted
     out["max_oom_risk"] = DEFAULT_MAX_OOM_RISK if max_oom_risk is None else max_oom_risk
     out["verdict"] = result_verdict(result, out["max_oom_risk"])
