@@ -170,3 +170,20 @@ def test_any_text_is_yaml_or_an_input_error(text):
 
 def test_the_property_table_is_what_the_tests_sample():
     assert set(NAMES) <= set(PROPERTIES)
+
+
+JOB = {"model_name": "smollm2-135m", "model_max_length": 128, "number_gpus": 0, "batch_size": 1}
+
+
+def test_a_null_for_a_property_that_needs_a_value_says_so():
+    """JSON null / YAML ~ for batch_size, gradient_checkpointing or num_train_epochs: 'a value is required', naming
+    the property and its domain, not Python's 'None is not an integer'; nullable properties take it as unset."""
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    for name in ("batch_size", "gradient_checkpointing", "num_train_epochs"):
+        try:
+            make_entity(exp, {**JOB, name: None})
+        except InputError as err:
+            assert err.field == name and err.message == "a value is required (got null)" and err.allowed
+        else:
+            raise AssertionError(f"{name}=null was accepted")
+    assert "flash_attn" not in make_entity(exp, {**JOB, "flash_attn": None}).values

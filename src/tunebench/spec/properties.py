@@ -186,6 +186,8 @@ class Property:
             raise self.error(raw, "contains control characters")
         if self.nullable and (raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE)):
             return None
+        if raw is None and self.kind in ("int", "float", "bool"):  # JSON null, YAML ~: not 'None is not an integer'
+            raise self.error(raw, "a value is required (got null)")
         parser: Callable[[Property, Any], Any] = _PARSERS[self.kind]
         return parser(self, raw)
 
