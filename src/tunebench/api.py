@@ -141,7 +141,8 @@ def recommend(
     per-method table (``methods``); where nothing fits, ``diagnosis`` (the largest memory component at
     the largest GPU count tried) and ``nearest`` (the first change that fits, with its command).
 
-    entity: property -> value (gpu_model needed). A configuration fits when its out-of-memory
+    entity: property -> value (gpu_model needed; number_gpus is what it searches: a count given is not used,
+    which ``notes`` says, and 0, a CPU run, is an InputError). A configuration fits when its out-of-memory
     probability is at most max_oom_risk (default tunebench.plan.recommend.DEFAULT_MAX_OOM_RISK, 0.10).
     Memory in GiB per GPU, time in seconds, cost per currency unit of price_per_gpu_hour (default: the GPU
     catalog's list price, USD). avg_tokens / lengths: your data's sample lengths, as in plan();

@@ -141,6 +141,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--max-gpus", "recommend", LORA, *ENTITY, "--max-gpus", "1000000000000000", "--gpus-per-node", "1"),
     c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "0"),
     c("--max-oom-risk", "recommend", LORA, *GPU_ENTITY, "--max-oom-risk", "1.5"),
+    c("number_gpus", "recommend", LORA, *ENTITY),  # a CPU run has no GPU count to recommend
+    c("number_gpus", "recommend", LORA, *GPU_ENTITY[:2], "number_gpus=two", *GPU_ENTITY[3:]),
     c("--max-oom-risk", "plan", LORA, *GPU_ENTITY, "--max-oom-risk", "nan"),
     c("seq_len", "plan", LORA, *GPU_ENTITY[:-2], "--grid", "seq_len=512..1024"),
     c("--method", "max-batch", "llama3.1-8b", "--gpu-model", "H100", "--method", "sft"),

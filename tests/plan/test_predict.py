@@ -388,7 +388,9 @@ def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):
     out = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(out) == 5
     assert out[0]["is_valid"] is True and out[4]["is_valid"] is True
-    assert out[1] == {"line": 2, "error": out[1]["error"]} and out[1]["error"].startswith("model_name: unknown model")
+    assert out[1] == {"line": 2, "verdict": "failed", "error": out[1]["error"]} and out[1]["error"].startswith(
+        "model_name: unknown model"
+    )
     assert out[2]["line"] == 3 and out[2]["error"].startswith("--batch: not JSON")
     assert out[3]["line"] == 4 and out[3]["error"].startswith("gpu_model: unknown GPU 'MyGPU-9000'")
     good = invoke("plan", "--batch", str(path.with_name("good.jsonl")), "--json")
@@ -515,6 +517,21 @@ def test_plan_verdict_is_risky_above_max_oom_risk_and_cost_has_a_currency():
 def test_recommend_needs_a_gpu_model():
     res = invoke("recommend", LORA.id, "model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8")
     assert isinstance(res.exception, InputError) and res.exception.field == "gpu_model"
+
+
+def test_recommend_searches_the_gpu_count_itself():
+    """A plan's entity reused with recommend: its number_gpus is not used, and a note says so; a CPU run
+    (number_gpus=0) has no GPU count to recommend: one line naming number_gpus."""
+    job = ["model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8", "gpu_model=A100-80GB"]
+    out = json.loads(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8", "--json").stdout)
+    assert out["minimum"]["number_gpus"] == 1 and "number_gpus.1" in out["entity_id"]
+    assert out["notes"] == ["number_gpus=4 is not used: recommend tries 1 to 8 GPUs (--max-gpus 4 keeps to 4)"]
+    text = " ".join(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8").output.split())
+    assert "note: number_gpus=4 is not used" in text
+    assert json.loads(invoke("recommend", LORA.id, *job, "--max-gpus", "8", "--json").stdout)["notes"] == []
+    cpu = invoke("recommend", LORA.id, *job[:3], "number_gpus=0")
+    assert isinstance(cpu.exception, InputError) and cpu.exception.field == "number_gpus"
+    assert "tunebench max-batch MODEL number_gpus=0" in cpu.exception.message
 
 
 def test_minimum_gpus_grow_with_the_model():

@@ -211,6 +211,43 @@ def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
     assert out["at_largest"]["fits"] and "host memory" in " ".join(out["at_next"]["notes"])
 
 
+@pytest.mark.slow
+def test_max_length_of_a_cpu_run_times_this_host_at_its_answer_only(capsys, monkeypatch):
+    """The search's verdicts need memory only: the host is timed at the answer, not at each of the ~14 lengths
+    the search tries (each a probe of seconds at a shape of its own)."""
+    import tunebench.plan.predictor as predictor
+
+    shapes = []
+    real = predictor.entity_rate
+
+    def counted(structure, dtype, autocast, checkpointing, shape, *args):
+        shapes.append(shape)
+        return real(structure, dtype, autocast, checkpointing, shape, *args)
+
+    monkeypatch.setattr(predictor, "entity_rate", counted)
+    assert main(["max-length", "smollm2-135m", "number_gpus=0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["largest"] == 8192 and out["limited_by"].startswith("the model's context")
+    assert len(set(shapes)) == 1, shapes  # the answer's micro-batch, once
+    assert out["at_largest"]["dataset_tokens_per_second"] > 0 and out["job"]["number_gpus"] == 0
+    assert (
+        main(
+            [
+                "plan",
+                LORA,
+                "model_name=smollm2-135m",
+                "model_max_length=8192",
+                "number_gpus=0",
+                "batch_size=1",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)  # the answer's speed is the plan's: this host's, timed
+    assert plan["dataset_tokens_per_second"] == pytest.approx(out["at_largest"]["dataset_tokens_per_second"], 1e-3)
+
+
 def test_max_length_command(capsys):
     assert (
         main(

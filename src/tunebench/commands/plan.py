@@ -135,7 +135,8 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
 
 
 def plan_batch(path: Path, kw: dict[str, Any], as_json: bool, max_oom_risk: float) -> int:
-    """Plan every line of a JSONL file; a bad line becomes {"error": ...} at its place. Returns the exit code."""
+    """Plan every line of a JSONL file; a bad line becomes {"verdict": "failed", "error": ...} at its place.
+    Returns the exit code."""
     from tunebench.plan.predictor import plan_json, predict_many
 
     if not path.is_file():
@@ -146,12 +147,11 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool, max_oom_risk: floa
     rows: list[tuple[int, dict[str, Any]]] = []
     for n, item in lines:
         if isinstance(item, InputError):
-            rows.append((n, {"line": n, "error": str(item)}))
+            rows.append((n, {"line": n, "verdict": "failed", "error": str(item)}))
             continue
         r = next(results)
-        rows.append(
-            (n, {"line": n, "error": r.error} if r.status == "failed" else {"line": n, **plan_json(r, max_oom_risk)})
-        )
+        failed_line = {"line": n, "verdict": "failed", "error": r.error}  # api.plan's verdict of a row it cannot size
+        rows.append((n, failed_line if r.status == "failed" else {"line": n, **plan_json(r, max_oom_risk)}))
     failed = sum("error" in o for _, o in rows)
     if as_json:
         for _, o in rows:
@@ -174,7 +174,7 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
     cells = []
     for n, o in rows:
         if "error" in o:
-            cells.append([str(n), "error", *["-"] * 6, o["error"]])
+            cells.append([str(n), o["verdict"], *["-"] * 6, o["error"]])
             continue
         cells.append(
             [
@@ -250,7 +250,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
-    of every line of a JSONL batch (a bad line gets {"error": ...}; exit 1 if any line failed), or of
+    of every line of a JSONL batch (a bad line gets {"verdict": "failed", "error": ...}; exit 1 if any line failed), or of
     every point of a --grid. The verdict says 'risky' where the job fits but its out-of-memory
     probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
@@ -664,6 +664,8 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     """recommend's text: the three picks, what the largest GPU count buys, why nothing fits, the table."""
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
     console.print(f"[dim]fits: out-of-memory probability at most {out['max_oom_risk']:g} (--max-oom-risk)[/dim]")
+    for note in out.get("notes") or []:
+        console.print(f"note: {note}", highlight=False)
     bound = {"minimum": out["max_gpus_tried"], "fastest": out["max_gpus"], "cheapest": out["max_gpus"]}
     for title in ("minimum", "fastest", "cheapest"):
         c = out[title]

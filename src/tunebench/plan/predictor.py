@@ -71,6 +71,9 @@ class PlanOptions:
     network_gbps: float | None = None  # inter-node bandwidth per node and direction (default by RoCE)
     host_memory_gib: float | None = None  # host RAM per node, checked against offload's need and a CPU run's memory
     lengths: UserLengths | None = None  # the user's sample lengths (--avg-tokens, --lengths), else the data set's
+    # time a CPU run on this host (plan.host, seconds a shape); False: at the calibrated cpu_tflops, for searches
+    # that need only the verdict (a CPU run's memory and verdict do not depend on its speed)
+    probe_host: bool = True
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
@@ -267,7 +270,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         return
     m = predict_memory(w, c)
     real, padded = w.sample_tokens()
-    rates = None if w.on_gpu else cpu_rates(w, padded)
+    rates = None if w.on_gpu or not opts.probe_host else cpu_rates(w, padded)
     host = None if rates is None else np.array([r.flops for r in rates])
     opt = None if rates is None else np.array([r.optimizer_s_per_param for r in rates])
     t = predict_throughput(w, c, opts.network_gbps, host, opt)
@@ -510,7 +513,13 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str]], opts: PlanOptions
             )
             continue
         if cols["rules"][i]:  # breaks a validity rule: nothing is planned for it (predict_values)
-            meta = {"calibration": cols["calibration"], "notes": cols["notes"][i], "planned": False, "fits": False}
+            meta = {
+                "calibration": cols["calibration"],
+                "notes": cols["notes"][i],
+                "planned": False,
+                "fits": False,
+                "blocked": True,
+            }
             out.append(
                 Result.invalid(experiment_id, entity_id, list(cols["rules"][i]), metadata=meta, actuator="predict")
             )
@@ -528,6 +537,7 @@ def _results(cols: dict[str, Any], ids: list[tuple[str, str]], opts: PlanOptions
         else:
             meta["price_source"] = cols["price_source"][i]
         reasons = list(cols["reasons"][i])
+        meta["blocked"] = bool(reasons)  # a reason besides running out of GPU memory (host RAM, LoRA targets)
         if not fits[i] and (meta.get("oom_probability") or 0) > 0.5:
             reasons.append(oom_reason(meta))
         if reasons:
@@ -612,15 +622,16 @@ def plan_json(result: Result, max_oom_risk: float | None = None) -> dict[str, An
 
 def result_verdict(result: Result, max_oom_risk: float) -> str:
     """recommend.verdict_of a predicted Result: blocked where nothing was planned (a validity rule) or where it has
-    a reason besides the out-of-memory one (_results adds that one exactly when the probability exceeds 0.5)."""
+    a reason besides the out-of-memory one (_results records which in metadata["blocked"])."""
     from tunebench.plan.recommend import verdict_of
 
     if result.status == "failed":  # the planner could not size it (its error says why)
         return "failed"
     p = result.metadata.get("oom_probability")
-    oom = p is not None and p > 0.5
-    blocked = not result.metadata.get("planned", True) or len(result.reasons) > int(oom)
-    return verdict_of(p, blocked, max_oom_risk)
+    blocked = result.metadata.get("blocked")
+    if blocked is None:  # stored before "blocked" was recorded: _results adds the OOM reason exactly when p > 0.5
+        blocked = not result.metadata.get("planned", True) or len(result.reasons) > int(p is not None and p > 0.5)
+    return verdict_of(p, bool(blocked), max_oom_risk)
 
 
 def _round(v: Any) -> Any:

@@ -353,7 +353,8 @@ def recommend(
     if not 0 <= max_oom_risk <= 1:
         raise InputError("--max-oom-risk", f"must be a probability (got {max_oom_risk})", allowed="0 to 1")
     raw = dict(raw)
-    raw.setdefault("number_gpus", 1)
+    job_notes = _gpu_count_notes(raw.pop("number_gpus", None), max_gpus)
+    raw["number_gpus"] = 1  # replaced by every count tried
     if "gpu_model" not in raw or not raw["gpu_model"]:
         raise InputError("gpu_model", "recommend needs the GPU type to size for", allowed="a GPU from `tunebench gpus`")
     entity = make_entity(experiment, raw)
@@ -388,6 +389,7 @@ def recommend(
         "cheapest": None if speed["cheapest"] is None else speed["cheapest"].to_dict(),
         "largest": None if speed["largest"] is None else speed["largest"].to_dict(),
         "methods": table,
+        "notes": job_notes,
     }
     if minimum is None:
         out["diagnosis"] = diagnose(experiment, values, options, gpus_per_node, max_gpus)
@@ -396,6 +398,25 @@ def recommend(
             experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk, cli_options
         )
     return out
+
+
+def _gpu_count_notes(given: Any, max_gpus: int) -> list[str]:
+    """number_gpus is what recommend searches (1 to max_gpus): a count given with the rest of a plan's entity is
+    not used, and a note says so; 0 (a CPU run) has no GPU count to recommend: bad input."""
+    from tunebench.spec.experiments import parse_value
+
+    if given is None:
+        return []
+    count = parse_value("number_gpus", given)
+    if count == 0:
+        raise InputError(
+            "number_gpus",
+            "0 is a CPU run, which has no GPU count to recommend: plan it with `tunebench plan ... number_gpus=0` "
+            "and find its largest batch with `tunebench max-batch MODEL number_gpus=0`",
+            allowed="leave number_gpus out (recommend tries 1 to --max-gpus GPUs)",
+        )
+    bound = f"--max-gpus {count} keeps to {count}" if count < max_gpus else f"--max-gpus is {max_gpus}"
+    return [f"number_gpus={count} is not used: recommend tries 1 to {max_gpus} GPUs ({bound})"]
 
 
 def _price(gpu_model: str, override: float | None) -> dict[str, Any]:

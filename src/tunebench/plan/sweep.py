@@ -21,7 +21,7 @@ import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tunebench.errors import InputError, one_of, suggest
@@ -164,23 +164,41 @@ def largest(
         raise InputError("property", f"cannot search {name!r}", allowed=", ".join(SEARCHED))
     step = max(1, int(values.get("number_gpus") or 0)) if name == "batch_size" else 1
     limit, limited_by = search_limit(name, values)
+    # A CPU run's verdict does not depend on its speed: the search does not time this host at every shape it
+    # tries (seconds each), only at the answer (timed below).
+    cpu = not int(values.get("number_gpus") or 0) and options.probe_host
+    search = replace(options, probe_host=False) if cpu else options
     memo: dict[int, Candidate] = {}
 
     def probe(ns: Sequence[int]) -> list[Candidate]:
         todo = [n for n in dict.fromkeys(ns) if n not in memo]
         if todo:
-            for n, c in zip(todo, evaluate(experiment, [{**values, name: n} for n in todo], options, max_oom_risk)):
+            for n, c in zip(todo, evaluate(experiment, [{**values, name: n} for n in todo], search, max_oom_risk)):
                 memo[n] = c
         return [memo[n] for n in ns]
+
+    def timed(good: int | None, bad: int | None, why: str | None = None) -> Largest:
+        if cpu:
+            answer = [n for n in (good, bad) if n is not None]
+            memo.update(zip(answer, evaluate(experiment, [{**values, name: n} for n in answer], options, max_oom_risk)))
+        return Largest(
+            name,
+            good,
+            None if good is None else memo[good],
+            bad,
+            None if bad is None else memo[bad],
+            experiment.id,
+            dict(values),
+            why,
+        )
 
     doubling = [step * 2**k for k in range(limit.bit_length()) if step * 2**k <= limit]
     doubling += [] if doubling[-1] == limit // step * step else [limit // step * step]
     fits = [c.fits for c in probe(doubling)]
     if not fits[0]:
-        return Largest(name, None, None, doubling[0], memo[doubling[0]], experiment.id, dict(values))
+        return timed(None, doubling[0])
     if all(fits):
-        top = doubling[-1]
-        return Largest(name, top, memo[top], None, None, experiment.id, dict(values), limited_by)
+        return timed(doubling[-1], None, limited_by)
     first_bad = fits.index(False)
     good, bad = doubling[first_bad - 1], doubling[first_bad]  # in multiples of step: good fits, bad does not
     while bad - good > step:
@@ -189,7 +207,7 @@ def largest(
             good = mid
         else:
             bad = mid
-    return Largest(name, good, memo[good], bad, memo[bad], experiment.id, dict(values))
+    return timed(good, bad)
 
 
 def plan_notes(experiment: Experiment, values: Mapping[str, Any], options: PlanOptions) -> list[str]:
