@@ -391,3 +391,19 @@ def test_gpus_without_a_gpu_model_is_an_input_error_naming_rule_5():
     res = invoke("plan", LORA, "model_name=smollm2-135m", "number_gpus=1", "batch_size=2", "model_max_length=512")
     assert res.exception is not None and res.exception.field == "gpu_model", res.output
     assert "rule 5" in str(res.exception) and "`tunebench gpus`" in str(res.exception)
+
+
+@pytest.mark.slow
+def test_a_cpu_runs_plan_table_has_no_gpu_rows(monkeypatch):
+    """number_gpus=0: one peak in the host's RAM, tokens/s without 'per GPU', MFU against this host's rate, no
+    capacity, out-of-memory probability or GPU-hours (a column of dashes says nothing); JSON keeps the spec's
+    names."""
+    monkeypatch.setenv("COLUMNS", "120")
+    job = [LORA, "model_name=smollm2-135m", "model_max_length=128", "number_gpus=0", "batch_size=1"]
+    text = invoke("plan", *job).output
+    assert "Memory of the CPU run (GiB)" in text and "peak in the host's RAM" in text
+    assert "MFU (of this host's rate)" in text and "train tokens/s " in text
+    for gpu_row in ("nvidia-smi", "capacity", "usable", "probability of running out", "per GPU", "GPU-hours"):
+        assert gpu_row not in text, gpu_row
+    out = json.loads(invoke("plan", *job, "--json").stdout)
+    assert out["gpu_memory_allocated_peak_gib"] > 0 and out["capacity_gib"] is None

@@ -209,6 +209,16 @@ def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["job"]["number_gpus"] == 0 and out["job"]["gpu_model"] is None and out["largest"] >= 1
     assert out["at_largest"]["fits"] and "host memory" in " ".join(out["at_next"]["notes"])
+    # for people: judged in the host's RAM, without the GPU's out-of-memory probability
+    assert main(["max-batch", "smollm2-135m", "number_gpus=0", "model_max_length=64"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"largest batch_size that fits: {out['largest']:,} (in the host's RAM)" in text
+    assert "out-of-memory probability" not in text and "GiB/GPU" not in text
+    grid = ["plan", LORA, "model_name=smollm2-135m", "number_gpus=0", "model_max_length=64", "--grid", "batch_size=1,2"]
+    assert main(grid) == 0
+    table = capsys.readouterr().out
+    assert "2 of 2 points fit (in the host's RAM)" in " ".join(table.split())
+    assert "peak GiB" in table and "P(OOM)" not in table and "headroom" not in table and "GiB/GPU" not in table
 
 
 @pytest.mark.slow

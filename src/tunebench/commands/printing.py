@@ -112,22 +112,26 @@ def print_plan(
         console.print("not planned: a run that breaks a validity rule cannot start", highlight=False)
         return
     over = (out.get("oom_probability") or 0) > 0.5  # figures above the GPU's: what the run would need, not get
-    title = "GPU memory per GPU (GiB)" if out.get("capacity_gib") is not None else "Memory of the CPU run (GiB)"
+    cpu = out.get("capacity_gib") is None  # number_gpus=0: the host's RAM holds it all, no GPU figures
+    title = "Memory of the CPU run (GiB)" if cpu else "GPU memory per GPU (GiB)"
     table = Table(title=title + (", as the run would need it" if over else ""))
     table.add_column("component")
     table.add_column("GiB", justify="right")
     for k, v in out["breakdown"].items():
         if v:
             table.add_row(k.replace("_", " "), fmt(v, 2))
-    table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
-    table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
-    table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
-    table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
-    table.add_row("usable (CUDA's total - context - NCCL)", fmt(out.get("usable_gib"), 2))
-    table.add_row("predicted need (allocated + fragmentation)", fmt(out.get("required_gib"), 2))
-    table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
-    table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
-    table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))
+    if cpu:  # the spec's GPU properties carry the CPU run's peak in JSON; for people, one peak in the host's RAM
+        table.add_row("[bold]peak in the host's RAM[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+    else:
+        table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+        table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
+        table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
+        table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
+        table.add_row("usable (CUDA's total - context - NCCL)", fmt(out.get("usable_gib"), 2))
+        table.add_row("predicted need (allocated + fragmentation)", fmt(out.get("required_gib"), 2))
+        table.add_row("headroom (usable - predicted need)", fmt(out.get("headroom_gib"), 2))
+        table.add_row("[bold]probability of running out of memory[/bold]", fmt(out.get("oom_probability"), 3))
+        table.add_row("utilization peak (%)", fmt(out["gpu_memory_utilization_peak"], 1))
     if out.get("host_memory_gib"):
         table.add_row("host memory per node (offload)", fmt(out["host_memory_gib"], 2))
     if out.get("nvme_gib"):
@@ -137,14 +141,21 @@ def print_plan(
     speed.add_column("property")
     speed.add_column("value", justify="right")
     speed.add_row("peak set by", PEAK_PHASES.get(out.get("peak_phase") or "", "-"))
-    speed.add_row("train tokens/s (all GPUs)", fmt(out["train_tokens_per_second"], 0))
-    speed.add_row("train tokens/s per GPU", fmt(out["train_tokens_per_gpu_per_second"], 0))
+    if cpu:
+        speed.add_row("train tokens/s", fmt(out["train_tokens_per_second"], 0))
+    else:
+        speed.add_row("train tokens/s (all GPUs)", fmt(out["train_tokens_per_second"], 0))
+        speed.add_row("train tokens/s per GPU", fmt(out["train_tokens_per_gpu_per_second"], 0))
     speed.add_row("dataset tokens/s", fmt(out["dataset_tokens_per_second"], 0))
     speed.add_row("step time", duration(out.get("step_seconds")))
     speed.add_row("steps", fmt(out.get("steps"), 0))
     speed.add_row("train runtime", duration(out["train_runtime"]))
-    speed.add_row("MFU", fmt((out.get("mfu") or 0) * 100, 1) + " %")
-    speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
+    mfu = fmt((out.get("mfu") or 0) * 100, 1) + " %"
+    if cpu:  # plan.throughput rates a CPU run against the training rate measured on this host, not a peak
+        speed.add_row("MFU (of this host's rate)", mfu)
+    else:
+        speed.add_row("MFU", mfu)
+        speed.add_row("GPU-hours", fmt(out.get("gpu_hours"), 2))
     if out.get("cost") is not None:
         speed.add_row(
             "cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)"
@@ -171,26 +182,30 @@ def need_text(c: dict[str, Any]) -> str:
     return f"needs {fmt(c.get('required_gib'), 1)} GiB, headroom {fmt(c.get('headroom_gib'), 1)} GiB"
 
 
-def _point_cells(c: dict[str, Any], currency: str) -> list[str]:
-    """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost."""
+def _point_cells(c: dict[str, Any], currency: str, cpu: bool = False) -> list[str]:
+    """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost (a CPU
+    run: no P(OOM) or headroom, which are the GPU's)."""
+    gpu = [] if cpu else [fmt(c.get("oom_probability"), 3)]
     return [
-        fmt(c.get("oom_probability"), 3),
+        *gpu,
         fmt(c.get("gpu_memory_peak_gib")),
-        fmt(c.get("headroom_gib")),
+        *([] if cpu else [fmt(c.get("headroom_gib"))]),
         fmt(c.get("dataset_tokens_per_second"), 0),
         duration(c.get("train_runtime")),
         cost_text(c.get("cost"), currency),
     ]
 
 
-def point_columns() -> list[Any]:
-    """The columns of _point_cells, most important first (tunebench.commands.terminal: the last go on a narrow terminal)."""
+def point_columns(cpu: bool = False) -> list[Any]:
+    """The columns of _point_cells, most important first (tunebench.commands.terminal: the last go on a narrow
+    terminal); cpu: a CPU run's, without the GPU's P(OOM) and headroom."""
     from tunebench.commands.terminal import Column
 
+    gpu = [] if cpu else [Column("P(OOM)", justify="right")]
     return [
-        Column("P(OOM)", justify="right"),
-        Column("peak GiB/GPU", 1, justify="right", min_width=6),
-        Column("headroom GiB", 3, justify="right", min_width=6),
+        *gpu,
+        Column("peak GiB" if cpu else "peak GiB/GPU", 1, justify="right", min_width=6),
+        *([] if cpu else [Column("headroom GiB", 3, justify="right", min_width=6)]),
         Column("tokens/s", 1, justify="right"),
         Column("data set time", 2, justify="right", min_width=6),
         Column("cost", 2, justify="right"),
@@ -211,20 +226,19 @@ def print_grid(
     fixed: the values given once (named in the title)."""
     from tunebench.commands.terminal import Column, print_table
 
-    columns = [*(Column(n, breaks=True, min_width=6) for n in swept), Column("verdict"), *point_columns()]
+    cpu = all(p.get("number_gpus") == 0 for p in points)  # every point a CPU run: no GPU columns
+    columns = [*(Column(n, breaks=True, min_width=6) for n in swept), Column("verdict"), *point_columns(cpu)]
     has_cost = any(p.get("cost") is not None for p in points)
     if not has_cost:
         columns = columns[:-1]
     rows = [
-        [str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency)[: len(columns) - len(swept) - 1]
+        [str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency, cpu)[: len(columns) - len(swept) - 1]
         for p in points
     ]
     given = ", ".join(f"{k} {v}" for k, v in fixed.items())
     fits = sum(p["verdict"] == "fits" for p in points)
-    title = (
-        f"{experiment_id}: {given} — {fits} of {len(points)} points fit (out-of-memory probability "
-        f"<= {max_oom_risk:g}, --max-oom-risk)"
-    )
+    judged = "in the host's RAM" if cpu else f"out-of-memory probability <= {max_oom_risk:g}, --max-oom-risk"
+    title = f"{experiment_id}: {given} — {fits} of {len(points)} points fit ({judged})"
     print_table(console, columns, rows, title=title, wide=wide, more="--wide or --json shows them")
 
 
@@ -238,14 +252,13 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
         return
     at = out["at_largest"]
     cost = f", {cost_text(at['cost'], currency)}" if at.get("cost") is not None else ""
-    console.print(
-        f"largest {name} that fits: [bold]{value:,}[/bold] (out-of-memory probability <= {out['max_oom_risk']:g})",
-        highlight=False,
-    )
+    cpu = at.get("number_gpus") == 0  # weighed against the host's RAM: no out-of-memory probability
+    judged = "in the host's RAM" if cpu else f"out-of-memory probability <= {out['max_oom_risk']:g}"
+    console.print(f"largest {name} that fits: [bold]{value:,}[/bold] ({judged})", highlight=False)
     need = f"{need_text(at)}, " if at.get("required_gib") is not None else ""  # a CPU run: weighed against RAM
+    odds = "" if cpu else f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}"
     console.print(
-        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}, {need}"
-        f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}; "
+        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}{', ' + need + odds if need or odds else ''}; "
         f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
         highlight=False,
     )
