@@ -72,12 +72,29 @@ def measure(
         result = Result.failed(
             experiment.id, entity.id, "number_nodes > 1 needs one process per machine: use the ray executor"
         )
+    elif opts.visible_devices is None and (missing := gpus_missing(values)) is not None:  # an executor checked its own
+        result = Result.failed(experiment.id, entity.id, missing)
     elif "repetitions" in experiment.hardcoded:
         repetitions = int(experiment.hardcoded["repetitions"])
         result = _measure_stability(experiment, entity, values, opts, repetitions, progress, engine, on_step)
     else:
         result = _measure_once(experiment, entity, values, opts, progress, engine, on_step)
     return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
+
+
+def gpus_missing(values: Mapping[str, Any]) -> str | None:
+    """Why this machine cannot run the GPUs a one-node entity names (executors.local.cannot_run_here on NVML's
+    GPUs within $CUDA_VISIBLE_DEVICES), None where it can: without this, a number_gpus=1 run on a machine
+    without a GPU trains on the CPU and is recorded as the GPU entity's measurement."""
+    from tunebench.executors.local import cannot_run_here, detect_gpus
+
+    gpus = int(values.get("number_gpus") or 0)
+    if gpus == 0:
+        return None
+    why = cannot_run_here(gpus, values.get("gpu_model"), detect_gpus())
+    if why is None:
+        return None
+    return f"{why} (NVML, within $CUDA_VISIBLE_DEVICES): measure it where those GPUs are, or set number_gpus=0 for a CPU run"
 
 
 def judge(experiment: Experiment, entity: Entity, engine: str = NATIVE, *, here: bool = True) -> list[str]:

@@ -49,6 +49,20 @@ def detect_gpus() -> list[Gpu]:
     return gpus
 
 
+def cannot_run_here(number_gpus: int, gpu_model: str | None, gpus: list[Gpu]) -> str | None:
+    """Why a one-node measurement of number_gpus GPUs of gpu_model cannot run on a machine with these GPUs (None:
+    it can): too few, or none of that model. A run that went ahead would train elsewhere than its entity says (on
+    the CPU, or another GPU) and be recorded as the entity's measurement."""
+    if number_gpus > len(gpus):
+        have = f"{len(gpus)} GPU(s)" if gpus else "no GPU"
+        return f"needs {number_gpus} GPU(s); this machine has {have}"
+    if number_gpus > 0 and gpu_model:
+        names = {g.name for g in gpus}
+        if not any(_same_gpu_model(gpu_model, n) for n in names):
+            return f"needs gpu_model {gpu_model}; this machine has {', '.join(sorted(names))}"
+    return None
+
+
 def _same_gpu_model(label: str, nvml_name: str) -> bool:
     """Whether an NVML product name is the catalog GPU label (unknown names are given the benefit of the doubt)."""
     from tunebench.catalog import get_gpu
@@ -109,14 +123,8 @@ class LocalExecutor:
     def _cannot_run(self, task: Task) -> str | None:
         if task.number_nodes > 1:
             return f"number_nodes is {task.number_nodes}: multi-node measurements need --executor ray"
-        if task.number_gpus > len(self.gpus):
-            have = f"{len(self.gpus)} GPU(s)" if self.gpus else "no GPU"
-            return f"needs {task.number_gpus} GPU(s); this machine has {have} (local executor)"
-        if task.number_gpus > 0 and task.gpu_model:
-            names = {g.name for g in self.gpus}
-            if not any(_same_gpu_model(task.gpu_model, n) for n in names):
-                return f"needs gpu_model {task.gpu_model}; this machine has {', '.join(sorted(names))}"
-        return None
+        why = cannot_run_here(task.number_gpus, task.gpu_model, self.gpus)
+        return None if why is None else f"{why} (local executor)"
 
     def _start_ready(self) -> None:
         for task in list(self._waiting):
