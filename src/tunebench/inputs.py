@@ -16,7 +16,8 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,11 +44,46 @@ OptionsT = TypeVar("OptionsT", bound="Options")
 
 
 def parse(model: type[OptionsT], **values: Any) -> OptionsT:
-    """values validated by model; InputError naming the first bad option."""
+    """values validated by model; InputError naming the first bad option, with what the field allows."""
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        raise input_error(exc, model.display, indices=False) from None
+        err = input_error(exc, model.display, indices=False)
+        loc = exc.errors()[0]["loc"]
+        field = model.model_fields.get(str(loc[0])) if loc else None
+        if err.allowed is None and field is not None:
+            err = InputError(err.field, err.message, allowed_of(field.annotation, field.metadata))
+        raise err from None
+
+
+def _number(x: float) -> str:
+    """A bound for people: 16,384 and 1,000,000,000 rather than 1e+09; 0.5 as it is."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def allowed_of(kind: Any, metadata: list[Any] | None = None) -> str | None:
+    """What a number type allows, for an error's "allowed": 'an integer >= 1', 'a number from 0 to 1', 'a
+    number > 0' from its bounds (an Annotated type's Field, or a model field's metadata); None for other types."""
+    import annotated_types as at
+
+    constraints = list(metadata or [])
+    if get_origin(kind) is Annotated:
+        kind, *extra = get_args(kind)
+        for meta in extra:
+            constraints += getattr(meta, "metadata", None) or [meta]
+    args = [a for a in get_args(kind) if a is not type(None)] if get_origin(kind) in (Union, UnionType) else [kind]
+    if len(args) != 1 or args[0] not in (int, float):
+        return None
+    noun = "an integer" if args[0] is int else "a number"
+    low = high = None
+    for c in constraints:
+        if isinstance(c, (at.Ge, at.Gt)):
+            low = f">= {_number(c.ge)}" if isinstance(c, at.Ge) else f"> {_number(c.gt)}"
+        elif isinstance(c, (at.Le, at.Lt)):
+            high = f"<= {_number(c.le)}" if isinstance(c, at.Le) else f"< {_number(c.lt)}"
+    if low and high and low.startswith(">=") and high.startswith("<="):
+        return f"{noun} from {low[3:]} to {high[3:]}"
+    return " ".join(x for x in (noun, low, high and ("and " + high if low else high)) if x)
 
 
 def input_error(
@@ -81,6 +117,8 @@ def input_error(
         message = f"must be {bound} {limit:g}" if isinstance(limit, float) else f"must be {bound} {limit}"
     elif err["type"] == "finite_number":
         message = "must be a finite number"
+    elif err["type"] in _NOT_A:
+        message = _NOT_A[err["type"]]
     else:
         message = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if not isinstance(value, (dict, list, Path)) and not (isinstance(value, str) and repr(value) in message):
@@ -89,6 +127,14 @@ def input_error(
 
 
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+# pydantic's parse errors of numbers, said plainly ("Input should be a valid integer, unable to parse ...")
+_NOT_A = {
+    "int_parsing": "not an integer",
+    "int_type": "not an integer",
+    "int_from_float": "not a whole number",
+    "float_parsing": "not a number",
+    "float_type": "not a number",
+}
 
 
 # ----------------------------------------------------------------------------------------- numbers

@@ -100,3 +100,34 @@ def test_a_bad_value_is_refused_with_its_flag_and_the_type_message():
     with pytest.raises(OptionError) as caught:
         parse("0")
     assert caught.value.error.field == "--timeout" and "must be > 0" in str(caught.value.error)
+
+
+def test_a_bad_number_says_what_its_type_allows(capsys):
+    """The one-line error names the field and the allowed values: a number's bounds come from its declared type
+    (pydantic's "Input should be a valid integer, unable to parse ..." said plainly)."""
+    from tunebench.commands.main import main
+    from tunebench.inputs import allowed_of
+    from tunebench.plan.options import AvgTokens, GpuCount, Probability
+
+    assert allowed_of(GpuCount) == "an integer from 1 to 16,384"
+    assert allowed_of(Probability) == "a number from 0 to 1" and allowed_of(AvgTokens).endswith("to 1,000,000,000")
+    assert allowed_of(Seconds) == "a number > 0 and <= 31,622,400" and allowed_of(str) is None
+    assert allowed_of(typing.Optional[int], []) == "an integer"  # noqa: UP045 - the spelling a model field has
+
+    job = ["recommend", "finetune_lora_benchmark-v1.0.0", "model_name=llama3.2-1b", "model_max_length=512"]
+    gpus = "(allowed: an integer from 1 to 16,384)"
+    cases = {
+        ("--max-gpus", "0"): f"--max-gpus: must be >= 1 (got '0') {gpus}",
+        ("--max-gpus", "abc"): f"--max-gpus: not an integer (got 'abc') {gpus}",
+        ("--max-gpus", "1_6"): f"--max-gpus: not an integer (got '1_6') {gpus}",  # pydantic read it as 16
+        (
+            "--max-oom-risk",
+            "nan",
+        ): "--max-oom-risk: must be a finite number (got 'nan') (allowed: a number from 0 to 1)",
+    }
+    for (flag, value), line in cases.items():
+        assert main([*job, "batch_size=8", "gpu_model=A100-80GB", flag, value]) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"error: {line}\n" and captured.out == ""
+    assert main([*job, "batch_size=1_6", "gpu_model=A100-80GB"]) == 2  # int() reads 1_6 as 16
+    assert capsys.readouterr().err.startswith("error: batch_size: '1_6' is not an integer")

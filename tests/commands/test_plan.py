@@ -395,15 +395,53 @@ def test_gpus_without_a_gpu_model_is_an_input_error_naming_rule_5():
 
 @pytest.mark.slow
 def test_a_cpu_runs_plan_table_has_no_gpu_rows(monkeypatch):
-    """number_gpus=0: one peak in the host's RAM, tokens/s without 'per GPU', MFU against this host's rate, no
+    """number_gpus=0: the allocated peak and the need in the host's RAM, tokens/s without 'per GPU', MFU against this host's rate, no
     capacity, out-of-memory probability or GPU-hours (a column of dashes says nothing); JSON keeps the spec's
     names."""
     monkeypatch.setenv("COLUMNS", "120")
     job = [LORA, "model_name=smollm2-135m", "model_max_length=128", "number_gpus=0", "batch_size=1"]
     text = invoke("plan", *job).output
-    assert "Memory of the CPU run (GiB)" in text and "peak in the host's RAM" in text
+    assert "Memory of the CPU run (GiB)" in text and "predicted need in the host's RAM" in text
     assert "MFU (of this host's rate)" in text and "train tokens/s " in text
     for gpu_row in ("nvidia-smi", "capacity", "usable", "probability of running out", "per GPU", "GPU-hours"):
         assert gpu_row not in text, gpu_row
     out = json.loads(invoke("plan", *job, "--json").stdout)
     assert out["gpu_memory_allocated_peak_gib"] > 0 and out["capacity_gib"] is None
+
+
+def test_a_batch_is_planned_alone_and_an_empty_one_is_an_error(tmp_path, capsys):
+    """--batch with --compare was silently just planned; a file of blank lines printed '0 plans' with exit 0."""
+    from tunebench.commands.main import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n  \n")
+    assert main(["plan", "--batch", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --batch: ") and "has no JSON lines" in err and "(allowed: " in err
+    good = tmp_path / "one.jsonl"
+    entity = {"model_name": "llama3.2-1b", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
+    good.write_text(json.dumps({"experiment": LORA, "entity": {**entity, "gpu_model": "A100"}}) + "\n")
+    assert main(["plan", "--batch", str(good), "--compare"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: --compare: not with --batch") and captured.out == ""
+    no_entity = tmp_path / "no-entity.jsonl"
+    no_entity.write_text(json.dumps({"experiment": LORA}) + "\n")
+    assert main(["plan", "--batch", str(no_entity), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["error"].startswith('--batch: expected {"experiment": ID, "entity"')
+
+
+def test_a_cpu_run_over_several_nodes_is_not_planned_to_fit():
+    """number_gpus=0 over 2 nodes: no process on any node (the measuring engines refuse it too); it was planned
+    to fit with a note on the network between the nodes."""
+    from tunebench.plan.predictor import PlanOptions, predict_values
+    from tunebench.plan.sweep import method_job
+
+    job = {"model_name": "smollm2-135m", "model_max_length": 128, "number_gpus": 0, "batch_size": 2}
+    rows = [("lora", method_job("lora", {**job, **nodes})[1]) for nodes in ({"number_nodes": 2}, {})]
+    cols = predict_values(rows, PlanOptions(probe_host=False))  # the verdict needs no timing of this host
+    assert cols["reasons"][0] == [
+        "number_nodes 2 with number_gpus 0: each node would run number_gpus / number_nodes = 0 processes; "
+        "a CPU run runs on one machine: set number_nodes 1"
+    ]
+    assert not cols["fits"][0] and not any("across nodes" in n for n in cols["notes"][0])
+    assert cols["reasons"][1] == [] and cols["fits"][1]

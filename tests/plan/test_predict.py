@@ -388,7 +388,7 @@ def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):
     out = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(out) == 5
     assert out[0]["is_valid"] is True and out[4]["is_valid"] is True
-    assert out[1] == {"line": 2, "verdict": "failed", "error": out[1]["error"]} and out[1]["error"].startswith(
+    assert out[1] == {"line": 2, "verdict": "failed", "fits": False, "error": out[1]["error"]} and out[1]["error"].startswith(
         "model_name: unknown model"
     )
     assert out[2]["line"] == 3 and out[2]["error"].startswith("--batch: not JSON")
@@ -519,15 +519,33 @@ def test_recommend_needs_a_gpu_model():
     assert isinstance(res.exception, InputError) and res.exception.field == "gpu_model"
 
 
+def test_a_results_verdict_reads_whether_a_reason_blocks_it():
+    """metadata["blocked"]: a reason besides running out of GPU memory (LoRA targets that match no layer) makes the
+    verdict invalid whatever the probability; a result stored before it was recorded is judged as before."""
+    import dataclasses
+
+    from tunebench.plan.predictor import result_verdict
+
+    entity = {"model_name": "llama3.2-1b", "model_max_length": 512, "number_gpus": 1, "batch_size": 1}
+    fits = predict(LORA, {**entity, "gpu_model": "A100"})
+    blocked = predict_many([(LORA, {**entity, "gpu_model": "A100", "target_modules": ["nope_proj"]})])[0]
+    assert fits.metadata["blocked"] is False and result_verdict(fits, 0.1) == "fits"
+    assert blocked.metadata["blocked"] is True and result_verdict(blocked, 0.1) == "invalid"
+    for r in (fits, blocked):
+        older = dataclasses.replace(r, metadata={k: v for k, v in r.metadata.items() if k != "blocked"})
+        assert result_verdict(older, 0.1) == result_verdict(r, 0.1)
+
+
 def test_recommend_searches_the_gpu_count_itself():
     """A plan's entity reused with recommend: its number_gpus is not used, and a note says so; a CPU run
     (number_gpus=0) has no GPU count to recommend: one line naming number_gpus."""
     job = ["model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8", "gpu_model=A100-80GB"]
     out = json.loads(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8", "--json").stdout)
-    assert out["minimum"]["number_gpus"] == 1 and "number_gpus.1" in out["entity_id"]
-    assert out["notes"] == ["number_gpus=4 is not used: recommend tries 1 to 8 GPUs (--max-gpus 4 keeps to 4)"]
+    assert out["minimum"]["number_gpus"] == 1 and "number_gpus" not in out["job"]
+    assert out["notes"] == ["number_gpus=4 is not used: recommend searches the GPU count itself (tried 1, 2, 4, 8)"]
     text = " ".join(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8").output.split())
-    assert "note: number_gpus=4 is not used" in text
+    assert "note: number_gpus=4 is not used" in text and "number_gpus.1" not in text  # the job, not the entity id
+    assert text.startswith(f"{LORA.id} model_name llama3.2-1b, model_max_length 1024, batch_size 8, gpu_model")
     assert json.loads(invoke("recommend", LORA.id, *job, "--max-gpus", "8", "--json").stdout)["notes"] == []
     cpu = invoke("recommend", LORA.id, *job[:3], "number_gpus=0")
     assert isinstance(cpu.exception, InputError) and cpu.exception.field == "number_gpus"
@@ -671,6 +689,10 @@ def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet
     assert host.host_flops("float32", None, False) == 1.5e9
     (entry,) = json.loads((tmp_path / host.CACHE_FILE).read_text()).values()
     assert entry == {"flops": 1.5e9, "optimizer_s_per_param": 1e-9, "busy": True}
+    # the plan's CPU note names the probe: it says the rate was measured on a shared host
+    assert (
+        host.generic_rate("float32").probe == "generic (measured while the host was busy: slower than this host alone)"
+    )
     monkeypatch.setattr(host, "_MEMO", {})  # a new process, the host still busy: the cache answers
     monkeypatch.setattr(host, "measure_training_flops", rate(4.0e9))
     assert host.host_flops("float32", None, False) == 1.5e9
@@ -679,6 +701,7 @@ def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet
     assert host.host_flops("float32", None, False) == 4.0e9
     (entry,) = json.loads((tmp_path / host.CACHE_FILE).read_text()).values()
     assert entry["flops"] == 4.0e9 and entry["busy"] is False
+    assert host.generic_rate("float32").probe == "generic"
     monkeypatch.setattr(host, "_MEMO", {})
     monkeypatch.setattr(host, "measure_training_flops", rate(9.9e9))
     assert host.host_flops("float32", None, False) == 4.0e9  # a quiet measurement stays

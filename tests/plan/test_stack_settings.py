@@ -270,7 +270,7 @@ JUDGED = [
     (NATIVE, FULL, {"fast_kernels": "False,True,True"}, "measure with --engine fms-hf-tuning"),
     # a CPU entity over several nodes: rule 2 holds (0 % 2 == 0), but no node would run a process
     (NATIVE, FULL, {"number_nodes": 2}, "number_nodes 2 with number_gpus 0"),
-    (FMS, LORA, {"number_nodes": 2}, "a CPU measurement runs on one machine"),
+    (FMS, LORA, {"number_nodes": 2}, "a CPU run runs on one machine"),
 ]
 
 

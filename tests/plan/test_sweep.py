@@ -235,7 +235,7 @@ def test_max_length_of_a_cpu_run_times_this_host_at_its_answer_only(capsys, monk
         return real(structure, dtype, autocast, checkpointing, shape, *args)
 
     monkeypatch.setattr(predictor, "entity_rate", counted)
-    assert main(["max-length", "smollm2-135m", "number_gpus=0", "--json"]) == 0
+    assert main(["max-length", "smollm2-135m", "number_gpus=0", "--host-memory-gib", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["largest"] == 8192 and out["limited_by"].startswith("the model's context")
     assert len(set(shapes)) == 1, shapes  # the answer's micro-batch, once
@@ -310,3 +310,15 @@ def test_a_probability_next_to_the_threshold_prints_with_the_digits_that_tell_th
     assert risk(0.05, 0.1) == "0.050" and risk(0.1002, 0.1) == "0.10020" and risk(0.0999, 0.1) == "0.09990"
     assert risk(0.1, 0.1) == "0.100" and risk(None, 0.1) == "-"
     assert risk(3e-9, 0.0) == "3e-09" and risk(0.0, 0.0) == "0.000"  # above a threshold of 0, not '0.000'
+
+
+def test_a_grid_says_why_a_point_is_invalid(capsys, monkeypatch):
+    """An invalid point's reason was only in --json; the table has a reason column where a point has one, kept
+    on 80 columns before headroom and cost."""
+    monkeypatch.setenv("COLUMNS", "80")
+    job = ["model_name=llama3.2-1b", "model_max_length=128", "batch_size=3", "gpu_model=A100-80GB"]
+    assert main(["plan", LORA, *job, "--grid", "number_gpus=1,2"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "reason" in text and "rule 1: batch_size 3 is not divisible by number_gpus 2" in text
+    assert main(["plan", LORA, *job, "--grid", "number_gpus=1,3"]) == 0
+    assert "reason" not in capsys.readouterr().out  # every point fits: no empty column

@@ -140,7 +140,7 @@ def _human_count(n: int | None) -> str:
 
 def resolve(experiment_id: str, params: list[str] | None, props: list[str] | None) -> tuple[Experiment, Any]:
     """Parse EXPERIMENT, --param and KEY=VALUE arguments into (experiment, entity)."""
-    experiment = get_experiment(experiment_id, parse_assignments(params or []))
+    experiment = get_experiment(experiment_id, parse_assignments(params or [], "--param"))
     entity = make_entity(experiment, parse_assignments(props or []))
     return experiment, entity
 
@@ -293,7 +293,7 @@ def describe(
     as_json: Json = False,
 ) -> None:
     """Required and optional properties (defaults, domains), hardcoded values, measured properties."""
-    exp = get_experiment(experiment, parse_assignments(params or []))
+    exp = get_experiment(experiment, parse_assignments(params or [], "--param"))
     info = describe_dict(exp)
     if as_json:
         _print_json(info)

@@ -51,14 +51,21 @@ class Check:
     def __call__(self, value: Any) -> Any:
         from pydantic import ValidationError
 
-        from tunebench.inputs import input_error
+        from tunebench.inputs import allowed_of, input_error
 
         if value is None:
             return None
+        allowed = allowed_of(self.kind)
+        if allowed and isinstance(value, str) and "_" in value:  # pydantic, as int(), reads 1_6 as 16: a typo
+            noun = " ".join(allowed.split()[:2])  # an integer, a number
+            raise OptionError(InputError(self.name, f"not {noun} (got {value!r})", allowed))
         try:
             return self.adapter.validate_python(value)
         except ValidationError as exc:
-            raise OptionError(input_error(exc, root=self.name)) from None
+            err = input_error(exc, root=self.name)
+            if err.allowed is None:  # a number's bounds, from its type (an integer >= 1, a number from 0 to 1)
+                err = InputError(err.field, err.message, allowed)
+            raise OptionError(err) from None
 
 
 def metavar(kind: Any) -> str:

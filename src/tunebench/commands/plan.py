@@ -25,6 +25,7 @@ from tunebench.commands.printing import (
     need_text,
     planner_options,
     print_plan,
+    risk,
 )
 from tunebench.commands.terminal import Column, print_table
 from tunebench.errors import InputError, parse_json
@@ -117,7 +118,12 @@ def _batch_lines(path: Path) -> list[tuple[int, tuple[Any, Any] | InputError]]:
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             out.append((n, _batch_item(line)))
+    if not out:  # "0 plans" and exit 0 would read as success
+        raise InputError("--batch", f"{str(path)!r} has no JSON lines", allowed=BATCH_LINE)
     return out
+
+
+BATCH_LINE = '{"experiment": ID, "entity": {...}} per line'
 
 
 def _batch_item(line: str) -> tuple[Any, Any] | InputError:
@@ -125,8 +131,8 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
         req = parse_json(line)
     except ValueError as exc:
         return InputError("--batch", f"not JSON: {getattr(exc, 'msg', exc)}")
-    if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity", {}), dict):
-        return InputError("--batch", 'expected {"experiment": ID, "entity": {...}}')
+    if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity"), dict):
+        return InputError("--batch", 'expected {"experiment": ID, "entity": {...}} (the entity an object)')
     try:
         exp = get_experiment(req["experiment"], req.get("parameters") or None)
         return exp, make_entity(exp, req.get("entity") or {})
@@ -135,7 +141,7 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
 
 
 def plan_batch(path: Path, kw: dict[str, Any], as_json: bool, max_oom_risk: float) -> int:
-    """Plan every line of a JSONL file; a bad line becomes {"verdict": "failed", "error": ...} at its place.
+    """Plan every line of a JSONL file; a bad line becomes {"verdict": "failed", "fits": false, "error": ...} in place.
     Returns the exit code."""
     from tunebench.plan.predictor import plan_json, predict_many
 
@@ -147,10 +153,10 @@ def plan_batch(path: Path, kw: dict[str, Any], as_json: bool, max_oom_risk: floa
     rows: list[tuple[int, dict[str, Any]]] = []
     for n, item in lines:
         if isinstance(item, InputError):
-            rows.append((n, {"line": n, "verdict": "failed", "error": str(item)}))
+            rows.append((n, {"line": n, "verdict": "failed", "fits": False, "error": str(item)}))
             continue
         r = next(results)
-        failed_line = {"line": n, "verdict": "failed", "error": r.error}  # api.plan's verdict of a row it cannot size
+        failed_line = {"line": n, "verdict": "failed", "fits": False, "error": r.error}  # as api.plan's rows
         rows.append((n, failed_line if r.status == "failed" else {"line": n, **plan_json(r, max_oom_risk)}))
     failed = sum("error" in o for _, o in rows)
     if as_json:
@@ -184,7 +190,7 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
                 fmt(o["gpu_memory_peak_gib"]),
                 fmt(o["train_tokens_per_second"], 0),
                 duration(o["train_runtime"]) if o["train_runtime"] is not None else "-",
-                fmt(o["gpu_memory_utilization_peak"]),
+                fmt(o["gpu_memory_utilization_peak"]) if o.get("capacity_gib") is not None else "-",  # a CPU run
                 o["experiment_id"],
                 "; ".join(o["reasons"]),
             ]
@@ -250,8 +256,8 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Predict memory, out-of-memory (with its probability), throughput, runtime and cost of an entity,
-    of every line of a JSONL batch (a bad line gets {"verdict": "failed", "error": ...}; exit 1 if any line failed), or of
-    every point of a --grid. The verdict says 'risky' where the job fits but its out-of-memory
+    of every line of a JSONL batch (a bad line gets {"verdict": "failed", "error": ...}; exit 1 if any line
+    failed), or of every point of a --grid. The verdict says 'risky' where the job fits but its out-of-memory
     probability exceeds --max-oom-risk."""
     from tunebench.plan.predictor import plan_json, predict
     from tunebench.plan.sweep import is_range
@@ -270,16 +276,25 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     ranges = [f"{k}={v}" for k, v in values.items() if is_range(v)]
     if grid or ranges:
         if batch is not None or compare:
-            raise InputError("--grid", "plans a grid alone: not with --batch or --compare")
+            raise InputError(
+                "--grid", "plans a grid alone: not with --batch or --compare", allowed="--grid without them"
+            )
         if experiment is None:
             raise InputError("experiment", "missing: give an experiment id before the KEY=VALUE properties")
-        exp = get_experiment(experiment, parse_assignments(params or []))
+        exp = get_experiment(experiment, parse_assignments(params or [], "--param"))
         fixed = {k: v for k, v in values.items() if not is_range(v)}
         plan_grid_command(exp, fixed, [*(grid or []), *ranges], opts, max_oom_risk, currency, as_json, wide)
         return
     if batch is not None:
         if experiment is not None:
-            raise InputError("--batch", "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both")
+            raise InputError(
+                "--batch",
+                "give either EXPERIMENT KEY=VALUE ... or --batch FILE, not both",
+                allowed="--batch FILE alone",
+            )
+        if compare or store is not None or space is not None:  # each line is planned only: nothing is compared
+            flag = "--compare" if compare else ("--store" if store is not None else "--space")
+            raise InputError(flag, "not with --batch, which plans each line", allowed="--batch FILE without it")
         code = plan_batch(batch, kw, as_json, max_oom_risk)
         if code:
             raise typer.Exit(code=code)
@@ -291,7 +306,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
         raise InputError("--space", "only with --compare and no entity: compares every entity the space explored")
     if experiment is None:
         raise InputError("experiment", "missing: give an experiment id and KEY=VALUE properties, or --batch FILE")
-    exp = get_experiment(experiment, parse_assignments(params or []))
+    exp = get_experiment(experiment, parse_assignments(params or [], "--param"))
     entity = make_entity(exp, values)
     _require_gpu_model(effective_values(exp, entity))
     if compare:  # the store first: one that cannot be read fails before the planner runs (and caches)
@@ -408,7 +423,7 @@ def recommend(
     opts = planner_options(price, calibration, network, host_memory, currency, avg_tokens, lengths)
     values = parse_assignments(props or [])
     gpu.register(values.get("gpu_model"))
-    exp = get_experiment(experiment, parse_assignments(params or []))
+    exp = get_experiment(experiment, parse_assignments(params or [], "--param"))
     count_lengths(opts.lengths, values.get("model_name"))
     repeat = {
         "--gpus-per-node": gpus_per_node,
@@ -567,7 +582,11 @@ def _refuse_broken_rules(values: dict[str, Any], single_node_only: bool, searche
     if reasons:
         named = re.match(r"rule \d+: (\w+)", reasons[0])
         field = named.group(1) if named and named.group(1) in values else "KEY=VALUE"
-        raise InputError(field, f"{reasons[0]}; {searched} is searched with the rest as given")
+        raise InputError(
+            field,
+            f"{reasons[0]}; {searched} is searched with the rest as given",
+            allowed="a job that keeps the spec's validity rules, as `tunebench validate` checks",
+        )
 
 
 def largest_command(
@@ -599,9 +618,12 @@ def largest_command(
     options = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
     for key, value in options.items():
         if value is not None and key in raw:
-            raise InputError(key, "given twice: as an option and as KEY=VALUE")
+            flag = "--" + key.replace("_", "-")
+            raise InputError(key, "given twice: as an option and as KEY=VALUE", allowed=f"{flag} or {key}=, not both")
     if name in raw:
-        raise InputError(name, "is what this command searches for: leave it out")
+        raise InputError(
+            name, "is what this command searches for: leave it out", allowed=f"the job's properties but {name}"
+        )
     given = {**{"number_gpus": 1, **defaults}, **raw, **{k: v for k, v in options.items() if v is not None}}
     number_gpus = parse_value("number_gpus", given["number_gpus"])
     given["number_gpus"] = number_gpus
@@ -662,7 +684,8 @@ def _config(c: dict[str, Any], currency: str) -> str:
 
 def print_recommendation(console: Console, out: dict[str, Any], currency: str = "USD") -> None:
     """recommend's text: the three picks, what the largest GPU count buys, why nothing fits, the table."""
-    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}")
+    job = ", ".join(f"{k} {v}" for k, v in out["job"].items())  # not the entity id: its number_gpus is a stand-in
+    console.print(f"[bold]{out['experiment_id']}[/bold]\n{job}", highlight=False)
     console.print(f"[dim]fits: out-of-memory probability at most {out['max_oom_risk']:g} (--max-oom-risk)[/dim]")
     for note in out.get("notes") or []:
         console.print(f"note: {note}", highlight=False)
@@ -692,7 +715,7 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
         )
     diagnosis = out.get("diagnosis")
     if diagnosis:
-        _print_diagnosis(console, diagnosis, out.get("nearest"))
+        _print_diagnosis(console, diagnosis, out.get("nearest"), out["max_oom_risk"])
     rows = []
     for row in out["methods"]:
         if not row.get("fits", True) or "number_gpus" not in row:
@@ -733,15 +756,20 @@ def method_columns(currency: str) -> list[Column]:
     ]
 
 
-def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any] | None) -> None:
-    """Why nothing fits (at the largest GPU count tried): the validity rules it breaks, else its memory; and
-    the nearest change that fits."""
+def _print_diagnosis(
+    console: Console, d: dict[str, Any], nearest: dict[str, Any] | None, max_oom_risk: float = DEFAULT_MAX_OOM_RISK
+) -> None:
+    """Why nothing fits (at the largest GPU count tried): the validity rules it breaks, else its memory and its
+    out-of-memory probability against --max-oom-risk (with the digits that tell them apart); and the nearest
+    change that fits."""
     if d.get("rules"):
         console.print(f"why: on {d['number_gpus']} GPUs the job breaks a validity rule: {'; '.join(d['rules'])}")
     else:
+        p = d["oom_probability"]
+        above = f", above --max-oom-risk {max_oom_risk:g}" if p is not None and p > max_oom_risk else ""
         console.print(
             f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
-            f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {fmt(d['oom_probability'], 3)}); "
+            f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {risk(p, max_oom_risk)}{above}); "
             f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
             f"({fmt(d['largest_component_gib'], 1)} GiB)"
         )
@@ -753,7 +781,7 @@ def _print_diagnosis(console: Console, d: dict[str, Any], nearest: dict[str, Any
     c = nearest["candidate"]
     console.print(
         f"nearest fit: {nearest['change']} fits on {c['number_gpus']} GPU(s) (peak "
-        f"{c['gpu_memory_peak_gib']:.1f} GiB/GPU, out-of-memory probability {c['oom_probability']:.3f}):"
+        f"{c['gpu_memory_peak_gib']:.1f} GiB/GPU, out-of-memory probability {risk(c['oom_probability'], max_oom_risk)}):"
     )
     console.print(f"  {nearest['command']}", soft_wrap=True, markup=False, highlight=False)
 

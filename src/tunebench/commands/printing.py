@@ -121,7 +121,10 @@ def print_plan(
         if v:
             table.add_row(k.replace("_", " "), fmt(v, 2))
     if cpu:  # the spec's GPU properties carry the CPU run's peak in JSON; for people, one peak in the host's RAM
-        table.add_row("[bold]peak in the host's RAM[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+        table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+        table.add_row(
+            "[bold]predicted need in the host's RAM[/bold] (+ fragmentation)", fmt(out.get("required_gib"), 2)
+        )
     else:
         table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
         table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
@@ -185,7 +188,8 @@ def need_text(c: dict[str, Any]) -> str:
 def _point_cells(c: dict[str, Any], currency: str, cpu: bool = False) -> list[str]:
     """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost (a CPU
     run: no P(OOM) or headroom, which are the GPU's)."""
-    gpu = [] if cpu else [fmt(c.get("oom_probability"), 3)]
+    on_cpu = c.get("number_gpus") == 0  # a CPU point among GPU ones: no GPU to run out of
+    gpu = [] if cpu else ["-" if on_cpu else fmt(c.get("oom_probability"), 3)]
     return [
         *gpu,
         fmt(c.get("gpu_memory_peak_gib")),
@@ -235,6 +239,10 @@ def print_grid(
         [str(p[n]) for n in swept] + [p["verdict"]] + _point_cells(p, currency, cpu)[: len(columns) - len(swept) - 1]
         for p in points
     ]
+    if any(p.get("notes") for p in points):  # why a point is invalid (a rule, the host's RAM), as --batch's table
+        columns.append(Column("reason", 1, wrap=True, min_width=16))
+        for row, p in zip(rows, points, strict=True):
+            row.append("; ".join(p.get("notes") or []))
     given = ", ".join(f"{k} {v}" for k, v in fixed.items())
     fits = sum(p["verdict"] == "fits" for p in points)
     judged = "in the host's RAM" if cpu else f"out-of-memory probability <= {max_oom_risk:g}, --max-oom-risk"
@@ -255,10 +263,13 @@ def print_largest(console: Console, out: dict[str, Any], currency: str = "USD") 
     cpu = at.get("number_gpus") == 0  # weighed against the host's RAM: no out-of-memory probability
     judged = "in the host's RAM" if cpu else f"out-of-memory probability <= {out['max_oom_risk']:g}"
     console.print(f"largest {name} that fits: [bold]{value:,}[/bold] ({judged})", highlight=False)
-    need = f"{need_text(at)}, " if at.get("required_gib") is not None else ""  # a CPU run: weighed against RAM
-    odds = "" if cpu else f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}"
+    parts = [f"peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}"]
+    if at.get("required_gib") is not None:
+        parts.append(need_text(at))  # a CPU run's need is weighed against the host's RAM
+    if not cpu:
+        parts.append(f"out-of-memory probability {risk(at['oom_probability'], out['max_oom_risk'])}")
     console.print(
-        f"  at {value:,}: peak {fmt(at['gpu_memory_peak_gib'])} {_per(at)}{', ' + need + odds if need or odds else ''}; "
+        f"  at {value:,}: {', '.join(parts)}; "
         f"{fmt(at['dataset_tokens_per_second'], 0)} tokens/s, data set in {duration(at['train_runtime'])}{cost}",
         highlight=False,
     )

@@ -18,6 +18,7 @@ from typing import Any
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.versions import PLUGINS, engine_reasons, plugins_used
 from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, attention_asked, fast_loss_on, loss_path
+from tunebench.spec.validity import cpu_nodes_reason
 
 NATIVE_HINT = "measure with --engine native"
 FMS_HINT = "measure with --engine fms-hf-tuning"
@@ -51,15 +52,8 @@ def _fms_version_and_plugins(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _cpu_nodes(values: dict[str, Any], engine: str) -> list[str]:
-    # the SFTTrainer spec: "Each Node will use number_gpus/number_nodes GPUs ... 1 process for each GPU it uses";
-    # without GPUs that is no process on any node. Rule 2 holds (0 % number_nodes == 0): the run cannot be made.
-    nodes = int(values.get("number_nodes") or 1)
-    if _gpus(values) == 0 and nodes > 1:
-        return [
-            f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
-            "processes; a CPU measurement runs on one machine: set number_nodes 1"
-        ]
-    return []
+    reason = cpu_nodes_reason(values)  # several nodes without GPUs: no process on any node
+    return [] if reason is None else [reason]
 
 
 def _fms_acceleration_native(values: dict[str, Any], engine: str) -> list[str]:

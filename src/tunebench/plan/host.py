@@ -402,7 +402,7 @@ def generic_rate(dtype: str, autocast: str | None = None, checkpointing: bool = 
         f"generic, {dtype} (~{MEASURE_SECONDS + 0.5:.0f} s)",
         ("flops", "optimizer_s_per_param"),
     )
-    return HostRate(entry["flops"], entry["optimizer_s_per_param"], "generic")
+    return HostRate(entry["flops"], entry["optimizer_s_per_param"], "generic" + _busy_mark(entry))
 
 
 def host_flops(dtype: str, autocast: str | None = None, checkpointing: bool = False) -> float:
@@ -466,8 +466,14 @@ def entity_rate(
         return generic
     if entry is None:  # a busy host: the generic rate, measured once even there
         return HostRate(generic.flops, generic.optimizer_s_per_param, "generic (the host was busy)")
-    probe = f"{structure.name} at {batch} x {seq} tokens{', LoRA' if adapters is not None else ''}"
+    probe = f"{structure.name} at {batch} x {seq} tokens{', LoRA' if adapters is not None else ''}{_busy_mark(entry)}"
     return HostRate(flops_per_token / entry["seconds_per_token"], entry["optimizer_s_per_param"], probe, batch * seq)
+
+
+def _busy_mark(entry: dict) -> str:
+    """What a probe's label adds where other work competed while it was measured (_cached marks it busy and
+    measures it again once the host is quiet): its rate is low by however much the host was shared."""
+    return " (measured while the host was busy: slower than this host alone)" if entry.get("busy") else ""
 
 
 def _probe_fits(structure, dtype: str) -> bool:

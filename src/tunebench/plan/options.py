@@ -90,7 +90,7 @@ def _currency(code: str) -> str:
 
 Currency = Annotated[str, AfterValidator(_currency)]
 # A probability: the largest out-of-memory probability a verdict or recommendation accepts.
-Probability = Annotated[float, Field(ge=0, le=1)]
+Probability = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 # Mean tokens per sample of the user's data (plan.lengths): at least one token, at most plan.lengths.MAX_AVG_TOKENS.

@@ -36,7 +36,7 @@ from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_ke
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
 from tunebench.spec.results import Result
-from tunebench.spec.validity import check_values
+from tunebench.spec.validity import check_values, cpu_nodes_reason
 
 # The measured properties the planner predicts: the spec's memory peak and rates, tunebench's GiB peaks.
 PREDICTED = (
@@ -297,12 +297,12 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
         "host_memory_gib": m.host_gib,
         "nvme_gib": m.nvme_gib,
     }
+    cols["required_gib"] = m.required_gib  # a CPU run's too: its need is weighed against the host's RAM
     if m.capacity_gib is not None:
         cols["capacity_gib"] = np.where(w.gpus >= 1, m.capacity_gib, np.nan)  # a CPU run fills no GPU
         cols["usable_gib"] = m.usable_gib
-        cols["required_gib"] = m.required_gib
         cols["headroom_gib"] = m.usable_gib - m.required_gib
-        cols["oom_probability"] = m.oom_probability
+        cols["oom_probability"] = np.where(w.gpus >= 1, m.oom_probability, np.nan)  # nor runs out of one
     price, source = gpu_price(w.gpu, opts.price_per_gpu_hour)
     if price is not None and w.on_gpu:
         cols["price_per_gpu_hour"] = np.full(w.size, price)
@@ -333,7 +333,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     network_note = (
         f"across nodes, collectives run at {rate:g} GB/s per node ({why}; --network-gbps gives your cluster's)"
     )
-    multi_node = (w.nodes > 1).tolist()
+    multi_node = ((w.nodes > 1) & (w.gpus >= 1)).tolist()  # a CPU run's nodes get a reason, not a network note
     variants: dict[tuple[bool, bool], list[str]] = {}  # rows of a group share their (read-only) notes lists
     for j, i in enumerate(idx):
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
@@ -344,6 +344,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     _note_lengths(out, idx, w)
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
+        for j, i in enumerate(idx):  # several nodes without GPUs: no process on any node (spec.validity)
+            reason = cpu_nodes_reason({"number_gpus": 0, "number_nodes": int(np.broadcast_to(w.nodes, len(idx))[j])})
+            if reason:
+                out["reasons"][i].append(reason)
+                out["fits"][i] = False
         _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
 
 

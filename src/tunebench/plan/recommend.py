@@ -353,7 +353,7 @@ def recommend(
     if not 0 <= max_oom_risk <= 1:
         raise InputError("--max-oom-risk", f"must be a probability (got {max_oom_risk})", allowed="0 to 1")
     raw = dict(raw)
-    job_notes = _gpu_count_notes(raw.pop("number_gpus", None), max_gpus)
+    given_gpus = _given_gpu_count(raw.pop("number_gpus", None))
     raw["number_gpus"] = 1  # replaced by every count tried
     if "gpu_model" not in raw or not raw["gpu_model"]:
         raise InputError("gpu_model", "recommend needs the GPU type to size for", allowed="a GPU from `tunebench gpus`")
@@ -362,6 +362,7 @@ def recommend(
     minimum = minimum_gpus(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
     speed = fastest(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
     tried = tried_counts(int(values["batch_size"]), gpus_per_node, max_gpus)
+    job_notes = [] if given_gpus is None else [_gpu_count_note(given_gpus, tried)]
     table = []
     common = {k: values[k] for k in entity.values}
     for method in methods:
@@ -377,6 +378,7 @@ def recommend(
     out: dict[str, Any] = {
         "experiment_id": experiment.id,
         "entity_id": entity.id,
+        "job": {k: v for k, v in raw.items() if k != "number_gpus"},  # as given: the GPU count is the answer
         "gpu_model": values["gpu_model"],
         "gpus_per_node": gpus_per_node,
         "max_gpus": max_gpus,
@@ -400,23 +402,29 @@ def recommend(
     return out
 
 
-def _gpu_count_notes(given: Any, max_gpus: int) -> list[str]:
-    """number_gpus is what recommend searches (1 to max_gpus): a count given with the rest of a plan's entity is
-    not used, and a note says so; 0 (a CPU run) has no GPU count to recommend: bad input."""
+def _given_gpu_count(given: Any) -> int | None:
+    """A number_gpus given with a plan's entity (None: none); 0, a CPU run, has no GPU count to recommend: bad
+    input."""
     from tunebench.spec.experiments import parse_value
 
     if given is None:
-        return []
+        return None
     count = parse_value("number_gpus", given)
     if count == 0:
         raise InputError(
             "number_gpus",
             "0 is a CPU run, which has no GPU count to recommend: plan it with `tunebench plan ... number_gpus=0` "
             "and find its largest batch with `tunebench max-batch MODEL number_gpus=0`",
-            allowed="leave number_gpus out (recommend tries 1 to --max-gpus GPUs)",
+            allowed="leave number_gpus out (recommend searches the GPU count)",
         )
-    bound = f"--max-gpus {count} keeps to {count}" if count < max_gpus else f"--max-gpus is {max_gpus}"
-    return [f"number_gpus={count} is not used: recommend tries 1 to {max_gpus} GPUs ({bound})"]
+    return count
+
+
+def _gpu_count_note(count: int, tried: list[int]) -> str:
+    """What recommend says of a number_gpus it was given: not used, and the counts it tried instead."""
+    return (
+        f"number_gpus={count} is not used: recommend searches the GPU count itself (tried {', '.join(map(str, tried))})"
+    )
 
 
 def _price(gpu_model: str, override: float | None) -> dict[str, Any]:

@@ -382,16 +382,18 @@ def peft_target_modules(model_type: str | None) -> tuple[str, ...]:
     return tuple(mapping.get(model_type or "", ()))
 
 
-def parse_assignments(pairs: Iterable[str]) -> dict[str, str]:
-    """KEY=VALUE strings (CLI) -> dict; InputError for a malformed or repeated pair."""
+def parse_assignments(pairs: Iterable[str], field: str = "KEY=VALUE") -> dict[str, str]:
+    """KEY=VALUE strings (CLI) -> dict; InputError for a malformed pair (named field: the entity's KEY=VALUE, or
+    --param for the experiment's parameters) or a repeated key."""
     out: dict[str, str] = {}
+    what = "parameters" if field == "--param" else "properties"
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise InputError("KEY=VALUE", f"cannot read {pair!r}; write properties as KEY=VALUE")
+            raise InputError(field, f"cannot read {pair!r}; write {what} as KEY=VALUE", allowed="KEY=VALUE")
         if key in out:
-            raise InputError(key, "given more than once")
+            raise InputError(key, "given more than once", allowed=f"one value of each of the {what}")
         out[key] = value
     return out
 

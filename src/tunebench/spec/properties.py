@@ -227,6 +227,8 @@ def _parse_int(prop: Property, raw: Any) -> int:
         raw = int(raw)
     if isinstance(raw, str):
         text = raw.strip()
+        if "_" in text:  # Python's int() reads 1_0 as 10: a typo, not a number anyone writes here
+            raise prop.error(raw, f"{raw!r} is not an integer")
         try:
             value = int(text)
         except ValueError:
@@ -247,6 +249,8 @@ def _parse_int(prop: Property, raw: Any) -> int:
 
 def _parse_float(prop: Property, raw: Any) -> float:
     if isinstance(raw, bool):
+        raise prop.error(raw, f"{raw!r} is not a number")
+    if isinstance(raw, str) and "_" in raw:  # float() reads 1_0.5 as 10.5
         raise prop.error(raw, f"{raw!r} is not a number")
     try:
         value = float(raw)

@@ -191,6 +191,20 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
     return Validity(validity.is_valid, validity.reasons, platform_notes(experiment.method, values))
 
 
+def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
+    """Why a CPU job over several nodes cannot be made, or None. Not one of the spec's rules (rule 2 holds: 0 %
+    number_nodes == 0), but the SFTTrainer spec runs "number_gpus/number_nodes GPUs ... 1 process for each GPU"
+    on each node: without GPUs, no process on any node. The measuring engines (engines.support) and the
+    planner (plan.predictor) judge it alike."""
+    nodes = int(values.get("number_nodes") or 1)
+    if int(values.get("number_gpus") or 0) == 0 and nodes > 1:
+        return (
+            f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
+            "processes; a CPU run runs on one machine: set number_nodes 1"
+        )
+    return None
+
+
 # watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
 # QLoRA fine tuning is listed for NVIDIA A100, H100 and H200 only (full and LoRA also for L40S),
 # "You cannot tune foundation models with Intel Gaudi 3 AI Accelerator GPUs", and "Regardless of the tuning
