@@ -12,7 +12,7 @@ BIN    := $(VENV)/bin
 DEPS   := $(shell cat pyproject.toml constraints.txt | $(PYTHON) -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])")
 STAMP  := $(VENV)/.installed-$(DEPS)
 
-.PHONY: demo test test-fast lint install clean
+.PHONY: demo test test-fast lint install clean gpu-wheels
 
 install: $(STAMP)
 
@@ -45,6 +45,14 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/ruff check src tests benchmarks
+
+# Wheels for the GPU checks on the device machine (benchmarks/gpu_check.sh, docs/benchmarks/gpu.md): tunebench's
+# requirements its image lacks (benchmarks/gpu_wheels.txt), for its Python 3.12 on x86-64, into .whl/ (ignored
+# by git; the device call carries it)
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	    --platform manylinux2014_x86_64 -d .whl -r benchmarks/gpu_wheels.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache demo
