@@ -327,8 +327,11 @@ def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
     # without host_memory_gib: this machine's RAM, the host a CPU plan is timed on
     assert "this machine's RAM" in predict(FULL, {**cpu, "batch_size": 2**20}).reasons[0]
     # a gpu_model beside number_gpus=0 names no GPU the run uses: no GPU headroom, the host's rate for MFU
-    named = predict(FULL, {**cpu, "batch_size": 2, "gpu_model": "H100"}, host_memory_gib=16)
+    named = predict(FULL, {**cpu, "batch_size": 2, "gpu_model": "H100"}, host_memory_gib=16, price_per_gpu_hour=3)
     assert named.metadata["headroom_gib"] is None and named.metadata["usable_gib"] is None
+    assert named.metadata["oom_probability"] is None and named.metadata["required_gib"] > 0  # weighed against RAM
+    assert any(n.startswith("number_gpus=0 is a CPU run: gpu_model NVIDIA-H100") for n in named.metadata["notes"])
+    assert "a CPU run uses no GPU-hours: a price per GPU-hour gives it no cost" in named.metadata["notes"]
     assert named.metadata["mfu"] == pytest.approx(small.metadata["mfu"], rel=0.2)
 
 
@@ -388,9 +391,9 @@ def test_cli_batch_bad_lines_become_errors_in_place(tmp_path):
     out = [json.loads(x) for x in res.stdout.strip().splitlines()]
     assert len(out) == 5
     assert out[0]["is_valid"] is True and out[4]["is_valid"] is True
-    assert out[1] == {"line": 2, "verdict": "failed", "fits": False, "error": out[1]["error"]} and out[1]["error"].startswith(
-        "model_name: unknown model"
-    )
+    assert out[1] == {"line": 2, "verdict": "failed", "fits": False, "error": out[1]["error"]} and out[1][
+        "error"
+    ].startswith("model_name: unknown model")
     assert out[2]["line"] == 3 and out[2]["error"].startswith("--batch: not JSON")
     assert out[3]["line"] == 4 and out[3]["error"].startswith("gpu_model: unknown GPU 'MyGPU-9000'")
     good = invoke("plan", "--batch", str(path.with_name("good.jsonl")), "--json")

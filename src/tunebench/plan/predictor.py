@@ -316,6 +316,10 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     stacked = np.round(np.stack([m.breakdown_gib[k] for k in names], axis=1), 4).tolist()
     no_sync = ((w.mode() == "FSDP") & (w.grad_accum > 1) & (w.devices > 1)).tolist()
     notes = _group_notes(w)
+    if not w.on_gpu and w.gpu is not None:  # number_gpus=0 beside a gpu_model: what was planned
+        notes.append(f"number_gpus=0 is a CPU run: gpu_model {w.gpu.name} is not used (no GPU memory, no GPU-hours)")
+    if not w.on_gpu and opts.price_per_gpu_hour is not None:
+        notes.append("a CPU run uses no GPU-hours: a price per GPU-hour gives it no cost")
     if rates is not None:
         probes = [r.probe for r in sorted(set(rates), key=lambda r: (r.tokens, r.probe))]
         notes.append(
