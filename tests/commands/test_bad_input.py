@@ -142,6 +142,20 @@ CASES: list[tuple[str, list[str]]] = [
     c("--gpus-per-node", "recommend", LORA, *ENTITY, "--gpus-per-node", "0"),
     c("--max-oom-risk", "recommend", LORA, *GPU_ENTITY, "--max-oom-risk", "1.5"),
     c("number_gpus", "recommend", LORA, *ENTITY),  # a CPU run has no GPU count to recommend
+    c(
+        "--gpu-memory-gib",
+        "plan",
+        LORA,
+        *GPU_ENTITY[:4],
+        "gpu_model=Acme-X1",
+        "--gpu-memory-gib",
+        "-40",
+        "--gpu-bf16-tflops",
+        "100",
+        "--gpu-interconnect-gbps",
+        "50",
+    ),  # was named --gpu-*: memory_gib
+    c("batch_size", "plan", LORA, *GPU_ENTITY[:3], "gpu_model=H100", "--grid", "batch_size=1..99999999999999999999999"),
     c("number_gpus", "recommend", LORA, *GPU_ENTITY[:2], "number_gpus=two", *GPU_ENTITY[3:]),
     c("--max-oom-risk", "plan", LORA, *GPU_ENTITY, "--max-oom-risk", "nan"),
     c("seq_len", "plan", LORA, *GPU_ENTITY[:-2], "--grid", "seq_len=512..1024"),

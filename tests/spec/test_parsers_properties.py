@@ -187,3 +187,20 @@ def test_a_null_for_a_property_that_needs_a_value_says_so():
         else:
             raise AssertionError(f"{name}=null was accepted")
     assert "flash_attn" not in make_entity(exp, {**JOB, "flash_attn": None}).values
+
+
+def test_a_value_of_the_wrong_kind_or_with_underscores_is_named_as_given():
+    """A JSON list where a model name belongs said 'a model name is required'; Python's int() read 1_0 as 10."""
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    cases = {
+        "model_name": (["smollm2-135m"], "['smollm2-135m'] is not a model name (a text)"),
+        "batch_size": ("1_0", "'1_0' is not an integer"),
+        "num_train_epochs": ("1_0.5", "'1_0.5' is not a number"),
+    }
+    for name, (value, message) in cases.items():
+        try:
+            make_entity(exp, {**JOB, name: value})
+        except InputError as err:
+            assert (err.field, err.message) == (name, message)
+        else:
+            raise AssertionError(f"{name}={value!r} was accepted")

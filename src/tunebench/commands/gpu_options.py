@@ -16,8 +16,10 @@ from typing import Annotated, Any
 
 from tunebench.commands.options import option
 from tunebench.errors import InputError
+from tunebench.inputs import Positive
 
-# the file is read by catalog.user_gpus.read_catalog and the numbers checked together by
+# each number is > 0 and finite as it is parsed (tunebench.inputs.Positive, naming its flag); the file is read by
+# catalog.user_gpus.read_catalog and the numbers checked together by
 # catalog.gpus.custom_gpu (field --gpu-*), which also serve the Python API
 GPUCatalog = Annotated[
     Path | None,
@@ -30,14 +32,14 @@ GPUCatalog = Annotated[
 ]
 GPUMemory = Annotated[
     float | None,
-    option(float, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB, as nvidia-smi's total."),
+    option(Positive, "--gpu-memory-gib", help="Memory of a GPU outside the catalog, GiB, as nvidia-smi's total."),
 ]
-GPUTflops = Annotated[float | None, option(float, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
+GPUTflops = Annotated[float | None, option(Positive, "--gpu-bf16-tflops", help="Its dense bf16 peak, TFLOP/s.")]
 GPULink = Annotated[
-    float | None, option(float, "--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
+    float | None, option(Positive, "--gpu-interconnect-gbps", help="Its GPU-to-GPU bandwidth within a node, GB/s.")
 ]
 GPUBandwidth = Annotated[
-    float | None, option(float, "--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
+    float | None, option(Positive, "--gpu-memory-bandwidth-gbps", help="Its memory bandwidth, GB/s (optional).")
 ]
 GPUName = Annotated[
     str | None, option(str, "--gpu-name", help="Label the --gpu-* numbers describe (default: gpu_model).")

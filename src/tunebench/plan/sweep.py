@@ -38,6 +38,7 @@ from tunebench.spec.experiments import (
     effective_values,
     get_experiment,
     make_entity,
+    parse_value,
 )
 
 RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
@@ -60,6 +61,8 @@ def grid_values(name: str, text: str) -> list[str]:
         if not all(values):
             raise InputError(name, f"empty value in {text!r}", allowed="V1,V2,... or LOW..HIGH (powers of two)")
         return values
+    for bound in (match[1], match[2]):  # each end in the property's domain, as typed (not a power of two of it)
+        parse_value(name, bound)
     low, high = int(match[1]), int(match[2])
     if low > high:
         raise InputError(name, f"range {text!r} runs backwards", allowed="LOW..HIGH with LOW <= HIGH")
@@ -82,7 +85,7 @@ def parse_grid(experiment: Experiment, items: Sequence[str]) -> dict[str, list[s
             raise InputError("--grid", f"cannot read {item!r}", allowed="KEY=V1,V2,... or KEY=LOW..HIGH")
         check_property(experiment, name)
         if name in dims:
-            raise InputError(name, "given more than once")
+            raise InputError(name, "given more than once", allowed="each property once, its values in one KEY=V1,V2")
         dims[name] = grid_values(name, text)
     points = math.prod(len(v) for v in dims.values())
     if points > MAX_POINTS:

@@ -329,7 +329,9 @@ def _parse_bool_list(prop: Property, raw: Any) -> tuple[bool, ...]:
 def _parse_model(prop: Property, raw: Any) -> str:
     from tunebench.catalog import get_model
 
-    if not isinstance(raw, str) or not raw.strip():
+    if raw is not None and not isinstance(raw, str):  # a JSON list or number where a name belongs
+        raise prop.error(raw, f"{raw!r} is not a model name (a text)")
+    if raw is None or not raw.strip():
         raise prop.error(raw, "a model name is required")
     return get_model(raw).name  # canonical: the catalog's short name, or the absolute config.json path
 
