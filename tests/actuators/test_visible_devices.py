@@ -15,7 +15,6 @@ from actuators.test_measure import PARAMS
 
 import tunebench.actuators.measure as measure_module
 import tunebench.actuators.process as process_module
-import tunebench.executors.local as local_module
 from tunebench.actuators.launch import build_launch_plan
 from tunebench.actuators.measure import measure
 from tunebench.actuators.options import MeasureOptions
@@ -40,7 +39,7 @@ def launched(monkeypatch):
     """The environments the measuring actuator would start the worker with (no process starts), on a host whose
     NVML lists 8 A100s."""
     envs: list[dict[str, str]] = []
-    monkeypatch.setattr(local_module, "detect_gpus", lambda: [Gpu(str(i), "NVIDIA A100-SXM4-80GB") for i in range(8)])
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: [Gpu(str(i), "NVIDIA A100-SXM4-80GB") for i in range(8)])
 
     def capture(command, env, log_path, timeout, watch=None, on_step=None):
         envs.append(env)
@@ -83,11 +82,11 @@ def test_run_of_gpus_this_machine_lacks_fails_before_anything_starts(tmp_path, l
     """Without the GPUs the entity names (none, too few, another model) `tunebench run` trained on the CPU or the
     wrong GPU and recorded that as the entity's measurement: now a failed Result saying why, nothing launched."""
     options = {"weights": "random", "output_dir": str(tmp_path / "run")}
-    monkeypatch.setattr(local_module, "detect_gpus", lambda: [])
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: [])
     none = measure(FULL, entity(1), options)
     assert none.status == "failed" and none.error.startswith("needs 1 GPU(s); this machine has no GPU")
     assert "number_gpus=0 for a CPU run" in none.error
-    monkeypatch.setattr(local_module, "detect_gpus", lambda: [Gpu("0", "NVIDIA H100 80GB HBM3")])
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: [Gpu("0", "NVIDIA H100 80GB HBM3")])
     assert "this machine has 1 GPU(s)" in measure(FULL, entity(2), options).error
     other = measure(FULL, entity(1), options)
     assert other.status == "failed" and other.error.startswith(f"needs gpu_model {A100}; this machine has NVIDIA H100")

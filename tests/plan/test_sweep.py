@@ -54,8 +54,11 @@ def test_parse_grid_names_the_spec_property():
         parse_grid(exp, ["batch_size=1", "batch_size=2"])
     assert info.value.field == "batch_size"
     with pytest.raises(InputError) as info:
-        parse_grid(exp, ["batch_size=1..65536", "model_max_length=1..65536", "r=1..65536", "lora_alpha=1..65536"])
+        parse_grid(exp, ["batch_size=1..65536", "model_max_length=1..65536", "r=1..1024", "lora_alpha=1..65536"])
     assert info.value.field == "--grid" and "points" in str(info.value)
+    with pytest.raises(InputError) as info:  # each end as typed, in the property's domain
+        parse_grid(exp, ["r=1..65536"])
+    assert (info.value.field, info.value.message) == ("r", "'65536' is outside the domain")
 
 
 def test_plan_grid_judges_every_point_in_order():

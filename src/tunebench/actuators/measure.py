@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebench.actuators.launch import WORKER_MODULES, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.machine import cannot_run_here, detect_gpus
 from tunebench.actuators.memwatch import DEFAULT_LIMIT_FRACTION, MemoryWatch, default_host_memory_limit_bytes
 from tunebench.actuators.options import MeasureOptions
 from tunebench.actuators.outcome import RunOutcome, result_of_run
@@ -83,11 +84,9 @@ def measure(
 
 
 def gpus_missing(values: Mapping[str, Any]) -> str | None:
-    """Why this machine cannot run the GPUs a one-node entity names (executors.local.cannot_run_here on NVML's
+    """Why this machine cannot run the GPUs a one-node entity names (actuators.machine.cannot_run_here on NVML's
     GPUs within $CUDA_VISIBLE_DEVICES), None where it can: without this, a number_gpus=1 run on a machine
     without a GPU trains on the CPU and is recorded as the GPU entity's measurement."""
-    from tunebench.executors.local import cannot_run_here, detect_gpus
-
     gpus = int(values.get("number_gpus") or 0)
     if gpus == 0:
         return None

@@ -10,67 +10,12 @@ can never run (more GPUs than it has, several nodes, another GPU model) fails at
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-from dataclasses import dataclass
 
+from tunebench.actuators.machine import Gpu, cannot_run_here, detect_gpus
 from tunebench.executors.task import Finished, Task, run_task
 from tunebench.spec.results import Result
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: str  # as CUDA_VISIBLE_DEVICES spells it
-    name: str  # NVML product name, e.g. "NVIDIA A100-SXM4-80GB"
-
-
-def detect_gpus() -> list[Gpu]:
-    """This machine's GPUs via NVML (PCI bus order), limited to $CUDA_VISIBLE_DEVICES; [] without NVML."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            names = []
-            for i in range(count):
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                names.append(name.decode() if isinstance(name, bytes) else str(name))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no GPU, no pynvml: a CPU machine
-        return []
-    gpus = [Gpu(str(i), n) for i, n in enumerate(names)]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        gpus = [g for g in gpus if g.index in wanted]
-    return gpus
-
-
-def cannot_run_here(number_gpus: int, gpu_model: str | None, gpus: list[Gpu]) -> str | None:
-    """Why a one-node measurement of number_gpus GPUs of gpu_model cannot run on a machine with these GPUs (None:
-    it can): too few, or none of that model. A run that went ahead would train elsewhere than its entity says (on
-    the CPU, or another GPU) and be recorded as the entity's measurement."""
-    if number_gpus > len(gpus):
-        have = f"{len(gpus)} GPU(s)" if gpus else "no GPU"
-        return f"needs {number_gpus} GPU(s); this machine has {have}"
-    if number_gpus > 0 and gpu_model:
-        names = {g.name for g in gpus}
-        if not any(_same_gpu_model(gpu_model, n) for n in names):
-            return f"needs gpu_model {gpu_model}; this machine has {', '.join(sorted(names))}"
-    return None
-
-
-def _same_gpu_model(label: str, nvml_name: str) -> bool:
-    """Whether an NVML product name is the catalog GPU label (unknown names are given the benefit of the doubt)."""
-    from tunebench.catalog import get_gpu
-
-    try:
-        return get_gpu(label).name == get_gpu(nvml_name).name
-    except Exception:
-        return True
 
 
 class LocalExecutor:
