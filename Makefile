@@ -50,6 +50,7 @@ lint: $(STAMP)
 # requirements its image lacks (benchmarks/gpu_wheels.txt), for its Python 3.12 on x86-64, into .whl/ (ignored
 # by git; the device call carries it)
 gpu-wheels:
+	rm -rf .whl  # one version of each: two stop the whole install there
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	    --platform manylinux2014_x86_64 -d .whl -r benchmarks/gpu_wheels.txt

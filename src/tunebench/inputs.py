@@ -67,13 +67,18 @@ def allowed_of(kind: Any, metadata: list[Any] | None = None) -> str | None:
     import annotated_types as at
 
     constraints = list(metadata or [])
+    if get_origin(kind) in (Union, UnionType):  # Optional[X]: X's (None means "not given", not a value to allow)
+        args = [a for a in get_args(kind) if a is not type(None)]
+        if len(args) != 1:
+            return None
+        kind = args[0]
     if get_origin(kind) is Annotated:
         kind, *extra = get_args(kind)
         for meta in extra:
             constraints += getattr(meta, "metadata", None) or [meta]
-    args = [a for a in get_args(kind) if a is not type(None)] if get_origin(kind) in (Union, UnionType) else [kind]
-    if len(args) != 1 or args[0] not in (int, float):
+    if kind not in (int, float):
         return None
+    args = [kind]
     noun = "an integer" if args[0] is int else "a number"
     low = high = None
     for c in constraints:

@@ -89,7 +89,11 @@ def test_run_of_gpus_this_machine_lacks_fails_before_anything_starts(tmp_path, l
     monkeypatch.setattr(measure_module, "detect_gpus", lambda: [Gpu("0", "NVIDIA H100 80GB HBM3")])
     assert "this machine has 1 GPU(s)" in measure(FULL, entity(2), options).error
     other = measure(FULL, entity(1), options)
-    assert other.status == "failed" and other.error.startswith(f"needs gpu_model {A100}; this machine has NVIDIA H100")
+    assert other.status == "failed" and other.error.startswith(f"needs gpu_model {A100}; the 1 GPU(s) a run takes here")
+    # a machine of two models: the GPUs a run takes (the first ones CUDA sees) decide, not any GPU of the machine
+    mixed = [Gpu("0", "NVIDIA H100 80GB HBM3"), Gpu("1", "NVIDIA A100-SXM4-80GB")]
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: mixed)
+    assert "are NVIDIA H100 80GB HBM3 (CUDA_VISIBLE_DEVICES chooses others)" in measure(FULL, entity(1), options).error
     assert launched == []
     assert measure(FULL, entity(0), options).status == "failed" and len(launched) == 1  # a CPU run needs none
 

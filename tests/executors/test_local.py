@@ -105,6 +105,7 @@ def fake_nvml(names: list, calls: list) -> SimpleNamespace:
         nvmlDeviceGetCount=lambda: len(names),
         nvmlDeviceGetHandleByIndex=lambda i: ("handle", i),
         nvmlDeviceGetName=lambda handle: names[handle[1]],
+        nvmlDeviceGetUUID=lambda handle: f"GPU-{handle[1]}a2b3c4d-0000-1111-2222-333344445555",
     )
 
 
@@ -119,10 +120,13 @@ def test_detect_gpus_reads_nvml_in_order_and_honours_cuda_visible_devices(monkey
         Gpu("2", "NVIDIA H100 80GB HBM3"),
     ]
     assert calls == ["init", "shutdown"]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 0")
-    assert detect_gpus() == [Gpu("0", "NVIDIA A100-SXM4-80GB"), Gpu("2", "NVIDIA H100 80GB HBM3")]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 0")  # CUDA's order: its device 0 is GPU 2
+    assert detect_gpus() == [Gpu("2", "NVIDIA H100 80GB HBM3"), Gpu("0", "NVIDIA A100-SXM4-80GB")]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert detect_gpus() == []
+    # UUIDs (or a unique prefix), as CUDA takes them; a MIG instance counts as one GPU of unknown model
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b3c4d,MIG-7f00")
+    assert detect_gpus() == [Gpu("1", "NVIDIA L40S"), Gpu("MIG-7f00", "MIG-7f00")]
 
 
 def test_detect_gpus_without_a_driver_is_empty(monkeypatch):

@@ -197,7 +197,9 @@ def measure_on_gpu(tmp_path: Path, config: str, parameters: dict, entity: dict):
     from tunebench.catalog import get_gpu
 
     gpu_model = get_gpu(nvidia_smi("name")[0][0]).name  # this machine's GPU as the catalog names it
-    ent = make_entity(exp, {"model_name": config, "number_gpus": 1, "gpu_model": gpu_model, **entity})
+    # flash_attn False: sdpa, which every CUDA torch has (flash-attention has its own test above)
+    values = {"model_name": config, "number_gpus": 1, "gpu_model": gpu_model, "flash_attn": False, **entity}
+    ent = make_entity(exp, values)
     options = {"weights": "random", "output_dir": str(tmp_path / "run"), "timeout_seconds": 900, "visible_devices": "0"}
     return measure(exp, ent, options)
 

@@ -545,6 +545,7 @@ def test_recommend_searches_the_gpu_count_itself():
     job = ["model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8", "gpu_model=A100-80GB"]
     out = json.loads(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8", "--json").stdout)
     assert out["minimum"]["number_gpus"] == 1 and "number_gpus" not in out["job"]
+    assert out["job"]["model_max_length"] == 1024 and out["job"]["gpu_model"] == "NVIDIA-A100-SXM4-80GB"  # parsed
     assert out["notes"] == ["number_gpus=4 is not used: recommend searches the GPU count itself (tried 1, 2, 4, 8)"]
     text = " ".join(invoke("recommend", LORA.id, *job, "number_gpus=4", "--max-gpus", "8").output.split())
     assert "note: number_gpus=4 is not used" in text and "number_gpus.1" not in text  # the job, not the entity id

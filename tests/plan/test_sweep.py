@@ -212,6 +212,7 @@ def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["job"]["number_gpus"] == 0 and out["job"]["gpu_model"] is None and out["largest"] >= 1
     assert out["at_largest"]["fits"] and "host memory" in " ".join(out["at_next"]["notes"])
+    assert out["at_largest"]["oom_probability"] is None  # no GPU to run out of, as plan --json says
     # for people: judged in the host's RAM, without the GPU's out-of-memory probability
     assert main(["max-batch", "smollm2-135m", "number_gpus=0", "model_max_length=64"]) == 0
     text = " ".join(capsys.readouterr().out.split())

@@ -15,40 +15,54 @@ class Gpu:
 
 
 def detect_gpus() -> list[Gpu]:
-    """This machine's GPUs via NVML (PCI bus order), limited to $CUDA_VISIBLE_DEVICES; [] without NVML."""
+    """This machine's GPUs via NVML (PCI bus order), limited to $CUDA_VISIBLE_DEVICES (indices, or GPU-/MIG- UUIDs
+    as CUDA takes them, in its order); [] without NVML."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         try:
-            count = pynvml.nvmlDeviceGetCount()
-            names = []
-            for i in range(count):
-                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                names.append(name.decode() if isinstance(name, bytes) else str(name))
+            found = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name, uuid = pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetUUID(handle)
+                found.append((name.decode() if isinstance(name, bytes) else str(name), str(uuid)))
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # no driver, no GPU, no pynvml: a CPU machine
         return []
-    gpus = [Gpu(str(i), n) for i, n in enumerate(names)]
+    gpus = [Gpu(str(i), name) for i, (name, _) in enumerate(found)]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        gpus = [g for g in gpus if g.index in wanted]
-    return gpus
+    if visible is None:
+        return gpus
+    by_uuid = {uuid: gpu for gpu, (_, uuid) in zip(gpus, found, strict=True)}
+    out = []
+    for entry in (v.strip() for v in visible.split(",") if v.strip()):
+        if entry.isdigit():
+            out += [g for g in gpus if g.index == entry]
+        elif entry.startswith("GPU-"):
+            out += [g for uuid, g in by_uuid.items() if uuid.startswith(entry)]  # CUDA takes a unique prefix
+        elif entry.startswith("MIG-"):  # a MIG instance NVML's device list does not name: one GPU of unknown model
+            out.append(Gpu(entry, entry))
+    return out
 
 
 def cannot_run_here(number_gpus: int, gpu_model: str | None, gpus: list[Gpu]) -> str | None:
     """Why a one-node measurement of number_gpus GPUs of gpu_model cannot run on a machine with these GPUs (None:
-    it can): too few, or none of that model. A run that went ahead would train elsewhere than its entity says (on
-    the CPU, or another GPU) and be recorded as the entity's measurement."""
+    it can): too few, or the first number_gpus of them (those a run takes, actuators.process.owned_devices) not
+    all of that model. A run that went ahead would train elsewhere than its entity says (on the CPU, or another
+    GPU) and be recorded as the entity's measurement."""
     if number_gpus > len(gpus):
         have = f"{len(gpus)} GPU(s)" if gpus else "no GPU"
         return f"needs {number_gpus} GPU(s); this machine has {have}"
     if number_gpus > 0 and gpu_model:
-        names = {g.name for g in gpus}
-        if not any(_same_gpu_model(gpu_model, n) for n in names):
-            return f"needs gpu_model {gpu_model}; this machine has {', '.join(sorted(names))}"
+        taken = gpus[:number_gpus]
+        other = sorted({g.name for g in taken if not _same_gpu_model(gpu_model, g.name)})
+        if other:
+            return (
+                f"needs gpu_model {gpu_model}; the {number_gpus} GPU(s) a run takes here are {', '.join(other)}"
+                " (CUDA_VISIBLE_DEVICES chooses others)"
+            )
     return None
 
 

@@ -65,16 +65,20 @@ def measure(
     tokens/s, loss, ETA: tunebench.worker.progress)."""
     opts = options if isinstance(options, MeasureOptions) else MeasureOptions.from_mapping(options)
     values = effective_values(experiment, entity)
-    # the rules that ask this machine hold for a run that starts here (several nodes run elsewhere: Ray)
-    reasons = judge(experiment, entity, engine, here=values.get("number_nodes", 1) <= 1)
+    here = values.get("number_nodes", 1) <= 1  # a run that starts here (several nodes run elsewhere: Ray)
+    # In order: what is true of the entity anywhere (the spec's rules, what the engine cannot run), then what this
+    # machine lacks (its GPUs: failed, nothing about the entity), then the packages missing here (invalid here).
+    reasons = judge(experiment, entity, engine, here=False)
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
-    elif values.get("number_nodes", 1) > 1:
+    elif not here:
         result = Result.failed(
             experiment.id, entity.id, "number_nodes > 1 needs one process per machine: use the ray executor"
         )
     elif opts.visible_devices is None and (missing := gpus_missing(values)) is not None:  # an executor checked its own
         result = Result.failed(experiment.id, entity.id, missing)
+    elif reasons := judge(experiment, entity, engine, here=True):
+        result = Result.invalid(experiment.id, entity.id, reasons)
     elif "repetitions" in experiment.hardcoded:
         repetitions = int(experiment.hardcoded["repetitions"])
         result = _measure_stability(experiment, entity, values, opts, repetitions, progress, engine, on_step)

@@ -133,6 +133,10 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
         return InputError("--batch", f"not JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity"), dict):
         return InputError("--batch", 'expected {"experiment": ID, "entity": {...}} (the entity an object)')
+    if not isinstance(req.get("parameters") or {}, dict):  # a list here stopped the whole batch (a TypeError)
+        return InputError("--batch", '"parameters" must be an object of the experiment\'s parameters')
+    if not isinstance(req["experiment"], str):
+        return InputError("--batch", '"experiment" must be an experiment id (a text)')
     try:
         exp = get_experiment(req["experiment"], req.get("parameters") or None)
         return exp, make_entity(exp, req.get("entity") or {})

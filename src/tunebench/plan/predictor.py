@@ -182,12 +182,15 @@ def predict_values(
     out["calibration"] = cal.source
     single = [single_node_only] * n if isinstance(single_node_only, bool) else list(single_node_only)
     out["rules"] = [
-        check_values(values, single_node_only=one).reasons for (_, values), one in zip(rows, single, strict=True)
-    ]
+        check_values(values, single_node_only=one).reasons + ([why] if (why := cpu_nodes_reason(values)) else [])
+        for (_, values), one in zip(rows, single, strict=True)
+    ]  # and a CPU run over several nodes, which cannot start either (spec.validity.cpu_nodes_reason)
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (method, values) in enumerate(rows):
         if values.get("number_gpus", 0) > 0 and not values.get("gpu_model"):
             continue  # rule 5: nothing to plan against
+        if out["rules"][i] and not values.get("number_gpus"):
+            continue  # a CPU run that cannot start: not timed on this host for figures that are blanked
         groups[keys[i] if keys is not None else group_key(values, method)].append(i)
     for idx in groups.values():
         try:
@@ -348,11 +351,6 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     _note_lengths(out, idx, w)
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
-        for j, i in enumerate(idx):  # several nodes without GPUs: no process on any node (spec.validity)
-            reason = cpu_nodes_reason({"number_gpus": 0, "number_nodes": int(np.broadcast_to(w.nodes, len(idx))[j])})
-            if reason:
-                out["reasons"][i].append(reason)
-                out["fits"][i] = False
         _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
 
 

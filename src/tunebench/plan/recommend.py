@@ -65,7 +65,7 @@ class Candidate:
     gpu_memory_peak_gib: float
     gpu_memory_allocated_peak_gib: float
     gpu_memory_utilization_peak: float
-    oom_probability: float  # the planner's probability of running out of GPU memory (0 on the CPU)
+    oom_probability: float  # the planner's probability of running out of GPU memory (NaN on the CPU)
     required_gib: float  # the predicted need: allocated peak + fragmentation, GiB per GPU (memory.predict_memory)
     headroom_gib: float  # usable GPU memory minus the predicted need, GiB per GPU (NaN on the CPU)
     # host RAM per node that offload keeps, GiB (0 without offload); checked against PlanOptions.host_memory_gib
@@ -138,7 +138,8 @@ def evaluate(
                 gpu_memory_peak_gib=float(cols["gpu_memory_peak_gib"][i]),
                 gpu_memory_allocated_peak_gib=float(cols["gpu_memory_allocated_peak_gib"][i]),
                 gpu_memory_utilization_peak=float(cols["gpu_memory_utilization_peak"][i]),
-                oom_probability=p_oom if not cols["rules"][i] else math.nan,
+                # none where a rule is broken or on the CPU, which has no GPU to run out of (NaN: null in JSON)
+                oom_probability=p_oom if not cols["rules"][i] and v["number_gpus"] else math.nan,
                 required_gib=float(cols["required_gib"][i]),
                 headroom_gib=float(cols["headroom_gib"][i]),
                 host_memory_gib=float(np.nan_to_num(cols["host_memory_gib"][i])) if not cols["rules"][i] else math.nan,
@@ -378,7 +379,7 @@ def recommend(
     out: dict[str, Any] = {
         "experiment_id": experiment.id,
         "entity_id": entity.id,
-        "job": {k: v for k, v in raw.items() if k != "number_gpus"},  # as given: the GPU count is the answer
+        "job": {k: values[k] for k in raw if k != "number_gpus"},  # the properties given, parsed (not the GPUs)
         "gpu_model": values["gpu_model"],
         "gpus_per_node": gpus_per_node,
         "max_gpus": max_gpus,
