@@ -343,8 +343,15 @@ def test_flash_attention_on_a_gpu_entity_needs_the_package_here(tmp_path, tiny, 
     entity = make_entity(
         exp, {"model_name": tiny, "model_max_length": 192, "number_gpus": 1, "batch_size": 4, "gpu_model": A100}
     )
+    import tunebench.actuators.measure as measure_module
+    from tunebench.actuators.machine import Gpu
+
+    # where the run would start: its A100 is there (NVML), flash-attn is not
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: [Gpu("0", "NVIDIA A100-SXM4-80GB")])
     result = measure(exp, entity, opts(tmp_path))  # flash_attn None: on with a GPU
     assert result.status == "invalid" and "needs the flash-attn package" in result.reasons[0]
+    monkeypatch.setattr(measure_module, "detect_gpus", lambda: [])  # a machine without the GPU: failed, first
+    assert "this machine has no GPU" in measure(exp, entity, opts(tmp_path)).error
     assert not (tmp_path / "run").exists()
     plan = build_launch_plan(exp, entity)
     args = plan.worker_args

@@ -340,7 +340,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     network_note = (
         f"across nodes, collectives run at {rate:g} GB/s per node ({why}; --network-gbps gives your cluster's)"
     )
-    multi_node = ((w.nodes > 1) & (w.gpus >= 1)).tolist()  # a CPU run's nodes get a reason, not a network note
+    multi_node = ((w.nodes > 1) & (w.gpus >= 1)).tolist()  # a CPU run over nodes is refused (a rule), no network
     variants: dict[tuple[bool, bool], list[str]] = {}  # rows of a group share their (read-only) notes lists
     for j, i in enumerate(idx):
         out["breakdown"][i] = dict(zip(names, stacked[j], strict=True))
