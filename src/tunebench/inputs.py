@@ -78,8 +78,7 @@ def allowed_of(kind: Any, metadata: list[Any] | None = None) -> str | None:
             constraints += getattr(meta, "metadata", None) or [meta]
     if kind not in (int, float):
         return None
-    args = [kind]
-    noun = "an integer" if args[0] is int else "a number"
+    noun = "an integer" if kind is int else "a number"
     low = high = None
     for c in constraints:
         if isinstance(c, (at.Ge, at.Gt)):

@@ -57,7 +57,7 @@ class Check:
             return None
         allowed = allowed_of(self.kind)
         if allowed and isinstance(value, str) and "_" in value:  # pydantic, as int(), reads 1_6 as 16: a typo
-            noun = " ".join(allowed.split()[:2])  # an integer, a number
+            noun = "an integer" if allowed.startswith("an integer") else "a number"
             raise OptionError(InputError(self.name, f"not {noun} (got {value!r})", allowed))
         try:
             return self.adapter.validate_python(value)

@@ -120,13 +120,12 @@ def print_plan(
     for k, v in out["breakdown"].items():
         if v:
             table.add_row(k.replace("_", " "), fmt(v, 2))
-    if cpu:  # the spec's GPU properties carry the CPU run's peak in JSON; for people, one peak in the host's RAM
-        table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+    table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
+    if cpu:  # the spec's GPU properties carry the CPU run's peak in JSON; for people, its need in the host's RAM
         table.add_row(
             "[bold]predicted need in the host's RAM[/bold] (+ fragmentation)", fmt(out.get("required_gib"), 2)
         )
     else:
-        table.add_row("[bold]allocated peak (torch)[/bold]", fmt(out["gpu_memory_allocated_peak_gib"], 2))
         table.add_row("[bold]reserved peak (torch)[/bold]", fmt(out["gpu_memory_reserved_peak_gib"], 2))
         table.add_row("[bold]peak (nvidia-smi)[/bold]", fmt(out["gpu_memory_peak_gib"], 2))
         table.add_row("capacity", fmt(out.get("capacity_gib"), 2))
