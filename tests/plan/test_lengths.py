@@ -112,6 +112,43 @@ def test_a_jsonl_file_gives_its_mean_and_memory_its_longest(tmp_path, capsys):
     )["tokens_per_sample"].iloc[0] == pytest.approx(np.mean(counts), rel=1e-4)
 
 
+def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
+    """padding_free (one flattened row per micro-batch) processes the mean tokens, not the micro-batch's expected
+    longest; peak memory stays sized for batch x the longest sample with flash-attention; eager and sdpa attend
+    over the whole row under a block-diagonal mask, so their s^2 terms grow with the row's square."""
+    texts = [" ".join(f"word{i}" for i in range(n)) for n in (5, 30, 60, 120, 90, 7, 400, 15)]
+    write_samples(tmp_path / "data.jsonl", texts)
+    lengths = ["model_max_length=2048", "--lengths", str(tmp_path / "data.jsonl")]
+    padded = plan_json(capsys, *SMALL, *lengths)
+    free = plan_json(capsys, *SMALL, *lengths, "padding_free=1")
+    assert free["tokens_per_sample"] == padded["tokens_per_sample"]  # the same samples
+    # tokens processed: the micro-batch of 8 padded to its expected longest sample, or the samples' own
+    counts = [len(offline.load("smollm2").encode(t).ids) for t in texts]
+    sample = SampleLengths(tuple(counts), "", True)
+    expected = sample.padded(np.array([2048.0]), np.array([8.0]))[0] / sample.real(np.array([2048.0]))[0]
+    assert expected > 2
+    processed = {k: v["train_tokens_per_second"] * v["train_runtime"] for k, v in (("free", free), ("padded", padded))}
+    assert processed["padded"] / processed["free"] == pytest.approx(expected, rel=1e-4)
+    assert free["train_runtime"] < padded["train_runtime"]
+    # the spec's train_tokens_per_second counts padding: nothing is padded, so it is the data set's rate
+    assert free["train_tokens_per_second"] == pytest.approx(free["dataset_tokens_per_second"], rel=1e-6)
+    assert padded["train_tokens_per_second"] > 1.5 * padded["dataset_tokens_per_second"]
+    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):  # flash-attention on a GPU: no s^2 term
+        assert free[key] == pytest.approx(padded[key], rel=1e-9)
+    eager = [*SMALL, *lengths, "attn_implementation=eager"]
+    assert (
+        plan_json(capsys, *eager, "padding_free=1")["gpu_memory_allocated_peak_gib"]
+        > 1.5 * plan_json(capsys, *eager)["gpu_memory_allocated_peak_gib"]
+    )
+    # a flattened row cannot carry prompt tuning's per-sample virtual tokens
+    capsys.readouterr()
+    assert (
+        main(["plan", "finetune_pt_benchmark-v1.0.0", *SMALL, "model_max_length=512", "padding_free=1", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "invalid" and any("prompt tuning" in r for r in out["reasons"]), out
+
+
 def test_padding_is_the_expected_longest_of_a_micro_batch():
     lengths = SampleLengths((100, 200, 200, 400), "", True)
     for b in (1, 2, 3):  # every ordered draw of b samples, equally likely

@@ -113,6 +113,82 @@ def test_model_dtype_loss_is_the_upcast_loss_computed_in_the_logits_dtype(num_it
         assert model_dtype_causal_lm_loss(half, labels, vocab).dtype == torch.bfloat16
 
 
+# ------------------------------------------------------------------------------------------ padding_free
+
+
+def _samples(lengths: list[int], vocab: int) -> list[dict]:
+    torch.manual_seed(1)
+    out = []
+    for i, n in enumerate(lengths):
+        ids = torch.randint(0, vocab, (n,)).tolist()
+        labels = [-100] * 3 + ids[3:]  # a prompt of 3 tokens, as the completion-only labels mask it
+        out.append({"input_ids": ids, "labels": labels, "entry_index": i, "dataset_tokens": n})
+    return out
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_flattened_batch_has_the_padded_batchs_loss_and_gradients(attn):
+    """FlatteningCollator's one row of samples, whose position ids restart at each sample, attends within each
+    sample only: the loss and every gradient are the padded batch's. Concatenated without restarting positions
+    (one long sample) they are not: the check can tell the two apart."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tunebench.training.data import CompletionCollator, FlatteningCollator
+
+    config = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "model_type"}, use_cache=False)
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).float()
+    features = _samples([7, 19, 12], TINY_LLAMA["vocab_size"])
+
+    def loss_and_grads(batch: dict) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        inputs = {k: v for k, v in batch.items() if k not in ("entry_index", "dataset_tokens")}
+        loss = model(**inputs).loss
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    padded = CompletionCollator(pad_token_id=0)(features)
+    flat = FlatteningCollator()(features)
+    assert flat["input_ids"].shape == (1, 38) and padded["input_ids"].shape == (3, 19)
+    assert flat["entry_index"] == [0, 1, 2] and flat["dataset_tokens"] == [7, 19, 12]
+    assert flat["position_ids"][0].tolist() == [*range(7), *range(19), *range(12)]
+    loss_padded, grads_padded = loss_and_grads(padded)
+    loss_flat, grads_flat = loss_and_grads(flat)
+    assert loss_flat == pytest.approx(loss_padded, rel=1e-5)
+    for a, b in zip(grads_flat, grads_padded, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    one_sample = {**flat, "position_ids": torch.arange(38)[None]}
+    assert loss_and_grads(one_sample)[0] != pytest.approx(loss_padded, rel=1e-3)
+
+
+def test_a_padding_free_run_trains_as_the_padded_run_on_fewer_tokens(tmp_path):
+    """The worker with --padding_free huggingface (fms-hf-tuning's flag): the same samples, steps and losses as the
+    padded run (same seed and data), the same sample count per step (one row holds several), and the tokens it
+    processes (what train_tokens_per_second counts, the spec's "including padding tokens") are the padded run's
+    non-padding tokens."""
+    runs = {}
+    for name, extra in (("padded", ()), ("free", ("--padding_free", "huggingface"))):
+        (tmp_path / name).mkdir()
+        rc, r, agg = run(tmp_path / name, *extra, steps=3)
+        assert rc == 0, r.get("reason")
+        runs[name] = (r["metadata"], r["steps"]["local"], agg["properties"])
+    (padded_meta, padded, _), (free_meta, free, free_props) = runs["padded"], runs["free"]
+    assert free_meta["padding_free"] is True and padded_meta["padding_free"] is False
+    assert free_meta["train_losses"] == pytest.approx(padded_meta["train_losses"], rel=1e-5)
+    assert free["samples"] == padded["samples"] == [2, 2, 2]
+    assert free["padded_tokens"] == free["non_pad_tokens"] == padded["non_pad_tokens"]
+    assert sum(free["padded_tokens"]) < sum(padded["padded_tokens"])  # the padded run processed padding
+    assert free["dataset_tokens"] == padded["dataset_tokens"] and free["trained_tokens"] == padded["trained_tokens"]
+    processed = free_props["train_tokens_per_second"] * free_props["train_runtime"]
+    assert processed == pytest.approx(sum(free["non_pad_tokens"]), rel=1e-6)
+
+
+def test_the_native_worker_refuses_padding_free_for_prompt_tuning(tmp_path):
+    rc, r, _ = run(tmp_path, "--padding_free", "huggingface", peft_method="pt", steps=1)
+    assert rc == 1 and r["phase"] == "setup" and "--padding_free" in r["reason"], r.get("reason")
+
+
 # ------------------------------------------------------------------------------- real runs of the worker
 
 
@@ -271,6 +347,15 @@ JUDGED = [
     # a CPU entity over several nodes: rule 2 holds (0 % 2 == 0), but no node would run a process
     (NATIVE, FULL, {"number_nodes": 2}, "number_nodes 2 with number_gpus 0"),
     (FMS, LORA, {"number_nodes": 2}, "a CPU run runs on one machine"),
+    # padding_free: the native worker flattens batches itself; fms-hf-tuning with flash-attention only
+    (NATIVE, "finetune_pt_benchmark-v1.0.0", {"padding_free": True}, "prompt tuning would prepend its virtual"),
+    (FMS, LORA, {"padding_free": True}, "padding_free runs with flash-attention only"),
+    (
+        FMS,
+        LORA,
+        {"padding_free": True, "number_gpus": 1, "gpu_model": "A100", "flash_attn": False},
+        "padding_free with flash_attn 0: fms-hf-tuning flattens batches with flash-attention only",
+    ),
 ]
 
 
@@ -370,6 +455,7 @@ def test_launch_plan_passes_stack_flags_and_refuses_judged_entities(tiny):
             "gpu_model": A100,
             "attn_implementation": "sdpa",
             "torch_compile": True,
+            "padding_free": True,
         },
     )
     plan = build_launch_plan(exp, entity)
@@ -378,6 +464,10 @@ def test_launch_plan_passes_stack_flags_and_refuses_judged_entities(tiny):
     assert args[args.index("--use_flash_attn") + 1] == "False"  # attn_implementation decides
     assert args[args.index("--attn_implementation") + 1] == "sdpa"
     assert args[args.index("--torch_compile") + 1] == "True"
+    assert args[args.index("--padding_free") + 1] == "huggingface"  # fms-hf-tuning's flag and its one method
+    # fms-hf-tuning runs it with flash-attention, in an environment with its fms-acceleration-aadp plugin
+    fms = build_launch_plan(exp, make_entity(exp, {**entity.values, "attn_implementation": None}), engine=FMS)
+    assert "--padding_free" in fms.worker_args
     judged = make_entity(
         exp,
         {

@@ -272,14 +272,16 @@ def _optional_args(values: dict[str, Any], is_vision: bool) -> list[str]:
 def _stack_args(values: dict[str, Any]) -> list[str]:
     """tunebench's stack settings (docs/experiments.md "Stack settings"), each only when set: a default
     entity's command line is the SFTTrainer spec's. Settings no engine runs are judged before this
-    (tunebench.engines.support); fms-hf-tuning's parser takes --torch_compile (a TrainingArguments field)
-    and drops the others, which it runs only as their defaults."""
+    (tunebench.engines.support); fms-hf-tuning's parser takes --torch_compile (a TrainingArguments field) and
+    --padding_free (its fms-acceleration-aadp plugin) and drops the others, which it runs only as their defaults."""
     args: list[str] = []
     for name in ("attn_implementation", "loss_implementation", "adapter_dtype"):
         if values.get(name) is not None:
             args += [f"--{name}", str(values[name])]
     if values.get("torch_compile"):
         args += ["--torch_compile", "True"]
+    if values.get("padding_free"):  # fms-hf-tuning's own flag and value (AttentionAndDistributedPackingConfig)
+        args += ["--padding_free", "huggingface"]
     return args
 
 

@@ -60,7 +60,8 @@ def _fms_acceleration_native(values: dict[str, Any], engine: str) -> list[str]:
     # The native worker trains with transformers and peft only: fms-acceleration's kernels (fast_kernels, fused_lora,
     # auto_gptq's triton_v2, fast_moe's ScatterMoE) would be on the command line but not run, so a measurement of
     # the entity would describe another one. fms-hf-tuning runs them (tunebench.engines.versions.PLUGINS).
-    used = plugins_used(values)
+    # padding_free the native worker runs itself (transformers' DataCollatorWithFlattening, training.data)
+    used = [flag for flag in plugins_used(values) if flag != "padding_free"]
     if not used:
         return []
     settings = ", ".join(f"{flag} {_shown(values[flag])}" for flag in used)
@@ -146,6 +147,17 @@ def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _padding_free_fms(values: dict[str, Any], engine: str) -> list[str]:
+    # fms-hf-tuning's sft_trainer: "`--padding_free` argument was called without enabling flash attention";
+    # without GPUs the plugin rule (engine_reasons) has judged it, an eager or sdpa kernel _attention_fms
+    if values.get("padding_free") and _gpus(values) > 0 and values.get("attn_implementation") is None:
+        if attention_asked(values) != "flash_attention_2":
+            return [
+                f"padding_free with flash_attn 0: fms-hf-tuning flattens batches with flash-attention only: {NATIVE_HINT}"
+            ]
+    return []
+
+
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention_asked(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
@@ -216,7 +228,11 @@ def _adapter_dtype_fms(values: dict[str, Any], engine: str) -> list[str]:
 
 BOTH = (NATIVE, FMS)
 RULES: tuple[Rule, ...] = (
-    Rule("fms_hf_tuning_version, fast_moe, fast_kernels, fused_lora, auto_gptq", (FMS,), _fms_version_and_plugins),
+    Rule(
+        "fms_hf_tuning_version, fast_moe, fast_kernels, fused_lora, auto_gptq, padding_free",
+        (FMS,),
+        _fms_version_and_plugins,
+    ),
     Rule("fast_moe, fast_kernels, fused_lora, auto_gptq", (NATIVE,), _fms_acceleration_native),
     Rule("number_nodes, number_gpus", BOTH, _cpu_nodes),
     Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
@@ -225,6 +241,7 @@ RULES: tuple[Rule, ...] = (
     Rule("tensor_parallel_degree, sequence_parallel_degree", BOTH, _model_parallel),
     Rule("gradient_checkpointing_mode", BOTH, _checkpointing_mode),
     Rule("attn_implementation", (FMS,), _attention_fms),
+    Rule("padding_free, flash_attn", (FMS,), _padding_free_fms),
     # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
     Rule("loss_implementation", (NATIVE,), _loss_native),

@@ -31,6 +31,7 @@ NEWEST = VERSIONS[0]  # the newest fms-hf-tuning release on the package index (3
 FOAK = "fms-acceleration-foak"  # fused ops and kernels: fast_kernels, fused_lora (Triton: GPU only)
 MOE = "fms-acceleration-moe"  # ScatterMoE expert parallelism: fast_moe (Triton: GPU only)
 PEFT_PLUGIN = "fms-acceleration-peft"  # GPTQ-LoRA's auto_gptq accelerated PEFT (CUDA only)
+AADP = "fms-acceleration-aadp"  # attention and distributed packing: padding_free (needs flash-attn: GPU only)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Plugin:
     package: str
     min_version: str
     source: str
+    needs_gpu: str = "runs {package}'s Triton/CUDA kernels"  # why it needs a GPU, for the reason
 
 
 PLUGINS = {
@@ -47,6 +49,14 @@ PLUGINS = {
     "fast_kernels": Plugin(FOAK, "2.0.1", "fms-hf-tuning 2.0.1 ships FusedOpsAndKernelsConfig"),
     "fused_lora": Plugin(FOAK, "2.0.1", "fms-hf-tuning 2.0.1 ships FusedOpsAndKernelsConfig"),
     "auto_gptq": Plugin(PEFT_PLUGIN, "2.0.1", "fms-hf-tuning 2.0.1 ships QuantizedLoraConfig"),
+    # fms-hf-tuning --padding_free huggingface (AttentionAndDistributedPackingConfig, required_packages ["aadp"]);
+    # its sft_trainer raises without use_flash_attn, and the plugin's require_packages is ["flash_attn"]
+    "padding_free": Plugin(
+        AADP,
+        "2.0.1",
+        "fms-hf-tuning 2.0.1 ships AttentionAndDistributedPackingConfig",
+        needs_gpu="runs with flash-attention only (fms-hf-tuning refuses --padding_free without use_flash_attn)",
+    ),
 }
 
 
@@ -81,6 +91,8 @@ def plugins_used(values: dict) -> list[str]:
     for flag in ("fast_kernels", "fused_lora", "auto_gptq"):
         if any(v not in (None, False, "False", "false", "") for v in (values.get(flag) or [])):
             used.append(flag)
+    if values.get("padding_free"):
+        used.append("padding_free")
     return used
 
 
@@ -102,7 +114,9 @@ def engine_reasons(values: dict) -> list[str]:
                 f"(first in {plugin.min_version}; {plugin.source})"
             )
         elif int(values.get("number_gpus") or 0) == 0:
-            reasons.append(f"{flag} runs {plugin.package}'s Triton/CUDA kernels: it needs a GPU (number_gpus is 0)")
+            reasons.append(
+                f"{flag} {plugin.needs_gpu.format(package=plugin.package)}: it needs a GPU (number_gpus is 0)"
+            )
     return reasons
 
 
@@ -121,6 +135,6 @@ def exclude_newer(version: str) -> str:
 def requirements(version: str, plugins: bool) -> list[str]:
     """What uv installs into the environment of a version (torch comes separately: see envs.TORCH_MODES)."""
     base = f"fms-hf-tuning[fms-accel]=={version}" if plugins else f"fms-hf-tuning=={version}"
-    extra = [FOAK, MOE, PEFT_PLUGIN] if plugins else []
+    extra = [FOAK, MOE, PEFT_PLUGIN, AADP] if plugins else []
     # psutil and nvidia-ml-py: tunebench's metrics sampler, which runs inside the engine's process.
     return [base, *extra, "psutil", "nvidia-ml-py", "pyyaml"]

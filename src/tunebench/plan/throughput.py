@@ -56,7 +56,13 @@ def flops_per_token(w: Workload) -> np.ndarray:
     # SDPA's causal kernels skip the masked half, eager attention multiplies the whole s x s square (transformers
     # eager_attention_forward: torch.matmul(query, key.transpose(2, 3)), softmax, then torch.matmul with values)
     square = 2.0 if w.attention == "eager" else 1.0
-    attention = a.attention_flops_per_token_per_context * padded * (3 + recompute) * square
+    context = padded
+    if w.padding_free and w.attention != "flash":
+        # one flattened row under a block-diagonal mask (transformers masking_utils.find_packed_sequence_indices):
+        # eager and sdpa's masked kernels multiply the whole row's square; flash-attention's varlen kernel runs each
+        # sample's causal half alone (padded is then the samples' own mean length)
+        context, square = w.per_device_batch * padded, 2.0
+    attention = a.attention_flops_per_token_per_context * context * (3 + recompute) * square
     # Mamba-2's SSD core: its chunked matmuls per token do not depend on the length (chunks of a fixed size);
     # backward twice the forward, as for the attention core (mamba_ssm _mamba_chunk_scan_combined_bwd: the
     # gradients of x, B, C and dt from the same chunk products), recompute once more

@@ -48,7 +48,7 @@ CATEGORICAL = (
     "_network_gbps", "_flce_chunk_upcast", "attn_implementation", "adapter_dtype", "gradient_checkpointing_mode",
     "torch_compile", "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device",
     "fsdp_offload_params", "device_map", "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels",
-    "fused_lora", "_ds_bucket_elements",
+    "fused_lora", "_ds_bucket_elements", "padding_free",
 )  # fmt: skip
 
 # Where a GPTQ run dequantises (Workload.dequantization): fms-acceleration's fused triton_v2 kernels (the spec's
@@ -143,6 +143,13 @@ class Workload:
         if explicit == "sdpa" and "sdpa" in self.structure.attention:
             return "sdpa"
         return "sdpa" if self.structure.default_attention == "sdpa" else "eager"
+
+    @property
+    def padding_free(self) -> bool:
+        """Micro-batches flattened into one row of the samples' own tokens (``padding_free``): no padding is
+        processed, and attention runs over that row with the samples' boundaries (flash-attention per sample;
+        eager and sdpa under a block-diagonal mask of the whole row)."""
+        return bool(self.settings.get("padding_free"))
 
     @property
     def reentrant_checkpointing(self) -> bool:
@@ -409,7 +416,8 @@ class Workload:
         limit = self.length_limit()
         virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
         if self.lengths is not None:  # the user's samples: their mean, padded to a micro-batch's longest
-            real, padded = self.lengths.real(limit), self.lengths.padded(limit, self.per_device_batch) + virtual
+            real = self.lengths.real(limit)
+            padded = real if self.padding_free else self.lengths.padded(limit, self.per_device_batch) + virtual
             self.derived["real"], self.derived["padded"] = real, padded
             return real, padded
         ds = self.dataset
@@ -423,7 +431,9 @@ class Workload:
             entry = TOKENS_PER_WORD * (ds.min_tokens + VISION_USER_WORDS) + self.image_tokens()
             pad = 1.0
         real = np.minimum(limit, entry)
-        if self.method == "pt":
+        if self.padding_free:  # one row of the samples' own tokens: nothing padded (pt is invalid with it)
+            padded = real
+        elif self.method == "pt":
             padded = np.minimum(limit, entry) * pad + virtual  # prompt tuning prepends virtual tokens
         else:
             padded = np.minimum(limit, entry * pad)

@@ -56,7 +56,7 @@ _BENCHMARK_OPTIONAL = (
 STACK_OPTIONAL = (
     "attn_implementation", "loss_implementation", "adapter_dtype", "gradient_checkpointing_mode", "torch_compile",
     "deepspeed_zero_stage", "offload_optimizer_device", "offload_param_device", "fsdp_offload_params", "device_map",
-    "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels",
+    "tensor_parallel_degree", "sequence_parallel_degree", "liger_kernels", "padding_free",
 )  # fmt: skip
 _LORA_OPTIONAL = ("r", "lora_alpha", "target_modules")
 

@@ -74,6 +74,10 @@ ADAPTER_DTYPES = ("float32", "bfloat16", "float16")
 # selective (op-level: matmul outputs kept, cheap element-wise ops recomputed).
 CHECKPOINTING_MODES = ("full", "selective")
 
+# fms-hf-tuning --padding_free: the methods its PaddingFree config takes ("only 'huggingface' method currently
+# supported", tuning/config/acceleration_configs/attention_and_distributed_packing.py)
+PADDING_FREE_METHODS = ("huggingface",)
+
 # accelerate deepspeed_config offload_optimizer_device / offload_param_device (DeepSpeed zero_optimization
 # offload_optimizer.device / offload_param.device).
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -592,6 +596,13 @@ PROPERTIES: dict[str, Property] = {
             "bool",
             "Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels, as its apply_liger_kernel_to_* patches (the "
             "Trainer's use_liger_kernel) put them in; its loss is loss_implementation=fused_linear. Planning only.",
+            default=False,
+        ),
+        _p(
+            "padding_free",
+            "bool",
+            "Flatten each micro-batch into one row without padding (fms-hf-tuning's --padding_free huggingface, "
+            "transformers' DataCollatorWithFlattening): the GPU processes the samples' own tokens.",
             default=False,
         ),
         _p(

@@ -227,6 +227,9 @@ def _fms_row(row: Mapping[str, str], gpu: str, tokens_per_sample: float | None, 
         "target_modules": tuple((row.get("target_modules") or "").split()) or None,
         "r": int(_f(row, "r") or 16) if method != "full" else None,
         "_tokens_per_sample": tokens_per_sample,
+        # fms-acceleration's aadp plugin (framework_config ...-padding-free); the measured tokens per sample above
+        # are then the samples' own (nothing padded)
+        "padding_free": True if "padding-free" in framework else None,
         # fms-acceleration's bnb plugin loads QLoRA without peft's fp32 upcast; baseline-peft-bnb upcasts
         "_kbit_upcast": ("baseline" in framework) if method == "qlora" else None,
     }

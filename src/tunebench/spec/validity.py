@@ -12,6 +12,7 @@ from typing import Any
 
 from tunebench.catalog import get_model
 from tunebench.catalog.gpus import get_gpu, is_mig
+from tunebench.datasets.ids import parse_dataset_id
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment, effective_values
 
@@ -171,7 +172,33 @@ def stack_reasons(values: dict[str, Any]) -> list[str]:
             reasons.append(f"flash-attention 2 does not run on {arch} GPUs ({values['gpu_model']}): set {fix}")
         if attn == "flash_attention_3" and arch is not None and arch not in ("Hopper", "Custom"):
             reasons.append(f"flash_attention_3 runs on Hopper GPUs only (got {arch}, {values['gpu_model']})")
+    if values.get("padding_free"):
+        reasons += _padding_free_reasons(values)
     return reasons
+
+
+def _padding_free_reasons(values: dict[str, Any]) -> list[str]:
+    """A flattened micro-batch is one row of the samples' tokens (transformers DataCollatorWithFlattening):
+    prompt tuning would prepend its virtual tokens once to the row, not to each sample (peft
+    PeftModelForCausalLM.forward concatenates them per batch row), and fms-hf-tuning refuses images with it
+    ("Vision model tuning does not support packing or padding_free tuning", tuning/data/data_preprocessing_utils.py)."""
+    reasons = []
+    if values.get("peft_method") == "pt":
+        reasons.append(
+            "padding_free flattens a micro-batch into one row: prompt tuning would prepend its virtual tokens to the "
+            "row once, not to each sample; set padding_free false"
+        )
+    dataset = values.get("dataset_id")
+    if dataset and _is_vision(str(dataset)):
+        reasons.append(f"padding_free does not flatten image-text samples ({dataset}); set padding_free false")
+    return reasons
+
+
+def _is_vision(dataset_id: str) -> bool:
+    try:
+        return parse_dataset_id(dataset_id).is_vision
+    except InputError:  # the dataset_id property's own check names it
+        return False
 
 
 def _architecture(values: dict[str, Any]) -> str | None:

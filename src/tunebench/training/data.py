@@ -172,3 +172,23 @@ class CompletionCollator:
             "entry_index": [int(f["entry_index"]) for f in features],
             "dataset_tokens": [int(f["dataset_tokens"]) for f in features],
         }
+
+
+@dataclass
+class FlatteningCollator:
+    """padding_free: a micro-batch as one row of its samples' tokens, no padding (transformers'
+    DataCollatorWithFlattening, what fms-hf-tuning's padding-free plugin swaps in): position ids restart at
+    each sample, which the attention reads as sample boundaries (flash-attention's varlen kernel; transformers'
+    masking_utils.find_packed_sequence_indices for sdpa and eager), and each sample's first label is -100, so no
+    token is predicted across a boundary. Entry indices and data set tokens stay plain lists, as
+    CompletionCollator's."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        from transformers import DataCollatorWithFlattening
+
+        batch = DataCollatorWithFlattening(return_tensors="pt")(
+            [{"input_ids": f["input_ids"], "labels": f["labels"]} for f in features]
+        )
+        batch["entry_index"] = [int(f["entry_index"]) for f in features]
+        batch["dataset_tokens"] = [int(f["dataset_tokens"]) for f in features]
+        return batch

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.spec.experiments import COMMON_HARDCODED
-from tunebench.spec.properties import ADAPTER_DTYPES, ATTN_IMPLEMENTATIONS, LOSS_IMPLEMENTATIONS, TORCH_DTYPES
+from tunebench.spec.properties import (
+    ADAPTER_DTYPES,
+    ATTN_IMPLEMENTATIONS,
+    LOSS_IMPLEMENTATIONS,
+    PADDING_FREE_METHODS,
+    TORCH_DTYPES,
+)
 from tunebench.training.adapters import PeftSettings
 
 AUTO_STOP_METHODS = ("None", "WARMUP_60S_STABLE_120S_OR_10_STEPS")  # the SFTTrainer spec "auto_stop_method"
@@ -97,6 +103,7 @@ class WorkerConfig(PeftSettings):
     loss_implementation: str | None  # None: chunked with fast_kernels' fast_loss, else upcast
     adapter_dtype: str | None  # None: peft's float32
     torch_compile: bool
+    padding_free: list[str] | None  # fms-hf-tuning's --padding_free huggingface: flattened micro-batches
     # tunebench's own
     tunebench_model: str | None
     tunebench_tiny: bool
@@ -196,6 +203,13 @@ def _add_stack_flags(p: argparse.ArgumentParser) -> None:
         help="dtype of the trainable adapter weights (default float32)",
     )
     a("--torch_compile", type=to_bool, default=False, help="TrainingArguments torch_compile")
+    a(
+        "--padding_free",
+        nargs="+",
+        default=None,
+        choices=PADDING_FREE_METHODS,
+        help="flatten each micro-batch into one row without padding (fms-hf-tuning's flag: huggingface)",
+    )
 
 
 def _add_tunebench_flags(p: argparse.ArgumentParser) -> None:

@@ -74,7 +74,7 @@ class StepMeter:
         self._non_pad: torch.Tensor | int = 0  # stays on the device until the step ends (no sync per micro-batch)
         self._padded = 0
         self._dataset: torch.Tensor | int = 0
-        self._samples = 0
+        self._samples: torch.Tensor | int = 0
         self._trained: torch.Tensor | int = 0
 
     # -- called by the trainer / callback
@@ -92,7 +92,15 @@ class StepMeter:
         self._non_pad = self._non_pad + non_pad
         self._dataset = self._dataset + (sum(dataset) if dataset is not None else non_pad)
         self._padded += ids.numel()
-        self._samples += ids.shape[0]
+        # a padding-free micro-batch is one row of several samples (training.data.FlatteningCollator; fms-hf-tuning's
+        # padding_free collators), each starting at position 0
+        positions = inputs.get("position_ids")
+        if indices is not None:
+            self._samples = self._samples + len(indices)
+        elif positions is not None and ids.shape[0] == 1:
+            self._samples = self._samples + (positions == 0).sum()
+        else:
+            self._samples = self._samples + ids.shape[0]
         labels = inputs.get("labels")
         if labels is not None:  # completion-only labels: -100 marks prompt, padding and cut-off records
             self._trained = self._trained + (labels != IGNORE_INDEX).sum()

@@ -118,7 +118,8 @@ def train(config: WorkerConfig, record: dict[str, Any], env: dict[str, int], sta
     state.meters = steps.start_meters(setup.config, training_args.device, on_gpu, env)
     if state.meters.gpus is not None:
         meta["gpus"] = state.meters.gpus
-    meta.update(steps.fit(loaded, state.meters, training_args))
+    meta["padding_free"] = bool(config.padding_free)  # micro-batches flattened into one row (training.data)
+    meta.update(steps.fit(loaded, state.meters, training_args, padding_free=bool(config.padding_free)))
     record["phase"] = "finish"
     record.update(steps.finish(state.meters))
     meta["train_begin"] = state.meters.meter.begin_wall

@@ -95,6 +95,9 @@ def set_up(config: WorkerConfig, on_gpu: bool) -> Setup:
 def _unsupported(config: WorkerConfig) -> str | None:
     if config.packing:
         return "packing=True is not supported (the SFTTrainer spec experiments run with packing False)"
+    if config.padding_free and (config.dataset_image_field or config.peft_method == "pt"):
+        # spec.validity's padding_free rules, for a worker started by hand
+        return "--padding_free flattens text samples of LoRA or full fine-tuning only (not images, not prompt tuning)"
     return None
 
 
@@ -398,13 +401,13 @@ def start_meters(config: WorkerConfig, device: torch.device, on_gpu: bool, env: 
     return Meters(meter, auto_stop, None, gpus)
 
 
-def fit(loaded: Loaded, meters: Meters, training_args: Any) -> dict[str, Any]:
+def fit(loaded: Loaded, meters: Meters, training_args: Any, padding_free: bool = False) -> dict[str, Any]:
     """Train until max_steps/epochs or a stop rule; returns facts for the record's metadata."""
     trainer = MeasuredTrainer(
         model=loaded.model,
         args=training_args,
         train_dataset=loaded.dataset,
-        data_collator=_collator(loaded),
+        data_collator=_collator(loaded, padding_free),
         processing_class=loaded.tokenizer,
         callbacks=[MeasureCallback(meters.meter, meters.sampler)],
         meter=meters.meter,
@@ -440,9 +443,11 @@ def compiled(model: Any) -> bool:
     return any(type(m).__name__ == "OptimizedModule" for m in (model, getattr(model, "module", None)))
 
 
-def _collator(loaded: Loaded) -> Any:
+def _collator(loaded: Loaded, padding_free: bool) -> Any:
     if isinstance(loaded.dataset, vision.VisionDataset):
         return vision.VisionCollator(loaded.tokenizer.pad_token_id, loaded.model.dtype)
+    if padding_free:
+        return data.FlatteningCollator()
     return data.CompletionCollator(loaded.tokenizer.pad_token_id)
 
 
