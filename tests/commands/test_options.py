@@ -131,3 +131,24 @@ def test_a_bad_number_says_what_its_type_allows(capsys):
         assert captured.err == f"error: {line}\n" and captured.out == ""
     assert main([*job, "batch_size=1_6", "gpu_model=A100-80GB"]) == 2  # int() reads 1_6 as 16
     assert capsys.readouterr().err.startswith("error: batch_size: '1_6' is not an integer")
+
+
+def test_an_option_given_without_its_value_says_what_it_takes(capsys):
+    """click raises "requires an argument" without the command's context; the option is found from the command
+    line, and its declared type gives the allowed values, as for a bad value."""
+    from tunebench.commands.main import main
+
+    cases = {
+        ("plan", "finetune_lora_benchmark-v1.0.0", "--avg-tokens"): "--avg-tokens: requires a value (allowed: a "
+        "number from 1 to 1,000,000,000)",
+        (
+            "recommend",
+            "llama3.1-8b",
+            "--max-gpus",
+        ): "--max-gpus: requires a value (allowed: an integer from 1 to 16,384)",
+        ("plan", "finetune_lora_benchmark-v1.0.0", "--grid"): "--grid: requires a value",  # a file: no bounds to say
+    }
+    for argv, line in cases.items():
+        assert main(list(argv)) == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"error: {line}\n" and captured.out == "", argv

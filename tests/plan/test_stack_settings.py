@@ -272,17 +272,31 @@ def test_worker_refuses_flash_attention_and_fused_linear_on_the_cpu(tmp_path):
 @pytest.mark.slow
 def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny):
     exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
-    entity = entity_of(exp, tiny, attn_implementation="eager", loss_implementation="chunked", adapter_dtype="bfloat16")
+    entity = entity_of(
+        exp,
+        tiny,
+        attn_implementation="eager",
+        loss_implementation="chunked",
+        adapter_dtype="bfloat16",
+        padding_free=True,
+    )
     result = measure(exp, entity, opts(tmp_path))
     assert result.status == "valid", (result.error, result.reasons, result.log_tail)
     meta = result.metadata
     assert meta["attn_implementation"] == "eager" and meta["loss"]["implementation"] == "chunked"
-    assert meta["trainable_dtypes"] == ["bfloat16"]
+    assert meta["trainable_dtypes"] == ["bfloat16"] and meta["padding_free"] is True
+    props = result.properties  # nothing padded: the tokens processed are the data set's (+ the appended EOS)
+    assert (
+        props["dataset_tokens_per_second"]
+        <= props["train_tokens_per_second"]
+        < 1.02 * props["dataset_tokens_per_second"]
+    )
     command = meta["command"]
     for flag, value in (
         ("--attn_implementation", "eager"),
         ("--loss_implementation", "chunked"),
         ("--adapter_dtype", "bfloat16"),
+        ("--padding_free", "huggingface"),
     ):
         assert command[command.index(flag) + 1] == value
 

@@ -147,6 +147,23 @@ def test_validate_and_plan_print_the_platform_notes():
     assert "not supported on NVIDIA L40S" in " ".join(json.loads(plan.stdout)["platform_notes"])
 
 
+def test_validate_notes_that_a_cpu_run_over_several_nodes_cannot_run():
+    """The spec's rules hold for it (rule 2: 0 % 2 == 0), so it stays valid as the spec says; validate's note says
+    what plan and the measuring engines answer (spec.validity.cpu_nodes_reason)."""
+    from typer.testing import CliRunner
+
+    from tunebench.commands.main import app
+
+    args = ["finetune_full_benchmark-v1.0.0", "model_name=smollm2-135m", "model_max_length=512", "number_gpus=0"]
+    several = CliRunner().invoke(app, ["validate", *args, "batch_size=2", "number_nodes=2", "--json"])
+    assert several.exit_code == 0, several.output
+    out = json.loads(several.stdout)
+    assert out["is_valid"] is True and out["reasons"] == []
+    assert len(out["notes"]) == 1 and "number_nodes 2 with number_gpus 0" in out["notes"][0]
+    one = CliRunner().invoke(app, ["validate", *args, "batch_size=2", "--json"])
+    assert "notes" not in json.loads(one.stdout)
+
+
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
 

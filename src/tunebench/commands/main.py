@@ -568,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
             typer.echo(exc.ctx.get_help())
             return 0
         if is_usage_error(exc):
-            return _fail(str(to_input_error(exc)), 2)
+            argv = list(sys.argv[1:] if argv is None else argv)
+            return _fail(str(to_input_error(exc, typer.main.get_command(app), argv)), 2)
         if isinstance(exc, (typer.TyperException, click.ClickException)):
             return _fail(exc.format_message(), exc.exit_code)
         if os.environ.get("TUNEBENCH_DEBUG"):

@@ -9,6 +9,7 @@ both copies share, so this works with either.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 from tunebench.errors import InputError, one_of, suggest
@@ -28,8 +29,9 @@ def is_help_request(exc: BaseException) -> bool:
     return type(exc).__name__ == "NoArgsIsHelpError"
 
 
-def to_input_error(exc: Any) -> InputError:
-    """The InputError of a usage error: field, what is wrong, what is allowed."""
+def to_input_error(exc: Any, root: Any = None, argv: list[str] | None = None) -> InputError:
+    """The InputError of a usage error: field, what is wrong, what is allowed. root and argv (the click command
+    of the app and the command line) find the command an error raised without its context belongs to."""
     kind = type(exc).__name__
     ctx = getattr(exc, "ctx", None)
     message = _message(exc)
@@ -37,8 +39,11 @@ def to_input_error(exc: Any) -> InputError:
         options = _options(ctx)
         name = exc.option_name
         return InputError(name, "unknown option." + suggest(name, options), allowed=one_of(options, limit=30) or None)
-    if kind == "BadOptionUsage":
-        return InputError(exc.option_name, message)
+    if kind == "BadOptionUsage":  # e.g. "requires an argument": the option's own type says what it takes
+        param = _option_param(ctx.command if ctx is not None else _command_of(root, argv), exc.option_name)
+        if message == f"Option '{exc.option_name}' requires an argument":  # the field already names the option
+            message = "requires a value"
+        return InputError(exc.option_name, message, allowed=None if param is None else _describe_type(param))
     param = getattr(exc, "param", None)
     if param is not None:
         field = _param_name(param)
@@ -74,8 +79,36 @@ def _param_name(param: Any) -> str:
     return str(name).upper()
 
 
+def _command_of(root: Any, argv: list[str] | None) -> Any:
+    """The (sub)command argv runs: root's subcommands followed word by word; None without root."""
+    command = root
+    for word in argv or []:
+        sub = getattr(command, "commands", {}).get(word)
+        if sub is None:
+            break
+        command = sub
+    return command
+
+
+def _option_param(command: Any, name: str) -> Any:
+    """The option of command that name spells, or None."""
+    for param in getattr(command, "params", None) or []:
+        if name in (*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())):
+            return param
+    return None
+
+
 def _describe_type(param: Any) -> str | None:
-    """What the parameter takes, from its click type (choices, ranges), when that says more than its name."""
+    """What the parameter takes, from its click type (choices, ranges) or its parser (commands.options.Check's
+    declared type), when that says more than its name."""
+    # typer keeps an option's parser= (a commands.options.Check) in its type descriptor
+    info = getattr(getattr(param, "type_descriptor", None), "parameter_info", None)
+    declared = getattr(getattr(info, "parser", None), "kind", None)
+    if declared is not None:
+        from tunebench.inputs import allowed_of
+
+        literal = typing.get_args(declared) if typing.get_origin(declared) is typing.Literal else ()
+        return one_of(literal) if literal else allowed_of(declared)
     kind = getattr(param, "type", None)
     if kind is None:
         return None

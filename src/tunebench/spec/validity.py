@@ -215,7 +215,11 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
     """Validity of an entity under an experiment (defaults and parameters applied), with its platform notes."""
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
-    return Validity(validity.is_valid, validity.reasons, platform_notes(experiment.method, values))
+    notes = platform_notes(experiment.method, values)
+    cpu_nodes = cpu_nodes_reason(values)  # valid by the spec's rules, yet nothing can run or plan it
+    if cpu_nodes is not None:
+        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {cpu_nodes}")
+    return Validity(validity.is_valid, validity.reasons, notes)
 
 
 def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
