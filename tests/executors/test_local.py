@@ -76,12 +76,32 @@ def test_what_this_machine_cannot_run_fails_at_once(tmp_path):
     done = drain(executor, 3, timeout=5)
     assert {r.status for r in done.values()} == {"failed"}
     assert "this machine has 1 GPU" in done[0].error
-    assert "needs gpu_model NVIDIA-A100-80GB-PCIe" in done[1].error
+    assert "needs 1 GPU(s) of gpu_model NVIDIA-A100-80GB-PCIe; this machine has 0 (NVIDIA L40S)" in done[1].error
     assert "--executor ray" in done[2].error
     assert not log.exists()
     cpu_only = LocalExecutor(gpus=[])
     cpu_only.submit(task(3, 1, log))
     assert "no GPU" in drain(cpu_only, 1, timeout=5)[3].error
+
+
+def test_a_machine_with_gpus_of_several_models_gives_each_task_its_own_model(tmp_path):
+    """Was: the first free GPUs, whatever their model (an H100 entity measured on an L40S, or failed at the
+    measuring actuator's check although the machine had the H100s)."""
+    log = tmp_path / "calls.jsonl"
+    gpus = [Gpu("0", "NVIDIA L40S"), Gpu("1", "NVIDIA H100 80GB HBM3"), Gpu("2", "NVIDIA L40S")]
+    gpus.append(Gpu("3", "NVIDIA H100 80GB HBM3"))
+    executor = LocalExecutor(max_parallel=4, gpus=gpus)
+    h100, l40s = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L40S"
+    tasks = [task(0, 2, log, gpu_model=h100), task(1, 1, log, gpu_model=l40s), task(2, 1, log, gpu_model=l40s)]
+    tasks.append(task(3, 3, log, gpu_model=h100))  # 2 H100s only: fails at once, whatever is free
+    for t in tasks:
+        executor.submit(t)
+    done = drain(executor, len(tasks))
+    devices = {i: done[i].metadata["execution"].get("visible_devices") for i in range(3)}
+    assert [done[i].status for i in range(3)] == ["valid"] * 3, [done[i].error for i in range(4)]
+    assert devices[0] == "1,3" and {devices[1], devices[2]} == {"0", "2"}
+    assert done[3].status == "failed"
+    assert "needs 3 GPU(s) of gpu_model NVIDIA-H100-80GB-HBM3; this machine has 2" in done[3].error
 
 
 def test_actuator_errors_become_failed_results(tmp_path):

@@ -57,7 +57,7 @@ def cannot_run_here(number_gpus: int, gpu_model: str | None, gpus: list[Gpu]) ->
         return f"needs {number_gpus} GPU(s); this machine has {have}"
     if number_gpus > 0 and gpu_model:
         taken = gpus[:number_gpus]
-        other = sorted({g.name for g in taken if not _same_gpu_model(gpu_model, g.name)})
+        other = sorted({g.name for g in taken if not same_gpu_model(gpu_model, g.name)})
         if other:
             return (
                 f"needs gpu_model {gpu_model}; the {number_gpus} GPU(s) a run takes here are {', '.join(other)}"
@@ -66,7 +66,7 @@ def cannot_run_here(number_gpus: int, gpu_model: str | None, gpus: list[Gpu]) ->
     return None
 
 
-def _same_gpu_model(label: str, nvml_name: str) -> bool:
+def same_gpu_model(label: str, nvml_name: str) -> bool:
     """Whether an NVML product name is the catalog GPU label (unknown names are given the benefit of the doubt)."""
     from tunebench.catalog import get_gpu
 

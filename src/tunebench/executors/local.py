@@ -4,8 +4,9 @@ Each measurement runs in a supervising thread that calls the actuator; the measu
 starts the training in its own subprocess, so a crash of the training never takes the explorer
 down. GPUs come from a free pool (NVML, restricted to $CUDA_VISIBLE_DEVICES when set): a task that
 needs n GPUs waits until n are free and gets them as ``options["visible_devices"]``; none on a CPU
-machine, where CPU measurements (number_gpus = 0) run max_parallel at a time. A task this machine
-can never run (more GPUs than it has, several nodes, another GPU model) fails at once with the reason.
+machine, where CPU measurements (number_gpus = 0) run max_parallel at a time. On a machine with GPUs of
+several models a task gets GPUs of its gpu_model only. A task this machine can never run (more GPUs of its
+model than it has, several nodes) fails at once with the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from tunebench.actuators.machine import Gpu, cannot_run_here, detect_gpus
+from tunebench.actuators.machine import Gpu, cannot_run_here, detect_gpus, same_gpu_model
 from tunebench.executors.task import Finished, Task, run_task
 from tunebench.spec.results import Result
 
@@ -27,6 +28,7 @@ class LocalExecutor:
         self.max_parallel = max(1, int(max_parallel))
         self.gpus = detect_gpus() if gpus is None else list(gpus)
         self._free = [g.index for g in self.gpus]
+        self._names = {g.index: g.name for g in self.gpus}
         self._waiting: list[Task] = []
         self._running: dict[int, list[str]] = {}  # request id -> GPUs it holds
         self._done: queue.Queue[Finished] = queue.Queue()
@@ -68,17 +70,31 @@ class LocalExecutor:
     def _cannot_run(self, task: Task) -> str | None:
         if task.number_nodes > 1:
             return f"number_nodes is {task.number_nodes}: multi-node measurements need --executor ray"
-        why = cannot_run_here(task.number_gpus, task.gpu_model, self.gpus)
+        why = cannot_run_here(task.number_gpus, None, self.gpus)  # too few GPUs of any model
+        mine = self._of_model(task, [g.index for g in self.gpus])  # the pool hands out these (_start_ready)
+        if why is None and task.number_gpus > len(mine):
+            models = ", ".join(sorted({g.name for g in self.gpus}))
+            why = f"needs {task.number_gpus} GPU(s) of gpu_model {task.gpu_model}; this machine has {len(mine)} ({models})"
         return None if why is None else f"{why} (local executor)"
+
+    def _of_model(self, task: Task, indices: list[str]) -> list[Gpu]:
+        """The GPUs among indices a task of gpu_model may take (any GPU when it names none)."""
+        return [
+            Gpu(i, self._names[i])
+            for i in indices
+            if not task.gpu_model or same_gpu_model(task.gpu_model, self._names[i])
+        ]
 
     def _start_ready(self) -> None:
         for task in list(self._waiting):
             if len(self._running) >= self.max_parallel:
                 return
-            if task.number_gpus > len(self._free):
+            fitting = [g.index for g in self._of_model(task, self._free)] if task.number_gpus else []
+            if task.number_gpus > len(fitting):
                 continue  # first fit: a smaller task behind it may start
             self._waiting.remove(task)
-            devices, self._free = self._free[: task.number_gpus], self._free[task.number_gpus :]
+            devices = fitting[: task.number_gpus]
+            self._free = [i for i in self._free if i not in devices]
             self._running[task.request_id] = devices
             task.options["visible_devices"] = ",".join(devices)
             thread = threading.Thread(target=self._run, args=(task,), name=f"measure-{task.request_id}", daemon=True)
