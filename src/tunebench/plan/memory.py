@@ -247,10 +247,10 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     checkpoints = tokens * m.hidden * m.layers * residual_bytes(w) / split if w.checkpointing else tokens * 0.0
     # padding_free: one row of batch x padded tokens, whose attention spans the whole row under a block-diagonal
     # mask (transformers masking_utils, from the packed position ids): the s^2 terms (eager's score matrices and
-    # float mask, sdpa's bool mask; flash-attention's varlen kernel has none) grow to (batch x padded)^2
-    square = (batch * padded) ** 2 if w.padding_free else batch * padded**2
+    # float mask, sdpa's bool mask; flash-attention's varlen kernel has none) are the row's (Workload.rows)
+    rows, length = w.rows(padded)
     for name, moment in w.activations.moments.items():
-        acts = moment.a0 + (batch * moment.a1 * padded + moment.a2 * square) / split
+        acts = moment.a0 + rows * (moment.a1 * length + moment.a2 * length**2) / split
         loss = tokens * m.vocab * moment.vocab_bytes / split
         if keep is not None and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep / split

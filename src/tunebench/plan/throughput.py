@@ -343,7 +343,7 @@ def micro_step_seconds(
         # memory-bound elementwise work (norms, activations, RoPE, residual adds, casts): every tensor the
         # traced step creates is written and read back (``elementwise_passes`` times its bytes); scales
         # with HBM bandwidth, not tensor FLOPs: why small models and fast GPUs reach less of their peak
-        traffic = w.activations.written.bytes(w.per_device_batch, padded) * c.elementwise_passes / split
+        traffic = w.activations.written.bytes(*w.rows(padded)) * c.elementwise_passes / split
         compute = compute + np.where(on_gpu, traffic / (w.gpu.memory_bandwidth_gbps * 1e9), 0.0)
     compute = compute + dequant_seconds(w, w.per_device_batch * padded / w.sp)  # rows each linear sees
     # kernel launches and host syncs per layer (GPU); on the CPU the host rate cpu_tflops absorbs them;

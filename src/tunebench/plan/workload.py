@@ -151,6 +151,13 @@ class Workload:
         eager and sdpa under a block-diagonal mask of the whole row)."""
         return bool(self.settings.get("padding_free"))
 
+    def rows(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, tokens per row) of a micro-batch of samples of ``tokens`` each, as the model sees it: per-device
+        batch rows, or with padding_free one row of them all (its attention's s^2 terms are the row's)."""
+        if self.padding_free:
+            return np.ones_like(self.per_device_batch), self.per_device_batch * tokens
+        return self.per_device_batch, tokens
+
     @property
     def reentrant_checkpointing(self) -> bool:
         """torch.utils.checkpoint's reentrant variant (``gradient_checkpointing_use_reentrant``): what
