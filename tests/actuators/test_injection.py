@@ -92,7 +92,7 @@ GPU = {"model_name": "llama3.1-8b", "model_max_length": 2048, "number_gpus": 2, 
 EVERY_OPTIONAL_FLAG = {"fast_kernels": "True,True,True", "dataset_image_field": "images", "remove_unused_columns": False,
                        "dataset_kwargs_skip_prepare_dataset": True, "attn_implementation": "sdpa",
                        "loss_implementation": "upcast", "adapter_dtype": "float32", "torch_compile": True,
-                       "fms_hf_tuning_version": "2.4.0"}  # fmt: skip
+                       "padding_free": True, "fms_hf_tuning_version": "2.4.0"}  # fmt: skip
 
 
 def flags_tunebench_sets() -> set[str]:

@@ -146,7 +146,9 @@ def test_an_option_given_without_its_value_says_what_it_takes(capsys):
             "llama3.1-8b",
             "--max-gpus",
         ): "--max-gpus: requires a value (allowed: an integer from 1 to 16,384)",
-        ("plan", "finetune_lora_benchmark-v1.0.0", "--grid"): "--grid: requires a value",  # a file: no bounds to say
+        ("plan", "finetune_lora_benchmark-v1.0.0", "--grid"): "--grid: requires a value",  # a text: no bounds to say
+        ("-v", "plan", "finetune_lora_benchmark-v1.0.0", "--max-oom-risk"): "--max-oom-risk: requires a value "
+        "(allowed: a number from 0 to 1)",  # past the group's own option
     }
     for argv, line in cases.items():
         assert main(list(argv)) == 2

@@ -167,6 +167,11 @@ def test_a_broken_environment_is_detected_and_rebuilt(tmp_path, monkeypatch):
     assert any("broken" in m and "rebuilding" in m for m in messages), messages
     assert envs.status(DEFAULT_VERSION) == ("ready", None)
     assert (next(again.path.glob("lib/python3*/site-packages")) / "transformers").is_dir()
+    # built for other requirements (a plugins environment from before a plugin was added to it): rebuilt
+    manifest = json.loads((again.path / envs.MANIFEST).read_text())
+    (again.path / envs.MANIFEST).write_text(json.dumps({**manifest, "requirements": manifest["requirements"][:-1]}))
+    state, why = envs.status(DEFAULT_VERSION)
+    assert state == "broken" and why == "built for other requirements (now also pyyaml)", why
     # a build that never finished (no manifest) is never used either
     (again.path / envs.MANIFEST).unlink()
     assert envs.status(DEFAULT_VERSION)[0] == "broken"

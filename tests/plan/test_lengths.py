@@ -158,6 +158,9 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
     assert lengths.padded(np.array([150.0]), np.array([2.0]))[0] == pytest.approx(150 - 50 / 16)  # cut at 150
     assert lengths.real(np.array([150.0]))[0] == pytest.approx((100 + 150 * 3) / 4)
     assert lengths.longest(np.array([300.0, 8192.0])).tolist() == [300, 400]
+    # padding-free flash-attention: a token attends over its own sample, E[s^2] / E[s] over the tokens
+    assert lengths.attended(np.array([4096.0]))[0] == pytest.approx((100**2 + 2 * 200**2 + 400**2) / 900)
+    assert lengths.attended(np.array([150.0]))[0] == pytest.approx((100**2 + 3 * 150**2) / 550)
 
 
 @pytest.mark.parametrize(

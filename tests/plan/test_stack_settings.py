@@ -22,6 +22,7 @@ from tunebench.engines import FMS, NATIVE
 from tunebench.engines.support import RULES, unsupported
 from tunebench.errors import InputError
 from tunebench.spec.experiments import get_experiment, make_entity
+from tunebench.spec.properties import PADDING_FREE_MODEL_TYPES
 from tunebench.training.loss import chunked_causal_lm_loss, model_dtype_causal_lm_loss
 
 LORA = "finetune_lora_benchmark-v1.0.0"
@@ -162,6 +163,88 @@ def test_a_flattened_batch_has_the_padded_batchs_loss_and_gradients(attn):
     assert loss_and_grads(one_sample)[0] != pytest.approx(loss_padded, rel=1e-3)
 
 
+# tiny models of each type (hf-stack.md §4.1 shapes); the per-type fields their configs name otherwise
+TINY_OF_TYPE = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128, "head_dim": 16,
+                "pad_token_id": 0}  # fmt: skip
+TINY_OVERRIDES = {
+    "gpt_bigcode": {"vocab_size": 256, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128},
+    "bloom": {"vocab_size": 256, "hidden_size": 64, "n_layer": 2, "n_head": 4},
+    "falcon": {"num_key_value_heads": None, "head_dim": None},
+    "gpt_neox": {"num_key_value_heads": None, "head_dim": None},
+    "phi": {"num_key_value_heads": None, "head_dim": None},
+    "starcoder2": {"head_dim": None},
+    "stablelm": {"num_key_value_heads": 4, "head_dim": None},
+}
+LEAKY_MODEL_TYPES = ("bloom", "falcon", "gpt_bigcode", "granitemoehybrid")
+
+
+def _leak(model_type: str) -> float:
+    """How far a sample's logits in a flattened row (position ids restarting at it) are from its logits alone,
+    relative to their size: ~1e-7 where the model keeps samples apart. The largest over sdpa and eager."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {**TINY_OF_TYPE, **TINY_OVERRIDES.get(model_type, {})}
+    if model_type in ("gpt_bigcode", "bloom"):
+        fields = {**TINY_OVERRIDES[model_type], "pad_token_id": 0}
+    worst, ran = 0.0, []
+    for attn in ("sdpa", "eager"):
+        config = AutoConfig.for_model(model_type, **{k: v for k, v in fields.items() if v is not None})
+        config._attn_implementation = attn
+        torch.manual_seed(0)
+        try:
+            model = AutoModelForCausalLM.from_config(config).float()
+        except ValueError as exc:  # a model without sdpa (bloom, gemma2) runs eager only
+            assert "does not support an attention implementation" in str(exc)
+            continue
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        ids = torch.randint(3, 250, (1, 30))
+        positions = torch.tensor([[*range(12), *range(18)]])
+        flat = model(input_ids=ids, position_ids=positions, use_cache=False).logits[0, 12:]
+        alone = model(input_ids=ids[:, 12:], use_cache=False).logits[0]
+        worst = max(worst, ((flat - alone).abs().max() / alone.abs().max()).item())
+        ran.append(attn)
+    assert ran, model_type
+    return worst
+
+
+@pytest.mark.parametrize("model_type", [*PADDING_FREE_MODEL_TYPES, *LEAKY_MODEL_TYPES])
+def test_padding_free_is_valid_for_the_model_types_that_keep_samples_apart(model_type):
+    """spec.properties.PADDING_FREE_MODEL_TYPES: the model types whose transformers code builds its masks from the
+    packed position ids. The others let a flattened row's samples attend to each other, and training them so
+    would measure another model: validity refuses padding_free for them (the planner and both engines)."""
+    leak = _leak(model_type)
+    if model_type in PADDING_FREE_MODEL_TYPES:
+        assert leak < 1e-5, f"{model_type}: samples of a flattened row attend to each other ({leak:.1e})"
+    else:
+        assert leak > 1e-3, f"{model_type} keeps a flattened row's samples apart now: add it to the list"
+
+
+def test_padding_free_is_invalid_where_samples_would_mix_or_one_gpu_would_take_the_batch(tmp_path):
+    from tunebench.spec.validity import check
+
+    exp = get_experiment(LORA, PARAMS)
+    bloom = tmp_path / "bloom.json"
+    bloom.write_text(
+        json.dumps({"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256})
+    )
+    (reason,) = check(exp, entity_of(exp, str(bloom), padding_free=True)).reasons
+    assert reason.startswith("padding_free: transformers' bloom code does not keep the samples of a flattened row")
+    two = {"number_gpus": 2, "batch_size": 4, "gpu_model": A100, "distributed_backend": None}
+    (reason,) = check(exp, entity_of(exp, TINY_PATH(tmp_path), padding_free=True, **two)).reasons
+    assert "DataParallel splits a batch by rows" in reason
+    for ok in ({"distributed_backend": "DDP"}, {"distributed_backend": "FSDP"}, {"device_map": "auto"}):
+        assert check(exp, entity_of(exp, TINY_PATH(tmp_path), padding_free=True, **{**two, **ok})).is_valid, ok
+
+
+def TINY_PATH(tmp_path) -> str:  # noqa: N802 - a path like the module's tiny fixture, for a test without it
+    path = tmp_path / "tiny-llama.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
 def test_a_padding_free_run_trains_as_the_padded_run_on_fewer_tokens(tmp_path):
     """The worker with --padding_free huggingface (fms-hf-tuning's flag): the same samples, steps and losses as the
     padded run (same seed and data), the same sample count per step (one row holds several), and the tokens it
@@ -182,6 +265,22 @@ def test_a_padding_free_run_trains_as_the_padded_run_on_fewer_tokens(tmp_path):
     assert free["dataset_tokens"] == padded["dataset_tokens"] and free["trained_tokens"] == padded["trained_tokens"]
     processed = free_props["train_tokens_per_second"] * free_props["train_runtime"]
     assert processed == pytest.approx(sum(free["non_pad_tokens"]), rel=1e-6)
+
+
+def test_the_meter_counts_a_flattened_rows_samples_from_its_positions():
+    """fms-hf-tuning's padding-free collators give one row without tunebench's entry indices: the samples are the
+    row's position ids restarting at 0; its tokens are all real (no attention mask, nothing padded)."""
+    from tunebench.training.data import FlatteningCollator
+    from tunebench.worker.meter import StepMeter
+
+    row = FlatteningCollator()(_samples([7, 19, 12], TINY_LLAMA["vocab_size"]))
+    meter = StepMeter(torch.device("cpu"))
+    meter.begin()
+    meter.count_batch({k: v for k, v in row.items() if k not in ("entry_index", "dataset_tokens")})
+    meter.count_batch(dict(row))  # the native worker's: its entry indices
+    meter.end_step()
+    assert meter.samples == [6] and meter.padded_tokens == meter.non_pad_tokens == [76]
+    assert meter.consumed_total == 3
 
 
 def test_the_native_worker_refuses_padding_free_for_prompt_tuning(tmp_path):
@@ -307,9 +406,9 @@ def test_default_measurement_records_sdpa_and_upcast(tmp_path, tiny):
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path))
     assert result.status == "valid", (result.error, result.log_tail)
     assert result.metadata["attn_implementation"] == "sdpa" and result.metadata["loss"]["implementation"] == "upcast"
-    assert not {"--attn_implementation", "--loss_implementation", "--adapter_dtype", "--torch_compile"} & set(
-        result.metadata["command"]
-    )  # a default entity's command line is the SFTTrainer spec's
+    stack_flags = {"--attn_implementation", "--loss_implementation", "--adapter_dtype", "--torch_compile"}
+    assert not {*stack_flags, "--padding_free"} & set(result.metadata["command"])  # the SFTTrainer spec's
+    assert result.metadata["padding_free"] is False
 
 
 # -------------------------------------------------------------------------------- judged, nothing runs

@@ -245,12 +245,14 @@ def test_the_shipped_profiles_cover_the_calibration_and_are_what_tracing_gives_n
 
 
 def _same(a, b) -> bool:
-    """Profiles equal to 1e-9 relative in every moment (floats through JSON)."""
+    """Profiles equal to 1e-9 relative in every moment (floats through JSON). The least-squares intercept a0 of a
+    moment holding next to nothing (a few bytes) differs in its thousandths of a byte between BLAS builds: it
+    is compared to within one byte."""
     if set(a.moments) != set(b.moments) or a.notes != b.notes:
         return False
     pairs = [(a.written, b.written), *((a.moments[k], b.moments[k]) for k in a.moments)]
     return all(
-        getattr(x, f) == pytest.approx(getattr(y, f), rel=1e-9, abs=1e-6)
+        getattr(x, f) == pytest.approx(getattr(y, f), rel=1e-9, abs=1.0 if f == "a0" else 1e-6)
         for x, y in pairs
         for f in ("a0", "a1", "a2", "grad_share", "vocab_bytes")
     )

@@ -80,13 +80,14 @@ def _param_name(param: Any) -> str:
 
 
 def _command_of(root: Any, argv: list[str] | None) -> Any:
-    """The (sub)command argv runs: root's subcommands followed word by word; None without root."""
+    """The (sub)command argv runs: root's subcommands followed word by word, past the group's own options
+    (``tunebench -v plan ...``), up to the first command that has none; None without root."""
     command = root
     for word in argv or []:
-        sub = getattr(command, "commands", {}).get(word)
-        if sub is None:
+        subcommands = getattr(command, "commands", None)
+        if not subcommands:
             break
-        command = sub
+        command = subcommands.get(word, command)
     return command
 
 

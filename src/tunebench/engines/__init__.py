@@ -19,4 +19,5 @@ ENGINES = (NATIVE, FMS)  # also tunebench.inputs.Engine, the CLI's --engine
 # versions it and every measurement record (tunebench.engines.fms_worker).
 MANIFEST = "tunebench-engine.json"
 RECORDED = ("fms-hf-tuning", "torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers",
-            "fms-acceleration", "fms-acceleration-foak", "fms-acceleration-moe", "fms-acceleration-peft")  # fmt: skip
+            "fms-acceleration", "fms-acceleration-foak", "fms-acceleration-moe", "fms-acceleration-peft",
+            "fms-acceleration-aadp")  # fmt: skip

@@ -100,6 +100,10 @@ def status(version: str, plugins: bool = False) -> tuple[str, str | None]:
         return "broken", f"no readable manifest ({type(exc).__name__}): the build did not finish"
     if manifest.get("schema") != SCHEMA or manifest.get("version") != version:
         return "broken", f"manifest is for {manifest.get('version')!r}, schema {manifest.get('schema')!r}"
+    wanted = requirements(version, plugins)
+    if manifest.get("requirements") != wanted:  # e.g. a plugins environment built before a plugin was added
+        missing = sorted(set(wanted) - set(manifest.get("requirements") or []))
+        return "broken", f"built for other requirements (now also {', '.join(missing) or 'changed'})"
     if manifest.get("torch_mode") == "host" and manifest["packages"].get("torch") != _host_torch_version():
         return "broken", f"linked torch {manifest['packages'].get('torch')} is not the host's {_host_torch_version()}"
     try:
@@ -159,7 +163,7 @@ def build(version: str, plugins: bool, torch: str, say: Progress) -> None:
             cmd += ["--override", str(overrides)]
         else:
             cmd.append(f"torch=={pinned_torch(version)}")
-        say(f"installing {' '.join(reqs[: 1 + 3 * plugins])} with uv")
+        say(f"installing {' '.join(reqs[:-3])} with uv")  # fms-hf-tuning and its plugins (not the sampler's three)
         _run(cmd, "uv pip install")
         if torch == "host":
             _link_host_torch(tmp)

@@ -88,6 +88,7 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
         meta["gpus"] = state.meters.gpus
     argv, meta["engine"]["flags_not_passed"] = sft_trainer_argv(record["argv"], setup, model_path, on_gpu)
     meta["engine"]["argv"] = argv
+    meta["padding_free"] = "--padding_free" in argv  # its aadp plugin flattens the batches (as the native worker)
     trainer = run_sft_trainer(argv, ForwardCountingCallback(state.meters.meter, state.meters.sampler), setup.output_dir)
     meta.update(trained_model_facts(trainer))
     meta["loss"] = {

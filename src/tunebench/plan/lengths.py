@@ -84,6 +84,20 @@ class SampleLengths:
             out.append(float(np.sum(values * (cdf**b - below**b))))
         return np.array(out)[where.reshape(-1)]
 
+    def attended(self, limit: np.ndarray) -> np.ndarray:
+        """Tokens a token attends over when each sample attends to itself alone (padding-free flash-attention),
+        averaged over the tokens: E[s^2] / E[s] of the capped counts (a sample of s tokens has s tokens, each
+        with a causal context ~ s), per entity."""
+        import numpy as np
+
+        counts = np.asarray(self.counts, dtype=float)
+        caps, where = np.unique(np.asarray(limit, dtype=float), return_inverse=True)
+        out = []
+        for cap in caps:
+            capped = np.minimum(counts, cap)
+            out.append(float(np.mean(capped**2) / np.mean(capped)))
+        return np.array(out)[where.reshape(-1)]
+
     def longest(self, limit: np.ndarray) -> np.ndarray:
         """Tokens of the longest sample after the cut (memory's length): limit when only a mean is known."""
         import numpy as np

@@ -229,10 +229,10 @@ def gpu_price(gpu, override: float | None) -> tuple[float | None, str]:
 
 
 def cpu_rates(w, padded) -> list[HostRate]:
-    """This host's rate for each CPU entity of a workload, probed on a micro-batch shaped like its own, with
-    its attention implementation and LoRA adapters (plan.host)."""
+    """This host's rate for each CPU entity of a workload, probed on a micro-batch shaped like its own (a
+    padding-free one as its one row), with its attention implementation and LoRA adapters (plan.host)."""
     tokens = np.broadcast_to(w.per_device_batch * padded, (w.size,))
-    seqs = np.broadcast_to(padded, (w.size,))
+    seqs = np.broadcast_to(w.rows(padded)[1], (w.size,))  # padding_free: one row of the micro-batch's samples
     fpt = np.broadcast_to(flops_per_token(w), (w.size,))
     adapters = None
     if w.method in ("lora", "qlora", "gptq-lora"):

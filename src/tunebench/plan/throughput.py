@@ -51,18 +51,13 @@ def flops_per_token(w: Workload) -> np.ndarray:
     else:
         dense = 4 * mm + 2 * recompute * body  # frozen base: no weight-gradient GEMMs
         dense = dense + 6 * trainable_params(w)  # adapters: negligible, counted
-    _, padded = w.sample_tokens()
     # attention core: forward attn_ctx * s (causal half), backward 2x, recompute 1x (llm-foundry, PaLM); flash and
     # SDPA's causal kernels skip the masked half, eager attention multiplies the whole s x s square (transformers
-    # eager_attention_forward: torch.matmul(query, key.transpose(2, 3)), softmax, then torch.matmul with values)
-    square = 2.0 if w.attention == "eager" else 1.0
-    context = padded
-    if w.padding_free and w.attention != "flash":
-        # one flattened row under a block-diagonal mask (transformers masking_utils.find_packed_sequence_indices):
-        # eager and sdpa's masked kernels multiply the whole row's square; flash-attention's varlen kernel runs each
-        # sample's causal half alone (padded is then the samples' own mean length)
-        context, square = w.per_device_batch * padded, 2.0
-    attention = a.attention_flops_per_token_per_context * context * (3 + recompute) * square
+    # eager_attention_forward: torch.matmul(query, key.transpose(2, 3)), softmax, then torch.matmul with values).
+    # A padding-free row under eager or sdpa has a block-diagonal mask (transformers masking_utils
+    # find_packed_sequence_indices): no causal kernel, the whole row's square (Workload.attended_tokens)
+    square = 2.0 if w.attention == "eager" or (w.padding_free and w.attention != "flash") else 1.0
+    attention = a.attention_flops_per_token_per_context * w.attended_tokens() * (3 + recompute) * square
     # Mamba-2's SSD core: its chunked matmuls per token do not depend on the length (chunks of a fixed size);
     # backward twice the forward, as for the attention core (mamba_ssm _mamba_chunk_scan_combined_bwd: the
     # gradients of x, B, C and dt from the same chunk products), recompute once more

@@ -447,6 +447,19 @@ class Workload:
         self.derived["real"], self.derived["padded"] = real, padded
         return real, padded
 
+    def attended_tokens(self) -> np.ndarray:
+        """Tokens each token's attention spans, on average, as the attention FLOPs count them: the padded length
+        (every sample of a micro-batch padded to its longest); with padding_free and flash-attention each sample
+        alone (E[s^2] / E[s] of the user's lengths; the data set's near-equal samples: their length); with
+        padding_free and eager or sdpa the whole flattened row (the mask is block-diagonal, the kernel
+        multiplies the row's square all the same)."""
+        real, padded = self.sample_tokens()
+        if not self.padding_free:
+            return padded
+        if self.attention != "flash":
+            return self.per_device_batch * real
+        return real if self.lengths is None else self.lengths.attended(self.length_limit())
+
     def length_limit(self) -> np.ndarray:
         """Tokens a sample is cut at: model_max_length, or the tokenizer's own limit when smaller."""
         cap = self.tokenizer_max_length()
