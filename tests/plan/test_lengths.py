@@ -130,6 +130,10 @@ def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
     processed = {k: v["train_tokens_per_second"] * v["train_runtime"] for k, v in (("free", free), ("padded", padded))}
     assert processed["padded"] / processed["free"] == pytest.approx(expected, rel=1e-4)
     assert free["train_runtime"] < padded["train_runtime"]
+    # the notes say what the padding costs, and that padding_free removes it
+    waste = f"{1 - 1 / expected:.0%} of them padding: padding_free=1 processes only the samples' own"
+    assert any(waste in n for n in padded["notes"]), padded["notes"]
+    assert any("padding_free: each micro-batch is one row" in n for n in free["notes"]), free["notes"]
     # the spec's train_tokens_per_second counts padding: nothing is padded, so it is the data set's rate
     assert free["train_tokens_per_second"] == pytest.approx(free["dataset_tokens_per_second"], rel=1e-6)
     assert padded["train_tokens_per_second"] > 1.5 * padded["dataset_tokens_per_second"]

@@ -416,10 +416,11 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 "not trained that long",
             )
     if mine is not None:
-        real = np.broadcast_to(w.sample_tokens()[0], (w.size,))
-        notes: dict[tuple[float, float, float], str] = {}  # one text per (mean, cut, asked): a sweep has a few
+        real, padded = (np.broadcast_to(t, (w.size,)) for t in w.sample_tokens())
+        batch = np.broadcast_to(w.per_device_batch, (w.size,))
+        notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
         for j in range(w.size):
-            key = (float(real[j]), float(cut[j]), float(asked[j]))
+            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]))
             if key not in notes:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
                 if mine.longest_known:
@@ -431,6 +432,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 notes[key] = (
                     f"samples as long as yours ({mine.source}; mean {mean:,.1f} tokens{cut_text}): time, throughput "
                     f"and cost use them; peak memory is sized for {size}"
+                    + _padding_text(w, real[j], padded[j], batch[j])
                 )
             _add_note(out, idx[j], notes[key])
         return
@@ -443,6 +445,23 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
             f"model_max_length {int(asked[j]):,}: planned at their length (memory for {int(cut[j]):,}-token "
             "samples needs a data set of samples that long)",
         )
+
+
+# a micro-batch padded by this much more than its samples' own tokens is worth flattening (padding_free)
+PADDING_WORTH_NOTING = 0.10
+
+
+def _padding_text(w, real: float, padded: float, batch: float) -> str:
+    """What padding costs the user's samples, or that padding_free removes it (Workload.sample_tokens)."""
+    if w.padding_free:
+        return "; padding_free: each micro-batch is one row of its samples' own tokens, nothing padded"
+    if padded <= real * (1 + PADDING_WORTH_NOTING):
+        return ""
+    return (
+        f"; a micro-batch of {batch:,.0f} padded to its longest sample processes {padded:,.0f} tokens a sample, "
+        f"{1 - real / padded:.0%} of them padding: padding_free=1 processes only the samples' own (fms-hf-tuning "
+        "--padding_free huggingface, with flash-attention)"
+    )
 
 
 def _add_note(out: dict[str, Any], i: int, note: str) -> None:
