@@ -679,6 +679,38 @@ def test_host_rate_is_measured_once_and_cached_on_disk(tmp_path, monkeypatch):
     assert any("LoRA" in n and n.startswith("CPU: this host trains at") for n in lora.metadata["notes"])
 
 
+@pytest.mark.slow
+def test_a_padding_free_cpu_run_is_probed_on_its_flattened_row_masked_per_sample(tmp_path, monkeypatch):
+    """The probe runs what the run runs: one row of the micro-batch's samples, its position ids restarting at each
+    sample, so transformers masks it block-diagonally (sdpa is given the mask, not its causal kernel)."""
+    import torch
+
+    from tunebench.plan import host
+
+    monkeypatch.setenv("TUNEBENCH_HOME", str(tmp_path))
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "host_busy", lambda: False)
+    monkeypatch.setattr(host, "BUSY_CPU_SHARE", 0.0)
+    real_entity, probes, masks = host.measure_entity, [], []
+    monkeypatch.setattr(
+        host, "measure_entity", lambda *a, **k: probes.append((a, k)) or real_entity(*a, **{**k, "seconds": 0.2})
+    )
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kwargs):
+        masks.append(None if attn_mask is None else tuple(attn_mask.shape))
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    entity = {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 4}
+    r = predict(FULL, {**entity, "padding_free": True, "attn_implementation": "sdpa"})
+    ((args, kwargs),) = probes
+    assert args[4] == (1, 256) and kwargs["packed"] == 64  # 4 samples of the data set's 64 tokens in one row
+    assert (1, 1, 256, 256) in masks  # the row's block-diagonal mask (the trace and generic probe run unmasked)
+    note = next(n for n in r.metadata["notes"] if n.startswith("CPU: this host trains at"))
+    assert "probe: smollm2-135m at 1 x 256 tokens (padding-free samples of 64 tokens)" in note
+
+
 def test_a_rate_measured_on_a_busy_host_is_measured_again_once_the_host_is_quiet(tmp_path, monkeypatch):
     from tunebench.plan import host
 

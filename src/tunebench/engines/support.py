@@ -10,14 +10,22 @@ the engines it names.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunebench.catalog import get_model
 from tunebench.engines import FMS, NATIVE
 from tunebench.engines.versions import PLUGINS, engine_reasons, plugins_used
-from tunebench.spec.properties import FLASH_ATTENTION_PACKAGES, attention_asked, fast_loss_on, loss_path
+from tunebench.spec.properties import (
+    FLASH_ATTENTION_PACKAGES,
+    PADDING_FREE_MODEL_TYPES,
+    attention_asked,
+    fast_loss_on,
+    loss_path,
+)
 from tunebench.spec.validity import cpu_nodes_reason
 
 NATIVE_HINT = "measure with --engine native"
@@ -147,6 +155,27 @@ def _attention_fms(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _padding_free_native(values: dict[str, Any], engine: str) -> list[str]:
+    # transformers (the native worker's, 5.x) keeps a flattened row's samples apart only where the model's code
+    # builds its masks from the packed position ids: the types checked so (spec.properties.PADDING_FREE_MODEL_TYPES).
+    # fms-hf-tuning runs its own pinned transformers with flash-attention and its aadp plugin: not judged here.
+    if not values.get("padding_free"):
+        return []
+    model_type = _model_type(str(values["model_name"]))
+    if model_type in PADDING_FREE_MODEL_TYPES:
+        return []
+    return [
+        f"padding_free: {model_type} is not among the model types checked to keep the samples of a flattened row "
+        f"apart in transformers (bloom, falcon and granitemoehybrid mix them); measure with padding_free false "
+        f"(checked: {', '.join(PADDING_FREE_MODEL_TYPES)})"
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _model_type(model_name: str) -> str:
+    return get_model(model_name).model_type  # a config path is read once, not once per entity of a sweep
+
+
 def _padding_free_fms(values: dict[str, Any], engine: str) -> list[str]:
     # fms-hf-tuning's sft_trainer: "`--padding_free` argument was called without enabling flash attention";
     # without GPUs the plugin rule (engine_reasons) has judged it, an eager or sdpa kernel _attention_fms
@@ -242,6 +271,7 @@ RULES: tuple[Rule, ...] = (
     Rule("gradient_checkpointing_mode", BOTH, _checkpointing_mode),
     Rule("attn_implementation", (FMS,), _attention_fms),
     Rule("padding_free, flash_attn", (FMS,), _padding_free_fms),
+    Rule("padding_free, model_name", (NATIVE,), _padding_free_native),
     # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
     Rule("loss_implementation", (NATIVE,), _loss_native),

@@ -119,14 +119,16 @@ def probe_flops_per_step(model, tokens: int, checkpointing: bool) -> float:
     return tokens * (6 * sum(weights.values()) + 2 * body * checkpointing + attention)
 
 
-def _train_step(model, ids, autocast: str | None, optimizer=None) -> tuple[float, float]:
-    """Seconds of one forward and backward of ``model`` on ``ids`` (and of ``optimizer``'s step, else 0)."""
+def _train_step(model, ids, autocast: str | None, optimizer=None, positions=None) -> tuple[float, float]:
+    """Seconds of one forward and backward of ``model`` on ``ids`` (and of ``optimizer``'s step, else 0);
+    ``positions``: the position ids of a padding-free row (restarting at each sample), else None."""
     import torch
 
     cast = getattr(torch, autocast) if autocast else torch.bfloat16
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=cast, enabled=autocast is not None):
-        loss = model(input_ids=ids, labels=ids).loss
+        extra = {} if positions is None else {"position_ids": positions}
+        loss = model(input_ids=ids, labels=ids, **extra).loss
     loss.backward()
     t1 = time.perf_counter()
     if optimizer is not None:
@@ -147,19 +149,22 @@ def _optimizer_step(optimizer) -> None:
 
 
 def _best_times(
-    model, shape: tuple[int, int], vocab: int, autocast, seconds: float, optimizer=None
+    model, shape: tuple[int, int], vocab: int, autocast, seconds: float, optimizer=None, packed: int | None = None
 ) -> tuple[float, float, float]:
     """Fastest forward-backward and optimizer-step seconds over steps of a (batch, sequence) micro-batch run
     for ``seconds`` (at least 2, after one untimed warm-up step: thread pool, allocator, kernel selection;
-    other processes only ever slow a step), and the share of CPU time its threads got meanwhile."""
+    other processes only ever slow a step), and the share of CPU time its threads got meanwhile. ``packed``:
+    the tokens of each sample of a padding-free row (its position ids restart at each, so transformers masks
+    the row block-diagonally, as the run does), else None."""
     import torch
 
     ids = torch.randint(0, vocab, shape)
-    _train_step(model, ids, autocast, optimizer)
+    positions = None if packed is None else (torch.arange(shape[1]) % packed).expand(shape)
+    _train_step(model, ids, autocast, optimizer, positions)
     times: list[tuple[float, float]] = []
     start, cpu = time.perf_counter(), time.process_time()
     while len(times) < 2 or (time.perf_counter() - start < seconds and len(times) < 1000):
-        times.append(_train_step(model, ids, autocast, optimizer))
+        times.append(_train_step(model, ids, autocast, optimizer, positions))
     share = (time.process_time() - cpu) / max((time.perf_counter() - start) * torch.get_num_threads(), 1e-9)
     return min(t for t, _ in times), min(o for _, o in times), share
 
@@ -286,6 +291,7 @@ def measure_entity(
     attention: str = "sdpa",
     adapters: Adapters | None = None,
     seconds: float = MEASURE_SECONDS,
+    packed: int | None = None,
 ) -> dict[str, float]:
     """Time the entity's two probes on a ``shape`` (batch, sequence) micro-batch and compose a step of all
     its layers (module docstring): {"seconds_per_token": forward and backward, "optimizer_s_per_param":
@@ -300,7 +306,9 @@ def measure_entity(
             model = _probe_model(structure, vocab, dtype, checkpointing, attention, adapters)
             trainable = [p for p in model.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(trainable, lr=1e-5)  # the Trainer's adamw_torch
-            step, opt, share = _best_times(model, shape, vocab or structure.vocab, autocast, seconds / 2, optimizer)
+            step, opt, share = _best_times(
+                model, shape, vocab or structure.vocab, autocast, seconds / 2, optimizer, packed
+            )
             runs.append((step, opt, sum(p.numel() for p in trainable), share))
             del model, optimizer, trainable
     (step_a, opt_a, params_a, share_a), (step_b, opt_b, params_b, share_b) = runs
@@ -419,12 +427,14 @@ def entity_rate(
     flops_per_token: float,
     attention: str = "sdpa",
     adapters: Adapters | None = None,
+    packed: int | None = None,
 ) -> HostRate:
     """This host's rate for an entity of ``structure`` whose micro-batch probe_shape gives ``shape`` and
     whose step the planner counts at ``flops_per_token`` (plan.throughput.flops_per_token): its own probes
     (measure_entity), halved in batch, then sequence, until a step takes PROBE_STEP_SECONDS at the generic
     rate; else (too slow even at 128 tokens, too large for PROBE_MEMORY_SHARE of the free memory, layers
-    that differ, a vision tower, a probe that fails) the generic rate."""
+    that differ, a vision tower, a probe that fails) the generic rate. ``packed``: a padding-free entity's tokens
+    per sample, whose row the probe masks per sample as the run does (_best_times)."""
     dtype, autocast = _normal(dtype, autocast)
     generic = generic_rate(dtype, autocast, checkpointing)
     if not _probe_fits(structure, dtype):
@@ -443,6 +453,7 @@ def entity_rate(
     key = (
         f"{host_key(dtype, autocast, bool(checkpointing))} | {structure.name} {structure.config_key}"
         f" | {batch} x {seq} tokens | {attention}{lora}"
+        + ("" if packed is None or packed >= seq else f" | padding-free samples of {packed} tokens")
     )
     if key in _MEMO and "failed" in _MEMO[key]:
         return generic
@@ -451,7 +462,16 @@ def entity_rate(
     try:
         entry = _cached(
             key,
-            lambda: measure_entity(structure, dtype, autocast, bool(checkpointing), (batch, seq), attention, adapters),
+            lambda: measure_entity(
+                structure,
+                dtype,
+                autocast,
+                bool(checkpointing),
+                (batch, seq),
+                attention,
+                adapters,
+                packed=packed if packed is not None and packed < seq else None,
+            ),
             what,
             ("seconds_per_token", "optimizer_s_per_param"),
             when_busy=False,
@@ -466,7 +486,10 @@ def entity_rate(
         return generic
     if entry is None:  # a busy host: the generic rate, measured once even there
         return HostRate(generic.flops, generic.optimizer_s_per_param, "generic (the host was busy)")
-    probe = f"{structure.name} at {batch} x {seq} tokens{', LoRA' if adapters is not None else ''}{_busy_mark(entry)}"
+    rows = "" if packed is None or packed >= seq else f" (padding-free samples of {packed} tokens)"
+    probe = (
+        f"{structure.name} at {batch} x {seq} tokens{rows}{', LoRA' if adapters is not None else ''}{_busy_mark(entry)}"
+    )
     return HostRate(flops_per_token / entry["seconds_per_token"], entry["optimizer_s_per_param"], probe, batch * seq)
 
 

@@ -35,6 +35,7 @@ from tunebench.plan.throughput import flops_per_token, network_rate, predict_thr
 from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_key
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
+from tunebench.spec.properties import PADDING_FREE_MODEL_TYPES
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values, cpu_nodes_reason
 
@@ -233,6 +234,7 @@ def cpu_rates(w, padded) -> list[HostRate]:
     padding-free one as its one row), with its attention implementation and LoRA adapters (plan.host)."""
     tokens = np.broadcast_to(w.per_device_batch * padded, (w.size,))
     seqs = np.broadcast_to(w.rows(padded)[1], (w.size,))  # padding_free: one row of the micro-batch's samples
+    samples = np.broadcast_to(padded, (w.size,))  # tokens of a sample in that row (its position ids restart)
     fpt = np.broadcast_to(flops_per_token(w), (w.size,))
     adapters = None
     if w.method in ("lora", "qlora", "gptq-lora"):
@@ -240,13 +242,15 @@ def cpu_rates(w, padded) -> list[HostRate]:
         adapters = Adapters(request.target_modules, request.lora_dropout)
     memo: dict[tuple, HostRate] = {}  # sweeps repeat the probe's shape and FLOPs count
     out = []
-    for n, seq, f in zip(tokens, seqs, fpt, strict=True):
+    for n, seq, sample, f in zip(tokens, seqs, samples, fpt, strict=True):
         shape = probe_shape(float(n), float(seq))
-        if (shape, float(f)) not in memo:
-            memo[shape, float(f)] = entity_rate(
-                w.structure, w.torch_dtype, w.autocast, w.checkpointing, shape, float(f), w.attention, adapters
+        packed = max(1, round(float(sample))) if w.padding_free else None
+        key = (shape, float(f), packed)
+        if key not in memo:
+            memo[key] = entity_rate(
+                w.structure, w.torch_dtype, w.autocast, w.checkpointing, shape, float(f), w.attention, adapters, packed
             )
-        out.append(memo[shape, float(f)])
+        out.append(memo[key])
     return out
 
 
@@ -418,9 +422,10 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
     if mine is not None:
         real, padded = (np.broadcast_to(t, (w.size,)) for t in w.sample_tokens())
         batch = np.broadcast_to(w.per_device_batch, (w.size,))
+        modes = np.broadcast_to(w.mode(), (w.size,))
         notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
         for j in range(w.size):
-            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]))
+            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]))
             if key not in notes:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
                 if mine.longest_known:
@@ -432,7 +437,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 notes[key] = (
                     f"samples as long as yours ({mine.source}; mean {mean:,.1f} tokens{cut_text}): time, throughput "
                     f"and cost use them; peak memory is sized for {size}"
-                    + _padding_text(w, real[j], padded[j], batch[j])
+                    + _padding_text(w, real[j], padded[j], batch[j], str(modes[j]))
                 )
             _add_note(out, idx[j], notes[key])
         return
@@ -451,11 +456,20 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
 PADDING_WORTH_NOTING = 0.10
 
 
-def _padding_text(w, real: float, padded: float, batch: float) -> str:
-    """What padding costs the user's samples, or that padding_free removes it (Workload.sample_tokens)."""
+def _padding_text(w, real: float, padded: float, batch: float, mode: str) -> str:
+    """What padding costs the user's samples, or that padding_free removes it (Workload.sample_tokens). The
+    suggestion only where padding_free can run: not prompt tuning (its virtual tokens are not padding) or image-text
+    samples, not one process over several GPUs (spec.validity), a model type checked to keep a flattened row's
+    samples apart (spec.properties.PADDING_FREE_MODEL_TYPES)."""
     if w.padding_free:
         return "; padding_free: each micro-batch is one row of its samples' own tokens, nothing padded"
-    if padded <= real * (1 + PADDING_WORTH_NOTING):
+    runs = (
+        w.method != "pt"
+        and w.dataset.kind != "vision"
+        and mode != "DP"
+        and w.structure.model_type in PADDING_FREE_MODEL_TYPES
+    )
+    if not runs or padded <= real * (1 + PADDING_WORTH_NOTING):
         return ""
     return (
         f"; a micro-batch of {batch:,.0f} padded to its longest sample processes {padded:,.0f} tokens a sample, "

@@ -77,14 +77,14 @@ CHECKPOINTING_MODES = ("full", "selective")
 # fms-hf-tuning --padding_free: the methods its PaddingFree config takes ("only 'huggingface' method currently
 # supported", tuning/config/acceleration_configs/attention_and_distributed_packing.py)
 PADDING_FREE_METHODS = ("huggingface",)
-# Model types whose transformers code keeps the samples of a flattened row apart: their masks are built from the
-# packed position ids (masking_utils.find_packed_sequence_indices; flash-attention's varlen kernel likewise), so a
-# sample attends to itself only. Checked on tiny models of each type (tests/plan/test_stack_settings.py), which
-# also shows the others leak: bloom (ALiBi and its mask without position ids), falcon and gpt_bigcode (masks
-# without position ids), granitemoehybrid (its Mamba layers need seq_idx, its mask no position ids).
+# Model types whose transformers (5.x, the native worker's) code keeps the samples of a flattened row apart: their
+# masks are built from the packed position ids (masking_utils.find_packed_sequence_indices; flash-attention's varlen
+# kernel likewise), so a sample attends to itself only. Checked on tiny models of each type
+# (tests/plan/test_stack_settings.py), which also shows that others mix them: bloom (ALiBi and its mask without
+# position ids), falcon (its mask without position ids), granitemoehybrid (its Mamba layers need seq_idx).
 PADDING_FREE_MODEL_TYPES = (
-    "llama", "mistral", "mixtral", "granite", "granitemoe", "granitemoeshared", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt_neox", "olmo", "olmo2", "starcoder2",
+    "llama", "mistral", "mixtral", "granite", "granitemoe", "granitemoeshared", "gpt_bigcode", "qwen2", "qwen2_moe",
+    "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "gpt_neox", "olmo", "olmo2", "starcoder2",
     "cohere", "stablelm", "smollm3",
 )  # fmt: skip
 

@@ -15,7 +15,6 @@ from tunebench.catalog.gpus import get_gpu, is_mig
 from tunebench.datasets.ids import parse_dataset_id
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Entity, Experiment, effective_values
-from tunebench.spec.properties import PADDING_FREE_MODEL_TYPES
 
 # the SFTTrainer spec note on --fast_moe: "only supported for fms-hf-tuning v2.4.0+".
 FAST_MOE_MIN_VERSION = (2, 4, 0)
@@ -192,13 +191,6 @@ def _padding_free_reasons(values: dict[str, Any]) -> list[str]:
     dataset = values.get("dataset_id")
     if dataset and _is_vision(str(dataset)):
         reasons.append(f"padding_free does not flatten image-text samples ({dataset}); set padding_free false")
-    model_type = get_model(values["model_name"]).model_type
-    if model_type not in PADDING_FREE_MODEL_TYPES:
-        reasons.append(
-            f"padding_free: transformers' {model_type} code does not keep the samples of a flattened row apart "
-            f"(they would attend to each other); set padding_free false (it does for: "
-            f"{', '.join(PADDING_FREE_MODEL_TYPES)})"
-        )
     # one process over several GPUs is the Trainer's DataParallel, which splits a batch by rows: a flattened
     # micro-batch is one row, so one GPU would take it all (torch.nn.DataParallel scatter)
     gpus = values.get("number_gpus") or 0
