@@ -144,6 +144,15 @@ def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
         plan_json(capsys, *eager, "padding_free=1")["gpu_memory_allocated_peak_gib"]
         > 1.5 * plan_json(capsys, *eager)["gpu_memory_allocated_peak_gib"]
     )
+    # no suggestion where padding_free cannot run: one process over 2 GPUs (DataParallel), prompt tuning (its
+    # virtual tokens are not padding)
+    two = [a for a in SMALL if not a.startswith(("number_gpus", "batch_size"))]
+    dp = plan_json(capsys, *two, "number_gpus=2", "batch_size=16", "distributed_backend=None", *lengths)
+    assert not any("padding_free=1" in n for n in dp["notes"]), dp["notes"]
+    capsys.readouterr()
+    pt = ["plan", "finetune_pt_benchmark-v1.0.0", *SMALL, "model_max_length=512", "--avg-tokens", "40", "--json"]
+    assert main(pt) == 0
+    assert not any("padding_free" in n for n in json.loads(capsys.readouterr().out)["notes"])
     # a flattened row cannot carry prompt tuning's per-sample virtual tokens
     capsys.readouterr()
     assert (
