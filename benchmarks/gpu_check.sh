@@ -52,13 +52,15 @@ P="-p max_steps=10 -p dataset_id=news-tokens-16384plus-entries-4096"
 for exp in full lora qlora pt; do
     tb run "finetune_${exp}_benchmark-v1.0.0" $E $P --weights random --no-store
 done
+# padding_free on a GPU: one flattened row per micro-batch under sdpa's block-diagonal mask (no flash-attn here)
+tb run finetune_lora_benchmark-v1.0.0 $E $P padding_free=1 --weights random --no-store
 # out of memory on purpose: is_valid 0 with the CUDA reason (a Result of status invalid exits 0)
 tb run finetune_full_benchmark-v1.0.0 model_name=llama3.1-8b model_max_length=8192 number_gpus=1 batch_size=64 \
     gpu_model=H200 flash_attn=0 -p max_steps=2 --weights random --no-store
 for exp in full lora qlora pt; do
     tb plan "finetune_${exp}_benchmark-v1.0.0" $E $P
 done
-echo "runs: $(grep -c . "$OUT/runs.jsonl") of 9 lines in runs.jsonl"
+echo "runs: $(grep -c . "$OUT/runs.jsonl") of 10 lines in runs.jsonl"
 
 # the gpu test suite (tests/gpu/test_on_gpu.py) with the time left
 limit=$(left)
