@@ -71,25 +71,21 @@ class LocalExecutor:
         if task.number_nodes > 1:
             return f"number_nodes is {task.number_nodes}: multi-node measurements need --executor ray"
         why = cannot_run_here(task.number_gpus, None, self.gpus)  # too few GPUs of any model
-        mine = self._of_model(task, [g.index for g in self.gpus])  # the pool hands out these (_start_ready)
+        mine = self._of_model(task, list(self._names))  # the pool hands out these (_start_ready)
         if why is None and task.number_gpus > len(mine):
-            models = ", ".join(sorted({g.name for g in self.gpus}))
+            models = ", ".join(sorted(set(self._names.values())))
             why = f"needs {task.number_gpus} GPU(s) of gpu_model {task.gpu_model}; this machine has {len(mine)} ({models})"
         return None if why is None else f"{why} (local executor)"
 
-    def _of_model(self, task: Task, indices: list[str]) -> list[Gpu]:
+    def _of_model(self, task: Task, indices: list[str]) -> list[str]:
         """The GPUs among indices a task of gpu_model may take (any GPU when it names none)."""
-        return [
-            Gpu(i, self._names[i])
-            for i in indices
-            if not task.gpu_model or same_gpu_model(task.gpu_model, self._names[i])
-        ]
+        return [i for i in indices if not task.gpu_model or same_gpu_model(task.gpu_model, self._names[i])]
 
     def _start_ready(self) -> None:
         for task in list(self._waiting):
             if len(self._running) >= self.max_parallel:
                 return
-            fitting = [g.index for g in self._of_model(task, self._free)] if task.number_gpus else []
+            fitting = self._of_model(task, self._free) if task.number_gpus else []
             if task.number_gpus > len(fitting):
                 continue  # first fit: a smaller task behind it may start
             self._waiting.remove(task)

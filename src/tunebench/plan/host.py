@@ -447,13 +447,14 @@ def entity_rate(
     if _probe_seconds(structure, batch * seq, checkpointing, generic.flops) > PROBE_STEP_SECONDS:
         return generic
     attention = "eager" if attention == "eager" else "sdpa"  # flash-attention has no CPU kernels
+    packed = packed if packed is not None and packed < seq else None  # a row of one sample is the plain probe
     lora = (
         "" if adapters is None else f", LoRA on {adapters.target_modules}{' with dropout' if adapters.dropout else ''}"
     )
     key = (
         f"{host_key(dtype, autocast, bool(checkpointing))} | {structure.name} {structure.config_key}"
         f" | {batch} x {seq} tokens | {attention}{lora}"
-        + ("" if packed is None or packed >= seq else f" | padding-free samples of {packed} tokens")
+        + ("" if packed is None else f" | padding-free samples of {packed} tokens")
     )
     if key in _MEMO and "failed" in _MEMO[key]:
         return generic
@@ -470,7 +471,7 @@ def entity_rate(
                 (batch, seq),
                 attention,
                 adapters,
-                packed=packed if packed is not None and packed < seq else None,
+                packed=packed,
             ),
             what,
             ("seconds_per_token", "optimizer_s_per_param"),
@@ -486,7 +487,7 @@ def entity_rate(
         return generic
     if entry is None:  # a busy host: the generic rate, measured once even there
         return HostRate(generic.flops, generic.optimizer_s_per_param, "generic (the host was busy)")
-    rows = "" if packed is None or packed >= seq else f" (padding-free samples of {packed} tokens)"
+    rows = "" if packed is None else f" (padding-free samples of {packed} tokens)"
     probe = (
         f"{structure.name} at {batch} x {seq} tokens{rows}{', LoRA' if adapters is not None else ''}{_busy_mark(entry)}"
     )
