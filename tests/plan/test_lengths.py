@@ -70,6 +70,9 @@ def test_recommend_and_the_api_take_the_lengths_too(capsys):
     assert main([*args, "--avg-tokens", "256"]) == 0
     short = json.loads(capsys.readouterr().out)
     assert short["cheapest"]["train_runtime"] < 0.1 * full["cheapest"]["train_runtime"]
+    # the job's notes say what the plans assume of the samples, once (the candidates keep their rules and reasons)
+    assert [n for n in short["notes"] if n.startswith("samples as long as yours (--avg-tokens 256")], short["notes"]
+    assert not any(n.startswith("samples as long as yours") for n in full["notes"])
     row = dict(a.split("=") for a in ENTITY)
     plans = api.plan([row, row], LORA, avg_tokens=256)
     assert plans["tokens_per_sample"].tolist() == [256, 256]

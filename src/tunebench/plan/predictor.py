@@ -435,7 +435,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 mean = float(np.mean(mine.counts))
                 cut_text = "" if abs(mean - real[j]) < 0.05 else f", {real[j]:,.1f} once cut at {int(cut[j]):,}"
                 notes[key] = (
-                    f"samples as long as yours ({mine.source}; mean {mean:,.1f} tokens{cut_text}): time, throughput "
+                    f"{LENGTHS_NOTE} ({mine.source}; mean {mean:,.1f} tokens{cut_text}): time, throughput "
                     f"and cost use them; peak memory is sized for {size}"
                     + _padding_text(w, real[j], padded[j], batch[j], str(modes[j]))
                 )
@@ -452,6 +452,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         )
 
 
+LENGTHS_NOTE = "samples as long as yours"  # how the note on the user's sample lengths begins (recommend repeats it)
 # a micro-batch padded by this much more than its samples' own tokens is worth flattening (padding_free)
 PADDING_WORTH_NOTING = 0.10
 

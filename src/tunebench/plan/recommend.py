@@ -253,6 +253,18 @@ def diagnose(
     }
 
 
+def _lengths_notes(
+    experiment: Experiment, values: Mapping[str, Any], options: PlanOptions, gpus: int, gpus_per_node: int
+) -> list[str]:
+    """The plan's note on the user's sample lengths (plan.predictor._note_lengths) at ``gpus`` GPUs: the candidates
+    keep only their rules and reasons, so the job says it once."""
+    from tunebench.plan.predictor import LENGTHS_NOTE, predict_values
+
+    v = _variant(values, gpus, rounded_batch(int(values["batch_size"]), gpus), gpus_per_node)
+    cols = predict_values([(experiment.method, v)], options, single_node_only=experiment.single_node_only)
+    return [n for n in cols["notes"][0] if n.startswith(LENGTHS_NOTE)]
+
+
 def command(
     experiment: Experiment, raw: Mapping[str, Any], change: Mapping[str, Any], options: Mapping[str, Any]
 ) -> str:
@@ -364,6 +376,9 @@ def recommend(
     speed = fastest(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
     tried = tried_counts(int(values["batch_size"]), gpus_per_node, max_gpus)
     job_notes = [] if given_gpus is None else [_gpu_count_note(given_gpus, tried)]
+    if options.lengths is not None:  # what the plans assume of the user's samples (and what padding costs them)
+        top = tried[-1] if minimum is None else minimum.number_gpus
+        job_notes += _lengths_notes(experiment, values, options, top, gpus_per_node)
     table = []
     common = {k: values[k] for k in entity.values}
     for method in methods:
