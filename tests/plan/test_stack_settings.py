@@ -225,13 +225,14 @@ def test_padding_free_is_invalid_where_one_gpu_would_take_the_batch(tmp_path):
 
     exp = get_experiment(LORA, PARAMS)
     two = {"number_gpus": 2, "batch_size": 4, "gpu_model": A100, "distributed_backend": None}
-    (reason,) = check(exp, entity_of(exp, TINY_PATH(tmp_path), padding_free=True, **two)).reasons
+    (reason,) = check(exp, entity_of(exp, _tiny_config(tmp_path), padding_free=True, **two)).reasons
     assert "DataParallel splits a batch by rows" in reason
     for ok in ({"distributed_backend": "DDP"}, {"distributed_backend": "FSDP"}, {"device_map": "auto"}):
-        assert check(exp, entity_of(exp, TINY_PATH(tmp_path), padding_free=True, **{**two, **ok})).is_valid, ok
+        assert check(exp, entity_of(exp, _tiny_config(tmp_path), padding_free=True, **{**two, **ok})).is_valid, ok
 
 
-def TINY_PATH(tmp_path) -> str:  # noqa: N802 - a path like the module's tiny fixture, for a test without it
+def _tiny_config(tmp_path) -> str:
+    """A config.json path like the module's ``tiny`` fixture, for a test that writes its own."""
     path = tmp_path / "tiny-llama.json"
     path.write_text(json.dumps(TINY_LLAMA))
     return str(path)
