@@ -140,13 +140,24 @@ def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
     # the spec's train_tokens_per_second counts padding: nothing is padded, so it is the data set's rate
     assert free["train_tokens_per_second"] == pytest.approx(free["dataset_tokens_per_second"], rel=1e-6)
     assert padded["train_tokens_per_second"] > 1.5 * padded["dataset_tokens_per_second"]
-    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):  # flash-attention on a GPU: no s^2 term
-        assert free[key] == pytest.approx(padded[key], rel=1e-9)
-    eager = [*SMALL, *lengths, "attn_implementation=eager"]
-    assert (
-        plan_json(capsys, *eager, "padding_free=1")["gpu_memory_allocated_peak_gib"]
-        > 1.5 * plan_json(capsys, *eager)["gpu_memory_allocated_peak_gib"]
+    # memory: the padded batch holds 8 x the longest sample; the flattened row of 8 samples (here all 8, one row)
+    # holds their sum, which with flash-attention is a 1-sample batch of that many tokens
+    row = sample.largest_row(np.array([2048.0]), np.array([8.0]))[0]
+    assert row == sum(counts) < 8 * max(counts)
+    one = [a for a in SMALL if not a.startswith("batch_size")]
+    alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={int(row)}")
+    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):
+        assert free[key] == pytest.approx(alone[key], rel=1e-6) and free[key] < padded[key]
+    assert any(
+        f"the largest row of 8 samples in a shuffled pass over yours ({int(row):,} tokens" in n for n in free["notes"]
     )
+    # eager attention over the flattened row: its score matrices are the row's square, as a 1-sample batch's
+    eager = plan_json(capsys, *SMALL, *lengths, "attn_implementation=eager", "padding_free=1")
+    eager_alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={int(row)}", "attn_implementation=eager")
+    assert eager["gpu_memory_allocated_peak_gib"] == pytest.approx(
+        eager_alone["gpu_memory_allocated_peak_gib"], rel=1e-6
+    )
+    assert eager["gpu_memory_allocated_peak_gib"] > free["gpu_memory_allocated_peak_gib"]  # sdpa/flash keep no scores
     # no suggestion where padding_free cannot run: one process over 2 GPUs (DataParallel), prompt tuning (its
     # virtual tokens are not padding)
     two = [a for a in SMALL if not a.startswith(("number_gpus", "batch_size"))]
@@ -177,6 +188,11 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
     # padding-free flash-attention: a token attends over its own sample, E[s^2] / E[s] over the tokens
     assert lengths.attended(np.array([4096.0]))[0] == pytest.approx((100**2 + 2 * 200**2 + 400**2) / 900)
     assert lengths.attended(np.array([150.0]))[0] == pytest.approx((100**2 + 3 * 150**2) / 550)
+    # padding-free rows of a shuffled pass: the largest sum of b samples drawn together, at least the longest
+    assert lengths.largest_row(np.array([4096.0]), np.array([4.0]))[0] == 900  # one row of all four
+    assert lengths.largest_row(np.array([4096.0]), np.array([1.0]))[0] == 400
+    assert 400 <= lengths.largest_row(np.array([4096.0]), np.array([2.0]))[0] <= 600
+    assert SampleLengths((300,), "", False).largest_row(np.array([1024.0]), np.array([2.0]))[0] == 2048  # a mean
 
 
 @pytest.mark.parametrize(

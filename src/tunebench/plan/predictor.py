@@ -423,12 +423,18 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         real, padded = (np.broadcast_to(t, (w.size,)) for t in w.sample_tokens())
         batch = np.broadcast_to(w.per_device_batch, (w.size,))
         modes = np.broadcast_to(w.mode(), (w.size,))
+        row = np.broadcast_to(w.memory_tokens() * w.per_device_batch, (w.size,))  # padding_free: the largest row
         notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
         for j in range(w.size):
             key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]))
             if key not in notes:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
-                if mine.longest_known:
+                if w.padding_free and mine.longest_known:
+                    size = (
+                        f"the largest row of {batch[j]:,.0f} samples in a shuffled pass over yours ({row[j]:,.0f} "
+                        f"tokens; each capped at {limit_text})"
+                    )
+                elif mine.longest_known:
                     size = f"its longest sample ({max(mine.counts):,} tokens, capped at {limit_text})"
                 else:
                     size = f"{limit_text} (a mean gives no longest sample)"

@@ -468,9 +468,12 @@ class Workload:
     def memory_tokens(self) -> np.ndarray:
         """Padded tokens per sample that peak memory is sized for: sample_tokens' padded length, except with
         the user's own lengths (plan.lengths), whose mean sets time but whose longest sample (unknown with a
-        mean only: model_max_length) sets the peak."""
+        mean only: model_max_length) sets the peak; padding-free, the largest row of a shuffled pass over them,
+        per sample of the row."""
         if self.lengths is None:
             return self.sample_tokens()[1]
+        if self.padding_free:  # one row of b samples: the largest row of a shuffled pass, per sample (Workload.rows)
+            return self.lengths.largest_row(self.length_limit(), self.per_device_batch) / self.per_device_batch
         virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
         return self.lengths.longest(self.length_limit()) + virtual
 
