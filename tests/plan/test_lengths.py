@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -71,8 +72,15 @@ def test_recommend_and_the_api_take_the_lengths_too(capsys):
     short = json.loads(capsys.readouterr().out)
     assert short["cheapest"]["train_runtime"] < 0.1 * full["cheapest"]["train_runtime"]
     # the job's notes say what the plans assume of the samples, once (the candidates keep their rules and reasons)
-    assert [n for n in short["notes"] if n.startswith("samples as long as yours (--avg-tokens 256")], short["notes"]
+    (note,) = [n for n in short["notes"] if n.startswith("samples as long as yours (--avg-tokens 256")]
+    assert note.endswith(f"(at {short['minimum']['number_gpus']} GPU(s))")
     assert not any(n.startswith("samples as long as yours") for n in full["notes"])
+    # where nothing fits, the diagnosis does not say it again
+    longer = [a for a in ENTITY if not a.startswith("model_max_length")] + ["model_max_length=131072"]
+    assert main(["recommend", LORA, *longer, "--max-gpus", "1", "--avg-tokens", "256", "--json"]) == 0
+    none = json.loads(capsys.readouterr().out)
+    assert none["minimum"] is None and [n for n in none["notes"] if n.startswith("samples as long as yours")]
+    assert not [n for n in none["diagnosis"]["notes"] if n.startswith("samples as long as yours")]
     row = dict(a.split("=") for a in ENTITY)
     plans = api.plan([row, row], LORA, avg_tokens=256)
     assert plans["tokens_per_sample"].tolist() == [256, 256]
@@ -140,17 +148,20 @@ def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
     # the spec's train_tokens_per_second counts padding: nothing is padded, so it is the data set's rate
     assert free["train_tokens_per_second"] == pytest.approx(free["dataset_tokens_per_second"], rel=1e-6)
     assert padded["train_tokens_per_second"] > 1.5 * padded["dataset_tokens_per_second"]
-    # memory: the padded batch holds 8 x the longest sample; the flattened row of 8 samples (here all 8, one row)
-    # holds their sum, which with flash-attention is a 1-sample batch of that many tokens
-    row = sample.largest_row(np.array([2048.0]), np.array([8.0]))[0]
-    assert row == sum(counts) < 8 * max(counts)
+    # memory: the padded batch holds 8 x the longest sample; a flattened row of 8 samples drawn at random holds
+    # their sum, the largest of the run's rows sets the peak, and with flash-attention it is a 1-sample batch
+    # of that many tokens
+    note = next(n for n in free["notes"] if "the largest of the run's" in n)
+    rows, row = (
+        int(x.replace(",", "")) for x in re.search(r"run's ([\d,]+) rows of 8 .*?\(([\d,]+) tokens", note).groups()
+    )
+    assert rows == free["steps"] * 4  # the experiment's gradient_accumulation_steps 4, one GPU
+    assert row == sample.largest_row(np.array([2048.0]), np.array([8.0]), np.array([float(rows)]))[0]
+    assert max(counts) <= row < 8 * max(counts)
     one = [a for a in SMALL if not a.startswith("batch_size")]
-    alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={int(row)}")
+    alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={row}")
     for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):
         assert free[key] == pytest.approx(alone[key], rel=1e-6) and free[key] < padded[key]
-    assert any(
-        f"the largest row of 8 samples in a shuffled pass over yours ({int(row):,} tokens" in n for n in free["notes"]
-    )
     # eager attention over the flattened row: its score matrices are the row's square, as a 1-sample batch's
     eager = plan_json(capsys, *SMALL, *lengths, "attn_implementation=eager", "padding_free=1")
     eager_alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={int(row)}", "attn_implementation=eager")
@@ -188,11 +199,16 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
     # padding-free flash-attention: a token attends over its own sample, E[s^2] / E[s] over the tokens
     assert lengths.attended(np.array([4096.0]))[0] == pytest.approx((100**2 + 2 * 200**2 + 400**2) / 900)
     assert lengths.attended(np.array([150.0]))[0] == pytest.approx((100**2 + 3 * 150**2) / 550)
-    # padding-free rows of a shuffled pass: the largest sum of b samples drawn together, at least the longest
-    assert lengths.largest_row(np.array([4096.0]), np.array([4.0]))[0] == 900  # one row of all four
-    assert lengths.largest_row(np.array([4096.0]), np.array([1.0]))[0] == 400
-    assert 400 <= lengths.largest_row(np.array([4096.0]), np.array([2.0]))[0] <= 600
-    assert SampleLengths((300,), "", False).largest_row(np.array([1024.0]), np.array([2.0]))[0] == 2048  # a mean
+
+    # padding-free rows: the largest of a run's rows of b samples drawn at random, at least the longest sample
+    def largest(b, rows, cap=4096.0, of=lengths):
+        return of.largest_row(np.array([cap]), np.array([float(b)]), np.array([float(rows)]))[0]
+
+    assert largest(1, 1000) == 400 and largest(1, 1) == 400  # at least the longest, never more for one sample
+    assert 400 <= largest(4, 1) <= largest(4, 100) <= largest(4, 10_000) == 1600  # more rows, a larger largest
+    assert largest(4, 10_000, cap=150.0) == 600  # each sample capped first
+    assert largest(64, 10, of=SampleLengths((100,) * 8, "", True)) == 6400  # more samples a row than the file has
+    assert SampleLengths((300,), "", False).largest_row(np.array([1024.0]), np.array([2.0]), np.array([5.0]))[0] == 2048
 
 
 @pytest.mark.parametrize(

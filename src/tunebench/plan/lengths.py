@@ -13,7 +13,7 @@ model_max_length). With them (``plan``/``recommend`` ``--avg-tokens N`` or ``--l
   every sample is that long and nothing is padded;
 - peak memory still sizes the longest sample: the longest count capped at model_max_length, or
   model_max_length itself with only a mean (a batch of long samples must fit, whatever the mean); a
-  padding-free run (one row of a micro-batch's samples) sizes its largest row in a shuffled pass (largest_row).
+  padding-free run (one row of a micro-batch's samples) sizes the largest of its rows (largest_row).
 
 The number of samples stays the data set's (its entries, with max_steps and num_train_epochs): only
 their lengths change. Counting a file (``from_file``): each line is a JSON object whose text is its
@@ -31,7 +31,6 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +39,8 @@ if TYPE_CHECKING:  # numpy loads when lengths are used: `tunebench --help` impor
 
 from tunebench.errors import InputError
 
-PACKING_SEED = 0  # the permutation of a shuffled pass (SampleLengths.largest_row): fixed, so a plan is repeatable
+PACKING_SEED = 0  # the draws of a run's rows (SampleLengths.largest_row): fixed, so a plan is repeatable
+PACKING_DRAWS = 20_000  # rows drawn at most: a longer run's rows beyond it are not drawn (its largest row a little low)
 TEXT_FIELDS = ("output", "text")  # a line's text: the first of these it has, else its chat "messages"
 MAX_AVG_TOKENS = 10**9  # beyond any model_max_length (the spec's domains stop at 2^31 - 1)
 
@@ -101,35 +101,29 @@ class SampleLengths:
             out.append(float(np.mean(capped**2) / np.mean(capped)))
         return np.array(out)[where.reshape(-1)]
 
-    def largest_row(self, limit: np.ndarray, per_device_batch: np.ndarray) -> np.ndarray:
-        """Tokens of the largest padding-free row (per_device_batch samples flattened into one) in a shuffled
-        pass over the capped counts, per entity: the Trainer's sampler shuffles, so the row that sets peak memory
-        is the largest sum of b samples drawn together, not b x the longest sample (which only one row holds).
-        One pass, a fixed permutation (PACKING_SEED): the same plan every time. Unknown without a file (a mean
-        only): b x limit."""
+    def largest_row(self, limit: np.ndarray, per_device_batch: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Tokens of the largest of a run's ``rows`` padding-free rows (per_device_batch samples flattened into
+        one), per entity. The Trainer's sampler shuffles, so a row is b samples drawn at random (with replacement
+        from your capped counts: the run's data set has as many entries as the experiment's, of your lengths), and
+        the row that sets peak memory is the largest such sum, not b x the longest sample (which few rows hold):
+        the largest of min(rows, PACKING_DRAWS) rows drawn with a fixed seed (the same plan every time), at least
+        the longest sample. Unknown without a file (a mean only): b x limit."""
         import numpy as np
 
-        limit = np.asarray(limit, dtype=float)
-        b = np.maximum(np.asarray(per_device_batch, dtype=float), 1.0)
+        limit, b, rows = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (limit, per_device_batch, rows))
+        b = np.maximum(b, 1.0)
         if not self.longest_known:
-            return b * limit
-        shuffled = self._shuffled
-        pairs = np.stack(np.broadcast_arrays(limit, b), axis=1)
-        distinct, where = np.unique(pairs, axis=0, return_inverse=True)
+            return np.broadcast_to(b * limit, np.broadcast_shapes(limit.shape, b.shape, rows.shape)).copy()
+        counts = np.asarray(self.counts, dtype=float)
+        draws = np.minimum(np.maximum(rows, 1.0), PACKING_DRAWS)
+        triples = np.stack(np.broadcast_arrays(limit, b, draws), axis=1)
+        distinct, where = np.unique(triples, axis=0, return_inverse=True)
         out = []
-        for cap, rows in distinct:
-            capped, n = np.minimum(shuffled, cap), int(rows)
-            whole = len(capped) // n * n  # complete rows; the last, shorter one is never the largest unless alone
-            sums = capped[:whole].reshape(-1, n).sum(axis=1) if whole else capped.sum(keepdims=True)
-            out.append(float(max(sums.max(), capped.max())))
+        for cap, n, r in distinct:
+            capped = np.minimum(counts, cap)
+            picks = np.random.default_rng(PACKING_SEED).integers(0, len(capped), size=(int(r), int(n)))
+            out.append(float(max(capped[picks].sum(axis=1).max(), capped.max())))
         return np.array(out)[where.reshape(-1)]
-
-    @cached_property
-    def _shuffled(self) -> np.ndarray:
-        """The counts in one shuffled pass's order (PACKING_SEED), computed once per set of lengths."""
-        import numpy as np
-
-        return np.asarray(self.counts, dtype=float)[np.random.default_rng(PACKING_SEED).permutation(len(self.counts))]
 
     def longest(self, limit: np.ndarray) -> np.ndarray:
         """Tokens of the longest sample after the cut (memory's length): limit when only a mean is known."""

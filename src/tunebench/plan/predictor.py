@@ -424,6 +424,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         batch = np.broadcast_to(w.per_device_batch, (w.size,))
         modes = np.broadcast_to(w.mode(), (w.size,))
         row = np.broadcast_to(w.memory_tokens() * w.per_device_batch, (w.size,))  # padding_free: the largest row
+        runs_rows = np.broadcast_to(w.micro_batches(), (w.size,)) if w.padding_free else row
         notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
         for j in range(w.size):
             key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]))
@@ -431,8 +432,8 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
                 if w.padding_free and mine.longest_known:
                     size = (
-                        f"the largest row of {batch[j]:,.0f} samples in a shuffled pass over yours ({row[j]:,.0f} "
-                        f"tokens; each capped at {limit_text})"
+                        f"the largest of the run's {runs_rows[j]:,.0f} rows of {batch[j]:,.0f} of your samples drawn "
+                        f"at random ({row[j]:,.0f} tokens; each sample capped at {limit_text})"
                     )
                 elif mine.longest_known:
                     size = f"its longest sample ({max(mine.counts):,} tokens, capped at {limit_text})"

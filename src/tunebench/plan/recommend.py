@@ -262,7 +262,7 @@ def _lengths_notes(
 
     v = _variant(values, gpus, rounded_batch(int(values["batch_size"]), gpus), gpus_per_node)
     cols = predict_values([(experiment.method, v)], options, single_node_only=experiment.single_node_only)
-    return [n for n in cols["notes"][0] if n.startswith(LENGTHS_NOTE)]
+    return [f"{n} (at {gpus} GPU(s))" for n in cols["notes"][0] if n.startswith(LENGTHS_NOTE)]
 
 
 def command(
@@ -411,6 +411,11 @@ def recommend(
     }
     if minimum is None:
         out["diagnosis"] = diagnose(experiment, values, options, gpus_per_node, max_gpus)
+        if options.lengths is not None:  # the job's notes have said it (_lengths_notes, at the same GPU count)
+            from tunebench.plan.predictor import LENGTHS_NOTE
+
+            notes = out["diagnosis"].get("notes") or []
+            out["diagnosis"]["notes"] = [n for n in notes if not n.startswith(LENGTHS_NOTE)]
         raw_given = {k: v for k, v in raw.items() if k in entity.values}
         out["nearest"] = nearest_fit(
             experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk, cli_options

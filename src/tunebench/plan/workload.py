@@ -468,14 +468,19 @@ class Workload:
     def memory_tokens(self) -> np.ndarray:
         """Padded tokens per sample that peak memory is sized for: sample_tokens' padded length, except with
         the user's own lengths (plan.lengths), whose mean sets time but whose longest sample (unknown with a
-        mean only: model_max_length) sets the peak; padding-free, the largest row of a shuffled pass over them,
-        per sample of the row."""
+        mean only: model_max_length) sets the peak; padding-free, the largest of the run's rows (all micro-batches
+        of every rank: steps x accumulation x data-parallel ranks) drawn from them, per sample of the row."""
         if self.lengths is None:
             return self.sample_tokens()[1]
-        if self.padding_free:  # one row of b samples: the largest row of a shuffled pass, per sample (Workload.rows)
-            return self.lengths.largest_row(self.length_limit(), self.per_device_batch) / self.per_device_batch
+        if self.padding_free:  # one row of b samples: the largest of the run's rows, per sample (Workload.rows)
+            largest = self.lengths.largest_row(self.length_limit(), self.per_device_batch, self.micro_batches())
+            return largest / self.per_device_batch
         virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
         return self.lengths.longest(self.length_limit()) + virtual
+
+    def micro_batches(self) -> np.ndarray:
+        """Micro-batches of the whole run, every rank's: optimizer steps x accumulation x data-parallel ranks."""
+        return total_steps(self) * self.grad_accum * np.maximum(self.batch / self.per_device_batch, 1)
 
     def image_tokens(self) -> float:
         """Visual tokens of the row's image in the language sequence (LLaVA-NeXT anyres tiles)."""
