@@ -224,7 +224,7 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
         (["--lengths", "{tmp}/notext.jsonl"], "--lengths notext.jsonl line 1"),
     ],
 )
-@pytest.mark.parametrize("command", ["plan", "recommend"])
+@pytest.mark.parametrize("command", ["plan", "recommend", "max-batch"])
 def test_bad_lengths_are_one_line_exit_2(tmp_path, capsys, args, field, command):
     (tmp_path / "ok.jsonl").write_text('{"output": "a b c"}\n')
     (tmp_path / "empty.jsonl").write_text("\n\n")
@@ -232,6 +232,28 @@ def test_bad_lengths_are_one_line_exit_2(tmp_path, capsys, args, field, command)
     (tmp_path / "notext.jsonl").write_text('{"output": 3}\n')
     args = [a.format(tmp=tmp_path, ok=tmp_path / "ok.jsonl") for a in args]
     capsys.readouterr()
-    assert main([command, LORA, *ENTITY, *args]) == 2
+    job = [LORA, *ENTITY] if command != "max-batch" else ["llama3.1-8b", "--gpu-model", "A100-80GB"]
+    assert main([command, *job, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {field}:"), err
+
+
+def test_max_batch_sizes_your_samples(tmp_path, capsys):
+    """max-batch --lengths: a padded micro-batch holds b x the longest sample (here cut at model_max_length, as
+    the data set's samples are: the same answer), a padding-free one the largest of the run's rows, so far more
+    samples fit."""
+    texts = [" ".join(f"word{i}" for i in range(n)) for n in [200] * 40 + [3500, 4000]]
+    write_samples(tmp_path / "data.jsonl", texts)
+    job = ["max-batch", "llama3.1-8b", "--gpu-model", "A100-80GB", "--model-max-length", "4096", "--json"]
+
+    def largest(*args: str) -> dict:
+        capsys.readouterr()
+        assert main([*job, *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    plain = largest()
+    padded = largest("--lengths", str(tmp_path / "data.jsonl"))
+    free = largest("--lengths", str(tmp_path / "data.jsonl"), "padding_free=1")
+    assert padded["largest"] == plain["largest"] and free["largest"] > 2 * padded["largest"], (padded, free)
+    assert any("padding_free=1 processes only the samples' own" in n for n in padded["notes"])
+    assert any("the largest of the run's" in n for n in free["notes"])

@@ -510,12 +510,15 @@ def max_batch(
     currency: Currency = "USD",
     calibration: CalibrationPath = None,
     host_memory: HostMemory = None,
+    avg_tokens: AvgTokens = None,
+    lengths: Lengths = None,
     as_json: Json = False,
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """The largest batch_size that fits (out-of-memory probability at most --max-oom-risk), a multiple of
     --number-gpus; with its memory, speed and time, and why the next batch up does not fit. More
-    properties as KEY=VALUE (gradient_checkpointing=false, ...)."""
+    properties as KEY=VALUE (gradient_checkpointing=false, ...). With --lengths, for your samples: a padded
+    micro-batch holds b x your longest sample, a padding-free one (padding_free=1) its largest row."""
     largest_command(
         "batch_size",
         model,
@@ -532,6 +535,8 @@ def max_batch(
         as_json,
         gpu,
         host_memory,
+        avg_tokens,
+        lengths,
     )
 
 
@@ -609,6 +614,8 @@ def largest_command(
     as_json: bool,
     gpu: GPUOptions,
     host_memory: float | None = None,
+    avg_tokens: float | None = None,
+    lengths: Path | None = None,
 ) -> None:
     """max-batch and max-length: the job's values, the search (tunebench.plan.sweep.largest), its output. An
     option (None: not given) and its property as KEY=VALUE are one setting: either, not both; neither, its
@@ -617,7 +624,7 @@ def largest_command(
     from tunebench.plan.sweep import largest, method_job, padded_tokens, plan_notes
     from tunebench.spec.experiments import parse_value
 
-    opts = planner_options(price, calibration, None, host_memory, currency=currency)
+    opts = planner_options(price, calibration, None, host_memory, currency, avg_tokens, lengths)
     raw = parse_assignments(props or [])
     options = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
     for key, value in options.items():
@@ -642,6 +649,7 @@ def largest_command(
     start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
     exp, values, notes = method_job(method, {**given, name: start[name]})
     _refuse_broken_rules(values, exp.single_node_only, name)
+    count_lengths(opts.lengths, values.get("model_name"))  # with a progress bar, before the search
     found = largest(exp, values, name, opts, max_oom_risk)
     out = found.to_dict(max_oom_risk)
     if name == "batch_size" and found.value:  # the plan's notes at the largest batch: lengths, accumulation, ...

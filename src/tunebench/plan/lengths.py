@@ -2,7 +2,7 @@
 
 Without them the planner's samples are the experiment's data set's (``dataset_id``; the default
 ``news-tokens-16384plus-entries-4096`` has entries of 16,384+ tokens, so every sample is cut at
-model_max_length). With them (``plan``/``recommend`` ``--avg-tokens N`` or ``--lengths FILE.jsonl``,
+model_max_length). With them (``plan``/``recommend``/``max-batch`` ``--avg-tokens N`` or ``--lengths FILE.jsonl``,
 ``api.plan(avg_tokens=, lengths=)``):
 
 - a sample's tokens are its own count capped at model_max_length (and the tokenizer's limit): the
