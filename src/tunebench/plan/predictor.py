@@ -424,7 +424,7 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         batch = np.broadcast_to(w.per_device_batch, (w.size,))
         modes = np.broadcast_to(w.mode(), (w.size,))
         row = np.broadcast_to(w.memory_tokens() * w.per_device_batch, (w.size,))  # padding_free: the largest row
-        runs_rows = np.broadcast_to(w.micro_batches(), (w.size,)) if w.padding_free else row
+        runs_rows = np.broadcast_to(w.micro_batches(), (w.size,))  # the run's rows (padding_free's note)
         notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
         for j in range(w.size):
             key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]))

@@ -472,11 +472,14 @@ class Workload:
         of every rank: steps x accumulation x data-parallel ranks) drawn from them, per sample of the row."""
         if self.lengths is None:
             return self.sample_tokens()[1]
-        if self.padding_free:  # one row of b samples: the largest of the run's rows, per sample (Workload.rows)
-            largest = self.lengths.largest_row(self.length_limit(), self.per_device_batch, self.micro_batches())
-            return largest / self.per_device_batch
-        virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
-        return self.lengths.longest(self.length_limit()) + virtual
+        if "memory" not in self.derived:  # the row's draws are made once per workload (memory, then the notes)
+            if self.padding_free:  # one row of b samples: the largest of the run's rows, per sample (Workload.rows)
+                largest = self.lengths.largest_row(self.length_limit(), self.per_device_batch, self.micro_batches())
+                self.derived["memory"] = largest / self.per_device_batch
+            else:
+                virtual = (self.settings.get("num_virtual_tokens") or 8) if self.method == "pt" else 0
+                self.derived["memory"] = self.lengths.longest(self.length_limit()) + virtual
+        return self.derived["memory"]
 
     def micro_batches(self) -> np.ndarray:
         """Micro-batches of the whole run, every rank's: optimizer steps x accumulation x data-parallel ranks."""
