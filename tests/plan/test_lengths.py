@@ -151,22 +151,22 @@ def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
     # memory: the padded batch holds 8 x the longest sample; a flattened row of 8 samples drawn at random holds
     # their sum, the largest of the run's rows sets the peak, and with flash-attention it is a 1-sample batch
     # of that many tokens
-    note = next(n for n in free["notes"] if "the largest of the run's" in n)
+    note = next(n for n in free["notes"] if "the expected largest of the run's" in n)
     rows, row = (
         int(x.replace(",", "")) for x in re.search(r"run's ([\d,]+) rows of 8 .*?\(([\d,]+) tokens", note).groups()
     )
     assert rows == free["steps"] * 4  # the experiment's gradient_accumulation_steps 4, one GPU
-    assert row == sample.largest_row(np.array([2048.0]), np.array([8.0]), np.array([float(rows)]))[0]
+    assert row == round(sample.largest_row(np.array([2048.0]), np.array([8.0]), np.array([float(rows)]))[0])
     assert max(counts) <= row < 8 * max(counts)
     one = [a for a in SMALL if not a.startswith("batch_size")]
     alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={row}")
-    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):
-        assert free[key] == pytest.approx(alone[key], rel=1e-6) and free[key] < padded[key]
+    for key in ("gpu_memory_allocated_peak_gib", "gpu_memory_peak_gib"):  # the note rounds the row to a token
+        assert free[key] == pytest.approx(alone[key], rel=1e-4) and free[key] < padded[key]
     # eager attention over the flattened row: its score matrices are the row's square, as a 1-sample batch's
     eager = plan_json(capsys, *SMALL, *lengths, "attn_implementation=eager", "padding_free=1")
     eager_alone = plan_json(capsys, *one, "batch_size=1", f"model_max_length={int(row)}", "attn_implementation=eager")
     assert eager["gpu_memory_allocated_peak_gib"] == pytest.approx(
-        eager_alone["gpu_memory_allocated_peak_gib"], rel=1e-6
+        eager_alone["gpu_memory_allocated_peak_gib"], rel=1e-4
     )
     assert eager["gpu_memory_allocated_peak_gib"] > free["gpu_memory_allocated_peak_gib"]  # sdpa/flash keep no scores
     # no suggestion where padding_free cannot run: one process over 2 GPUs (DataParallel), prompt tuning (its
@@ -200,15 +200,36 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
     assert lengths.attended(np.array([4096.0]))[0] == pytest.approx((100**2 + 2 * 200**2 + 400**2) / 900)
     assert lengths.attended(np.array([150.0]))[0] == pytest.approx((100**2 + 3 * 150**2) / 550)
 
-    # padding-free rows: the largest of a run's rows of b samples drawn at random, at least the longest sample
+    # padding-free rows: the expected largest of a run's rows of b samples drawn at random, at least the longest
     def largest(b, rows, cap=4096.0, of=lengths):
         return of.largest_row(np.array([cap]), np.array([float(b)]), np.array([float(rows)]))[0]
 
+    for b, rows in ((2, 3), (3, 2)):  # every ordered draw of rows x b samples, equally likely
+        sums = [sum(d) for d in itertools.product(lengths.counts, repeat=b)]
+        expected = np.mean([max(r) for r in itertools.product(sums, repeat=rows)])
+        assert largest(b, rows) == pytest.approx(expected, rel=1e-9)
     assert largest(1, 1000) == 400 and largest(1, 1) == 400  # at least the longest, never more for one sample
-    assert 400 <= largest(4, 1) <= largest(4, 100) <= largest(4, 10_000) == 1600  # more rows, a larger largest
-    assert largest(4, 10_000, cap=150.0) == 600  # each sample capped first
-    assert largest(64, 10, of=SampleLengths((100,) * 8, "", True)) == 6400  # more samples a row than the file has
+    assert 400 <= largest(4, 1) < largest(4, 100) < largest(4, 10_000) == pytest.approx(1600)  # more rows, larger
+    assert largest(4, 10_000, cap=150.0) == pytest.approx(600)  # each sample capped first
+    assert largest(64, 10, of=SampleLengths((100,) * 8, "", True)) == pytest.approx(6400)  # more than the file has
     assert SampleLengths((300,), "", False).largest_row(np.array([1024.0]), np.array([2.0]), np.array([5.0]))[0] == 2048
+
+
+def test_padding_free_rows_never_shrink_as_the_batch_grows():
+    """The run's samples fixed, a larger per-device batch has fewer, longer rows: its expected largest row is never
+    smaller (max-batch's search assumes it), on a long-tailed file, and on a grid coarser than a token (a row of
+    b x the longest over ROW_GRID_POINTS tokens), where each sum is within half a step a sample of the exact one."""
+    rng = np.random.default_rng(1)
+    tailed = SampleLengths(tuple(int(x) + 1 for x in rng.lognormal(6, 1, 500)), "", True)
+    samples = 40_000
+    sizes = [*range(1, 80), 127, 128, 129]
+    rows = [tailed.largest_row(np.array([4096.0]), np.array([float(b)]), np.array([samples / b]))[0] for b in sizes]
+    assert all(a <= b for a, b in zip(rows, rows[1:], strict=False)), rows
+    assert rows[0] == max(min(c, 4096) for c in tailed.counts)  # one sample a row: the longest
+    # a row of 300 samples of up to 4,096 tokens passes 2^20 tokens: a 2-token grid, exact to ~1 token a sample
+    uniform = SampleLengths((4095, 4096), "", True)  # every row's sum is 300 x 4,095.5 +- a few hundred
+    big = uniform.largest_row(np.array([4096.0]), np.array([300.0]), np.array([1.0]))[0]
+    assert big == pytest.approx(300 * 4095.5, abs=300)
 
 
 @pytest.mark.parametrize(
@@ -256,4 +277,4 @@ def test_max_batch_sizes_your_samples(tmp_path, capsys):
     free = largest("--lengths", str(tmp_path / "data.jsonl"), "padding_free=1")
     assert padded["largest"] == plain["largest"] and free["largest"] > 2 * padded["largest"], (padded, free)
     assert any("padding_free=1 processes only the samples' own" in n for n in padded["notes"])
-    assert any("the largest of the run's" in n for n in free["notes"])
+    assert any("the expected largest of the run's" in n for n in free["notes"])

@@ -13,7 +13,7 @@ model_max_length). With them (``plan``/``recommend``/``max-batch`` ``--avg-token
   every sample is that long and nothing is padded;
 - peak memory still sizes the longest sample: the longest count capped at model_max_length, or
   model_max_length itself with only a mean (a batch of long samples must fit, whatever the mean); a
-  padding-free run (one row of a micro-batch's samples) sizes the largest of its rows (largest_row).
+  padding-free run (one row of a micro-batch's samples) sizes the expected largest of its rows (largest_row).
 
 The number of samples stays the data set's (its entries, with max_steps and num_train_epochs): only
 their lengths change. Counting a file (``from_file``): each line is a JSON object whose text is its
@@ -39,8 +39,7 @@ if TYPE_CHECKING:  # numpy loads when lengths are used: `tunebench --help` impor
 
 from tunebench.errors import InputError
 
-PACKING_SEED = 0  # the draws of a run's rows (SampleLengths.largest_row): fixed, so a plan is repeatable
-PACKING_DRAWS = 20_000  # rows drawn at most: a longer run's rows beyond it are not drawn (its largest row a little low)
+ROW_GRID_POINTS = 2**20  # a row's token sums on at most this many points: 1-token steps up to b x limit = 1 Mi tokens
 TEXT_FIELDS = ("output", "text")  # a line's text: the first of these it has, else its chat "messages"
 MAX_AVG_TOKENS = 10**9  # beyond any model_max_length (the spec's domains stop at 2^31 - 1)
 
@@ -102,12 +101,14 @@ class SampleLengths:
         return np.array(out)[where.reshape(-1)]
 
     def largest_row(self, limit: np.ndarray, per_device_batch: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Tokens of the largest of a run's ``rows`` padding-free rows (per_device_batch samples flattened into
-        one), per entity. The Trainer's sampler shuffles, so a row is b samples drawn at random (with replacement
-        from your capped counts: the run's data set has as many entries as the experiment's, of your lengths), and
-        the row that sets peak memory is the largest such sum, not b x the longest sample (which few rows hold):
-        the largest of min(rows, PACKING_DRAWS) rows drawn with a fixed seed (the same plan every time), at least
-        the longest sample. Unknown without a file (a mean only): b x limit."""
+        """Expected tokens of the largest of a run's ``rows`` padding-free rows (per_device_batch samples flattened
+        into one), per entity. The Trainer's sampler shuffles, so a row is b samples drawn at random (with
+        replacement from your capped counts: the run's data set has as many entries as the experiment's, of your
+        lengths), and the row that sets peak memory is the largest such sum, not b x the longest sample (which
+        few rows hold). Exact, not sampled, so a plan repeats and a larger batch never sizes less: a row's sum
+        has the counts' distribution convolved b times (``_row_sum_cdf``, F), and the largest of R rows E[max] =
+        sum over sums x of x (F(x)^R - F(x-)^R); at least the longest sample. Unknown without a file (a mean
+        only): b x limit."""
         import numpy as np
 
         limit, b, rows = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (limit, per_device_batch, rows))
@@ -115,14 +116,17 @@ class SampleLengths:
         if not self.longest_known:
             return np.broadcast_to(b * limit, np.broadcast_shapes(limit.shape, b.shape, rows.shape)).copy()
         counts = np.asarray(self.counts, dtype=float)
-        draws = np.minimum(np.maximum(rows, 1.0), PACKING_DRAWS)
-        triples = np.stack(np.broadcast_arrays(limit, b, draws), axis=1)
+        triples = np.stack(np.broadcast_arrays(limit, b, np.maximum(rows, 1.0)), axis=1)
         distinct, where = np.unique(triples, axis=0, return_inverse=True)
         out = []
         for cap, n, r in distinct:
             capped = np.minimum(counts, cap)
-            picks = np.random.default_rng(PACKING_SEED).integers(0, len(capped), size=(int(r), int(n)))
-            out.append(float(max(capped[picks].sum(axis=1).max(), capped.max())))
+            sums, cdf = _row_sum_cdf(capped, int(n))
+            below = np.concatenate(([0.0], cdf[:-1]))
+            # F^R as exp(R ln F): R reaches millions of rows; F = 0 below the shortest row gives 0
+            with np.errstate(divide="ignore"):
+                top = np.exp(r * np.log(cdf)) - np.exp(r * np.log(below))
+            out.append(float(max(np.sum(sums * top), capped.max())))
         return np.array(out)[where.reshape(-1)]
 
     def longest(self, limit: np.ndarray) -> np.ndarray:
@@ -141,6 +145,24 @@ class SampleLengths:
             "max_tokens": max(self.counts) if self.longest_known else None,
             "source": self.source,
         }
+
+
+def _row_sum_cdf(capped: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution of the sum of b samples drawn at random from capped token counts: (sums in tokens, their
+    cumulative probabilities). One sample's counts on a grid of 1 token (coarser where b x the longest passes
+    ROW_GRID_POINTS: each count rounded to the grid, so a row's sum is off by half a step a sample at most),
+    convolved b times at once as the b-th power of its Fourier transform (a zero-padded FFT as long as the
+    largest sum: a linear, not circular, convolution)."""
+    import numpy as np
+
+    step = max(1.0, b * float(capped.max()) / ROW_GRID_POINTS)
+    index = np.rint(capped / step).astype(np.int64)
+    pmf = np.bincount(index) / len(index)
+    size = b * (len(pmf) - 1) + 1
+    fft_size = 1 << (size - 1).bit_length()
+    row = np.fft.irfft(np.fft.rfft(pmf, fft_size) ** b, fft_size)[:size]
+    cdf = np.cumsum(np.clip(row, 0.0, None))  # rounding noise below 0 is no probability
+    return np.arange(size) * step, np.minimum(cdf / cdf[-1], 1.0)
 
 
 @dataclass(eq=False)  # hashed by identity: PlanOptions holds it

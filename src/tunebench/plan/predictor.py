@@ -425,14 +425,17 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         modes = np.broadcast_to(w.mode(), (w.size,))
         row = np.broadcast_to(w.memory_tokens() * w.per_device_batch, (w.size,))  # padding_free: the largest row
         runs_rows = np.broadcast_to(w.micro_batches(), (w.size,))  # the run's rows (padding_free's note)
-        notes: dict[tuple[float, ...], str] = {}  # one text per (mean, cut, asked, padded, batch): a sweep has a few
+        notes: dict[
+            tuple[float | str, ...], str
+        ] = {}  # one text per (mean, cut, padded, batch, rows): a sweep has a few
         for j in range(w.size):
-            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]))
+            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]),
+                   float(runs_rows[j]), float(row[j]))  # fmt: skip
             if key not in notes:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
                 if w.padding_free and mine.longest_known:
                     size = (
-                        f"the largest of the run's {runs_rows[j]:,.0f} rows of {batch[j]:,.0f} of your samples drawn "
+                        f"the expected largest of the run's {runs_rows[j]:,.0f} rows of {batch[j]:,.0f} of your samples drawn "
                         f"at random ({row[j]:,.0f} tokens; each sample capped at {limit_text})"
                     )
                 elif mine.longest_known:
