@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunebench.spec.properties import NODE_GPUS
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -126,7 +128,7 @@ def recommend(
     entity: Mapping[str, Any],
     *,
     parameters: Mapping[str, Any] | None = None,
-    gpus_per_node: int = 8,
+    gpus_per_node: int = NODE_GPUS,
     max_gpus: int = 64,
     max_oom_risk: float | None = None,
     calibration: str | Path | None = None,

@@ -139,6 +139,9 @@ def test_a_gpu_given_by_its_numbers():
         "4000",
     )
     assert slow["capacity_gib"] == 48 and fast["capacity_gib"] == 48
+    # what was assumed is said (docs/planner.md section 6), and given numbers assume nothing
+    assert "gpu_model Acme-X1: memory bandwidth assumed 1,307 GB/s (153 FLOP/byte)" in slow["notes"], slow["notes"]
+    assert not any("Acme-X2" in n for n in fast["notes"]), fast["notes"]
     assert fast["train_tokens_per_second"] > 1.5 * slow["train_tokens_per_second"]  # 4x the FLOP/s; fixed costs stay
     assert fast["gpu_memory_allocated_peak_gib"] == pytest.approx(slow["gpu_memory_allocated_peak_gib"])
     small = plan_json(
@@ -409,6 +412,23 @@ def test_a_cpu_runs_plan_table_has_no_gpu_rows(monkeypatch):
         assert gpu_row not in text, gpu_row
     out = json.loads(invoke("plan", *job, "--json").stdout)
     assert out["gpu_memory_allocated_peak_gib"] > 0 and out["capacity_gib"] is None
+
+
+def test_the_plan_at_80_columns_wraps_ids_between_properties_and_says_when_no_price_is_known(monkeypatch):
+    """An entity id wraps after the '-' between its property.value segments, never inside a name (gpu_ / model);
+    a GPU without a catalog price says how to give one, where a cost would be."""
+    monkeypatch.setenv("COLUMNS", "80")
+    args = [*COMMON, "gpu_model=Acme-X1", "--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200"]
+    text = invoke("plan", LORA, *args, "loss_implementation=chunked", "--gpu-interconnect-gbps", "64").output
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("model_name."))
+    id_lines = lines[start : next(i for i in range(start, len(lines)) if lines[i].startswith("fits"))]
+    assert len(id_lines) >= 2, id_lines
+    assert all(len(line) <= 80 for line in id_lines), id_lines
+    assert all(line.endswith("-") for line in id_lines[:-1]) and "gpu_model.Acme-X1" in "".join(id_lines), id_lines
+    for name in ("model_name", "number_gpus", "model_max_length", "batch_size", "gpu_model", "loss_implementation"):
+        assert any(f"{name}." in line for line in id_lines), (name, id_lines)
+    assert "no price known: --price-per-gpu-hour gives one" in text
 
 
 def test_a_batch_is_planned_alone_and_an_empty_one_is_an_error(tmp_path, capsys):

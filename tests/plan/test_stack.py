@@ -21,7 +21,7 @@ from tunebench.plan.throughput import (
     optimizer_seconds,
     predict_throughput,
 )
-from tunebench.spec.experiments import get_experiment
+from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.validity import check_values
 
 GIB = 2**30
@@ -463,6 +463,40 @@ def test_optimizer_and_offload_time_follow_the_states_each_rank_holds_under_tens
         one_off = offload_seconds(workload("full", **base, **off, batch_size=8))[0]
         two_off = offload_seconds(workload("full", **base, **off, batch_size=4, tensor_parallel_degree=2))[0]
         assert two_off == pytest.approx(one_off, rel=0.05)
+
+
+def test_a_tensor_parallel_group_larger_than_a_node_crosses_the_network():
+    """16 GPUs on 2 nodes: tensor parallelism within a node (tp 8) communicates over NVLink; a group of 16 spans
+    both nodes and its per-layer collectives run at the network's rate, far slower (was: NVLink for any tp)."""
+    from tunebench.plan.throughput import parallel_seconds, tp_spans_nodes
+
+    base = {"number_gpus": 16, "number_nodes": 2, "batch_size": 16, "model_max_length": 1024, "gpu_model": "H100"}
+    within, across = (workload("full", **base, tensor_parallel_degree=tp) for tp in (8, 16))
+    assert not tp_spans_nodes(within)[0] and tp_spans_nodes(across)[0]
+    per_token = [parallel_seconds(w, UNIT, np.array([1024.0]))[0] / ((w.tp - 1) / w.tp) for w in (within, across)]
+    nvlink, network = (_link_gbps(within, UNIT, None, within_node=True)[0], _link_gbps(across, UNIT, None)[0])
+    assert network < nvlink / 10
+    assert per_token[1] / per_token[0] == pytest.approx(nvlink / network, rel=1e-6)
+    one_node = workload("full", number_gpus=16, batch_size=16, model_max_length=1024, gpu_model="H100",
+                        tensor_parallel_degree=16)  # fmt: skip
+    assert not tp_spans_nodes(one_node)[0]  # all 16 in one node: nothing to cross (a note says so, below)
+
+
+def test_the_plan_notes_a_layout_a_node_cannot_hold():
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    job = {"model_name": "smollm2-135m", "model_max_length": 1024, "gpu_model": "H100"}
+    spans, crowded, fine = (
+        predict(exp, make_entity(exp, {**job, **extra}))
+        for extra in (
+            {"number_gpus": 16, "number_nodes": 2, "batch_size": 16, "tensor_parallel_degree": 16},
+            {"number_gpus": 64, "batch_size": 64},
+            {"number_gpus": 16, "number_nodes": 2, "batch_size": 16, "tensor_parallel_degree": 8},
+        )
+    )
+    assert any("tensor_parallel_degree x sequence_parallel_degree 16 spans nodes of 8 GPUs" in n
+               for n in spans.metadata["notes"])  # fmt: skip
+    assert any("64 GPUs in one node" in n and "give number_nodes" in n for n in crowded.metadata["notes"])
+    assert not any("spans nodes" in n or "in one node" in n for n in fine.metadata["notes"]), fine.metadata["notes"]
 
 
 def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_parallel_ranks():

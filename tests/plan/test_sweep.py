@@ -205,6 +205,16 @@ def test_max_batch_says_what_the_plan_assumed_at_its_answer(capsys):
     assert any("shorter than model_max_length 4,096: planned at their length" in n for n in out["notes"])
 
 
+def test_max_batch_where_nothing_fits_says_what_else_to_change(capsys):
+    """Nothing fits (8B full fine-tuning on 2 L40S, 48 GB each): the plan's notes at the smallest batch follow, as
+    they do at an answer (here: FSDP's unsharded gradient accumulation, and that accumulation 1 shards them)."""
+    job = ["llama-3.1-8b", "--gpu-model", "L40S", "--number-gpus", "2", "--method", "full", "--json"]
+    assert main(["max-batch", *job, "gradient_accumulation_steps=4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["largest"] is None and out["next"] == 2
+    assert any("gradient_accumulation_steps=1 shards them" in n for n in out["notes"]), out["notes"]
+
+
 @pytest.mark.slow
 def test_max_batch_of_a_cpu_run_needs_no_gpu(capsys):
     """number_gpus=0 is sized against the host's RAM, as plan sizes it: no --gpu-model to give."""

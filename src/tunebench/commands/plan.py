@@ -35,6 +35,7 @@ from tunebench.plan.options import CalibrationFile, GpuCount, PostUrl, Probabili
 from tunebench.plan.options import Currency as CurrencyCode
 from tunebench.plan.recommend import DEFAULT_MAX_OOM_RISK
 from tunebench.spec.experiments import effective_values, get_experiment, make_entity, parse_assignments
+from tunebench.spec.properties import NODE_GPUS
 
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 Price = Annotated[
@@ -405,7 +406,7 @@ def recommend(
     experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
-    gpus_per_node: Annotated[int, option(GpuCount, "--gpus-per-node", help="GPUs per node.")] = 8,
+    gpus_per_node: Annotated[int, option(GpuCount, "--gpus-per-node", help="GPUs per node.")] = NODE_GPUS,
     max_gpus: Annotated[int, option(GpuCount, "--max-gpus", help="Largest GPU count to consider.")] = 64,
     as_json: Json = False,
     price: Price = None,
@@ -440,7 +441,7 @@ def recommend(
         "--host-memory-gib": host_memory,
     }
     defaults = {
-        "--gpus-per-node": 8,
+        "--gpus-per-node": NODE_GPUS,
         "--max-gpus": 64,
         "--max-oom-risk": DEFAULT_MAX_OOM_RISK,
         "--price-per-gpu-hour": None,
@@ -654,6 +655,8 @@ def largest_command(
     out = found.to_dict(max_oom_risk)
     if name == "batch_size" and found.value:  # the plan's notes at the largest batch: lengths, accumulation, ...
         notes.extend(n for n in plan_notes(exp, {**values, name: found.value}, opts) if n not in notes)
+    elif not found.value and found.next_value:  # nothing fits: the notes at the smallest value say what else to change
+        notes.extend(n for n in plan_notes(exp, {**values, name: found.next_value}, opts) if n not in notes)
     if name == "model_max_length" and found.value:
         padded = padded_tokens(exp, {**values, name: found.value}, opts)
         if padded < found.value:

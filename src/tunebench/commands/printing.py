@@ -102,8 +102,13 @@ def cost_text(cost: float | None, currency: str) -> str:
 def print_plan(
     console: Console, out: dict[str, Any], max_oom_risk: float = DEFAULT_MAX_OOM_RISK, currency: str = "USD"
 ) -> None:
+    from tunebench.commands.terminal import wrap_id
+
     status = verdict(out, max_oom_risk)
-    console.print(f"[bold]{out['experiment_id']}[/bold]\n{out['entity_id']}\n{status}")
+    width = max(console.width, 20)  # ids wrap between their property.value segments, never inside a word
+    console.print(f"[bold]{wrap_id(out['experiment_id'], width)}[/bold]", highlight=False)
+    console.print(wrap_id(out["entity_id"], width), highlight=False)
+    console.print(status)
     for reason in out["reasons"]:
         console.print(f"  - {reason}")
     for note in out.get("platform_notes") or []:
@@ -162,6 +167,8 @@ def print_plan(
         speed.add_row(
             "cost", f"{cost_text(out['cost'], currency)} ({fmt(out.get('price_per_gpu_hour'), 2)} per GPU-hour)"
         )
+    elif not cpu:  # a GPU without a catalog price (your own numbers, or a price the catalog lacks)
+        speed.add_row("cost", "no price known: --price-per-gpu-hour gives one")
     console.print(speed)
     for note in out.get("notes") or []:
         console.print(f"note: {note}")
@@ -185,13 +192,17 @@ def need_text(c: dict[str, Any]) -> str:
 
 
 def _point_cells(c: dict[str, Any], currency: str, cpu: bool = False) -> list[str]:
-    """A planned configuration's numbers, for a table row: P(OOM), peak, headroom, speed, time, cost (a CPU
-    run: no P(OOM) or headroom, which are the GPU's)."""
+    """A planned configuration's numbers, for a table row: P(OOM), need (a CPU run: its peak), headroom, speed,
+    time, cost (a CPU run: no P(OOM) or headroom, which are the GPU's)."""
     on_cpu = c.get("number_gpus") == 0  # a CPU point among GPU ones: no GPU to run out of
     gpu = [] if cpu else ["-" if on_cpu else fmt(c.get("oom_probability"), 3)]
+    # a GPU's need (allocated peak + fragmentation: what the verdict weighs, usable = need + headroom), not its
+    # nvidia-smi peak, which the allocator's cache fills up to the GPU's total near the limit (the same at every
+    # size there); a CPU run's peak is its RAM
+    memory = c.get("gpu_memory_peak_gib") if cpu or on_cpu else c.get("required_gib")
     return [
         *gpu,
-        fmt(c.get("gpu_memory_peak_gib")),
+        fmt(memory),
         *([] if cpu else [fmt(c.get("headroom_gib"))]),
         fmt(c.get("dataset_tokens_per_second"), 0),
         duration(c.get("train_runtime")),
@@ -207,7 +218,7 @@ def point_columns(cpu: bool = False) -> list[Any]:
     gpu = [] if cpu else [Column("P(OOM)", justify="right")]
     return [
         *gpu,
-        Column("peak GiB" if cpu else "peak GiB/GPU", 1, justify="right", min_width=6),
+        Column("peak GiB" if cpu else "need GiB/GPU", 1, justify="right", min_width=6),
         *([] if cpu else [Column("headroom GiB", 3, justify="right", min_width=6)]),
         Column("tokens/s", 1, justify="right"),
         Column("data set time", 2, justify="right", min_width=6),

@@ -31,11 +31,11 @@ from tunebench.plan.coefficients import Calibration, default_calibration
 from tunebench.plan.host import CACHE_FILE, Adapters, HostRate, entity_rate, probe_shape
 from tunebench.plan.lengths import UserLengths
 from tunebench.plan.memory import predict_memory
-from tunebench.plan.throughput import flops_per_token, network_rate, predict_throughput
+from tunebench.plan.throughput import flops_per_token, network_rate, predict_throughput, tp_spans_nodes
 from tunebench.plan.workload import NUMERIC, build_workload, gpu_class, group_key
 from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved_defaults, target_modules_for
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
-from tunebench.spec.properties import PADDING_FREE_MODEL_TYPES
+from tunebench.spec.properties import NODE_GPUS, PADDING_FREE_MODEL_TYPES
 from tunebench.spec.results import Result
 from tunebench.spec.validity import check_values, cpu_nodes_reason
 
@@ -353,6 +353,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             variants[key] = [*notes, *([no_sync_note] if key[0] else []), *([network_note] if key[1] else [])]
         out["notes"][i] = variants[key]
     _note_lengths(out, idx, w)
+    _note_topology(out, idx, w, f"{rate:g} GB/s per node ({why})")
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
         _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
@@ -489,6 +490,30 @@ def _padding_text(w, real: float, padded: float, batch: float, mode: str) -> str
     )
 
 
+def _note_topology(out: dict[str, Any], idx: list[int], w, network: str) -> None:
+    """Notes where the GPUs' layout decides the speed: more GPUs in a node than a node holds (planned as if one
+    NVLink switch joined them all: number_nodes is likely missing), and a tensor x sequence parallel group
+    larger than a node (its per-layer collectives cross the network: throughput.tp_spans_nodes)."""
+    per_node = np.broadcast_to(w.gpus_per_node, (w.size,))
+    group = np.broadcast_to(w.tp * w.sp, (w.size,))
+    spans = np.broadcast_to(tp_spans_nodes(w), (w.size,))
+    for j in np.flatnonzero(per_node > NODE_GPUS):
+        _add_note(
+            out,
+            idx[j],
+            f"{per_node[j]:g} GPUs in one node (number_gpus / number_nodes): planned as if NVLink joined them all, "
+            f"where a node holds {NODE_GPUS} (HGX/DGX); give number_nodes for a job over several nodes",
+        )
+    for j in np.flatnonzero(spans):
+        _add_note(
+            out,
+            idx[j],
+            f"tensor_parallel_degree x sequence_parallel_degree {group[j]:g} spans nodes of {per_node[j]:g} GPUs: "
+            f"their per-layer collectives cross the network, {network}; a group within one node runs at NVLink's "
+            "rate",
+        )
+
+
 def _add_note(out: dict[str, Any], i: int, note: str) -> None:
     out["notes"][i] = [*out["notes"][i], note]
 
@@ -516,6 +541,8 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
 def _group_notes(w) -> list[str]:
     """What the prediction of a group assumed: the model's reading, the attention, the activation source."""
     notes = [f"model: {a}" for a in w.structure.assumptions]
+    if w.on_gpu and w.gpu is not None and w.gpu.confidence in ("user", "derived") and w.gpu.notes:
+        notes.append(f"gpu_model {w.gpu.name}: {w.gpu.notes}")  # numbers the planner assumed or derived
     if w.flash_asked and w.attention != "flash":
         notes.append(f"{w.structure.model_type} has no flash-attention 2 in transformers: planned with {w.attention}")
     by_default = w.settings.get("flash_attn") is None and w.settings.get("attn_implementation") is None

@@ -25,6 +25,7 @@ import numpy as np
 
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
+from tunebench.spec.properties import NODE_GPUS
 
 if TYPE_CHECKING:  # the planner (numpy, torch when tracing) loads when a recommendation runs, not with --help
     from tunebench.plan.predictor import PlanOptions
@@ -176,7 +177,7 @@ def minimum_gpus(
     experiment: Experiment,
     values: Mapping[str, Any],
     options: PlanOptions,
-    gpus_per_node: int = 8,
+    gpus_per_node: int = NODE_GPUS,
     max_gpus: int = 64,
     max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> Candidate | None:
@@ -202,7 +203,7 @@ def fastest(
     experiment: Experiment,
     values: Mapping[str, Any],
     options: PlanOptions,
-    gpus_per_node: int = 8,
+    gpus_per_node: int = NODE_GPUS,
     max_gpus: int = 64,
     max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
 ) -> dict[str, Candidate | None]:
@@ -284,7 +285,7 @@ def nearest_fit(
     raw: Mapping[str, Any],
     values: Mapping[str, Any],
     options: PlanOptions,
-    gpus_per_node: int = 8,
+    gpus_per_node: int = NODE_GPUS,
     max_gpus: int = 64,
     max_oom_risk: float = DEFAULT_MAX_OOM_RISK,
     cli_options: Mapping[str, Any] | None = None,
@@ -350,7 +351,7 @@ def recommend(
     experiment: Experiment,
     raw: Mapping[str, Any],
     options: PlanOptions,
-    gpus_per_node: int = 8,
+    gpus_per_node: int = NODE_GPUS,
     max_gpus: int = 64,
     methods: tuple[str, ...] = ("full", "lora", "qlora"),
     max_oom_risk: float = DEFAULT_MAX_OOM_RISK,

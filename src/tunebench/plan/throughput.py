@@ -221,21 +221,31 @@ def deepspeed_comm_bytes(w: Workload, grad_bytes, gather_bytes, params, ring) ->
     return ga * (2 * params * ring + grad_bytes * ring)
 
 
-def parallel_seconds(w: Workload, c: Coefficients, micro_tokens: np.ndarray) -> np.ndarray:
-    """Tensor- and sequence-parallel communication of one micro-batch, on the critical path (within a node).
+def parallel_seconds(
+    w: Workload, c: Coefficients, micro_tokens: np.ndarray, network_gbps: float | None = None
+) -> np.ndarray:
+    """Tensor- and sequence-parallel communication of one micro-batch, on the critical path.
 
     Tensor parallel with sequence-parallel norms: per layer an all-gather and a reduce-scatter before and
     after attention and the MLP in forward, the same in backward: 8 collectives of (tp-1)/tp of the
     micro-batch's hidden states (Korthikanti et al. 2022 §4.2.2). Ulysses sequence parallel: 4
     all-to-alls per layer in forward (q, k, v, output), 4 in backward, each moving (sp-1)/sp of the
-    GPU's share (Jacobs et al. 2023)."""
+    GPU's share (Jacobs et al. 2023). A group of tp x sp consecutive ranks stays within a node when the
+    node holds it; larger, it spans nodes and its collectives run at the slower of NVLink/PCIe and the
+    network (``tp_spans_nodes``)."""
     a = w.structure
     hidden_bytes = micro_tokens * a.hidden * 2.0
-    intra = (w.gpu.intra_node_bandwidth_gbps / 2 if w.gpu is not None else 1.0) * c.link_efficiency * 1e9
+    link = np.where(tp_spans_nodes(w), _link_gbps(w, c, network_gbps), _link_gbps(w, c, network_gbps, within_node=True))
     tp, sp = w.tp, w.sp
     tensor = 8 * a.layers * hidden_bytes / sp * (tp - 1) / tp
     sequence = 8 * a.layers * hidden_bytes / (sp * tp) * (sp - 1) / sp
-    return np.where(w.gpus >= 1, (tensor + sequence) / intra, 0.0)
+    return np.where(w.gpus >= 1, (tensor + sequence) / link, 0.0)
+
+
+def tp_spans_nodes(w: Workload) -> np.ndarray:
+    """Whether a tensor x sequence parallel group (tp x sp consecutive ranks, the innermost dimension of
+    torch's DeviceMesh and Megatron's rank order) holds more GPUs than a node has."""
+    return (w.nodes > 1) & (w.tp * w.sp > w.gpus_per_node)
 
 
 # Host-side rates for offloaded optimizer steps (assumptions, stated in docs/planner.md): PCIe gen4 x16
@@ -381,7 +391,7 @@ def predict_throughput(
         + exposed
         + optimizer_seconds(w, host_optimizer_s_per_param)
         + offload_seconds(w)
-        + w.grad_accum * parallel_seconds(w, c, micro_tokens)
+        + w.grad_accum * parallel_seconds(w, c, micro_tokens, network_gbps)
     )
 
     samples_per_step = w.batch * w.grad_accum  # ado batch_size is already per-device x devices

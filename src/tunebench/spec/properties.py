@@ -126,6 +126,9 @@ def attention_asked(values: dict[str, Any]) -> str | None:
 # H100s (Llama Team, "The Llama 3 Herd of Models", 2024, §3.3). More is surely a typo, and a launch plan
 # or a recommendation would enumerate every one of them.
 MAX_GPUS = 16_384
+# GPUs of one node, as recommend lays jobs out and the planner's notes expect: an HGX/DGX node holds 8 SXM GPUs
+# on one NVLink switch (NVIDIA DGX H100 and DGX B200 user guides); PCIe servers hold 8-10
+NODE_GPUS = 8
 # Integers are stored in 64-bit INTEGER columns (and computed on as int64): the machine's bounds.
 INT_MAX = 2**63 - 1
 INT_MIN = -(2**63)
