@@ -715,7 +715,9 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
                     f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)"
                 )
             )
-            console.print(f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPUs{why}")
+            console.print(
+                f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPU{'s' if bound[title] != 1 else ''}{why}"
+            )
             continue
         console.print(f"{title}: {_config(c, currency)}")
         for note in c.get("notes") or []:

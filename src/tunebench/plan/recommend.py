@@ -387,7 +387,12 @@ def recommend(
         cand = minimum_gpus(exp, vals, options, gpus_per_node, max_gpus, max_oom_risk)
         row: dict[str, Any] = {"method": method, "experiment": exp.id}
         if cand is None:
-            row.update({"fits": False, "notes": notes + [f"does not fit on up to {tried[-1]} GPUs"]})
+            row.update(
+                {
+                    "fits": False,
+                    "notes": notes + [f"does not fit on up to {tried[-1]} GPU{'s' if tried[-1] != 1 else ''}"],
+                }
+            )
         else:
             row.update(cand.to_dict())
             row["notes"] = notes + cand.notes

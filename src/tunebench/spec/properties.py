@@ -240,6 +240,14 @@ def _check_range(prop: Property, value: float, raw: Any) -> None:
 def _parse_int(prop: Property, raw: Any) -> int:
     if isinstance(raw, bool):
         raise prop.error(raw, f"{raw!r} is not an integer")
+    if isinstance(raw, str) and "," in raw:  # 1,024 is a thousands separator; KEY=1024,2048 a list, what --grid sweeps
+        text = raw.strip()
+        how = (
+            f"write it without separators, {text.replace(',', '')}"
+            if re.fullmatch(r"\d{1,3}(,\d{3})+", text)
+            else f"one value; plan --grid {prop.name}={text} sweeps a list"
+        )
+        raise prop.error(raw, f"{raw!r} is not an integer ({how})")
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
     if isinstance(raw, str):
@@ -297,7 +305,8 @@ def _parse_choice(prop: Property, raw: Any) -> Any:
     if text.lower() in by_lower:
         return by_lower[text.lower()]
     names = [str(c) for c in prop.choices if c is not None]
-    raise prop.error(raw, f"unknown value {text!r}." + suggest(text, names))
+    hint = suggest(text, names)  # " Did you mean ...?" or ""
+    raise prop.error(raw, f"unknown value {text!r}" + (f".{hint}" if hint else ""))
 
 
 def _parse_str(prop: Property, raw: Any) -> str:
