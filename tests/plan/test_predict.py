@@ -317,7 +317,7 @@ def test_the_default_flash_attention_on_a_volta_gpu_gets_a_note_not_a_verdict():
 
 
 @pytest.mark.slow
-def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
+def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model(monkeypatch):
     cpu = {"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 0}
     small = predict(FULL, {**cpu, "batch_size": 2}, host_memory_gib=16)
     assert small.status == "valid" and 0 < small.properties["gpu_memory_allocated_peak_gib"] < 16
@@ -326,6 +326,16 @@ def test_a_cpu_run_must_fit_the_hosts_ram_and_ignores_gpu_model():
     assert "16.0 GiB (host_memory_gib)" in huge.reasons[0]
     # without host_memory_gib: this machine's RAM, the host a CPU plan is timed on
     assert "this machine's RAM" in predict(FULL, {**cpu, "batch_size": 2**20}).reasons[0]
+    # what other programs hold now is a note, not the verdict (a plan repeats whatever else runs)
+    import tunebench.limits as limits
+
+    need = small.metadata["required_gib"]
+    monkeypatch.setattr(limits, "available_memory", lambda: int((need / 2) * 2**30))
+    crowded = predict(FULL, {**cpu, "batch_size": 2})
+    assert crowded.status == "valid"
+    assert any(f"of which {need / 2:,.1f} GiB are free now" in n for n in crowded.metadata["notes"])
+    monkeypatch.setattr(limits, "available_memory", lambda: int((need * 2) * 2**30))
+    assert not any("free now" in n for n in predict(FULL, {**cpu, "batch_size": 2}).metadata["notes"])
     # a gpu_model beside number_gpus=0 names no GPU the run uses: no GPU headroom, the host's rate for MFU
     named = predict(FULL, {**cpu, "batch_size": 2, "gpu_model": "H100"}, host_memory_gib=16, price_per_gpu_hour=3)
     assert named.metadata["headroom_gib"] is None and named.metadata["usable_gib"] is None

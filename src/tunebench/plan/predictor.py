@@ -523,19 +523,28 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
     allocated peak + fragmentation, as a GPU's) above the RAM
     (host_memory_gib, else this machine's, the host a CPU plan is timed on too, within a container's
     memory limit) it does not fit."""
+    free_gib = None
     if node_gib is None:
-        from tunebench.limits import total_memory
+        from tunebench.limits import available_memory, total_memory
 
         node_gib, source = total_memory() / 2**30, "this machine's RAM"
+        free_gib = available_memory() / 2**30  # what other programs leave now: a note, the verdict stays repeatable
     else:
         source = "host_memory_gib"
     for j, i in enumerate(idx):
-        if float(need_gib[j]) > node_gib:
+        need = float(need_gib[j])
+        if need > node_gib:
             out["reasons"][i].append(
-                f"out of host memory: the CPU run needs {float(need_gib[j]):,.1f} GiB against {node_gib:,.1f} GiB "
-                f"({source})"
+                f"out of host memory: the CPU run needs {need:,.1f} GiB against {node_gib:,.1f} GiB ({source})"
             )
             out["fits"][i] = False
+        elif free_gib is not None and need > free_gib:
+            _add_note(
+                out,
+                i,
+                f"the CPU run needs {need:,.1f} GiB of this machine's {node_gib:,.1f} GiB, of which {free_gib:,.1f} "
+                "GiB are free now: other programs hold the rest (the verdict counts all of it)",
+            )
 
 
 def _group_notes(w) -> list[str]:
