@@ -11,6 +11,7 @@ import difflib
 import json
 import unicodedata
 from collections.abc import Iterable
+from typing import Any
 
 
 class InputError(ValueError):
@@ -110,8 +111,18 @@ def has_control_characters(text: str) -> bool:
 
 def parse_json(text: str) -> object:
     """JSON text as Python values. ValueError for text that is not JSON, including nesting deeper than the
-    interpreter's recursion limit (the json module recurses per level and raises RecursionError)."""
+    interpreter's recursion limit (the json module recurses per level and raises RecursionError), and for an
+    object that names a key twice (json keeps the last silently; YAML input refuses it too)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} twice in one object")
+        out[key] = value
+    return out

@@ -11,6 +11,7 @@ from cli_app import invoke_plan as invoke
 from layout import REPO
 
 from tunebench.catalog.gpus import driver_reserve
+from tunebench.catalog.user_gpus import read_catalog
 from tunebench.plan.measurements import PUBLISHED
 
 LORA = "finetune_lora_benchmark-v1.0.0"
@@ -214,6 +215,19 @@ def test_a_user_gpu_catalog_file(tmp_path):
     too_big.write_text(catalog.read_text() + "    cuda_memory_gib: 96\n")
     res = invoke("plan", LORA, *COMMON, "gpu_model=ACME96", "--gpu-catalog", str(too_big))
     assert res.exception is not None and "cuda_memory_gib cannot exceed" in str(res.exception)
+    # a name (or alias) twice, a number written as text, NaN: each refused, naming the entry
+    entry = "  - {name: %s, memory_gib: %s, bf16_tflops: 100, interconnect_gbps: 64}\n"
+    for text, says in (
+        ("gpus:\n" + entry % ("MyGPU", "48") + entry % ("mygpu", "24"), "gpus[1]: 'mygpu' also names gpus[0]"),
+        ("gpus:\n" + entry % ("ACME96", "48"), "also names gpus[0]"),  # another entry's alias
+        ("gpus:\n" + entry % ("MyGPU", '"48"'), "gpus[0]: memory_gib: '48' is not a number"),
+        ("gpus:\n" + entry % ("MyGPU", ".nan"), "gpus[0]: memory_gib: Input should be a finite number"),
+    ):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(catalog.read_text() + text.removeprefix("gpus:\n") if "ACME96" in text else text)
+        read_catalog.cache_clear()
+        res = invoke("plan", LORA, *COMMON, "gpu_model=MyGPU", "--gpu-catalog", str(bad))
+        assert res.exception is not None and says in str(res.exception), (text, res.exception)
 
 
 @pytest.mark.slow
@@ -308,6 +322,47 @@ def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path)
     table = invoke("plan", "--batch", str(batch))
     assert table.exit_code == 1 and "3 plans" in table.output
     assert re.search(r"│\s+2 │ failed\s+│", table.output), table.output  # api.plan's word for it
+
+
+def test_a_batch_line_with_an_unknown_or_repeated_key_fails_alone(tmp_path):
+    """A key beside experiment/entity/parameters, or a key given twice in one object, fails its own line (json
+    keeps the last of two silently; a "params" typo dropped the parameters)."""
+    entity = '{"model_name": "smollm2-135m", "model_max_length": 512, "number_gpus": 1, "batch_size": 1, "gpu_model": "A100"}'
+    lines = [
+        f'{{"experiment": "{LORA}", "entity": {entity}}}',
+        f'{{"experiment": "{LORA}", "entity": {entity}, "params": {{"max_steps": 2}}}}',
+        f'{{"experiment": "{LORA}", "entity": {entity[:-1]}, "batch_size": 2}}}}',
+    ]
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text("\n".join(lines) + "\n")
+    res = invoke("plan", "--batch", str(batch), "--json")
+    assert res.exit_code == 1, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert rows[0]["verdict"] == "fits"
+    assert rows[1]["error"].startswith("--batch: unknown key 'params'") and '"parameters"' in rows[1]["error"]
+    assert "the key 'batch_size' twice in one object" in rows[2]["error"], rows[2]
+
+
+@pytest.mark.parametrize(
+    ("changed", "says"),
+    [
+        ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide num_attention_heads 4"),
+        ({"model_type": "bert"}, "model_type 'bert' is an encoder (masked language model)"),
+        ({"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 2}, "is an encoder-decoder"),
+    ],
+)
+def test_a_config_no_causal_lm_can_be_built_from_is_one_line(tmp_path, capsys, changed, says):
+    """Impossible head counts (transformers' attention fails on them; the planner fell back to a formula) and
+    encoders (BertLMHeadModel decodes causally only with is_decoder) are refused, not planned."""
+    tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps({**tiny, **changed}))
+    from tunebench.commands.main import main
+
+    job = ["plan", FULL, f"model_name={tmp_path / 'config.json'}", "model_max_length=128", "number_gpus=1"]
+    assert main([*job, "batch_size=1", "gpu_model=A100"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: model_name:") and says in lines[0], lines
 
 
 def test_a_batchs_verdicts_follow_max_oom_risk_as_plan_grid_and_recommend_do(tmp_path):

@@ -243,6 +243,8 @@ def test_padding_free_rows_never_shrink_as_the_batch_grows():
         (["--lengths", "{tmp}/empty.jsonl"], "--lengths"),
         (["--lengths", "{tmp}/notjson.jsonl"], "--lengths notjson.jsonl line 2"),
         (["--lengths", "{tmp}/notext.jsonl"], "--lengths notext.jsonl line 1"),
+        (["--lengths", "{tmp}/blank.jsonl"], "--lengths blank.jsonl line 2"),
+        (["--lengths", "{tmp}/silent.jsonl"], "--lengths silent.jsonl line 1"),
     ],
 )
 @pytest.mark.parametrize("command", ["plan", "recommend", "max-batch"])
@@ -251,6 +253,8 @@ def test_bad_lengths_are_one_line_exit_2(tmp_path, capsys, args, field, command)
     (tmp_path / "empty.jsonl").write_text("\n\n")
     (tmp_path / "notjson.jsonl").write_text('{"output": "a"}\n{"output": \n')
     (tmp_path / "notext.jsonl").write_text('{"output": 3}\n')
+    (tmp_path / "blank.jsonl").write_text('{"text": "a b"}\n{"text": "  "}\n')  # 0 tokens: nothing to size
+    (tmp_path / "silent.jsonl").write_text('{"messages": [{"role": "user"}]}\n')  # a chat without content
     args = [a.format(tmp=tmp_path, ok=tmp_path / "ok.jsonl") for a in args]
     capsys.readouterr()
     job = [LORA, *ENTITY] if command != "max-batch" else ["llama3.1-8b", "--gpu-model", "A100-80GB"]
@@ -278,3 +282,21 @@ def test_max_batch_sizes_your_samples(tmp_path, capsys):
     assert padded["largest"] == plain["largest"] and free["largest"] > 2 * padded["largest"], (padded, free)
     assert any("padding_free=1 processes only the samples' own" in n for n in padded["notes"])
     assert any("the expected largest of the run's" in n for n in free["notes"])
+
+
+def test_counting_a_file_off_a_terminal_logs_its_progress(tmp_path, monkeypatch, capsys):
+    """Piped or logged (no terminal for the bar), counting --lengths says how far it is, its rate and ETA in log
+    lines on stderr (the guide: every step that can take more than a few seconds shows progress, in logs too)."""
+    from tunebench.commands.datasets import ProgressBar
+
+    monkeypatch.setattr(ProgressBar, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(ProgressBar, "SHOW_AFTER_S", 0.0)
+    write_samples(tmp_path / "data.jsonl", [f"sample {i} " * 40 for i in range(3000)])
+    capsys.readouterr()
+    assert (
+        main(["max-batch", "llama3.1-8b", "--gpu-model", "A100-80GB", "--lengths", str(tmp_path / "data.jsonl")]) == 0
+    )
+    lines = [line for line in capsys.readouterr().err.splitlines() if "counting tokens of data.jsonl: " in line]
+    assert lines, "no progress line"
+    assert re.search(r"counting tokens of data.jsonl: 3,000 of 3,000 \([\d,]+ entries/s\)$", lines[-1]), lines
+    assert all(re.search(r"of 3,000 \([\d,]+ entries/s, ETA [\d,]+ s\)$", line) for line in lines[:-1]), lines

@@ -192,6 +192,13 @@ def check_dimensions(fields: dict[str, Any], name: str) -> None:
         if value is None or isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             got = "missing" if value is None else repr(value)[:40]
             raise InputError("model_name", f"config {name!r}: {key} {got}", allowed=f"an integer {low}..{high:,}")
+    heads, kv = fields.get("num_attention_heads"), fields.get("num_key_value_heads")
+    if heads and kv and heads % kv:  # grouped-query attention repeats each key/value head heads / kv times
+        raise InputError(
+            "model_name",
+            f"config {name!r}: num_key_value_heads {kv} does not divide num_attention_heads {heads}",
+            allowed=f"a divisor of {heads}",
+        )
 
 
 def spec_from_config(cfg: dict[str, Any], name: str, config_path: str | None = None) -> ModelSpec:

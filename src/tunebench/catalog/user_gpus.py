@@ -19,15 +19,21 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tunebench.catalog.gpus import FLOP_PER_BYTE, LABEL, GPUSpec
+from tunebench.catalog.gpus import _key as gpu_key
 from tunebench.errors import InputError, parse_json
 
 REQUIRED = "name, memory_gib (or memory_mib), bf16_tflops, interconnect_gbps"
 
 
+NUMBERS = ("memory_gib", "memory_mib", "bf16_tflops", "interconnect_gbps", "memory_bandwidth_gbps", "fp16_tflops",
+           "fp32_tflops", "cuda_memory_gib")  # fmt: skip
+
+
 class GPUNumbers(BaseModel):
     """The numbers the planner needs of a GPU (units in the names; all finite and > 0)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan: NaN and inf are "not a finite number", not a failed bound ("should be <= 100000")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     # upper bounds ~100x beyond today's largest (B200/GB200: 180-186 GiB, 2.25-2.5 PFLOPS dense bf16,
@@ -49,16 +55,15 @@ class GPUNumbers(BaseModel):
             raise ValueError("a node label: letters, digits, '.', '_' and '-', at most 100 characters")
         return v
 
-    @field_validator(
-        "memory_gib",
-        "memory_mib",
-        "bf16_tflops",
-        "interconnect_gbps",
-        "memory_bandwidth_gbps",
-        "fp16_tflops",
-        "fp32_tflops",
-        "cuda_memory_gib",
-    )
+    @field_validator(*NUMBERS, mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        """A number written as text ("48") in a catalog file is a typo of the format, not a number."""
+        if isinstance(v, (str, bool)):
+            raise ValueError(f"{v!r} is not a number")
+        return v
+
+    @field_validator(*NUMBERS)
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         if v is not None and not math.isfinite(v):
@@ -144,8 +149,18 @@ def read_catalog(path: str, field: str = "--gpu-catalog") -> tuple[GPUSpec, ...]
     if not isinstance(entries, list):
         raise InputError(field, f"{str(file)!r} holds no list of GPUs", allowed='a list, or {"gpus": [...]}')
     out = []
+    seen: dict[str, int] = {}  # a name or alias, as get_gpu matches it, -> the entry that has it
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise InputError(field, f"{file.name}: gpus[{i}] is not a mapping", allowed=REQUIRED)
-        out.append(GPUNumbers.checked(f"{field} {file.name} gpus[{i}]", **entry).spec())
+        spec = GPUNumbers.checked(f"{field} {file.name} gpus[{i}]", **entry).spec()
+        for text in (spec.name, *spec.aliases):
+            if gpu_key(text) in seen:
+                raise InputError(
+                    f"{field} {file.name} gpus[{i}]",
+                    f"{text!r} also names gpus[{seen[gpu_key(text)]}]: which one a plan uses would be a guess",
+                    allowed="each name and alias once",
+                )
+            seen[gpu_key(text)] = i
+        out.append(spec)
     return tuple(out)

@@ -7,6 +7,7 @@ InputError before anything is written: tunebench's main prints one line and exit
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated
@@ -29,6 +30,8 @@ from tunebench.datasets.generate import dataset_path, ensure_dataset, generate_d
 from tunebench.datasets.ids import KNOWN_DATASET_IDS, DatasetId, parse_dataset_id
 from tunebench.inputs import Count, OutputDir, Text
 from tunebench.paths import output_errors
+
+log = logging.getLogger(__name__)
 
 app = typer.Typer(help="Artificial data sets of the SFTTrainer spec and their token counts.", no_args_is_help=True)
 
@@ -152,9 +155,11 @@ def stats(
 
 class ProgressBar:
     """A rich progress bar fed by (done, total) callbacks: entries done of all, their rate, elapsed time and
-    ETA; it appears once the work has taken SHOW_AFTER_S (quick calls print nothing), on a terminal only."""
+    ETA; it appears once the work has taken SHOW_AFTER_S (quick calls print nothing), on a terminal; elsewhere
+    (a pipe, a log file) a log line every LOG_EVERY_S says the same."""
 
     SHOW_AFTER_S = 2.0
+    LOG_EVERY_S = 5.0  # off a terminal: a log line this often
 
     def __init__(self, label: str):
         self.label = label
@@ -165,9 +170,21 @@ class ProgressBar:
         console = Console(stderr=True)
         started = time.monotonic()
 
+        last_log = [started]
+
         def update(done: int, total: int) -> None:
             elapsed = time.monotonic() - started
-            if not console.is_terminal or (self.bar is None and elapsed < self.SHOW_AFTER_S):
+            if not console.is_terminal:  # piped or logged: a log line every LOG_EVERY_S (step, rate, ETA)
+                now = time.monotonic()
+                if now - last_log[0] >= self.LOG_EVERY_S or (done == total and elapsed >= self.SHOW_AFTER_S):
+                    last_log[0] = now
+                    rate = done / max(elapsed, 1e-9)
+                    eta = f", ETA {(total - done) / rate:,.0f} s" if done < total and rate > 0 else ""
+                    log.info(
+                        "%s: %s of %s (%s entries/s%s)", self.label, f"{done:,}", f"{total:,}", f"{rate:,.0f}", eta
+                    )
+                return
+            if self.bar is None and elapsed < self.SHOW_AFTER_S:
                 return
             if self.bar is None:
                 self.bar = Progress(

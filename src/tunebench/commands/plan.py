@@ -134,6 +134,9 @@ def _batch_item(line: str) -> tuple[Any, Any] | InputError:
         return InputError("--batch", f"not JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity"), dict):
         return InputError("--batch", 'expected {"experiment": ID, "entity": {...}} (the entity an object)')
+    unknown = sorted(set(req) - {"experiment", "entity", "parameters"})
+    if unknown:  # a misplaced key (a property beside "entity", "params") would be dropped without a word
+        return InputError("--batch", f"unknown key {unknown[0]!r}", allowed='"experiment", "entity", "parameters"')
     if not isinstance(req.get("parameters") or {}, dict):  # a list here stopped the whole batch (a TypeError)
         return InputError("--batch", '"parameters" must be an object of the experiment\'s parameters')
     if not isinstance(req["experiment"], str):

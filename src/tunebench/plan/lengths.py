@@ -225,11 +225,18 @@ def _line_text(line: str, where: str) -> str:
     if isinstance(row, dict):
         for name in TEXT_FIELDS:
             if isinstance(row.get(name), str):
-                return row[name]
+                return _non_empty(row[name], where, allowed)
         messages = row.get("messages")
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            return "\n\n".join(_content(m.get("content")) for m in messages)
+            return _non_empty("\n\n".join(_content(m.get("content")) for m in messages), where, allowed)
     raise InputError(where, "has no text", allowed=allowed)
+
+
+def _non_empty(text: str, where: str, allowed: str) -> str:
+    """A sample's text; InputError for one with nothing in it (0 tokens: no sample to train on or to size)."""
+    if not text.strip():
+        raise InputError(where, "has an empty text (0 tokens)", allowed=allowed)
+    return text
 
 
 def _content(content: Any) -> str:

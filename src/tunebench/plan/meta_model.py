@@ -23,6 +23,8 @@ def build_model(config, hf, vision: bool):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    if not vision:
+        _refuse_encoders(config, hf)
     try:
         with torch.device("meta"):
             return auto.from_config(hf)
@@ -39,6 +41,23 @@ def build_model(config, hf, vision: bool):
         from tunebench.plan.config import cannot_build
 
         raise cannot_build(config, "the model class fails on it", exc) from None
+
+
+def _refuse_encoders(config, hf) -> None:
+    """InputError for an encoder (BERT, RoBERTa, ...) or encoder-decoder (BART, ...) config: transformers gives
+    them a causal-LM class too (BertLMHeadModel, BartForCausalLM), but it decodes causally only with
+    is_decoder set, and an encoder-decoder's is its decoder alone, not the model the experiments tune."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(hf, "is_decoder", False):
+        return
+    kind = "an encoder-decoder" if getattr(hf, "is_encoder_decoder", False) else "an encoder (masked language model)"
+    raise InputError(
+        "model_name",
+        f"{config.name}: model_type {config.model_type!r} is {kind}, not a causal language model (its config has "
+        "no is_decoder: true)",
+        allowed="a decoder (causal LM) or vision-language model",
+    )
 
 
 def enable_checkpointing(model, kwargs: dict[str, Any]) -> None:
