@@ -118,7 +118,7 @@ GPU_COLUMNS = (
 )  # fmt: skip
 EXPERIMENT_COLUMNS = (Column("experiment"), Column("method", 1), Column("description", wrap=True, min_width=20))
 PROPERTY_COLUMNS = (
-    Column("property", breaks=True, min_width=18), Column("default", 1, shrink=True, min_width=10),
+    Column("property", breaks=True, min_width=18), Column("default", 1, breaks=True, min_width=10),
     Column("domain", 2, wrap=True),
     Column("description", wrap=True, min_width=20),
 )  # fmt: skip

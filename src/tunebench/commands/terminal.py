@@ -100,7 +100,7 @@ def _needs(column: Column, cells: list[str]) -> tuple[int, int]:
     header_need = max(longest_piece, math.ceil(len(column.header) / 3))  # at most about 3 header lines
     if column.wrap:
         longest_word = max((len(w) for line in lines for w in line.split()), default=0)
-        values = max(min(column.min_width, natural), min(longest_word, 30))
+        values = max(min(column.min_width, natural), min(longest_word, 36))
     elif column.shrink:
         values = min(column.min_width, natural)
     elif column.breaks:
