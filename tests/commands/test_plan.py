@@ -354,8 +354,14 @@ def test_a_batch_line_with_an_unknown_or_repeated_key_fails_alone(tmp_path):
 def test_a_config_no_causal_lm_can_be_built_from_is_one_line(tmp_path, capsys, changed, says):
     """Impossible head counts (transformers' attention fails on them; the planner fell back to a formula) and
     encoders (BertLMHeadModel decodes causally only with is_decoder) are refused, not planned."""
-    tiny = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "intermediate_size": 128, "vocab_size": 1000}  # fmt: skip
+    tiny = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
     (tmp_path / "config.json").write_text(json.dumps({**tiny, **changed}))
     from tunebench.commands.main import main
 

@@ -477,8 +477,9 @@ def test_a_tensor_parallel_group_larger_than_a_node_crosses_the_network():
     nvlink, network = (_link_gbps(within, UNIT, None, within_node=True)[0], _link_gbps(across, UNIT, None)[0])
     assert network < nvlink / 10
     assert per_token[1] / per_token[0] == pytest.approx(nvlink / network, rel=1e-6)
-    one_node = workload("full", number_gpus=16, batch_size=16, model_max_length=1024, gpu_model="H100",
-                        tensor_parallel_degree=16)  # fmt: skip
+    one_node = workload(
+        "full", number_gpus=16, batch_size=16, model_max_length=1024, gpu_model="H100", tensor_parallel_degree=16
+    )
     assert not tp_spans_nodes(one_node)[0]  # all 16 in one node: nothing to cross (a note says so, below)
 
 
@@ -493,8 +494,10 @@ def test_the_plan_notes_a_layout_a_node_cannot_hold():
             {"number_gpus": 16, "number_nodes": 2, "batch_size": 16, "tensor_parallel_degree": 8},
         )
     )
-    assert any("tensor_parallel_degree x sequence_parallel_degree 16 spans nodes of 8 GPUs" in n
-               for n in spans.metadata["notes"])  # fmt: skip
+    assert any(
+        "tensor_parallel_degree x sequence_parallel_degree 16 spans nodes of 8 GPUs" in n
+        for n in spans.metadata["notes"]
+    )
     assert any("64 GPUs in one node" in n and "give number_nodes" in n for n in crowded.metadata["notes"])
     assert not any("spans nodes" in n or "in one node" in n for n in fine.metadata["notes"]), fine.metadata["notes"]
 

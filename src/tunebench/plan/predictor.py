@@ -430,8 +430,16 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
             tuple[float | str, ...], str
         ] = {}  # one text per (mean, cut, padded, batch, rows): a sweep has a few
         for j in range(w.size):
-            key = (float(real[j]), float(cut[j]), float(asked[j]), float(padded[j]), float(batch[j]), str(modes[j]),
-                   float(runs_rows[j]), float(row[j]))  # fmt: skip
+            key = (
+                float(real[j]),
+                float(cut[j]),
+                float(asked[j]),
+                float(padded[j]),
+                float(batch[j]),
+                str(modes[j]),
+                float(runs_rows[j]),
+                float(row[j]),
+            )
             if key not in notes:
                 limit_text = "model_max_length" if cut[j] == asked[j] else f"the tokenizer's limit, {int(cut[j]):,}"
                 if w.padding_free and mine.longest_known:
