@@ -426,6 +426,17 @@ CASES: list[tuple[str, list[str]]] = [
     c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "https://user:pw@example.com/x"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "not a url"),
+    # --- an option given twice: click kept the last value without a word
+    c("--price-per-gpu-hour", "plan", LORA, *GPU_ENTITY, "--price-per-gpu-hour", "1", "--price-per-gpu-hour", "2"),
+    c("--gpu-model", "max-batch", "llama3.1-8b", "--gpu-model", "L40S", "--gpu-model", "H100"),
+    c("--store", "import", "good.csv", "--store", "a.db", "--store", "b.db"),
+    c("--to", "track", "export", "--to", "mlflow", "--to", "aim", "--store", "good.db"),
+    c("--max-gpus", "recommend", LORA, *GPU_ENTITY, "--max-gpus", "2", "--max-gpus", "4"),
+    c("--model", "deploy-spec", "--model", "llama3.1-8b", "--model", "mistral-7b"),
+    c("--output", "report", "--store", "good.db", "-o", "a.html", "--output=b.html"),
+    c("--json", "plan", LORA, *ENTITY, "--json", "--json"),
+    c("--verbose", "-v", "--verbose", "models"),
+    c("--dir", "demo", "--dir", "d1", "--dir", "d2"),
 ]
 
 
@@ -777,6 +788,48 @@ def test_store_passwords_are_masked_in_messages(workdir, capsys):
 )
 def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["max-batch", "llama3.1-8b", "--gpu-model", "L40S", "--gpu-model=H100"],
+            "error: --gpu-model: given twice (allowed: once)",
+        ),
+        (["import", "good.csv", "--store", "a.db", "--store=b.db"], "error: --store: given twice (allowed: once)"),
+        (
+            ["report", "--store", "good.db", "-o", "a.html", "--output", "b.html", "-o", "c.html"],
+            "error: --output: given 3 times (allowed: once)",
+        ),
+        (["plan", LORA, *ENTITY, "--json", "--json"], "error: --json: given twice (allowed: once)"),
+        (
+            ["recommend", LORA, *GPU_ENTITY, "--max-gpus", "2", "--max-gpus", "4"],
+            "error: --max-gpus: given twice (allowed: once)",
+        ),
+    ],
+)
+def test_an_option_given_twice_is_refused_naming_it(workdir, capsys, argv, line):
+    """Click keeps an option's last value: max-batch planned for the H100, import wrote b.db. Each spelling
+    counts (--opt v, --opt=v, a short alias); nothing is written."""
+    before = snapshot(workdir)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", line + "\n")
+    assert snapshot(workdir) == before
+
+
+def test_options_declared_repeatable_take_every_value(workdir, capsys):
+    """-p and --nccl-env are lists: each value counts, none is an option given twice; --help still shows help."""
+    argv = ["launch-plan", LORA, *GPU_ENTITY, "-p", "max_steps=3", "-p", "gradient_accumulation_steps=5"]
+    assert main([*argv, "--nccl-env", "NCCL_DEBUG=INFO", "--nccl-env", "NCCL_IB_HCA=mlx5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["experiment_id"] == f"{LORA}-gradient_accumulation_steps.5-max_steps.3", err
+    assert {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5"}.items() <= plan["nodes"][0]["env"].items()
+    assert main(["plan", "--json", "--json", "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: tunebench plan" in out and err == ""
 
 
 @pytest.mark.parametrize(

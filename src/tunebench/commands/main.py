@@ -34,7 +34,7 @@ from tunebench.commands.store import register as register_store
 from tunebench.commands.terminal import Column, fit, print_table
 from tunebench.commands.track import TrackOpt, open_for_run, track_run
 from tunebench.commands.track import register as register_track
-from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
+from tunebench.commands.usage import is_help_request, is_usage_error, once_only, to_input_error
 from tunebench.engines import NATIVE
 from tunebench.errors import InputError, one_line
 from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
@@ -73,11 +73,13 @@ def bare_flags(command: Any) -> None:
 
 
 class FlagGroup(TyperGroup):
-    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags runs."""
+    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags and
+    once_only (an option given twice is an error, tunebench.commands.usage) run."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         bare_flags(self)
+        once_only(self)
 
 
 app = typer.Typer(
