@@ -437,6 +437,10 @@ CASES: list[tuple[str, list[str]]] = [
     c("--json", "plan", LORA, *ENTITY, "--json", "--json"),
     c("--verbose", "-v", "--verbose", "models"),
     c("--dir", "demo", "--dir", "d1", "--dir", "d2"),
+    # --- the demo starts afresh only in a folder of its own
+    c("--dir", "demo", "--dir", ""),
+    c("--dir", "demo", "--dir", "mine"),  # someone's store and report: the demo would have deleted the store
+    c("--dir", "demo", "--dir", "."),
 ]
 
 
@@ -473,6 +477,9 @@ def files(tmp_path_factory) -> Path:
     (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
     (root / "bin.csv").write_bytes(rng.randbytes(3000))
     (root / "adir").mkdir()
+    (root / "mine").mkdir()
+    shutil.copy(root / "good.db", root / "mine" / "runs.db")
+    (root / "mine" / "report.html").write_text("<html>someone's report</html>")
     with sqlite3.connect(root / "foreign.db") as conn:  # another program's database
         conn.execute("CREATE TABLE users (name TEXT)")
     conn.close()
