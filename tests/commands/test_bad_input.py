@@ -839,6 +839,16 @@ def test_options_declared_repeatable_take_every_value(workdir, capsys):
     assert "Usage: tunebench plan" in out and err == ""
 
 
+def test_a_bearer_token_is_masked_not_the_word_token(workdir, capsys, monkeypatch):
+    """The message of a missing token said 'the bearer ***': the mask took the word for a credential."""
+    monkeypatch.delenv("TOKEN", raising=False)
+    assert main(["deploy-spec", "--model", "llama3.1-8b", "--post", "http://127.0.0.1:1/v2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --token-env: environment variable TOKEN is not set (it must hold the bearer token)\n"), err
+    assert mask_secrets("(Authorization: Bearer s3cr3t-42), sent") == "(Authorization: Bearer ***), sent"
+    assert mask_secrets("bearer token-s3cr3t") == "bearer ***"  # a credential that starts with the word
+
+
 @pytest.mark.parametrize(
     ("field", "argv"),
     [
