@@ -441,6 +441,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--dir", "demo", "--dir", ""),
     c("--dir", "demo", "--dir", "mine"),  # someone's store and report: the demo would have deleted the store
     c("--dir", "demo", "--dir", "."),
+    c("model_name", "max-batch", "llama3.1-8b", "--gpu-model", "L40S", "model_name=mistral-7b"),
 ]
 
 
@@ -847,6 +848,15 @@ def test_a_bearer_token_is_masked_not_the_word_token(workdir, capsys, monkeypatc
     assert err == ("error: --token-env: environment variable TOKEN is not set (it must hold the bearer token)\n"), err
     assert mask_secrets("(Authorization: Bearer s3cr3t-42), sent") == "(Authorization: Bearer ***), sent"
     assert mask_secrets("bearer token-s3cr3t") == "bearer ***"  # a credential that starts with the word
+
+
+def test_max_batch_names_the_model_argument_not_an_option(workdir, capsys):
+    """There is no --model-name: the model is max-batch's MODEL argument."""
+    assert main(["max-batch", "llama3.1-8b", "--gpu-model", "L40S", "model_name=mistral-7b"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: model_name: given twice: as the MODEL argument and as KEY=VALUE (allowed: the MODEL argument alone)\n"
+    )
 
 
 @pytest.mark.parametrize(
