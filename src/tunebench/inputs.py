@@ -19,7 +19,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from tunebench.errors import InputError, has_control_characters
 
@@ -274,6 +274,13 @@ def _output_file(path: Path) -> Path:
     return path
 
 
+def _path_given(value: Any) -> Any:
+    """A path as typed, before it is a Path: an empty one would be the current directory without a word."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("an empty path (the current directory is '.')")
+    return value
+
+
 def _output_dir(path: Path) -> Path:
     """A directory to write into: an existing writable one, or a new one in an existing directory."""
     path = path.expanduser()
@@ -290,4 +297,4 @@ def _output_dir(path: Path) -> Path:
 InputFile = Annotated[Path, AfterValidator(_existing_file)]
 TextFile = Annotated[Path, AfterValidator(_text_file)]
 OutputFile = Annotated[Path, AfterValidator(_output_file)]
-OutputDir = Annotated[Path, AfterValidator(_output_dir)]
+OutputDir = Annotated[Path, BeforeValidator(_path_given), AfterValidator(_output_dir)]

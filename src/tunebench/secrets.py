@@ -14,7 +14,13 @@ MASK = "***"
 
 _USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^:/@\s]*):(?P<secret>[^@\s]*)@")
 _QUERY = re.compile(r"(?P<head>[?&;](?:password|passwd|pwd|token|secret|api_key|apikey|access_token)=)[^&;\s]*", re.I)
-_BEARER = re.compile(r"(?P<head>\bBearer\s+)[^\s'\"]+", re.I)
+# the credential of "Bearer <credential>", up to a closing bracket or separator, which stays (the rest of the
+# message is no part of the secret); not a word of a sentence about one ("it must hold the bearer token)")
+_CREDENTIAL_END = r"[\s'\"()\[\]{}<>,;]"
+_PROSE = r"(?:tokens?|credentials?|auth(?:entication|orization)?|header|scheme)"
+_BEARER = re.compile(
+    rf"(?P<head>\bBearer\s+)(?!{_PROSE}(?:{_CREDENTIAL_END}|[.:!?]?(?:\s|$)))[^\s'\"()\[\]{{}}<>,;]+", re.I
+)
 
 
 def mask_secrets(text: str) -> str:

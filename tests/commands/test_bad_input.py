@@ -426,6 +426,27 @@ CASES: list[tuple[str, list[str]]] = [
     c("--post", "deploy-spec", "--params-b", "7", "--post", "ftp://example.com/x"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "https://user:pw@example.com/x"),
     c("--post", "deploy-spec", "--params-b", "7", "--post", "not a url"),
+    # --- an option given twice: click kept the last value without a word
+    c("--price-per-gpu-hour", "plan", LORA, *GPU_ENTITY, "--price-per-gpu-hour", "1", "--price-per-gpu-hour", "2"),
+    c("--gpu-model", "max-batch", "llama3.1-8b", "--gpu-model", "L40S", "--gpu-model", "H100"),
+    c("--store", "import", "good.csv", "--store", "a.db", "--store", "b.db"),
+    c("--to", "track", "export", "--to", "mlflow", "--to", "aim", "--store", "good.db"),
+    c("--max-gpus", "recommend", LORA, *GPU_ENTITY, "--max-gpus", "2", "--max-gpus", "4"),
+    c("--model", "deploy-spec", "--model", "llama3.1-8b", "--model", "mistral-7b"),
+    c("--output", "report", "--store", "good.db", "-o", "a.html", "--output=b.html"),
+    c("--json", "plan", LORA, *ENTITY, "--json", "--json"),
+    c("--verbose", "-v", "--verbose", "models"),
+    c("--dir", "demo", "--dir", "d1", "--dir", "d2"),
+    # --- the demo starts afresh only in a folder of its own
+    c("--dir", "demo", "--dir", ""),
+    c("--dir", "demo", "--dir", "mine"),  # someone's store and report: the demo would have deleted the store
+    c("--dir", "demo", "--dir", "."),
+    # --- an entity's gpu_model: a GPU known here, as plan asks (was valid, or a failed run stored)
+    c("gpu_model", "validate", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"),
+    c("gpu_model", "launch-plan", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"),
+    c("gpu_model", "run", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO", "--store", "new.db"),
+    c("gpu_model", "run", LORA, *ENTITY, "gpu_model=FOO", "--store", "good.db"),
+    c("model_name", "max-batch", "llama3.1-8b", "--gpu-model", "L40S", "model_name=mistral-7b"),
 ]
 
 
@@ -462,6 +483,9 @@ def files(tmp_path_factory) -> Path:
     (root / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.randbytes(3000))
     (root / "bin.csv").write_bytes(rng.randbytes(3000))
     (root / "adir").mkdir()
+    (root / "mine").mkdir()
+    shutil.copy(root / "good.db", root / "mine" / "runs.db")
+    (root / "mine" / "report.html").write_text("<html>someone's report</html>")
     with sqlite3.connect(root / "foreign.db") as conn:  # another program's database
         conn.execute("CREATE TABLE users (name TEXT)")
     conn.close()
@@ -777,6 +801,87 @@ def test_store_passwords_are_masked_in_messages(workdir, capsys):
 )
 def test_mask_secrets(text, masked):
     assert mask_secrets(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            ["max-batch", "llama3.1-8b", "--gpu-model", "L40S", "--gpu-model=H100"],
+            "error: --gpu-model: given twice (allowed: once)",
+        ),
+        (["import", "good.csv", "--store", "a.db", "--store=b.db"], "error: --store: given twice (allowed: once)"),
+        (
+            ["report", "--store", "good.db", "-o", "a.html", "--output", "b.html", "-o", "c.html"],
+            "error: --output: given 3 times (allowed: once)",
+        ),
+        (["plan", LORA, *ENTITY, "--json", "--json"], "error: --json: given twice (allowed: once)"),
+        (
+            ["recommend", LORA, *GPU_ENTITY, "--max-gpus", "2", "--max-gpus", "4"],
+            "error: --max-gpus: given twice (allowed: once)",
+        ),
+    ],
+)
+def test_an_option_given_twice_is_refused_naming_it(workdir, capsys, argv, line):
+    """Click keeps an option's last value: max-batch planned for the H100, import wrote b.db. Each spelling
+    counts (--opt v, --opt=v, a short alias); nothing is written."""
+    before = snapshot(workdir)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", line + "\n")
+    assert snapshot(workdir) == before
+
+
+def test_options_declared_repeatable_take_every_value(workdir, capsys):
+    """-p and --nccl-env are lists: each value counts, none is an option given twice; --help still shows help."""
+    argv = ["launch-plan", LORA, *GPU_ENTITY, "-p", "max_steps=3", "-p", "gradient_accumulation_steps=5"]
+    assert main([*argv, "--nccl-env", "NCCL_DEBUG=INFO", "--nccl-env", "NCCL_IB_HCA=mlx5", "--json"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["experiment_id"] == f"{LORA}-gradient_accumulation_steps.5-max_steps.3", err
+    assert {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5"}.items() <= plan["nodes"][0]["env"].items()
+    assert main(["plan", "--json", "--json", "--help"]) == 0
+    out, err = capsys.readouterr()
+    assert "Usage: tunebench plan" in out and err == ""
+
+
+def test_a_bearer_token_is_masked_not_the_word_token(workdir, capsys, monkeypatch):
+    """The message of a missing token said 'the bearer ***': the mask took the word for a credential."""
+    monkeypatch.delenv("TOKEN", raising=False)
+    assert main(["deploy-spec", "--model", "llama3.1-8b", "--post", "http://127.0.0.1:1/v2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --token-env: environment variable TOKEN is not set (it must hold the bearer token)\n"), err
+    assert mask_secrets("(Authorization: Bearer s3cr3t-42), sent") == "(Authorization: Bearer ***), sent"
+    assert mask_secrets("bearer token-s3cr3t") == "bearer ***"  # a credential that starts with the word
+
+
+def test_max_batch_names_the_model_argument_not_an_option(workdir, capsys):
+    """There is no --model-name: the model is max-batch's MODEL argument."""
+    assert main(["max-batch", "llama3.1-8b", "--gpu-model", "L40S", "model_name=mistral-7b"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: model_name: given twice: as the MODEL argument and as KEY=VALUE (allowed: the MODEL argument alone)\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["validate", "launch-plan", "run"])
+def test_gpu_model_is_a_gpu_known_here_as_plan_asks(workdir, capsys, monkeypatch, command):
+    """validate called gpu_model=FOO valid, run stored a failed result: like plan, an unknown GPU is one line
+    naming gpu_model (nothing written); the --gpu-* numbers make it known, as they do for plan."""
+    from tunebench.catalog import gpus
+
+    monkeypatch.setattr(gpus, "_CUSTOM", {})  # the GPUs the --gpu-* numbers register, this test's only
+    argv = [command, LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"] + (["--store", "new.db"] if command == "run" else [])
+    before = snapshot(workdir)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: gpu_model: unknown GPU 'FOO'") and len(err.splitlines()) == 1
+    assert snapshot(workdir) == before
+    if command == "run":
+        return  # the GPU's numbers make it known, and a run goes on to need 2 GPUs (not measured here)
+    numbers = ["--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200", "--gpu-interconnect-gbps", "64"]
+    assert main([*argv, *numbers]) == 0, capsys.readouterr().err
+    assert "gpu_model.FOO" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,16 @@
 4. the planner's prediction of that job beside its measurement (plan --compare);
 5. the HTML report of the demo's store.
 
-Everything goes in one folder (its store, the run's files, the report); the store is started afresh on
-every run, so the demo can be run again and shows the same steps.
+Everything goes in one folder (its store, the run's files, the report), marked as the demo's by a file of
+its own; the store is started afresh on every run, so the demo can be run again and shows the same steps.
+A folder the demo did not make is refused: the demo replaces what it finds there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from tunebench.errors import InputError
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 GPU_JOB = ["model_name=llama-3.1-8b", "model_max_length=8192", "batch_size=8", "gpu_model=A100-80GB"]
@@ -25,6 +28,11 @@ CPU_PARAMETERS = ["-p", "max_steps=2", "-p", "gradient_accumulation_steps=1", "-
                   "dataset_id=news-chars-512-entries-4096"]  # fmt: skip
 CPU_JOB = ["model_name=smollm2-135m", "model_max_length=256", "number_gpus=0", "batch_size=2"]
 STORE, RUN, REPORT = "runs.db", "run", "report.html"
+# the file that marks a folder as the demo's own: a re-run replaces what is in it (fresh_store)
+MARKER = ".tunebench-demo"
+MARKER_TEXT = "tunebench demo's folder: `tunebench demo` replaces its store, run files and report.\n"
+SQLITE_SIDE_FILES = tuple(f"{STORE}-{suffix}" for suffix in ("journal", "wal", "shm"))
+ALLOWED = "a new or empty folder, or one a previous demo made"
 
 
 def steps(folder: Path) -> list[tuple[str, list[str]]]:
@@ -66,7 +74,32 @@ def steps(folder: Path) -> list[tuple[str, list[str]]]:
 
 
 def fresh_store(folder: Path) -> Path:
-    """The demo's folder, made if missing, with the previous demo's store removed (a re-run starts the same)."""
+    """The demo's folder, with the previous demo's store removed (a re-run starts the same): a new folder (made
+    here), an empty one, or one a demo made (its MARKER, or, from before the marker, the demo's outputs alone).
+    InputError naming --dir for any other: the demo replaces its store and files, never someone else's."""
+    if folder.exists() and not is_demo_folder(folder):
+        raise InputError(
+            "--dir",
+            f"{str(folder)!r} holds files the demo did not write (it replaces its own store and files there)",
+            allowed=ALLOWED,
+        )
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(MARKER_TEXT)
     (folder / STORE).unlink(missing_ok=True)
     return folder
+
+
+def is_demo_folder(folder: Path) -> bool:
+    """Whether the demo may start afresh in the existing folder: empty, or made by a demo."""
+    if not folder.is_dir():
+        return False
+    names = {p.name for p in folder.iterdir()}
+    if not names or (folder / MARKER).is_file():
+        return True
+    # a demo folder from before the marker: its store, run folder and report, nothing else
+    return (
+        names - set(SQLITE_SIDE_FILES) == {STORE, RUN, REPORT}
+        and (folder / STORE).is_file()
+        and (folder / RUN).is_dir()
+        and (folder / REPORT).is_file()
+    )

@@ -26,6 +26,7 @@ from tunebench.catalog import list_gpus, list_models
 from tunebench.commands.datasets import app as datasets_app
 from tunebench.commands.engines import app as engines_app
 from tunebench.commands.explore import register as register_explore
+from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.commands.options import ExperimentArg, OptionError, Params, Props, option
 from tunebench.commands.plan import register as register_plan
 from tunebench.commands.report import register as register_report
@@ -34,7 +35,7 @@ from tunebench.commands.store import register as register_store
 from tunebench.commands.terminal import Column, fit, print_table
 from tunebench.commands.track import TrackOpt, open_for_run, track_run
 from tunebench.commands.track import register as register_track
-from tunebench.commands.usage import is_help_request, is_usage_error, to_input_error
+from tunebench.commands.usage import is_help_request, is_usage_error, once_only, to_input_error
 from tunebench.engines import NATIVE
 from tunebench.errors import InputError, one_line
 from tunebench.inputs import Engine, Host, OutputDir, Port, Positive, Seconds, Text, Weights
@@ -73,11 +74,13 @@ def bare_flags(command: Any) -> None:
 
 
 class FlagGroup(TyperGroup):
-    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags runs."""
+    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags and
+    once_only (an option given twice is an error, tunebench.commands.usage) run."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         bare_flags(self)
+        once_only(self)
 
 
 app = typer.Typer(
@@ -142,6 +145,18 @@ def resolve(experiment_id: str, params: list[str] | None, props: list[str] | Non
     """Parse EXPERIMENT, --param and KEY=VALUE arguments into (experiment, entity)."""
     experiment = get_experiment(experiment_id, parse_assignments(params or [], "--param"))
     entity = make_entity(experiment, parse_assignments(props or []))
+    return experiment, entity
+
+
+def resolve_known_gpu(
+    experiment_id: str, params: list[str] | None, props: list[str] | None, gpu: GPUOptions
+) -> tuple[Experiment, Any]:
+    """resolve, for a command that measures or judges the entity (run, validate, launch-plan): the GPUs of
+    --gpu-catalog and --gpu-* made known first (as plan does), then its gpu_model, when it has one, must be a GPU
+    known here: InputError naming gpu_model before anything runs or is written, as plan says it."""
+    gpu.register(parse_assignments(props or []).get("gpu_model"))
+    experiment, entity = resolve(experiment_id, params, props)
+    gpu.require_known(effective_values(experiment, entity).get("gpu_model"))
     return experiment, entity
 
 
@@ -318,16 +333,18 @@ def describe(
 
 
 @app.command()
+@with_gpu_options
 def validate(
     experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     as_json: Json = False,
+    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Check an entity against the validity rules: prints is_valid and the reasons."""
     from tunebench.spec.validity import check
 
-    exp, entity = resolve(experiment, params, props)
+    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
     result = check(exp, entity)
     if as_json:
         _print_json(result.to_dict())
@@ -341,6 +358,7 @@ def validate(
 
 
 @app.command("launch-plan")
+@with_gpu_options
 def launch_plan(
     experiment: ExperimentArg,
     props: Props = None,
@@ -364,12 +382,13 @@ def launch_plan(
     ] = None,
     engine: EngineOpt = NATIVE,
     as_json: Json = False,
+    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
     from tunebench.actuators.launch import build_launch_plan
     from tunebench.actuators.network import check_nccl_env
 
-    exp, entity = resolve(experiment, params, props)
+    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
     plan = build_launch_plan(
         exp,
         entity,
@@ -445,6 +464,7 @@ def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]
 
 
 @app.command()
+@with_gpu_options
 def run(
     experiment: ExperimentArg,
     props: Props = None,
@@ -471,9 +491,10 @@ def run(
     engine: EngineOpt = NATIVE,
     track: TrackOpt = None,
     as_json: Json = False,
+    gpu: GPUOptions = GPUOptions(),
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
-    exp, entity = resolve(experiment, params, props)
+    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
     options = {
         "weights": weights,
         "data_dir": _text(data_dir),

@@ -633,6 +633,10 @@ def largest_command(
     options = {"model_name": model, "gpu_model": gpu_model, "number_gpus": number_gpus, **fixed}
     for key, value in options.items():
         if value is not None and key in raw:
+            if key == "model_name":  # the MODEL argument, not an option
+                raise InputError(
+                    key, "given twice: as the MODEL argument and as KEY=VALUE", allowed="the MODEL argument alone"
+                )
             flag = "--" + key.replace("_", "-")
             raise InputError(key, "given twice: as an option and as KEY=VALUE", allowed=f"{flag} or {key}=, not both")
     if name in raw:

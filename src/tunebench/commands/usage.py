@@ -143,3 +143,50 @@ def _commands(ctx: Any) -> list[str]:
     if ctx is None or not hasattr(ctx.command, "list_commands"):
         return []
     return list(ctx.command.list_commands(ctx))
+
+
+def once_only(command: Any) -> None:
+    """Refuse an option of command (and of its subcommands) given more than once unless it is declared
+    repeatable (click's ``multiple``, a list in typer, or a ``count``): click keeps the last value, so
+    ``--gpu-model L40S --gpu-model H100`` would plan for the H100 without a word. Every spelling counts
+    (``--opt v``, ``--opt=v``, a short alias, a flag's ``--no-`` form); a command line that asks for
+    --help gets its help. Raises InputError ``--opt: given twice (allowed: once)``."""
+    make_parser = command.make_parser
+
+    def make_checking_parser(ctx: Any) -> Any:
+        parser = make_parser(ctx)
+        parse_args = parser.parse_args
+
+        def parse_checked(args: list[str]) -> Any:
+            opts, rest, order = parse_args(args=args)
+            if not getattr(ctx, "resilient_parsing", False):  # shell completion parses whatever is typed
+                _refuse_repeats(command, ctx, order)
+            return opts, rest, order
+
+        parser.parse_args = parse_checked
+        return parser
+
+    command.make_parser = make_checking_parser
+    for sub in getattr(command, "commands", {}).values():
+        once_only(sub)
+
+
+def _refuse_repeats(command: Any, ctx: Any, order: list[Any]) -> None:
+    """InputError for the first option in order (the parameters as the command line gave them, one entry
+    per occurrence) that is given twice but may be given once only."""
+    help_option = command.get_help_option(ctx)
+    if help_option is not None and any(getattr(p, "name", None) == help_option.name for p in order):
+        return  # --help shows the help, whatever else is on the line
+    seen: dict[int, int] = {}
+    for param in order:
+        if getattr(param, "param_type_name", "") != "option" or _repeatable(param):
+            continue
+        seen[id(param)] = seen.get(id(param), 0) + 1
+        if seen[id(param)] == 2:
+            count = sum(p is param for p in order)
+            given = "twice" if count == 2 else f"{count} times"
+            raise InputError(_param_name(param), f"given {given}", allowed="once")
+
+
+def _repeatable(param: Any) -> bool:
+    return bool(getattr(param, "multiple", False) or getattr(param, "count", False))
