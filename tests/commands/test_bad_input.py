@@ -441,11 +441,6 @@ CASES: list[tuple[str, list[str]]] = [
     c("--dir", "demo", "--dir", ""),
     c("--dir", "demo", "--dir", "mine"),  # someone's store and report: the demo would have deleted the store
     c("--dir", "demo", "--dir", "."),
-    # --- an entity's gpu_model: a GPU known here, as plan asks (was valid, or a failed run stored)
-    c("gpu_model", "validate", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"),
-    c("gpu_model", "launch-plan", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"),
-    c("gpu_model", "run", LORA, *GPU_ENTITY[:-1], "gpu_model=FOO", "--store", "new.db"),
-    c("gpu_model", "run", LORA, *ENTITY, "gpu_model=FOO", "--store", "good.db"),
     c("model_name", "max-batch", "llama3.1-8b", "--gpu-model", "L40S", "model_name=mistral-7b"),
 ]
 
@@ -862,26 +857,6 @@ def test_max_batch_names_the_model_argument_not_an_option(workdir, capsys):
     assert err == (
         "error: model_name: given twice: as the MODEL argument and as KEY=VALUE (allowed: the MODEL argument alone)\n"
     )
-
-
-@pytest.mark.parametrize("command", ["validate", "launch-plan", "run"])
-def test_gpu_model_is_a_gpu_known_here_as_plan_asks(workdir, capsys, monkeypatch, command):
-    """validate called gpu_model=FOO valid, run stored a failed result: like plan, an unknown GPU is one line
-    naming gpu_model (nothing written); the --gpu-* numbers make it known, as they do for plan."""
-    from tunebench.catalog import gpus
-
-    monkeypatch.setattr(gpus, "_CUSTOM", {})  # the GPUs the --gpu-* numbers register, this test's only
-    argv = [command, LORA, *GPU_ENTITY[:-1], "gpu_model=FOO"] + (["--store", "new.db"] if command == "run" else [])
-    before = snapshot(workdir)
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.startswith("error: gpu_model: unknown GPU 'FOO'") and len(err.splitlines()) == 1
-    assert snapshot(workdir) == before
-    if command == "run":
-        return  # the GPU's numbers make it known, and a run goes on to need 2 GPUs (not measured here)
-    numbers = ["--gpu-memory-gib", "48", "--gpu-bf16-tflops", "200", "--gpu-interconnect-gbps", "64"]
-    assert main([*argv, *numbers]) == 0, capsys.readouterr().err
-    assert "gpu_model.FOO" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,4 @@
-"""The planner's --gpu-catalog and --gpu-* options: GPUs outside the catalog, for the planner's commands and for
-run, validate and launch-plan (whose gpu_model must be a GPU they know, GPUOptions.require_known).
+"""The planner's --gpu-catalog and --gpu-* options: GPUs outside the catalog, for plan and recommend.
 
 ``with_gpu_options(command)`` turns ``command(..., gpu: GPUOptions)`` into a Typer command that
 takes the six options in the place of ``gpu``, so that every planner command declares them once
@@ -91,17 +90,8 @@ class GPUOptions:
             )
         register_gpu(custom_gpu(label, self.memory, self.tflops, self.link, self.bandwidth, field="--gpu-*"))  # type: ignore[arg-type]
 
-    def require_known(self, gpu_model: str | None) -> None:
-        """gpu_model (an entity's, when it has one) as a GPU this process knows, as plan asks of it: the catalog's,
-        TUNEBENCH_GPU_CATALOG's, or one these options make known (register first). InputError naming gpu_model
-        for any other label (a typo measured or validated as a GPU of its own otherwise)."""
-        from tunebench.catalog.gpus import get_gpu
 
-        if gpu_model:
-            get_gpu(str(gpu_model))
-
-
-def with_gpu_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def with_gpu_options(command: Callable[..., None]) -> Callable[..., None]:
     """A Typer command taking --gpu-catalog and the --gpu-* options, which calls command with them as gpu.
 
     Typer reads a command's options from its signature: the returned function's is command's
@@ -115,11 +105,11 @@ def with_gpu_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ]
 
     @functools.wraps(command)
-    def typer_command(**kwargs: Any) -> Any:
+    def typer_command(**kwargs: Any) -> None:
         gpu = GPUOptions(**{name.removeprefix("gpu_"): kwargs.pop(name) for name in GPU_PARAMETERS})
-        return command(**kwargs, gpu=gpu)  # run's exit code
+        command(**kwargs, gpu=gpu)
 
     parameters = [*own, *added]
     typer_command.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    typer_command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": signature.return_annotation}
+    typer_command.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
     return typer_command

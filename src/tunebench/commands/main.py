@@ -26,7 +26,6 @@ from tunebench.catalog import list_gpus, list_models
 from tunebench.commands.datasets import app as datasets_app
 from tunebench.commands.engines import app as engines_app
 from tunebench.commands.explore import register as register_explore
-from tunebench.commands.gpu_options import GPUOptions, with_gpu_options
 from tunebench.commands.options import ExperimentArg, OptionError, Params, Props, option
 from tunebench.commands.plan import register as register_plan
 from tunebench.commands.report import register as register_report
@@ -145,18 +144,6 @@ def resolve(experiment_id: str, params: list[str] | None, props: list[str] | Non
     """Parse EXPERIMENT, --param and KEY=VALUE arguments into (experiment, entity)."""
     experiment = get_experiment(experiment_id, parse_assignments(params or [], "--param"))
     entity = make_entity(experiment, parse_assignments(props or []))
-    return experiment, entity
-
-
-def resolve_known_gpu(
-    experiment_id: str, params: list[str] | None, props: list[str] | None, gpu: GPUOptions
-) -> tuple[Experiment, Any]:
-    """resolve, for a command that measures or judges the entity (run, validate, launch-plan): the GPUs of
-    --gpu-catalog and --gpu-* made known first (as plan does), then its gpu_model, when it has one, must be a GPU
-    known here: InputError naming gpu_model before anything runs or is written, as plan says it."""
-    gpu.register(parse_assignments(props or []).get("gpu_model"))
-    experiment, entity = resolve(experiment_id, params, props)
-    gpu.require_known(effective_values(experiment, entity).get("gpu_model"))
     return experiment, entity
 
 
@@ -333,18 +320,16 @@ def describe(
 
 
 @app.command()
-@with_gpu_options
 def validate(
     experiment: ExperimentArg,
     props: Props = None,
     params: Params = None,
     as_json: Json = False,
-    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Check an entity against the validity rules: prints is_valid and the reasons."""
     from tunebench.spec.validity import check
 
-    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
+    exp, entity = resolve(experiment, params, props)
     result = check(exp, entity)
     if as_json:
         _print_json(result.to_dict())
@@ -358,7 +343,6 @@ def validate(
 
 
 @app.command("launch-plan")
-@with_gpu_options
 def launch_plan(
     experiment: ExperimentArg,
     props: Props = None,
@@ -382,13 +366,12 @@ def launch_plan(
     ] = None,
     engine: EngineOpt = NATIVE,
     as_json: Json = False,
-    gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """Dry run: the accelerate config, command line and environment a measurement would execute."""
     from tunebench.actuators.launch import build_launch_plan
     from tunebench.actuators.network import check_nccl_env
 
-    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
+    exp, entity = resolve(experiment, params, props)
     plan = build_launch_plan(
         exp,
         entity,
@@ -464,7 +447,6 @@ def _measure_with_progress(exp: Experiment, entity: Any, options: dict[str, Any]
 
 
 @app.command()
-@with_gpu_options
 def run(
     experiment: ExperimentArg,
     props: Props = None,
@@ -491,10 +473,9 @@ def run(
     engine: EngineOpt = NATIVE,
     track: TrackOpt = None,
     as_json: Json = False,
-    gpu: GPUOptions = GPUOptions(),
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
-    exp, entity = resolve_known_gpu(experiment, params, props, gpu)
+    exp, entity = resolve(experiment, params, props)
     options = {
         "weights": weights,
         "data_dir": _text(data_dir),

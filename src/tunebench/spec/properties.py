@@ -191,8 +191,8 @@ class Property:
             + none,
             "bool_list": "a list of 3 booleans [fast_loss, fast_rms_layernorm, fast_rope_embeddings] or None",
             "model": "a name from `tunebench models`, a Hugging Face id of one, or a path to a config.json",
-            "gpu": "a GPU label from `tunebench gpus` (or an alias), any other node label (plan, validate and "
-            "run then need its numbers), or None",
+            "gpu": "a GPU label from `tunebench gpus` (or an alias), any other node label (planning then needs "
+            "its numbers), or None",
             "dataset": "a dataset id from `tunebench datasets list` or the forms news-chars-N-entries-M, "
             "news-tokens-Kplus-entries-M, vision-WxH-Kplus-entries-M",
         }[self.kind]
