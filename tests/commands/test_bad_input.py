@@ -62,6 +62,47 @@ CASES: list[tuple[str, list[str]]] = [
     c("--track", "run", LORA, *ENTITY, "--track", "mlfow"),
     c("--track", "run", LORA, *ENTITY, "--track", "mlflow:http://127.0.0.1:1"),
     c("--track", "run", LORA, *ENTITY, "--no-store", "--track", "aim"),
+    c("--no-store", "run", LORA, *ENTITY, "--store", "new.db", "--no-store", "--timeout", "30"),  # as calibrate
+    # MLflow tracking URIs it keeps no runs in: refused before anything trains (MLflow's client raised its own)
+    c("--track: mlflow tracking URI 'ftp://x'", "run", LORA, *ENTITY, "--track", "mlflow:ftp://x"),
+    c("--track: mlflow tracking URI 'notaurl'", "run", LORA, *ENTITY, "--track", "mlflow:notaurl"),
+    c("--track: mlflow tracking URI 'ftp://x'", "explore", "space.yaml", "--track", "mlflow:ftp://x"),
+    c("track: mlflow tracking URI 'ftp://x'", "explore", "track_ftp.yaml"),
+    c(
+        "--uri: mlflow tracking URI 'ftp://x'",
+        "track",
+        "export",
+        "--to",
+        "mlflow",
+        "--uri",
+        "ftp://x",
+        "--store",
+        "good.db",
+    ),
+    c(
+        "--uri: mlflow tracking URI 'notaurl'",
+        "track",
+        "export",
+        "--to",
+        "mlflow",
+        "--uri",
+        "notaurl",
+        "--store",
+        "good.db",
+    ),
+    c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///some.jsonl", "--store", "good.db"),
+    c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///adir", "--store", "good.db"),
+    c(
+        "--uri: mlflow tracking URI 'http://[::1' is no URI",
+        "track",
+        "export",
+        "--to",
+        "mlflow",
+        "--uri",
+        "http://[::1",
+    ),
+    c("arguments", "track", "export", "foo"),  # not "--to: is required"
+    c("--to", "track", "export", "--store", "good.db"),
     c("--limit", "show", "--limit", "abc"),
     c("--limit", "show", "--limit"),
     c("--max-parallel", "explore", "space.yaml", "--max-parallel", "0"),
@@ -409,6 +450,15 @@ CASES: list[tuple[str, list[str]]] = [
     c("FILE", "import", "short_row.csv", "--store", "good.db"),
     c("FILE", "import", "unterminated.csv", "--store", "good.db"),
     c("FILE", "import", "no_columns.csv", "--store", "good.db"),
+    # files that cannot be a store's import: nothing beside the input (no -wal, -shm), no store made
+    c("FILE: notdb.db is not a SQLite database", "import", "notdb.db", "--store", "new.db"),
+    c("FILE: trunc.db is a damaged SQLite database", "import", "trunc.db", "--store", "new.db"),
+    c("FILE: good.db is an SQLite file without an ado sample store", "import", "good.db", "--store", "new.db"),
+    c("FILE: header_only.csv has no rows", "import", "header_only.csv", "--store", "new.db"),
+    c("FILE: four_columns.csv lacks an is_valid or a train_runtime column", "import", "four_columns.csv"),
+    c("FILE: four_header.csv lacks an is_valid", "import", "four_header.csv", "--store", "new.db"),
+    c("FILE: no_properties.csv lacks the columns model_name, number_gpus", "import", "no_properties.csv"),
+    c("--from: partial.csv line 3: model_max_length", "calibrate", "--from", "partial.csv", "--no-save"),
     # --- actuators: registered names only, unless whoever runs it opts in (item 8)
     c("actuator.name", "explore", "osystem.yaml"),
     c("actuator.cpu_processes", "explore", "opt_processes.yaml"),
@@ -517,6 +567,20 @@ def files(tmp_path_factory) -> Path:
         csv.writer(out, lineterminator="\n").writerows(table)
         (root / f"{name}.csv").write_text(out.getvalue())
     (root / "unterminated.csv").write_text(",".join(header) + '\n"0,abc\n')
+    (root / "notdb.db").write_bytes(b"SQLite format 3\x00" + rng.randbytes(8000))  # the header, then noise
+    good = (root / "good.db").read_bytes()
+    assert good[18] == 2  # a WAL-mode file: SQLite reading it in place leaves -wal and -shm beside it
+    (root / "trunc.db").write_bytes(good[:3000])
+    (root / "header_only.csv").write_text(",".join(header) + "\n")
+    four = [header.index(n) for n in ("identifier", "experiment_id", "model_name", "batch_size")]
+    (root / "four_header.csv").write_text(",".join(header[i] for i in four) + "\n")
+    (root / "four_columns.csv").write_text("\n".join(",".join(r[i] for i in four) for r in [header, *rows]) + "\n")
+    kept = [i for i, n in enumerate(header) if n not in ("identifier", "model_name", "number_gpus")]
+    (root / "no_properties.csv").write_text("\n".join(",".join(r[i] for i in kept) for r in [header, *rows]) + "\n")
+    partial = [list(r) for r in rows[:2]]
+    partial[1][header.index("model_max_length")] = "abc"
+    (root / "partial.csv").write_text("\n".join(",".join(r) for r in [header, *partial]) + "\n")
+    (root / "some.jsonl").write_text('{"a": 1}\n')
     space = yaml.safe_load((root / "space.yaml").read_text())
     for name, key, value in (
         ("inject", "target_modules", [["q_proj", "--host_memory_limit_gib", "0.01"]]),
@@ -552,6 +616,7 @@ def files(tmp_path_factory) -> Path:
         (root / f"{name}.yaml").write_text(
             yaml.safe_dump({**measure, "actuator": {**measure["actuator"], "extra_worker_args": extra}})
         )
+    (root / "track_ftp.yaml").write_text(yaml.safe_dump({**space, "track": ["mlflow:ftp://x"]}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
     for name, option in (
@@ -691,6 +756,7 @@ SUBPROCESS = [
     ["explore", "osystem.yaml"],
     ["explore", "extra_result_path.yaml"],
     ["show", "--store", "foreign.db"],
+    ["import", "trunc.db", "--store", "new.db"],
 ]
 BY_ARGV = {tuple(argv): field for field, argv in CASES}
 

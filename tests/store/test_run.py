@@ -37,10 +37,21 @@ def test_run_goes_to_the_default_store(tmp_path, capsys, monkeypatch):
         assert len(store.rows()) == 1
 
 
-def test_no_store_keeps_nothing(tmp_path, capsys):
+def test_no_store_keeps_nothing(tmp_path, capsys, monkeypatch):
     url = tmp_path / "s.db"
-    assert main(["run", FULL, *INVALID, "--store", str(url), "--no-store"]) == 0
+    monkeypatch.setenv("TUNEBENCH_STORE", str(url))  # the store run would keep the result in
+    assert main(["run", FULL, *INVALID, "--no-store"]) == 0
     assert "stored in" not in capsys.readouterr().err and not url.exists()
+
+
+def test_store_and_no_store_together_are_refused_as_calibrate_does(tmp_path, capsys):
+    url = tmp_path / "s.db"
+    assert main(["run", FULL, *INVALID, "--store", str(url), "--no-store"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: --no-store: give --store URL or --no-store, not both\n" and captured.out == ""
+    assert main(["calibrate", "--store", str(url), "--no-store"]) == 2
+    assert capsys.readouterr().err == captured.err
+    assert not url.exists()
 
 
 def test_a_bad_store_is_refused_before_measuring(tmp_path, capsys):

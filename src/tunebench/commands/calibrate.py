@@ -166,7 +166,12 @@ def gather_records(
     for path in sources or []:
         if not path.is_file():
             raise InputError("--from", f"no file {str(path)!r}")
-        records += measurements.read_csv(path)
+        try:
+            records += measurements.read_csv(path)
+        except InputError as exc:  # a row's value ("FILE line N: field"): under the option that named the file
+            if exc.field == "--from":
+                raise
+            raise InputError("--from", f"{exc.field}: {exc.message}", exc.allowed) from None
     if store and note and not records:  # the default store, without a measurement yet
         log.info(f"calibrate: {mask_secrets(store)} holds no measurement: the reference runs alone")
         store = None

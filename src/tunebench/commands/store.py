@@ -457,7 +457,10 @@ def _check_actuator(store: Store, actuator: str | None, *also: str) -> None:
 
 
 def run_store(url: str | None, no_store: bool) -> str | None:
-    """The store `tunebench run` records its result in, checked before measuring; None with --no-store."""
+    """The store `tunebench run` records its result in, checked before measuring; None with --no-store
+    (InputError with --store too, as calibrate says)."""
+    if no_store and url:
+        raise InputError("--no-store", "give --store URL or --no-store, not both")
     if no_store:
         return None
     from tunebench.store.db import check_location, store_url

@@ -62,7 +62,9 @@ track_app = typer.Typer(help="Experiment trackers (MLflow, Aim): send stored mea
 
 @track_app.command("export")
 def export(
-    to: Annotated[str, option(Literal["mlflow", "aim"], "--to", help="mlflow | aim")],
+    # not required by click, which would report a missing --to before an unexpected argument (`track export
+    # mlflow`): checked below instead
+    to: Annotated[str | None, option(Literal["mlflow", "aim"], "--to", help="mlflow | aim (required)")] = None,
     uri: Annotated[
         str | None,
         option(
@@ -87,6 +89,8 @@ def export(
     from tunebench.track import export as send
     from tunebench.track.targets import default_location, parse_target
 
+    if to is None:
+        raise InputError("--to", "is required", allowed="mlflow, aim")
     target = parse_target(f"{to}:{uri}", "--uri") if uri else Target(to, default_location(to))
     log, started, last = get(__name__), time.monotonic(), [0.0]
 

@@ -181,11 +181,17 @@ def _spec_values(experiment_id: str, entity: Mapping[str, Any]) -> tuple[str, di
 
 
 def read_spec_csv(path: str | Path, source: str | None = None) -> list[Record]:
-    """Records from a CSV in the spec's measured-property layout (ado's export, our store's)."""
+    """Records from a CSV in the spec's measured-property layout (ado's export, our store's); InputError
+    naming the file, line and field of a value that cannot be read (as `tunebench import` does)."""
     out = []
-    with Path(path).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            base, values = _spec_values(row.get("experiment_id") or "", row)
+    path = Path(path)
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        for row in reader:
+            try:
+                base, values = _spec_values(row.get("experiment_id") or "", row)
+            except InputError as exc:  # reader.line_num: the row's last line (a quoted cell may span lines)
+                raise InputError(f"{path.name} line {reader.line_num}: {exc.field}", exc.message, exc.allowed) from None
             out.append(Record(base, values, _measured_properties(values, row), source or str(path)))
     return out
 

@@ -14,18 +14,27 @@ property tunebench knows; is_valid 0 -> invalid (the reasons tunebench's ado act
 result's metadata, else a generic one); a failed measurement (ado's InvalidMeasurementResult) ->
 failed with ado's reason. The actuator: SFTTrainer -> measure, tunebench_predict -> predict.
 Importing the file again adds nothing (each result's ado uid is its source key).
+
+The file is read from a copy in a temporary directory (with its ``-wal`` file, whose commits are part of
+the database): SQLite opening a WAL-mode file, even ``?mode=ro``, makes ``-wal`` and ``-shm`` files
+beside it (tunebench.store.db's "Read-Only Databases" trap), and an import never writes next to its
+input. A file SQLite cannot read (a damaged or truncated one) is an InputError naming it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DatabaseError
 
 from tunebench.errors import InputError, one_of
 from tunebench.inputs import input_error
@@ -52,12 +61,42 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
     """Every result of every ado sample store in the SQLite file; fills summary (an ImportSummary).
 
     InputError naming the table and row for a result tunebench cannot read (all or nothing unless
-    skip_bad_rows), and naming the file if it holds no ado sample store.
+    skip_bad_rows), and naming the file if SQLite cannot read it or it holds no ado result.
     """
     # csvio calls this module (read_import): imported here, not at the top
     from tunebench.store.csvio import MEASURED
 
-    engine = create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+    with tempfile.TemporaryDirectory(prefix="tunebench-import-") as tmp:
+        copy = Path(tmp) / "ado.db"
+        shutil.copyfile(path, copy)
+        wal = path.with_name(path.name + "-wal")
+        if wal.is_file():  # commits not yet checkpointed into the file
+            shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        try:
+            records, errors = _read_copy(copy, path, summary, MEASURED)
+        except DatabaseError as exc:
+            raise InputError("FILE", _unreadable(path, exc)) from None
+    if not summary.rows:  # an import that adds nothing would still make the store: say so instead
+        raise InputError("FILE", f"{path.name} holds ado sample stores without results: nothing to import")
+    if errors and not skip_bad_rows:
+        where, first = errors[0]
+        raise InputError(
+            f"{path.name} {where}: {first.field}",
+            f"{first.message} ({len(errors)} of {summary.rows} "
+            "results cannot be imported; nothing was imported; --skip-bad-rows imports the others)",
+            first.allowed,
+        )
+    for _, exc in errors:
+        summary.skipped[f"{exc.field}: {exc.message}"] += 1
+    return records
+
+
+def _read_copy(
+    copy: Path, path: Path, summary: Any, measured: set[str]
+) -> tuple[list[Record], list[tuple[str, InputError]]]:
+    """The records of the ado sample stores in copy (of the file at path), and the rows that cannot be read
+    (where, error); sqlalchemy's DatabaseError when SQLite cannot read the file."""
+    engine = create_engine(URL.create("sqlite", database=str(copy)))
     try:
         stores = sorted(
             t[: -len(_RESULTS)]
@@ -89,22 +128,22 @@ def read_ado_store(path: Path, summary: Any, *, skip_bad_rows: bool = False) -> 
                     key = _cell_key(row.data)
                     seen[key] += 1
                     try:
-                        records.append(_record(row, entities, table, (seen[key], count[key]), path, MEASURED))
+                        records.append(_record(row, entities, table, (seen[key], count[key]), path, measured))
                     except InputError as exc:
                         errors.append((f"{table}{_RESULTS} row {row.insert_id}", exc))
     finally:
         engine.dispose()
-    if errors and not skip_bad_rows:
-        where, first = errors[0]
-        raise InputError(
-            f"{path.name} {where}: {first.field}",
-            f"{first.message} ({len(errors)} of {summary.rows} "
-            "results cannot be imported; nothing was imported; --skip-bad-rows imports the others)",
-            first.allowed,
-        )
-    for _, exc in errors:
-        summary.skipped[f"{exc.field}: {exc.message}"] += 1
-    return records
+    return records, errors
+
+
+def _unreadable(path: Path, exc: DatabaseError) -> str:
+    """Why SQLite cannot read the file at path, for an InputError: not a database, or damaged."""
+    why = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    if "not a database" in why:  # "file is not a database", "file is encrypted or is not a database"
+        return f"{path.name} is not a SQLite database, though it starts with SQLite's header ({why})"
+    if "malformed" in why or "corrupt" in why:
+        return f"{path.name} is a damaged SQLite database ({why}): a truncated or partly written copy?"
+    return f"{path.name} cannot be read as ado's sample store ({why})"
 
 
 def _cell_key(data: str) -> tuple[str, str]:

@@ -463,6 +463,7 @@ def read_import(
         return read_ado_store(path, summary, skip_bad_rows=skip_bad_rows), summary
     columns, rows = read_csv_rows(path, "FILE")
     if is_fms_layout(columns):
+        _check_rows(path, rows)
         return _read_fms(path, columns, rows, skip_bad_rows, actuator, summary)
     records: list[Record] = []
     errors: list[tuple[int, InputError]] = []
@@ -490,6 +491,8 @@ def read_import(
             f"{path.name} has neither an experiment_id nor a method column (nor the "
             "fms-acceleration benchmark columns framework_config, model_name_or_path)",
         )
+    _check_columns(path, columns, measured)
+    _check_rows(path, rows)
     for number, row in zip(lines, rows):
         summary.rows += 1
         try:
@@ -497,6 +500,30 @@ def read_import(
         except InputError as exc:
             errors.append((number, exc))
     return _checked(path, records, errors, skip_bad_rows, summary)
+
+
+def _check_columns(path: Path, columns: list[str], measured: dict[str, tuple[str, str | None]]) -> None:
+    """InputError naming the columns a measurement file lacks: each entity's required properties (unless an
+    identifier column may hold them; tokens_per_sample stands for model_max_length), and is_valid or
+    train_runtime (without either, nothing tells a completed run from a failed one)."""
+    have = set(columns) | ({"model_max_length"} if "tokens_per_sample" in columns else set())
+    properties = [] if "identifier" in have else [p for p in REQUIRED_PROPERTIES if p not in have]
+    missing = [f"the column{'s' if len(properties) > 1 else ''} {', '.join(properties)}"] if properties else []
+    if not {name for name, _ in measured.values()} & {"is_valid", "train_runtime"}:
+        missing.append("an is_valid or a train_runtime column (which tells a completed run from a failed one)")
+    if missing:
+        raise InputError(
+            "FILE",
+            f"{path.name} lacks {' and '.join(missing)}",
+            allowed="ado's `show measurements -o csv`, LLMFineTuningBench's ado-sfttrainer.csv or "
+            "fms-acceleration's benchmark CSV",
+        )
+
+
+def _check_rows(path: Path, rows: list[dict[str, str]]) -> None:
+    """InputError when the file holds a header and no row: an import of nothing would still make the store."""
+    if not rows:
+        raise InputError("FILE", f"{path.name} has no rows, only a header: nothing to import")
 
 
 def _read_fms(

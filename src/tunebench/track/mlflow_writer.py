@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tunebench.errors import InputError, one_line
+from tunebench.errors import InputError, one_line, shown
 from tunebench.secrets import mask_secrets
 from tunebench.spec.properties import render_value
 from tunebench.track.runs import PREFIX, TrackedRun, series_points
-from tunebench.track.targets import Target
+from tunebench.track.targets import MLFLOW_URIS, Target
 
 KEY_TAG, COMPLETE_TAG = PREFIX + "result_key", PREFIX + "complete"
 # MLflow's settings while tunebench calls it: the check fails fast; a server that dies mid-run costs ~15 s per
@@ -43,7 +43,15 @@ class MlflowWriter:
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (tables created, ...) are noise here
         self.target, self.uri, self.field = target, target.location, field
         self.database = _sqlite_file(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        if self.database is not None:
+            _check_database(self.database, self.uri, field)
+        try:  # MLflow opens its model registry here: a URI it cannot use fails now, not in check()
+            with _env(CHECK_ENV):
+                self.client = MlflowClient(tracking_uri=self.uri)
+        except Exception as exc:
+            raise InputError(
+                field, f"mlflow tracking URI {shown(mask_secrets(self.uri))} cannot be used: {_why(exc)}", MLFLOW_URIS
+            ) from None
         self._experiments: dict[str, str] = {}  # name -> id
         self._runs: dict[str, dict[str, tuple[str, bool]]] = {}  # experiment id -> result key -> (run id, complete)
 
@@ -165,6 +173,23 @@ def _sqlite_file(uri: str) -> Path | None:
     return Path("/" + path.lstrip("/")) if uri.startswith("sqlite:////") else Path(path)
 
 
+def _check_database(path: Path, uri: str, field: str) -> None:
+    """InputError naming field when the file of a sqlite:/// tracking URI exists and is not an SQLite database
+    (MLflow would fail deep inside SQLAlchemy) or is a directory."""
+    from tunebench.store.db import SQLITE_HEADER
+
+    shown_uri = shown(mask_secrets(uri))
+    if path.is_dir():
+        raise InputError(field, f"mlflow tracking URI {shown_uri}: {str(path)!r} is a directory", MLFLOW_URIS)
+    if path.is_file():
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+        if header and header != SQLITE_HEADER:
+            raise InputError(
+                field, f"mlflow tracking URI {shown_uri}: {str(path)!r} is not an SQLite database", MLFLOW_URIS
+            )
+
+
 def _param(value: Any) -> str:
     return "None" if value is None else render_value(value)
 
@@ -173,10 +198,13 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording)
+# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording), and
+# MLflow 3's refusal of a directory (file) store, which it keeps in maintenance mode
 REASONS = (("Connection refused", "connection refused"), ("Name or service not known", "unknown host"),
            ("Failed to resolve", "unknown host"), ("timed out", "timed out"), ("Read timed out", "timed out"),
-           ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"))  # fmt: skip
+           ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+           ("filesystem tracking backend", "this MLflow keeps no runs in a directory unless MLFLOW_ALLOW_FILE_STORE=true;"
+            " sqlite:///FILE.db is its successor"))  # fmt: skip
 
 
 def _why(exc: BaseException) -> str:

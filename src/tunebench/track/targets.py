@@ -2,7 +2,8 @@
 
 - ``mlflow``: the embedded store ``sqlite:///<home>/mlflow/mlflow.db`` (no server; its artifacts beside it
   in ``<home>/mlflow/artifacts``); ``mlflow:URI``: any MLflow tracking URI, an ``http(s)://`` tracking
-  server or another ``sqlite:///`` file included;
+  server or another ``sqlite:///`` file included (a scheme MLflow keeps no runs in, ``ftp://``, is an
+  InputError here, before anything is measured);
 - ``aim``: the Aim repository ``<home>/aim``; ``aim:REPO``: a repository directory (made if missing) or
   a remote one (``aim://host:port``, an ``aim server``).
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 from tunebench.errors import InputError, one_of, shown, suggest
 from tunebench.paths import home
@@ -26,6 +28,10 @@ KINDS = ("mlflow", "aim")
 ALLOWED = (
     "mlflow, mlflow:URI (http(s)://host:port, sqlite:///file.db, ...), aim, aim:REPO (a directory, aim://host:port)"
 )
+# The schemes of the tracking URIs MLflow keeps runs in (mlflow.tracking._tracking_service.utils: its tracking
+# store registry; a database URL's driver, postgresql+psycopg2://, counts as its database), and how to say them.
+MLFLOW_SCHEMES = ("file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+MLFLOW_URIS = "a directory path, file:PATH, sqlite:///FILE.db, http(s)://host:port, postgresql://..., mysql://..."
 # the module each kind imports, and the extra of pyproject.toml that installs it
 MODULES = {"mlflow": "mlflow", "aim": "aim"}
 
@@ -56,7 +62,7 @@ def parse_target(text: str, field: str = "--track") -> Target:
         raise InputError(field, f"unknown tracker {shown(kind)}.{hint}".rstrip("."), allowed=ALLOWED)
     if sep and not location:
         raise InputError(field, f"{text!r} names no location after '{kind}:'", allowed=ALLOWED)
-    return Target(kind, _location(kind, location) if location else default_location(kind))
+    return Target(kind, _location(kind, location, field) if location else default_location(kind))
 
 
 def parse_targets(values: Any, field: str = "--track") -> tuple[Target, ...]:
@@ -82,10 +88,25 @@ def default_location(kind: str) -> str:
     return str((home() / "aim").absolute())
 
 
-def _location(kind: str, location: str) -> str:
-    """An Aim repository path made absolute (``~`` expanded); an MLflow URI as given (MLflow reads it)."""
+def _location(kind: str, location: str, field: str) -> str:
+    """An Aim repository path made absolute (``~`` expanded); an MLflow URI as given (MLflow reads it), once
+    its scheme is one MLflow keeps runs in (InputError naming field otherwise)."""
     if kind == "aim" and "://" not in location:
         return str(Path(location).expanduser().absolute())
+    if kind == "mlflow":
+        try:
+            scheme = urlsplit(location).scheme.lower().partition("+")[0]
+        except ValueError as exc:  # e.g. an unclosed [ of an IPv6 host
+            raise InputError(
+                field, f"mlflow tracking URI {shown(mask_secrets(location))} is no URI: {exc}", MLFLOW_URIS
+            ) from None
+        if scheme and scheme not in MLFLOW_SCHEMES:
+            raise InputError(
+                field,
+                f"mlflow tracking URI {shown(mask_secrets(location))} has the scheme {scheme!r}, "
+                "which MLflow keeps no runs in",
+                allowed=MLFLOW_URIS,
+            )
     return location
 
 
