@@ -196,6 +196,7 @@ CASES: list[tuple[str, list[str]]] = [
         "--gpu-interconnect-gbps",
         "50",
     ),  # was named --gpu-*: memory_gib
+    c("--gpu-name", "plan", LORA, *GPU_ENTITY, "--gpu-name", "Acme-X1"),  # a label without its numbers
     c("batch_size", "plan", LORA, *GPU_ENTITY[:3], "gpu_model=H100", "--grid", "batch_size=1..99999999999999999999999"),
     c("number_gpus", "recommend", LORA, *GPU_ENTITY[:2], "number_gpus=two", *GPU_ENTITY[3:]),
     c("--max-oom-risk", "plan", LORA, *GPU_ENTITY, "--max-oom-risk", "nan"),

@@ -79,6 +79,12 @@ class GPUOptions:
             "--gpu-interconnect-gbps": self.link,
         }
         if all(v is None for v in (*given.values(), self.bandwidth)):
+            if self.name is not None:  # a label for numbers that are not there: a forgotten option, not a no-op
+                raise InputError(
+                    "--gpu-name",
+                    "names the GPU the --gpu-* numbers describe, and none is given",
+                    allowed=", ".join(given),
+                )
             return
         missing = [k for k, v in given.items() if v is None]
         if missing:
