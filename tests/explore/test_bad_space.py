@@ -181,3 +181,46 @@ def test_malformed_operations_name_the_field(workdir, capsys, content, field):
 )
 def test_malformed_ado_spaces_name_the_field_in_explore(workdir, capsys, space, field):
     refused(workdir, capsys, ["explore", write(workdir / "space.yaml", space), "--store", "s.db", "-q"], field)
+
+
+# --- 3. a misspelt property is named, with the one meant (not "batch_size: is required")
+def test_a_misspelt_ado_property_is_named_with_a_suggestion(workdir, capsys):
+    space = ado_space({"values": [1, 2]})
+    space["entitySpace"][3]["identifier"] = "batchsize"
+    line = refused(
+        workdir, capsys, ["space", "from-ado", write(workdir / "space.yaml", space)], "entity_space.batchsize"
+    )
+    assert "Did you mean 'batch_size'?" in line
+
+
+# --- 4. an unknown key of a tunebench space file: the keys allowed there, and the likeliest
+@pytest.mark.parametrize(
+    ("change", "field", "allowed"),
+    [
+        ({"operatoin": {"sampler": "grid"}}, "operatoin", "'operation'? (allowed: name, experiments, entity_space,"),
+        ({"operation": {"samples": 3}}, "operation.samples", "'sampler'? (allowed: sampler, n, seed,"),
+        (
+            {"experiments": [{"id": LORA, "params": {}}]},
+            "experiments[0].params",
+            "'parameters'? (allowed: id, parameters)",
+        ),
+        (
+            {"execution": {"max_paralel": 2}},
+            "execution.max_paralel",
+            "'max_parallel'? (allowed: executor, max_parallel,",
+        ),
+    ],
+)
+def test_unknown_keys_list_the_allowed_ones(workdir, capsys, change, field, allowed):
+    space = write(workdir / "space.yaml", {**NATIVE_SPACE, **change})
+    line = refused(workdir, capsys, ["explore", space, "--store", "s.db", "-q"], field)
+    assert f"unknown key. Did you mean {allowed}" in line
+
+
+def test_an_unknown_range_key_lists_the_allowed_ones(workdir, capsys):
+    space = {
+        **NATIVE_SPACE,
+        "entity_space": {**NATIVE_SPACE["entity_space"], "batch_size": {"min": 1, "max": 2, "stpe": 1}},
+    }
+    line = refused(workdir, capsys, ["explore", write(workdir / "space.yaml", space)], "entity_space.batch_size.stpe")
+    assert line.endswith("Did you mean 'step'? (allowed: min, max, step)")
