@@ -224,3 +224,36 @@ def test_an_unknown_range_key_lists_the_allowed_ones(workdir, capsys):
     }
     line = refused(workdir, capsys, ["explore", write(workdir / "space.yaml", space)], "entity_space.batch_size.stpe")
     assert line.endswith("Did you mean 'step'? (allowed: min, max, step)")
+
+
+# --- 5. a GPU the planner has no numbers for: refused before the store exists, not failed 3 times per point
+@pytest.mark.parametrize(
+    ("gpu", "argv", "field"),
+    [
+        ({"gpu_model": ["H100", "FOO"]}, [], "entity_space.gpu_model[1]"),
+        ({"gpu_model": "FOO"}, [], "entity_space.gpu_model"),
+        ({"gpu_model": ["FOO"], "number_gpus": [0]}, [], "entity_space.gpu_model[0]"),  # the planner still asks
+        ({"gpu_model": ["FOO"]}, ["--actuator", "noop", "--skip-predicted-oom"], "entity_space.gpu_model[0]"),
+    ],
+)
+def test_unknown_gpus_are_refused_before_the_store_is_created(workdir, capsys, gpu, argv, field):
+    space = write(workdir / "space.yaml", {**NATIVE_SPACE, "entity_space": {**NATIVE_SPACE["entity_space"], **gpu}})
+    line = refused(workdir, capsys, ["explore", space, "--store", "s.db", "-q", *argv], field)
+    assert "unknown GPU 'FOO'" in line and "TUNEBENCH_GPU_CATALOG" in line and "(allowed: " in line
+
+
+def test_an_experiments_unknown_gpu_is_refused(workdir, capsys):
+    experiments = [{"id": LORA, "parameters": {"max_steps": 2, "gpu_model": "FOO"}}]
+    space = write(workdir / "space.yaml", {**NATIVE_SPACE, "experiments": experiments})
+    refused(workdir, capsys, ["explore", space, "--store", "s.db", "-q"], "experiments[0].gpu_model")
+
+
+def test_gpus_in_a_user_catalog_are_known_and_other_actuators_take_any_label(workdir, capsys, monkeypatch):
+    catalog = {"gpus": [{"name": "FOO", "memory_gib": 80, "bf16_tflops": 300, "interconnect_gbps": 300}]}
+    monkeypatch.setenv("TUNEBENCH_GPU_CATALOG", write(workdir / "gpus.yaml", catalog))
+    space = write(
+        workdir / "space.yaml", {**NATIVE_SPACE, "entity_space": {**NATIVE_SPACE["entity_space"], "gpu_model": ["FOO"]}}
+    )
+    assert main(["explore", space, "--store", "s.db", "-q"]) == 0, capsys.readouterr().err
+    monkeypatch.delenv("TUNEBENCH_GPU_CATALOG")
+    assert main(["explore", space, "--store", "s.db", "-q", "--actuator", "noop"]) == 0, capsys.readouterr().err
