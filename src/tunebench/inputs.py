@@ -21,7 +21,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, 
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from tunebench.errors import InputError, has_control_characters
+from tunebench.errors import InputError, has_control_characters, suggest
 
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
@@ -91,13 +91,20 @@ def allowed_of(kind: Any, metadata: list[Any] | None = None) -> str | None:
 
 
 def input_error(
-    exc: ValidationError, display: Any = str, prefix: str = "", indices: bool = True, root: str = "input"
+    exc: ValidationError,
+    display: Any = str,
+    prefix: str = "",
+    indices: bool = True,
+    root: str = "input",
+    model: type[BaseModel] | None = None,
 ) -> InputError:
     """The first error of a ValidationError as an InputError (field, what is wrong with the value).
 
     The field is the error's location (``entity_space.x.min``, ``experiments[0].id``) under prefix, its
     first part through display (a CLI spelling); indices=False leaves out list positions (a repeated
     option is named once, --from, not --from[2]); an error of the whole model is named prefix, or root.
+    model: the model validated; an unknown key's error then lists the keys its mapping allows (the fields of
+    the model, or nested model, at that location) and suggests the likeliest.
     """
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"]]
@@ -108,7 +115,10 @@ def input_error(
             (f"[{p}]" if indices else "") if p.isdigit() else f".{p}" for p in loc[1:]
         )
     if err["type"] == "extra_forbidden":
-        return InputError(field, "unknown key")
+        keys = _keys_at(model, err["loc"][:-1]) if model is not None and err["loc"] else None
+        if keys is None:
+            return InputError(field, "unknown key")
+        return InputError(field, "unknown key." + suggest(loc[-1], keys), allowed=", ".join(keys))
     if err["type"] == "missing":
         return InputError(field, "is required")
     value = err.get("input")
@@ -128,6 +138,28 @@ def input_error(
     if not isinstance(value, (dict, list, Path)) and not (isinstance(value, str) and repr(value) in message):
         message += f" (got {value!r})"
     return InputError(field, message)
+
+
+def _keys_at(model: type[BaseModel], path: tuple) -> list[str] | None:
+    """The keys of the mapping at path (a ValidationError's location, list positions included) under
+    model: its fields when a model validates it, else None."""
+    for part in path:
+        if isinstance(part, int):
+            continue  # a list's item: the list's annotation already named its model
+        field = model.model_fields.get(str(part))
+        inner = _model_of(field.annotation) if field is not None else None
+        if inner is None:
+            return None
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_of(kind: Any) -> type[BaseModel] | None:
+    """The model a field's annotation validates with (X, list[X], X | None, Annotated[X, ...]), else None."""
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return kind
+    models = [m for m in map(_model_of, get_args(kind)) if m is not None]
+    return models[0] if len(models) == 1 else None
 
 
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}

@@ -3,9 +3,10 @@ and ``tunebench.api.explore`` share.
 
     summary = run_space(load_space("space.yaml"), "results.db", max_parallel=2)
 
-The order is the bad-input contract's: the actuator's options and the number of points are checked, then the
-trackers are opened (an unreachable one is an error here), and only then is the store opened (created) and
-anything written. Arguments left None take the space file's ``execution:`` section.
+The order is the bad-input contract's: the actuator's options, the space's GPUs where the planner predicts
+(the predict actuator, skip_predicted_oom) and the number of points are checked, then the trackers are opened
+(an unreachable one is an error here), and only then is the store opened (created) and anything written.
+Arguments left None take the space file's ``execution:`` section.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def run_space(
         allow_actuator_import=allow_actuator_import,
     )
     check_options(space.actuator, space.options, allow_import=allow_actuator_import)
+    if space.actuator == "predict":
+        check_planner_gpus(space, "the predict actuator")
+    elif skip_predicted_oom:
+        check_planner_gpus(space, "--skip-predicted-oom")
     space.check_explorable()
     if trackers is None and space.track:
         from tunebench.track import open_trackers
@@ -69,6 +74,37 @@ def run_space(
         finally:
             if opened_store is not store:
                 opened_store.close()
+
+
+def check_planner_gpus(space: Space, who: str) -> None:
+    """InputError naming the space's first gpu_model the planner has no numbers for (neither the catalog's nor
+    TUNEBENCH_GPU_CATALOG's), before anything starts: each of its points would fail, after its retries.
+
+    Only where the planner predicts (who: what asks it): the measuring actuators take any node label (the
+    spec's), a GPU outside the catalog included (docs/planner.md §6)."""
+    from tunebench.catalog.gpus import catalog_file_gpus, is_known_gpu, list_gpus
+    from tunebench.errors import InputError, one_of, suggest
+
+    catalog_file_gpus()  # a malformed TUNEBENCH_GPU_CATALOG is refused as such, not as unknown GPUs
+    given: list[tuple[str, object]] = []  # (field, value)
+    for dim in space.dimensions:
+        if dim.name == "gpu_model":
+            many = dim.kind != "fixed"
+            given += [("entity_space.gpu_model" + (f"[{i}]" if many else ""), v) for i, v in enumerate(dim.values)]
+    if not given:  # the experiments' own gpu_model (a parameter), each entity's
+        for i, experiment in enumerate(space.experiments):
+            if "gpu_model" in experiment.optional:
+                given.append((f"experiments[{i}].gpu_model", experiment.default("gpu_model")))
+    for field, value in given:
+        label = str(value or "").strip()
+        if label and not is_known_gpu(label):
+            gpus = list_gpus()
+            raise InputError(
+                field,
+                f"unknown GPU {label!r}: {who} plans with the GPU's numbers; give them in a GPU catalog file "
+                "(TUNEBENCH_GPU_CATALOG)." + suggest(label, [t for g in gpus for t in (g.name, *g.aliases)]),
+                allowed=one_of(g.name for g in gpus),
+            )
 
 
 def _executor(kind: str, ray_address: str | None, max_parallel: int) -> Any:

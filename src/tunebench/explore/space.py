@@ -291,7 +291,7 @@ def parse_space(raw: Any) -> Space:
     try:
         spec = SpaceFile.model_validate(raw)
     except ValidationError as exc:
-        raise input_error(exc, root="space") from None
+        raise input_error(exc, root="space", model=SpaceFile) from None
     experiments = []
     for i, e in enumerate(spec.experiments):
         try:
@@ -299,6 +299,7 @@ def parse_space(raw: Any) -> Space:
         except InputError as exc:
             raise InputError(f"experiments[{i}].{_field(exc.field, 'id')}", exc.message, exc.allowed) from None
     dimensions = [_dimension(name, value) for name, value in spec.entity_space.items()]
+    _check_names(experiments, dimensions)  # before the required ones: a misspelt name is named as such
     missing = [n for n in REQUIRED_PROPERTIES if n not in spec.entity_space]
     if missing:
         raise InputError(f"entity_space.{missing[0]}", "is required (every experiment needs it)")
@@ -333,7 +334,7 @@ def _dimension(name: str, value: Any) -> Dimension:
         try:
             r = RangeSpec.model_validate(value)
         except ValidationError as exc:
-            raise input_error(exc, prefix=where) from None
+            raise input_error(exc, prefix=where, model=RangeSpec) from None
         integral = all(float(x).is_integer() for x in (r.min, r.max, r.step))
         count = math.floor((r.max - r.min) / r.step + 1e-9) + 1
         if count > MAX_GRID_POINTS:
@@ -347,12 +348,11 @@ def _dimension(name: str, value: Any) -> Dimension:
     return Dimension(name, (value,), "fixed")
 
 
-def _check_values(space: Space) -> None:
-    """Every value of every dimension must be valid for every experiment (errors name the field)."""
-    first = {d.name: d.values[0] for d in space.dimensions}
-    names = {d.name for d in space.dimensions}
-    for experiment in space.experiments:
-        for dim in space.dimensions:
+def _check_names(experiments: list[Experiment], dimensions: list[Dimension]) -> None:
+    """Every dimension must be a property each experiment lets an entity set (errors name the field and,
+    for a typo, the property meant: batchsize, not 'batch_size is required')."""
+    for experiment in experiments:
+        for dim in dimensions:
             if dim.name not in REQUIRED_PROPERTIES and dim.name not in experiment.optional:
                 try:  # InputError explaining why (hardcoded, not a property, a typo ...)
                     make_entity(experiment, {dim.name: dim.values[0]})
@@ -360,6 +360,14 @@ def _check_values(space: Space) -> None:
                     raise InputError(
                         f"entity_space.{dim.name}", f"{exc.message} (experiment {experiment.id})", exc.allowed
                     ) from None
+
+
+def _check_values(space: Space) -> None:
+    """Every value of every dimension must be valid for every experiment (errors name the field); the
+    dimensions' names are checked already (_check_names)."""
+    first = {d.name: d.values[0] for d in space.dimensions}
+    names = {d.name for d in space.dimensions}
+    for experiment in space.experiments:
         try:
             make_entity(experiment, first)
         except InputError as exc:
