@@ -109,12 +109,13 @@ def has_control_characters(text: str) -> bool:
     return any(unicodedata.category(ch) == "Cc" for ch in text)
 
 
-def parse_json(text: str) -> object:
+def parse_json(text: str, unique_keys: bool = False) -> object:
     """JSON text as Python values. ValueError for text that is not JSON, including nesting deeper than the
-    interpreter's recursion limit (the json module recurses per level and raises RecursionError), and for an
-    object that names a key twice (json keeps the last silently; YAML input refuses it too)."""
+    interpreter's recursion limit (the json module recurses per level and raises RecursionError); unique_keys:
+    also for an object that names a key twice (json keeps the last silently), where the keys are the request
+    (a --batch line), not where others' files are read as their own readers read them (a config.json, data)."""
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return json.loads(text, object_pairs_hook=_unique_keys if unique_keys else None)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

@@ -324,6 +324,21 @@ def test_a_batch_plans_every_line_around_a_config_that_cannot_be_built(tmp_path)
     assert re.search(r"│\s+2 │ failed\s+│", table.output), table.output  # api.plan's word for it
 
 
+@pytest.mark.parametrize("width", [20, 29, 32, 34, 35, 53, 66, 80, 86, 100])
+def test_an_id_wraps_within_the_width_between_its_properties(width):
+    """Every line of a wrapped entity id fits the width (a segment joins a line with its closing '-'), and a
+    line breaks before a property's name, digits in it too (bf16.), unless a segment is wider than the line."""
+    from tunebench.commands.terminal import wrap_id
+
+    text = (
+        "model_name.smollm2-135m-number_gpus.1-model_max_length.512-batch_size.1-gpu_model.NVIDIA-A100-SXM4-80GB-bf16.1"
+    )
+    lines = wrap_id(text, width).splitlines()
+    assert "".join(lines) == text and all(len(line) <= width for line in lines), lines
+    if width >= 32:  # the longest segment, gpu_model.NVIDIA-A100-SXM4-80GB-, fits whole
+        assert all(re.match(r"[a-z_][a-z0-9_]*\.", line) for line in lines), lines
+
+
 def test_a_batch_line_with_an_unknown_or_repeated_key_fails_alone(tmp_path):
     """A key beside experiment/entity/parameters, or a key given twice in one object, fails its own line (json
     keeps the last of two silently; a "params" typo dropped the parameters)."""

@@ -218,7 +218,7 @@ def test_padding_is_the_expected_longest_of_a_micro_batch():
 def test_padding_free_rows_never_shrink_as_the_batch_grows():
     """The run's samples fixed, a larger per-device batch has fewer, longer rows: its expected largest row is never
     smaller (max-batch's search assumes it), on a long-tailed file, and on a grid coarser than a token (a row of
-    b x the longest over ROW_GRID_POINTS tokens), where each sum is within half a step a sample of the exact one."""
+    b x the longest over ROW_GRID_POINTS tokens)."""
     rng = np.random.default_rng(1)
     tailed = SampleLengths(tuple(int(x) + 1 for x in rng.lognormal(6, 1, 500)), "", True)
     samples = 40_000
@@ -226,10 +226,18 @@ def test_padding_free_rows_never_shrink_as_the_batch_grows():
     rows = [tailed.largest_row(np.array([4096.0]), np.array([float(b)]), np.array([samples / b]))[0] for b in sizes]
     assert all(a <= b for a, b in zip(rows, rows[1:], strict=False)), rows
     assert rows[0] == max(min(c, 4096) for c in tailed.counts)  # one sample a row: the longest
-    # a row of 300 samples of up to 4,096 tokens passes 2^20 tokens: a 2-token grid, exact to ~1 token a sample
-    uniform = SampleLengths((4095, 4096), "", True)  # every row's sum is 300 x 4,095.5 +- a few hundred
-    big = uniform.largest_row(np.array([4096.0]), np.array([300.0]), np.array([1.0]))[0]
-    assert big == pytest.approx(300 * 4095.5, abs=300)
+    # past 2^20 tokens a row (b x the longest) the grid is coarser than a token: a count between two points is
+    # split between them, so a row's mean stays exact and short samples are not all rounded one way (rounding
+    # put 50-token samples on a 1.008-token grid at 49.6, and b 259 below b 258)
+    bimodal = SampleLengths((50,) * 2990 + (120_000,) * 10, "", True)
+    at = [bimodal.largest_row(np.array([4096.0]), np.array([b]), np.array([4096 / b]))[0] for b in (258.0, 259.0)]
+    assert at[0] == pytest.approx(24_142.4, abs=1) and at[1] == pytest.approx(24_209.2, abs=1)
+    short = SampleLengths((27,) * 199 + (4000,), "", True)  # b x the longest: 20 Mi tokens, a 32-token grid
+    row = short.largest_row(np.array([4096.0]), np.array([5000.0]), np.array([1.0]))[0]
+    assert row == pytest.approx(5000 * (199 * 27 + 4000) / 200, rel=0.01)  # one row: about its mean, 234,325
+    # a row no GPU holds (over MAX_EXACT_ROW samples): the normal approximation, not one sample's length
+    huge = short.largest_row(np.array([4096.0]), np.array([2.0**21]), np.array([1.0]))[0]
+    assert huge == pytest.approx(2**21 * (199 * 27 + 4000) / 200, rel=0.01)
 
 
 @pytest.mark.parametrize(

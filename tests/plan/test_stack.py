@@ -481,6 +481,11 @@ def test_a_tensor_parallel_group_larger_than_a_node_crosses_the_network():
         "full", number_gpus=16, batch_size=16, model_max_length=1024, gpu_model="H100", tensor_parallel_degree=16
     )
     assert not tp_spans_nodes(one_node)[0]  # all 16 in one node: nothing to cross (a note says so, below)
+    # 12 GPUs on 2 nodes of 6, tp 4: the group of ranks 4-7 straddles the two nodes
+    straddles = workload("full", **{**base, "number_gpus": 12, "batch_size": 12}, tensor_parallel_degree=4)
+    assert tp_spans_nodes(straddles)[0]
+    halves = workload("full", **{**base, "number_gpus": 12, "batch_size": 12}, tensor_parallel_degree=3)
+    assert not tp_spans_nodes(halves)[0]  # 6 = 2 groups of 3: each within a node
 
 
 def test_the_plan_notes_a_layout_a_node_cannot_hold():
@@ -500,6 +505,9 @@ def test_the_plan_notes_a_layout_a_node_cannot_hold():
     )
     assert any("64 GPUs in one node" in n and "give number_nodes" in n for n in crowded.metadata["notes"])
     assert not any("spans nodes" in n or "in one node" in n for n in fine.metadata["notes"]), fine.metadata["notes"]
+    # a node of 16 the user declares (recommend --gpus-per-node 16, a DGX-2) is no layout to warn about
+    declared = predict(exp, make_entity(exp, {**job, "number_gpus": 16, "batch_size": 16}), node_gpus=16)
+    assert not any("in one node" in n for n in declared.metadata["notes"]), declared.metadata["notes"]
 
 
 def test_parallel_degrees_must_divide_the_gpus_and_spread_the_batch_over_data_parallel_ranks():

@@ -129,7 +129,7 @@ BATCH_LINE = '{"experiment": ID, "entity": {...}} per line'
 
 def _batch_item(line: str) -> tuple[Any, Any] | InputError:
     try:
-        req = parse_json(line)
+        req = parse_json(line, unique_keys=True)
     except ValueError as exc:
         return InputError("--batch", f"not JSON: {getattr(exc, 'msg', exc)}")
     if not isinstance(req, dict) or "experiment" not in req or not isinstance(req.get("entity"), dict):

@@ -50,10 +50,10 @@ def wrap_id(text: str, width: int) -> str:
     """An entity or experiment id on lines of at most width characters, broken after the '-' between its
     property.value segments (never inside a property's name, as after gpu_ in gpu_model); a segment longer than
     width wraps as a name (wrap_name)."""
-    segments = re.findall(r".+?-(?=[a-z_]+\.)|.+$", text)  # each up to the '-' before the next "name."
+    segments = re.findall(r".+?-(?=[a-z_][a-z0-9_]*\.)|.+$", text)  # each up to the '-' before the next "name."
     lines: list[str] = []
     for segment in segments:
-        if lines and len(lines[-1]) + len(segment.rstrip("-")) <= width:
+        if lines and len(lines[-1]) + len(segment) <= width:  # the segment's '-' ends the line it joins
             lines[-1] += segment
         else:
             lines.extend(wrap_name(segment, width).split("\n") if len(segment) > width else [segment])

@@ -185,7 +185,9 @@ def _refuse_repeats(command: Any, ctx: Any, order: list[Any]) -> None:
         if seen[id(param)] == 2:
             count = sum(p is param for p in order)
             given = "twice" if count == 2 else f"{count} times"
-            raise InputError(_param_name(param), f"given {given}", allowed="once")
+            both = getattr(param, "secondary_opts", None)  # a --x/--no-x flag: either spelling is the option
+            why = f"given {given}" + (f" ({' and '.join([*param.opts, *both])} are one option)" if both else "")
+            raise InputError(_param_name(param), why, allowed="once")
 
 
 def _repeatable(param: Any) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,8 @@ if TYPE_CHECKING:  # numpy loads when lengths are used: `tunebench --help` impor
 
 from tunebench.errors import InputError
 
-ROW_GRID_POINTS = 2**20  # a row's token sums on at most this many points: 1-token steps up to b x limit = 1 Mi tokens
+ROW_GRID_POINTS = 2**20  # a row's token sums on about this many points: 1-token steps up to b x limit = 1 Mi tokens
+MAX_EXACT_ROW = 2**20  # samples a row at most for the exact distribution; more (a batch no GPU holds): normal
 TEXT_FIELDS = ("output", "text")  # a line's text: the first of these it has, else its chat "messages"
 MAX_AVG_TOKENS = 10**9  # beyond any model_max_length (the spec's domains stop at 2^31 - 1)
 
@@ -121,6 +123,10 @@ class SampleLengths:
         out = []
         for cap, n, r in distinct:
             capped = np.minimum(counts, cap)
+            if n > MAX_EXACT_ROW:  # the sum of a million samples is normal: its mean + the largest of R normals' spread
+                spread = float(np.std(capped)) * math.sqrt(n) * statistics.NormalDist().inv_cdf(1 - 1 / (r + 1))
+                out.append(float(n * capped.mean() + max(spread, 0.0)))
+                continue
             sums, cdf = _row_sum_cdf(capped, int(n))
             below = np.concatenate(([0.0], cdf[:-1]))
             # F^R as exp(R ln F): R reaches millions of rows; F = 0 below the shortest row gives 0
@@ -149,16 +155,21 @@ class SampleLengths:
 
 def _row_sum_cdf(capped: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
     """The distribution of the sum of b samples drawn at random from capped token counts: (sums in tokens, their
-    cumulative probabilities). One sample's counts on a grid of 1 token (coarser where b x the longest passes
-    ROW_GRID_POINTS: each count rounded to the grid, so a row's sum is off by half a step a sample at most),
-    convolved b times at once as the b-th power of its Fourier transform (a zero-padded FFT as long as the
-    largest sum: a linear, not circular, convolution)."""
+    cumulative probabilities). One sample's counts on a grid of 1 token, coarser (a power of two: the grids of
+    larger batches nest in those of smaller) where b x the longest passes ROW_GRID_POINTS; a count between two
+    grid points is split between them in proportion (its mean kept exactly, a step's variance at most added),
+    not rounded (rounding put every short sample a half step low or high alike). Convolved b times at once as
+    the b-th power of its Fourier transform (a zero-padded FFT as long as the largest sum: a linear, not
+    circular, convolution)."""
     import numpy as np
 
-    step = max(1.0, b * float(capped.max()) / ROW_GRID_POINTS)
-    index = np.rint(capped / step).astype(np.int64)
-    pmf = np.bincount(index) / len(index)
-    size = b * (len(pmf) - 1) + 1
+    step = 2.0 ** max(0, math.ceil(math.log2(b * float(capped.max()) / ROW_GRID_POINTS)))
+    position = capped / step
+    low = np.floor(position).astype(np.int64)
+    share = position - low  # of the count's probability on the grid point above
+    points = int(low.max()) + 2
+    pmf = (np.bincount(low, 1.0 - share, points) + np.bincount(low + 1, share, points)) / len(capped)
+    size = b * (points - 1) + 1
     fft_size = 1 << (size - 1).bit_length()
     row = np.fft.irfft(np.fft.rfft(pmf, fft_size) ** b, fft_size)[:size]
     cdf = np.cumsum(np.clip(row, 0.0, None))  # rounding noise below 0 is no probability

@@ -49,13 +49,16 @@ def _refuse_encoders(config, hf) -> None:
     is_decoder set, and an encoder-decoder's is its decoder alone, not the model the experiments tune."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    if config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(hf, "is_decoder", False):
+    # is_decoder: BERT-likes as decoders; causal: XLM's own switch (XLMConfig has no is_decoder)
+    if config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or any(
+        getattr(hf, flag, False) for flag in ("is_decoder", "causal")
+    ):
         return
     kind = "an encoder-decoder" if getattr(hf, "is_encoder_decoder", False) else "an encoder (masked language model)"
     raise InputError(
         "model_name",
         f"{config.name}: model_type {config.model_type!r} is {kind}, not a causal language model (its config has "
-        "no is_decoder: true)",
+        "no is_decoder: true, or causal: true for xlm)",
         allowed="a decoder (causal LM) or vision-language model",
     )
 

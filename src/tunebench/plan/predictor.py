@@ -75,6 +75,7 @@ class PlanOptions:
     # time a CPU run on this host (plan.host, seconds a shape); False: at the calibrated cpu_tflops, for searches
     # that need only the verdict (a CPU run's memory and verdict do not depend on its speed)
     probe_host: bool = True
+    node_gpus: int = NODE_GPUS  # GPUs a node holds, for the layout notes (recommend's --gpus-per-node)
 
 
 def predict(experiment: Experiment, entity: Entity | Mapping[str, Any], **options: Any) -> Result:
@@ -353,7 +354,7 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             variants[key] = [*notes, *([no_sync_note] if key[0] else []), *([network_note] if key[1] else [])]
         out["notes"][i] = variants[key]
     _note_lengths(out, idx, w)
-    _note_topology(out, idx, w, f"{rate:g} GB/s per node ({why})")
+    _note_topology(out, idx, w, f"{rate:g} GB/s per node ({why})", opts.node_gpus)
     _check_host_memory(out, idx, m.host_gib, opts.host_memory_gib)
     if not w.on_gpu:
         _check_cpu_memory(out, idx, m.required_gib, opts.host_memory_gib)
@@ -498,19 +499,21 @@ def _padding_text(w, real: float, padded: float, batch: float, mode: str) -> str
     )
 
 
-def _note_topology(out: dict[str, Any], idx: list[int], w, network: str) -> None:
+def _note_topology(out: dict[str, Any], idx: list[int], w, network: str, node_gpus: int) -> None:
     """Notes where the GPUs' layout decides the speed: more GPUs in a node than a node holds (planned as if one
     NVLink switch joined them all: number_nodes is likely missing), and a tensor x sequence parallel group
-    larger than a node (its per-layer collectives cross the network: throughput.tp_spans_nodes)."""
+    larger than a node or across a node's edge (its per-layer collectives cross the network:
+    throughput.tp_spans_nodes)."""
     per_node = np.broadcast_to(w.gpus_per_node, (w.size,))
     group = np.broadcast_to(w.tp * w.sp, (w.size,))
     spans = np.broadcast_to(tp_spans_nodes(w), (w.size,))
-    for j in np.flatnonzero(per_node > NODE_GPUS):
+    for j in np.flatnonzero(per_node > node_gpus):
         _add_note(
             out,
             idx[j],
             f"{per_node[j]:g} GPUs in one node (number_gpus / number_nodes): planned as if NVLink joined them all, "
-            f"where a node holds {NODE_GPUS} (HGX/DGX); give number_nodes for a job over several nodes",
+            f"where a node holds {node_gpus} (HGX/DGX; recommend --gpus-per-node says otherwise); give number_nodes "
+            "for a job over several nodes",
         )
     for j in np.flatnonzero(spans):
         _add_note(

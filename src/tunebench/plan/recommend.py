@@ -15,6 +15,7 @@ tried and ``nearest_fit`` finds the first change that fits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 from collections.abc import Mapping
@@ -366,6 +367,7 @@ def recommend(
         raise InputError("--max-gpus", f"must be >= 1 (got {max_gpus})")
     if not 0 <= max_oom_risk <= 1:
         raise InputError("--max-oom-risk", f"must be a probability (got {max_oom_risk})", allowed="0 to 1")
+    options = dataclasses.replace(options, node_gpus=gpus_per_node)  # the node the user lays GPUs out on
     raw = dict(raw)
     given_gpus = _given_gpu_count(raw.pop("number_gpus", None))
     raw["number_gpus"] = 1  # replaced by every count tried

@@ -244,8 +244,10 @@ def parallel_seconds(
 
 def tp_spans_nodes(w: Workload) -> np.ndarray:
     """Whether a tensor x sequence parallel group (tp x sp consecutive ranks, the innermost dimension of
-    torch's DeviceMesh and Megatron's rank order) holds more GPUs than a node has."""
-    return (w.nodes > 1) & (w.tp * w.sp > w.gpus_per_node)
+    torch's DeviceMesh and Megatron's rank order) crosses a node's edge: it holds more GPUs than a node has,
+    or a node's GPUs are not a whole number of groups (12 GPUs on 2 nodes, tp 4: ranks 4-7 straddle them)."""
+    group = w.tp * w.sp
+    return (w.nodes > 1) & ((group > w.gpus_per_node) | (np.mod(w.gpus_per_node, group) != 0))
 
 
 # Host-side rates for offloaded optimizer steps (assumptions, stated in docs/planner.md): PCIe gen4 x16

@@ -100,7 +100,7 @@ def _location(kind: str, location: str, field: str) -> str:
             raise InputError(
                 field, f"mlflow tracking URI {shown(mask_secrets(location))} is no URI: {exc}", MLFLOW_URIS
             ) from None
-        if scheme and scheme not in MLFLOW_SCHEMES:
+        if scheme and scheme not in MLFLOW_SCHEMES and scheme not in _registered_schemes():
             raise InputError(
                 field,
                 f"mlflow tracking URI {shown(mask_secrets(location))} has the scheme {scheme!r}, "
@@ -108,6 +108,16 @@ def _location(kind: str, location: str, field: str) -> str:
                 allowed=MLFLOW_URIS,
             )
     return location
+
+
+def _registered_schemes() -> set[str]:
+    """The schemes the installed MLflow and its plugins keep runs in (databricks-uc, uc, a plugin's own): its
+    tracking store registry, read only for a scheme MLFLOW_SCHEMES lacks (importing mlflow takes seconds)."""
+    try:
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    except ImportError:  # not installed, or a release that moved it: the known schemes alone
+        return set()
+    return {str(k) for k in getattr(_tracking_store_registry, "_registry", {})}
 
 
 def require(kind: str, field: str = "--track") -> ModuleType:
