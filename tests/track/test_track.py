@@ -80,16 +80,20 @@ class Held:
 
     def predicted(self, home: Path) -> dict:
         """The planner's prediction of the entity as a process with that tunebench home makes it: a CPU entity's
-        rate is this host's training rate, measured once per home (plan.host's cache), so that home's is used."""
+        rate is this host's training rate, measured once per home (plan.host's cache), so that home's is used,
+        as the run found it: nothing measured now (host_busy), or an entity probe the run skipped on a busy host
+        (the suite's other worker) would be measured here and the rates differ (7x on a loaded 2-core VM)."""
         from tunebench.plan import host, predict
 
         exp = get_experiment(self.row["base_id"], self.row["parameters"])
-        saved = dict(host._MEMO)
+        saved, busy = dict(host._MEMO), host.host_busy
         host._MEMO.clear()
         host._MEMO.update(json.loads((home / host.CACHE_FILE).read_text()))
+        host.host_busy = lambda: True
         try:
             found = predict(exp, make_entity(exp, self.row["entity"])).metadata["predicted"]
         finally:
+            host.host_busy = busy
             host._MEMO.clear()
             host._MEMO.update(saved)
         return {f"predicted_{k}": v for k, v in found.items() if v is not None and math.isfinite(v)}
