@@ -427,9 +427,8 @@ def _note_lengths(out: dict[str, Any], idx: list[int], w) -> None:
         modes = np.broadcast_to(w.mode(), (w.size,))
         row = np.broadcast_to(w.memory_tokens() * w.per_device_batch, (w.size,))  # padding_free: the largest row
         runs_rows = np.broadcast_to(w.micro_batches(), (w.size,))  # the run's rows (padding_free's note)
-        notes: dict[
-            tuple[float | str, ...], str
-        ] = {}  # one text per (mean, cut, padded, batch, rows): a sweep has a few
+        # one text per (mean, cut, padded, batch, rows, largest row): a sweep has a few
+        notes: dict[tuple[float | str, ...], str] = {}
         for j in range(w.size):
             key = (
                 float(real[j]),
