@@ -750,7 +750,7 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
                 row["method"],
                 str(row["number_gpus"]),
                 str(row["number_nodes"]),
-                fmt(row["gpu_memory_peak_gib"]),
+                fmt(row.get("required_gib")),  # the need the verdict weighs, as plan --grid shows (not smi's cap)
                 fmt(row["oom_probability"], 3),
                 fmt(row["dataset_tokens_per_second"], 0),
                 duration(row["train_runtime"]),
@@ -770,7 +770,7 @@ def method_columns(currency: str) -> list[Column]:
         Column("method"),
         Column("GPUs", justify="right"),
         Column("nodes", 4, justify="right"),
-        Column("peak GiB/GPU", justify="right", min_width=6),
+        Column("need GiB/GPU", justify="right", min_width=6),
         Column("P(OOM)", justify="right"),
         Column("tokens/s", 2, justify="right"),
         Column("data set time", 1, justify="right", min_width=6),
