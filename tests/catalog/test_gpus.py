@@ -328,3 +328,17 @@ def test_gpus_without_a_source_lose_the_median_driver_reserve():
     assert a6000.cuda_memory_mib is None
     assert a6000.cuda_memory_bytes == pytest.approx(a6000.memory_bytes * (1 - statistics.median(shares)))
     assert 0.005 < driver_reserve() < 0.02
+
+
+@pytest.mark.parametrize(
+    "value, chosen, also",
+    [("A100", "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-40GB"), ("H100", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-NVL")],
+)
+def test_an_alias_that_names_parts_of_other_memory_sizes_is_noted(value, chosen, also):
+    from tunebench.catalog.gpus import alias_note
+
+    note = alias_note(value)
+    assert f"{value} is taken as {chosen}" in note and also in note
+    # labels, aliases that name their memory, and GPUs whose only siblings share it are not noted
+    for plain in (chosen, "A100-40GB", "A100-80GB", "L40", "L4", "H200", "unknown-gpu", None):
+        assert alias_note(plain) is None

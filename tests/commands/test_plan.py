@@ -551,3 +551,16 @@ def test_a_cpu_run_over_several_nodes_is_not_planned_to_fit():
     assert not cols["fits"][0] and not any("across nodes" in n for n in cols["notes"][0])
     assert cols["dataset_tokens_per_second"][0] != cols["dataset_tokens_per_second"][0]  # NaN: not timed
     assert cols["rules"][1] == [] and cols["fits"][1]
+
+
+def test_a_short_gpu_alias_says_which_part_it_took():
+    # 'A100' is the 80 GB SXM4 (gpus.json sources_note); a plan says so and names the 40 GB parts
+    args = ("model_name=llama3-8b", "number_gpus=1", "batch_size=1", "model_max_length=2048")
+    out = plan_json(LORA, *args, "gpu_model=A100")
+    assert out["capacity_gib"] == pytest.approx(80, abs=0.01)
+    note = out["platform_notes"][0]
+    assert "A100 is taken as NVIDIA-A100-SXM4-80GB (80 GiB)" in note and "NVIDIA-A100-SXM4-40GB (40 GiB)" in note
+    exact = plan_json(LORA, *args, "gpu_model=A100-80GB")  # names its memory: no other A100 holds 80 GiB
+    assert not any("is taken as" in n for n in exact["platform_notes"])
+    found = json.loads(invoke("max-batch", "llama3-8b", "--gpu-model", "V100", "--json").stdout)
+    assert "V100 is taken as Tesla-V100-SXM2-16GB (16 GiB)" in found["notes"][0]

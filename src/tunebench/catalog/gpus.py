@@ -266,6 +266,29 @@ def mig_slice(value: str) -> GPUSpec | None:
     )
 
 
+def alias_note(value: str | None) -> str | None:
+    """What a short alias chose where other parts it also names hold a different memory ('A100' is the
+    80 GB SXM4 of the 40 and 80 GB parts: gpus.json sources_note), else None: the plan then says so."""
+    if not value or _key(value) in _user_gpus() or not is_known_gpu(value):
+        return None
+    chosen = get_gpu(value)
+    key = _key(value)
+    if key == _key(chosen.name) or is_mig(value):
+        return None
+    others = sorted(
+        {
+            spec.name: spec
+            for spec in load_gpus().values()
+            if spec.memory_mib != chosen.memory_mib and any(_key(t).startswith(key) for t in (spec.name, *spec.aliases))
+        }.values(),
+        key=lambda spec: spec.memory_mib,
+    )
+    if not others:
+        return None
+    named = ", ".join(f"{spec.name} ({spec.memory_gib:.0f} GiB)" for spec in others)
+    return f"gpu_model {value} is taken as {chosen.name} ({chosen.memory_gib:.0f} GiB); it also names {named}"
+
+
 def is_known_gpu(value: str) -> bool:
     """Whether a label names a catalog or user-defined GPU."""
     try:

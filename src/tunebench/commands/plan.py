@@ -206,6 +206,15 @@ def _print_batch(rows: list[tuple[int, dict[str, Any]]]) -> None:
     print_table(Console(), BATCH_COLUMNS, cells, title=f"{len(rows)} plans", more="--json shows them")
 
 
+def _gpu_alias_notes(values: dict[str, Any]) -> list[str]:
+    """A note when the gpu_model given is a short alias that also names parts of another memory size."""
+    from tunebench.catalog.gpus import alias_note
+
+    raw = values.get("gpu_model")
+    note = alias_note(raw) if isinstance(raw, str) else None
+    return [note] if note else []
+
+
 def _require_gpu_model(values: dict[str, Any]) -> None:
     """Validity rule 5 (number_gpus > 0 needs a gpu_model) as an input error: without a GPU there is
     nothing to plan (a table of dashes and MFU 0 % otherwise)."""
@@ -326,7 +335,7 @@ def plan(  # over 60 lines: 16 lines are Typer's option declarations
     out = plan_json(result, max_oom_risk)
     from tunebench.spec.validity import platform_notes
 
-    out["platform_notes"] = platform_notes(exp.method, effective_values(exp, entity))
+    out["platform_notes"] = _gpu_alias_notes(values) + platform_notes(exp.method, effective_values(exp, entity))
     if out.get("cost") is not None:
         out["currency"] = currency
     if compare:
@@ -372,6 +381,7 @@ def plan_grid_command(
         if name in fixed:
             raise InputError(name, "given both as a value and as a --grid dimension")
     points = [p.to_dict() for p in plan_grid(exp, fixed, dims, opts, max_oom_risk)]
+    notes = _gpu_alias_notes(fixed)
     if as_json:
         echo_json(
             {
@@ -380,10 +390,14 @@ def plan_grid_command(
                 "swept": list(dims),
                 "max_oom_risk": max_oom_risk,
                 "points": points,
+                "notes": notes,
             }
         )
         return
-    print_grid(Console(), exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
+    console = Console()
+    print_grid(console, exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -656,6 +670,7 @@ def largest_command(
         given["batch_size"] = max(1, number_gpus)  # one sample per GPU
     start = {"batch_size": max(1, number_gpus), "model_max_length": 1}  # replaced by the search
     exp, values, notes = method_job(method, {**given, name: start[name]})
+    notes[:0] = _gpu_alias_notes(given)
     _refuse_broken_rules(values, exp.single_node_only, name)
     count_lengths(opts.lengths, values.get("model_name"))  # with a progress bar, before the search
     found = largest(exp, values, name, opts, max_oom_risk)
