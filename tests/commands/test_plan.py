@@ -564,3 +564,5 @@ def test_a_short_gpu_alias_says_which_part_it_took():
     assert not any("is taken as" in n for n in exact["platform_notes"])
     found = json.loads(invoke("max-batch", "llama3-8b", "--gpu-model", "V100", "--json").stdout)
     assert "V100 is taken as Tesla-V100-SXM2-16GB (16 GiB)" in found["notes"][0]
+    rec = invoke("recommend", LORA, *args, "gpu_model=H100", "--max-gpus", "2", "--json")
+    assert any("H100 is taken as NVIDIA-H100-80GB-HBM3" in n for n in json.loads(rec.stdout)["notes"])

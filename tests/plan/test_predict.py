@@ -438,6 +438,16 @@ def test_cli_recommend():
     assert out["fastest"]["dataset_tokens_per_second"] >= out["minimum"]["dataset_tokens_per_second"]
     assert [row["method"] for row in out["methods"]] == ["full", "lora", "qlora"]
     assert all(row.get("cost") is not None for row in out["methods"] if row.get("fits"))
+    # each pick names the entity that plans it (its GPUs and batch), never the job's stand-in number_gpus 1
+    fastest = out["fastest"]
+    assert "entity_id" not in out and fastest["entity_id"] == (
+        f"model_name.llama3.2-1b-number_gpus.{fastest['number_gpus']}-model_max_length.1024-"
+        f"batch_size.{fastest['batch_size']}-gpu_model.NVIDIA-A100-SXM4-80GB"
+    )
+    props = ["model_name=llama3.2-1b", "model_max_length=1024", "gpu_model=A100-80GB"]
+    layout = [f"number_gpus={fastest['number_gpus']}", f"batch_size={fastest['batch_size']}"]
+    planned = json.loads(invoke("plan", LORA.id, *props, *layout, "--json").stdout)
+    assert planned["entity_id"] == fastest["entity_id"]
     table = invoke(
         "recommend",
         FULL.id,

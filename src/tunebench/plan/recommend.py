@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tunebench.catalog.gpus import alias_note
 from tunebench.errors import InputError
 from tunebench.spec.experiments import Experiment, effective_values, get_experiment, make_entity, render_value
 from tunebench.spec.properties import NODE_GPUS
@@ -379,6 +380,8 @@ def recommend(
     speed = fastest(experiment, values, options, gpus_per_node, max_gpus, max_oom_risk)
     tried = tried_counts(int(values["batch_size"]), gpus_per_node, max_gpus)
     job_notes = [] if given_gpus is None else [_gpu_count_note(given_gpus, tried)]
+    alias = alias_note(raw["gpu_model"]) if isinstance(raw["gpu_model"], str) else None
+    job_notes += [alias] if alias else []
     if options.lengths is not None:  # what the plans assume of the user's samples (and what padding costs them)
         top = tried[-1] if minimum is None else minimum.number_gpus
         job_notes += _lengths_notes(experiment, values, options, top, gpus_per_node)
@@ -396,12 +399,11 @@ def recommend(
                 }
             )
         else:
-            row.update(cand.to_dict())
+            row.update(_picked(exp, common, cand))
             row["notes"] = notes + cand.notes
         table.append(row)
     out: dict[str, Any] = {
         "experiment_id": experiment.id,
-        "entity_id": entity.id,
         "job": {k: values[k] for k in raw if k != "number_gpus"},  # the properties given, parsed (not the GPUs)
         "gpu_model": values["gpu_model"],
         "gpus_per_node": gpus_per_node,
@@ -410,10 +412,10 @@ def recommend(
         "max_gpus_tried": tried[-1],
         "max_oom_risk": max_oom_risk,
         **_price(values["gpu_model"], options.price_per_gpu_hour),
-        "minimum": None if minimum is None else minimum.to_dict(),
-        "fastest": None if speed["fastest"] is None else speed["fastest"].to_dict(),
-        "cheapest": None if speed["cheapest"] is None else speed["cheapest"].to_dict(),
-        "largest": None if speed["largest"] is None else speed["largest"].to_dict(),
+        "minimum": _picked(experiment, common, minimum),
+        "fastest": _picked(experiment, common, speed["fastest"]),
+        "cheapest": _picked(experiment, common, speed["cheapest"]),
+        "largest": _picked(experiment, common, speed["largest"]),
         "methods": table,
         "notes": job_notes,
     }
@@ -429,6 +431,17 @@ def recommend(
             experiment, raw_given, values, options, gpus_per_node, max_gpus, max_oom_risk, cli_options
         )
     return out
+
+
+def _picked(experiment: Experiment, common: Mapping[str, Any], cand: Candidate | None) -> dict[str, Any] | None:
+    """A recommended configuration with the id of the entity it plans (the job's properties at its GPUs,
+    nodes and batch): what `tunebench run` or `plan` takes to measure or plan that configuration."""
+    if cand is None:
+        return None
+    layout = {"number_gpus": cand.number_gpus, "batch_size": cand.batch_size}
+    if cand.number_nodes > 1 or "number_nodes" in common:
+        layout["number_nodes"] = cand.number_nodes
+    return {"entity_id": make_entity(experiment, {**common, **layout}).id, **cand.to_dict()}
 
 
 def _given_gpu_count(given: Any) -> int | None:
