@@ -397,7 +397,7 @@ def plan_grid_command(
     console = Console()
     print_grid(console, exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
     for note in notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -704,7 +704,7 @@ def largest_command(
     console = Console()
     print_largest(console, out, currency)
     for note in notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def _config(c: dict[str, Any], currency: str) -> str:
@@ -725,7 +725,7 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{job}", highlight=False)
     console.print(f"[dim]fits: out-of-memory probability at most {out['max_oom_risk']:g} (--max-oom-risk)[/dim]")
     for note in out.get("notes") or []:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
     bound = {"minimum": out["max_gpus_tried"], "fastest": out["max_gpus"], "cheapest": out["max_gpus"]}
     for title in ("minimum", "fastest", "cheapest"):
         c = out[title]
@@ -743,7 +743,7 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
             continue
         console.print(f"{title}: {_config(c, currency)}")
         for note in c.get("notes") or []:
-            console.print(f"  note: {note}")
+            console.print(f"  note: {note}", markup=False)
     largest, cheapest = out.get("largest"), out.get("cheapest")
     if largest and cheapest and largest["number_gpus"] > cheapest["number_gpus"]:
         speedup = largest["dataset_tokens_per_second"] / cheapest["dataset_tokens_per_second"]
@@ -813,7 +813,7 @@ def _print_diagnosis(
             f"({fmt(d['largest_component_gib'], 1)} GiB)"
         )
     for note in d["notes"]:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", markup=False)
     if nearest is None:
         console.print("nearest fit: none (tried gradient_accumulation_steps=1, smaller batches, LoRA, QLoRA)")
         return
