@@ -707,6 +707,11 @@ def largest_command(
         console.print(f"note: {note}", highlight=False, markup=False)
 
 
+def gpu_count(n: int) -> str:
+    """'1 GPU', '4 GPUs'."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 def _config(c: dict[str, Any], currency: str) -> str:
     """One recommended configuration on one line: GPUs, batch, memory and its risk, speed, time, cost."""
     cost = f", cost {cost_text(c['cost'], currency)}" if c.get("cost") is not None else ""
@@ -734,12 +739,10 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
                 ""
                 if out["max_gpus_tried"] == out["max_gpus"] or title != "minimum"
                 else (
-                    f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)"
+                    f" (batch_size {out['batch_size']} spreads over at most {gpu_count(out['max_gpus_tried'])}: validity rule 1)"
                 )
             )
-            console.print(
-                f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPU{'s' if bound[title] != 1 else ''}{why}"
-            )
+            console.print(f"{title}: [red]nothing fits[/red] on up to {gpu_count(bound[title])}{why}")
             continue
         console.print(f"{title}: {_config(c, currency)}")
         for note in c.get("notes") or []:
@@ -802,12 +805,12 @@ def _print_diagnosis(
     out-of-memory probability against --max-oom-risk (with the digits that tell them apart); and the nearest
     change that fits."""
     if d.get("rules"):
-        console.print(f"why: on {d['number_gpus']} GPUs the job breaks a validity rule: {'; '.join(d['rules'])}")
+        console.print(f"why: on {gpu_count(d['number_gpus'])} the job breaks a validity rule: {'; '.join(d['rules'])}")
     else:
         p = d["oom_probability"]
         above = f", above --max-oom-risk {max_oom_risk:g}" if p is not None and p > max_oom_risk else ""
         console.print(
-            f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
+            f"why: on {gpu_count(d['number_gpus'])} the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
             f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {risk(p, max_oom_risk)}{above}); "
             f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
             f"({fmt(d['largest_component_gib'], 1)} GiB)"
