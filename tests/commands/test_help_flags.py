@@ -36,3 +36,25 @@ def test_a_negatable_flag_shows_both_names(capsys, monkeypatch):
     assert main(["calibrate", "--help"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if "--no-lomo" in line)
     assert "--lomo" in line and "<" not in line
+
+
+def test_help_of_every_command_fits_80_columns_without_cutting_anything(capsys, monkeypatch):
+    """At 80 columns no option name, value type or help word is cut (no '…', no 'ran'/'dom' fold), and
+    a paragraph of prose wraps to the terminal, not at its docstring's line ends."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for path, command in _commands(typer.main.get_command(app)):
+        assert main([*path, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "…" not in out, " ".join(path)
+        lines = out.splitlines()
+        assert all(len(line) <= 80 for line in lines), " ".join(path)
+        for param in command.params:
+            for name in (*param.opts, *param.secondary_opts):
+                if name.startswith("--") and not param.hidden:
+                    assert any(name in line.split() for line in lines), (path, name)
+            if param.metavar and param.metavar.startswith("["):  # choices: printed whole on one line
+                assert any(param.metavar in line for line in lines), (path, param.metavar)
+    main(["calibrate", "--help"])
+    prose = capsys.readouterr().out.split("╭")[0]
+    assert "fitted on, so a few local runs" in " ".join(line.strip() for line in prose.splitlines())
+    assert all(len(line.rstrip()) > 60 for line in prose.splitlines()[6:9]), prose

@@ -123,6 +123,21 @@ def test_a_jsonl_file_gives_its_mean_and_memory_its_longest(tmp_path, capsys):
     )["tokens_per_sample"].iloc[0] == pytest.approx(np.mean(counts), rel=1e-4)
 
 
+def test_the_printed_note_keeps_the_tokenizers_brackets_and_the_file_name(tmp_path, capsys, monkeypatch):
+    """Notes are plain text: "[offline, exact]" and a file named "[mine].jsonl" are printed, not read as
+    rich markup (which dropped them, leaving "(llama-models) ;")."""
+    monkeypatch.setenv("COLUMNS", "200")  # one line per note
+    write_samples(tmp_path / "[mine].jsonl", ["a few words here", "and a few more words there"])
+    for command in ("plan", "recommend"):
+        capsys.readouterr()
+        args = [*SMALL, "model_max_length=2048", "--lengths", str(tmp_path / "[mine].jsonl")]
+        if command == "recommend":
+            args.remove("number_gpus=1")
+        assert main([command, LORA, *args]) == 0
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if "samples as long as yours" in line]
+        assert "[mine].jsonl: 2 samples" in line and "[offline, exact]; mean" in line, line
+
+
 def test_padding_free_processes_the_samples_own_tokens(tmp_path, capsys):
     """padding_free (one flattened row per micro-batch) processes the mean tokens, not the micro-batch's expected
     longest; peak memory stays sized for batch x the longest sample with flash-attention; eager and sdpa attend

@@ -490,6 +490,19 @@ def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
     assert whole["nearest"]["candidate"]["number_gpus"] == 16
 
 
+def test_recommend_says_one_gpu_not_one_gpus():
+    """planner.md's seed example: a batch of 1 spreads over one GPU at most, and the lines say so in the
+    singular ('at most 1 GPU', 'on 1 GPU the job needs')."""
+    res = invoke(
+        "recommend", FULL.id, "model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1",
+        "gpu_model=A100-80GB", "dataset_id=news-tokens-128kplus-entries-4096", "--max-gpus", "4",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "minimum: nothing fits on up to 1 GPU (batch_size 1 spreads over at most 1 GPU: validity rule 1)" in text
+    assert "why: on 1 GPU the job needs" in text and "1 GPUs" not in text
+
+
 def test_recommend_nearest_fit_falls_back_to_lora():
     res = invoke("recommend", FULL.id, *README_70B, "gradient_accumulation_steps=1", "--max-gpus", "8", "--json")
     out = json.loads(res.stdout)

@@ -66,7 +66,8 @@ def calibrate(
             "--ship-traces",
             help="Maintainers, after a change to tracing or to the reference runs: trace the activation profiles "
             "the runs need afresh and write them to the package's shipped set (plan/data/traces.json.gz), "
-            "with a fresh TUNEBENCH_HOME, --no-store and --output src/tunebench/plan/data/default_calibration.json.",
+            "with a fresh TUNEBENCH_HOME, --no-store and --output set to the package's "
+            "plan/data/default_calibration.json.",
         ),
     ] = False,
     as_json: Json = False,

@@ -7,6 +7,7 @@ print one line naming the field and the allowed values and exit with code 2 (see
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import sys
@@ -72,13 +73,25 @@ def bare_flags(command: Any) -> None:
         bare_flags(sub)
 
 
+def joined_paragraphs(command: Any) -> None:
+    """Make each paragraph of command's help (and its subcommands') one line, which help then wraps to
+    the terminal: typer keeps the line breaks of a docstring's later paragraphs, which on a narrow
+    terminal left a short line at every source line end."""
+    if command.help:
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(" ".join(p.split("\n")) for p in paragraphs)
+    for sub in getattr(command, "commands", {}).values():
+        joined_paragraphs(sub)
+
+
 class FlagGroup(TyperGroup):
-    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags and
-    once_only (an option given twice is an error, tunebench.commands.usage) run."""
+    """tunebench's command group: typer builds it with every command and subgroup, then bare_flags,
+    joined_paragraphs and once_only (an option given twice is an error, tunebench.commands.usage) run."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         bare_flags(self)
+        joined_paragraphs(self)
         once_only(self)
 
 
@@ -97,7 +110,10 @@ Wide = Annotated[bool, typer.Option("--wide", help="Every column in full, howeve
 EngineOpt = Annotated[
     str,
     option(
-        Engine, "--engine", help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version)."
+        Engine,
+        "--engine",
+        help="native (tunebench's worker) | fms-hf-tuning (at the entity's fms_hf_tuning_version).",
+        metavar="ENGINE",
     ),
 ]
 # the number of DDP processes of a CPU entity: each is a whole training process (tunebench.limits)
@@ -355,7 +371,7 @@ def launch_plan(
             help="Data-set directory (default: TUNEBENCH_DATA_DIR; printed only: it need not exist here).",
         ),
     ] = None,
-    weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random")] = "auto",
+    weights: Annotated[str, option(Weights, "--weights", help="auto | pretrained | random", metavar="MODE")] = "auto",
     main_process_ip: Annotated[
         str | None, option(Host, "--main-process-ip", help="Rendezvous host of multi-node runs.")
     ] = None,
@@ -452,7 +468,7 @@ def run(
     props: Props = None,
     params: Params = None,
     weights: Annotated[
-        str, option(Weights, "--weights", help="auto | pretrained | random (random: no download).")
+        str, option(Weights, "--weights", help="auto | pretrained | random (random: no download).", metavar="MODE")
     ] = "auto",
     data_dir: Annotated[Path | None, option(OutputDir, "--data-dir", help="Data-set directory.")] = None,
     output_dir: Annotated[

@@ -397,7 +397,7 @@ def plan_grid_command(
     console = Console()
     print_grid(console, exp.id, fixed, list(dims), points, max_oom_risk, currency, wide=wide)
     for note in notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def compare_store(store: str | None, space: Path | None, kw: dict[str, Any], as_json: bool) -> None:
@@ -704,7 +704,12 @@ def largest_command(
     console = Console()
     print_largest(console, out, currency)
     for note in notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
+
+
+def gpu_count(n: int) -> str:
+    """'1 GPU', '4 GPUs'."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
 def _config(c: dict[str, Any], currency: str) -> str:
@@ -725,7 +730,7 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
     console.print(f"[bold]{out['experiment_id']}[/bold]\n{job}", highlight=False)
     console.print(f"[dim]fits: out-of-memory probability at most {out['max_oom_risk']:g} (--max-oom-risk)[/dim]")
     for note in out.get("notes") or []:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
     bound = {"minimum": out["max_gpus_tried"], "fastest": out["max_gpus"], "cheapest": out["max_gpus"]}
     for title in ("minimum", "fastest", "cheapest"):
         c = out[title]
@@ -734,16 +739,14 @@ def print_recommendation(console: Console, out: dict[str, Any], currency: str = 
                 ""
                 if out["max_gpus_tried"] == out["max_gpus"] or title != "minimum"
                 else (
-                    f" (batch_size {out['batch_size']} spreads over at most {out['max_gpus_tried']} GPUs: validity rule 1)"
+                    f" (batch_size {out['batch_size']} spreads over at most {gpu_count(out['max_gpus_tried'])}: validity rule 1)"
                 )
             )
-            console.print(
-                f"{title}: [red]nothing fits[/red] on up to {bound[title]} GPU{'s' if bound[title] != 1 else ''}{why}"
-            )
+            console.print(f"{title}: [red]nothing fits[/red] on up to {gpu_count(bound[title])}{why}")
             continue
         console.print(f"{title}: {_config(c, currency)}")
         for note in c.get("notes") or []:
-            console.print(f"  note: {note}")
+            console.print(f"  note: {note}", markup=False)
     largest, cheapest = out.get("largest"), out.get("cheapest")
     if largest and cheapest and largest["number_gpus"] > cheapest["number_gpus"]:
         speedup = largest["dataset_tokens_per_second"] / cheapest["dataset_tokens_per_second"]
@@ -802,18 +805,18 @@ def _print_diagnosis(
     out-of-memory probability against --max-oom-risk (with the digits that tell them apart); and the nearest
     change that fits."""
     if d.get("rules"):
-        console.print(f"why: on {d['number_gpus']} GPUs the job breaks a validity rule: {'; '.join(d['rules'])}")
+        console.print(f"why: on {gpu_count(d['number_gpus'])} the job breaks a validity rule: {'; '.join(d['rules'])}")
     else:
         p = d["oom_probability"]
         above = f", above --max-oom-risk {max_oom_risk:g}" if p is not None and p > max_oom_risk else ""
         console.print(
-            f"why: on {d['number_gpus']} GPUs the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
+            f"why: on {gpu_count(d['number_gpus'])} the job needs {fmt(d['required_gib'], 1)} GiB per GPU of "
             f"{fmt(d['usable_gib'], 1)} usable (out-of-memory probability {risk(p, max_oom_risk)}{above}); "
             f"the largest part is {(d['largest_component'] or '-').replace('_', ' ')} "
             f"({fmt(d['largest_component_gib'], 1)} GiB)"
         )
     for note in d["notes"]:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {note}", markup=False)
     if nearest is None:
         console.print("nearest fit: none (tried gradient_accumulation_steps=1, smaller batches, LoRA, QLoRA)")
         return

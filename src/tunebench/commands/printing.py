@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tunebench.errors import InputError
@@ -171,10 +172,10 @@ def print_plan(
         speed.add_row("cost", "no price known: --price-per-gpu-hour gives one")
     console.print(speed)
     for note in out.get("notes") or []:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)  # notes hold file names and labels: "[offline, exact]"
     if out.get("price_source"):
-        console.print(f"[dim]price: {out['price_source']}[/dim]", highlight=False)
-    console.print(f"[dim]calibration: {out.get('calibration')}[/dim]")
+        console.print(f"[dim]price: {escape(str(out['price_source']))}[/dim]", highlight=False)
+    console.print(f"[dim]calibration: {escape(str(out.get('calibration')))}[/dim]")
 
 
 def _per(c: dict[str, Any]) -> str:
