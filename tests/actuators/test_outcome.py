@@ -115,3 +115,24 @@ def test_a_sigkill_is_out_of_memory_only_with_evidence(tmp_path):
     assert oom_kill_reason(-9, "", ev) is None
     ev.peak_rss_bytes = int(0.95 * ev.limit_bytes)  # at the limit: out of memory
     assert "peak RSS within 10% of the limit" in oom_kill_reason(-9, "", ev)
+
+
+def test_a_cpu_run_on_a_busy_host_says_its_timings_are_not_the_hosts_own():
+    from tunebench.actuators.outcome import BUSY_OTHER_CPU_PERCENT, RunOutcome, result_of_run
+
+    cpu = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 2})
+    props = {"train_runtime": 2.0, "dataset_tokens_per_second": 64.0}
+
+    def outcome(other: float, entity=cpu):
+        record = {**ok(0), "world_size": 1, "system": {"cpu_count": 2, "other_cpu_percent": other}}
+        run = RunOutcome(0, False, [record], {"properties": props}, 1, "")
+        return result_of_run(EXP, entity, run, 30)
+
+    busy = outcome(107.0)
+    assert busy.status == "valid" and busy.metadata["host_cpu"] == {"cpus": 2, "other_cpu_percent": 107.0}
+    assert busy.metadata["notes"] == [
+        "other processes kept 1.1 CPU cores of the 2 it trains on busy during the run: its CPU timings are not "
+        "this host's own (torch's threads wait for the slowest core); measure on an idle host"
+    ]
+    assert "notes" not in outcome(BUSY_OTHER_CPU_PERCENT).metadata  # an idle enough host: no note
+    assert "notes" not in outcome(107.0, ENTITY).metadata  # a GPU run's timings are the GPUs'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -163,3 +164,29 @@ def test_cpu_time_average_weights_uneven_intervals():
         Sample(1.01, 1.01, 1000.0, 10.0, 1.0, cpu_seconds=0.01, interval_s=0.01),
     ]
     assert summarize(samples)["cpu_compute_utilization"] == pytest.approx(100.0)
+
+
+def test_other_processes_cpu_is_counted_apart_from_the_sampled_process_tree():
+    # sample a sleeping process while this one spins: the spinning is another process's CPU use
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin)
+    try:
+        sampler = MetricsSampler(interval_s=0.1, pid=sleeper.pid).start()
+        t.start()
+        time.sleep(0.8)
+        stop.set()
+        t.join()
+        sampler.stop()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    summary = sampler.summary()
+    assert summary["cpu_compute_utilization"] < 10  # the sleeper
+    assert summary["other_cpu_percent"] > 40  # this process's spinning thread, on one of the allowed CPUs
+    assert summary["cpu_count"] >= 1

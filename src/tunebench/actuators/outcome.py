@@ -11,6 +11,9 @@
 - else valid, with the properties (and metadata ``trained_tokens``) rank 0 computed from every rank's records
   (``tunebench.worker.results.properties_from_results``, run once, in the worker).
 
+A CPU run (number_gpus 0) during which other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy
+on the CPUs it trains on gets a note (metadata ``notes``): its timings are not the host's own.
+
 Every outcome whose ranks wrote records carries the time series they sampled (``Result.series``,
 tunebench.worker.series): an out-of-memory run's memory curve included.
 """
@@ -26,6 +29,12 @@ from tunebench.spec.experiments import Entity, Experiment
 from tunebench.spec.results import Result
 from tunebench.worker.results import no_trained_tokens_reason, outcome
 from tunebench.worker.series import run_series
+
+# Other processes' average CPU use (100 = one core) above which a CPU run's timings are not the host's: torch's
+# OpenMP regions wait at each barrier for their slowest thread, so one core shared with another process slows
+# every region. Measured here: SmolLM2-135M LoRA on 2 cores, 5.3 s a step idle, 105.7 s with another process
+# holding one core (docs/engines.md, "A busy host").
+BUSY_OTHER_CPU_PERCENT = 25.0
 
 
 @dataclass
@@ -59,6 +68,8 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         engine = meta.get("engine") or {}  # the actuator's view (environment, notes) + the worker's (what ran)
         meta.update(_run_metadata(run.ranks))
         meta["engine"] = {**engine, **(meta.get("engine") or {})}
+        if not entity.values.get("number_gpus") and (note := busy_host_note(meta.get("host_cpu") or {})):
+            meta["notes"] = [*meta.get("notes", []), note]
     if status == "invalid":
         return Result.invalid(
             experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail, **series
@@ -95,6 +106,7 @@ def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     r0 = min(ranks, key=lambda r: r.get("rank", 0))
     meta = dict(r0.get("metadata") or {})
     steps = r0.get("steps") or {}
+    system = r0.get("system") or {}
     meta.update(
         {
             "world_size": r0.get("world_size"),
@@ -102,6 +114,20 @@ def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "warmup_steps": steps.get("warmup"),
             "stopped_by": steps.get("stopped_by"),
             "torch_memory": [r.get("torch_memory") for r in ranks],
+            # rank 0's node: its CPUs and what other processes used of them (worker.metrics)
+            "host_cpu": {"cpus": system.get("cpu_count"), "other_cpu_percent": system.get("other_cpu_percent")},
         }
     )
     return meta
+
+
+def busy_host_note(host_cpu: dict[str, Any]) -> str | None:
+    """A note when other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy during the run."""
+    other, cpus = host_cpu.get("other_cpu_percent"), host_cpu.get("cpus")
+    if other is None or other <= BUSY_OTHER_CPU_PERCENT:
+        return None
+    of = f" of the {cpus} it trains on" if cpus else ""
+    return (
+        f"other processes kept {other / 100:.1f} CPU cores{of} busy during the run: its CPU timings are not "
+        "this host's own (torch's threads wait for the slowest core); measure on an idle host"
+    )

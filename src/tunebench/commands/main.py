@@ -438,6 +438,8 @@ def print_result(result: Any, number_gpus: int | None = None) -> None:
     console.print(f"[bold]{result.experiment_id}[/bold]\n{result.entity_id}: [{colour}]{result.status}[/{colour}]")
     for reason in result.reasons:
         console.print(f"  - {reason}")
+    for note in result.metadata.get("notes") or []:
+        console.print(f"  note: {note}", highlight=False, markup=False)
     if result.error:
         console.print(f"[red]error[/red] {result.error}")
         if result.log_tail:

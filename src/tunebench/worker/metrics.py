@@ -12,6 +12,9 @@ tracker used 10 s) and one at stop, so even a sub-second run has two samples. A 
   its time-average is Σ CPU seconds / Σ interval seconds.
   Other ranks' processes are not included (each rank is its own process, as in the reference;
   the SFTTrainer spec note 2 "the sft_trainer.py process"). The start sample has no CPU value (no interval);
+- ``other_cpu_percent``: CPU use of every *other* process on the node over the same interval (the node's
+  busy CPU time, psutil ``cpu_times``, less the training process tree's), 100 = one core: a CPU run's
+  timings are only its own where this stays near 0 (docs/engines.md, "A busy host");
 - ``node_memory_percent``: the whole node's RAM in use (psutil ``virtual_memory().percent``, AIM's
   ``__system__memory_percent``); ``process_rss_gib``: the training process tree's resident memory.
 
@@ -73,6 +76,7 @@ class Sample:
     gpus: list[GpuSample] = field(default_factory=list)
     cpu_seconds: float | None = None  # process tree CPU time used in the previous interval (s)
     interval_s: float | None = None  # length of the previous interval (s)
+    other_cpu_seconds: float | None = None  # CPU time other processes of the node used in that interval (s)
 
 
 # ---------------------------------------------------------------------------------------------- NVML
@@ -202,6 +206,28 @@ class _ProcessTreeCpu:
         return max(used, 0.0), elapsed
 
 
+def node_busy_seconds(cpus: Iterable[int] | None = None) -> float:
+    """CPU seconds the given CPUs (default: those this process may run on, whose cores its threads use)
+    have been busy since boot: all of psutil's per-CPU cpu_times but idle and iowait, less guest time,
+    which Linux also counts in user and nice (psutil's cpu_percent does the same: _cpu_busy_time)."""
+    per_cpu = psutil.cpu_times(percpu=True)
+    chosen = _allowed_cpus() if cpus is None else set(cpus)
+    busy = 0.0
+    for i, t in enumerate(per_cpu):
+        if chosen is None or i in chosen:
+            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            busy += total - t.idle - getattr(t, "iowait", 0.0)
+    return busy
+
+
+def _allowed_cpus() -> set[int] | None:
+    """The CPUs this process may run on (Linux sched_getaffinity), None where the platform does not say."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 class MetricsSampler:
     """Background sampler thread: ``start()``, ``stop()``, then ``samples`` / ``summary()``.
 
@@ -221,6 +247,7 @@ class MetricsSampler:
         self.nvml = nvml if nvml is not None else (load_nvml() if self.gpu_ids else None)
         self.handles = {gid: _nvml_handle(self.nvml, gid) for gid in self.gpu_ids} if self.nvml else {}
         self.cpu = _ProcessTreeCpu(pid or os.getpid())
+        self.node_busy = node_busy_seconds()
         self.samples: list[Sample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -230,6 +257,7 @@ class MetricsSampler:
         """Take one sample now and append it."""
         gpus = [read_gpu(self.nvml, h, gid) for gid, h in self.handles.items() if h is not None]
         used, elapsed = self.cpu.interval()
+        busy, self.node_busy = self.node_busy, node_busy_seconds()
         with_cpu = with_cpu and elapsed > 0
         s = Sample(
             t=time.monotonic(),
@@ -240,6 +268,7 @@ class MetricsSampler:
             gpus=gpus,
             cpu_seconds=used if with_cpu else None,
             interval_s=elapsed if with_cpu else None,
+            other_cpu_seconds=max(self.node_busy - busy - used, 0.0) if with_cpu else None,
         )
         with self._lock:
             self.samples.append(s)
@@ -298,6 +327,12 @@ def _cpu_average(samples: Sequence[Sample]) -> float | None:
     return _mean(s.cpu_percent for s in samples)
 
 
+def _other_cpu_average(samples: Sequence[Sample]) -> float | None:
+    """Time-average CPU % of the node's other processes (100 = one core), as _cpu_average; None if unsampled."""
+    timed = [s for s in samples if s.other_cpu_seconds is not None and s.interval_s]
+    return 100.0 * sum(s.other_cpu_seconds for s in timed) / sum(s.interval_s for s in timed) if timed else None
+
+
 def summarize(samples: Sequence[Sample], drop_before: float | None = None, interval_s: float | None = None) -> dict:
     """Per-node summary of samples: time-averages (and maxima) per series, per GPU, and every sample.
 
@@ -324,6 +359,8 @@ def summarize(samples: Sequence[Sample], drop_before: float | None = None, inter
         "n_samples": len(kept),
         "n_dropped_warmup": len(samples) - len(kept),
         "cpu_compute_utilization": _cpu_average(kept),  # process tree, 100 = one core
+        "other_cpu_percent": _other_cpu_average(kept),  # the node's other processes, 100 = one core
+        "cpu_count": len(_allowed_cpus() or ()) or psutil.cpu_count(),  # logical CPUs this process may use
         "cpu_memory_utilization": _mean(s.node_memory_percent for s in kept),  # node RAM %
         "process_rss_gib_max": _max(s.process_rss_gib for s in kept),
         "gpus": per_gpu,
