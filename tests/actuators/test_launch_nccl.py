@@ -72,7 +72,7 @@ def test_cli_launch_plan_takes_nccl_env_and_refuses_bad_input():
     assert ok.returncode == 0, ok.stderr
     assert '"NCCL_IB_GID_INDEX": "3"' in ok.stdout
     bad = subprocess.run(base + ["--nccl-env", "NCCL_IB_GID_INDEX"], capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "nccl_env" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "error: --nccl-env:" in bad.stderr
     assert "Traceback" not in bad.stderr and not bad.stdout
 
 

@@ -355,7 +355,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--space", "show", "--space", "ten_million.yaml", "--store", "good.db"),
     c("SPACE", "report", "ten_million.yaml", "--store", "good.db", "-o", "r.html"),
     c(
-        "actuator.nccl_env",
+        "--nccl-env",
         "launch-plan",
         LORA,
         *GPU_ENTITY,

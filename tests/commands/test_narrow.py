@@ -88,6 +88,9 @@ def test_gpus_datasets_and_experiments_fit_80_columns(capsys):
     fits(text)
     # two RTX PRO 6000 editions differ only in the middle of their labels: both printed whole
     assert all(g.name in first_column(text) for g in list_gpus()) and "gpu_model" in text and "…" not in text
+    assert "not shown: interconnect, aliases (--wide or --json shows them)" in text
+    wide = out(capsys, "gpus", "--wide")  # as models --wide: every column
+    assert "interconnect" in wide and "aliases" in wide and "A100-80GB" in wide
     text = out(capsys, "datasets", "list")
     fits(text)
     assert all(readable(ds, text) for ds in KNOWN_DATASET_IDS)

@@ -34,21 +34,22 @@ DECIDED = "NCCL_IB_DISABLE"  # set from enable_roce, never by the user
 NCCL_NAME = re.compile(r"NCCL_[A-Z0-9_]+")  # NCCL's variables (NCCL docs, Environment Variables)
 
 
-def check_nccl_env(nccl_env: Mapping[str, Any] | None) -> dict[str, str]:
-    """The user's NCCL variables as strings; InputError for a name outside NCCL_* or NCCL_IB_DISABLE."""
+def check_nccl_env(nccl_env: Mapping[str, Any] | None, field: str = "actuator.nccl_env") -> dict[str, str]:
+    """The user's NCCL variables as strings; InputError (naming field: the actuator option, or the command
+    line's --nccl-env) for a name outside NCCL_* or NCCL_IB_DISABLE."""
     out: dict[str, str] = {}
     for name, value in (nccl_env or {}).items():
         if not str(name).startswith("NCCL_") or name == DECIDED:
             raise InputError(
-                "actuator.nccl_env",
+                field,
                 f"{name!r} cannot be set here",
                 allowed=f"NCCL_* variables except {DECIDED} (set by enable_roce), e.g. " + ", ".join(ROCE_SETTINGS),
             )
         if not isinstance(value, str | int) or isinstance(value, bool):
-            raise InputError("actuator.nccl_env", f"{name} must be a string or integer, got {shown(value)}")
+            raise InputError(field, f"{name} must be a string or integer, got {shown(value)}")
         if not NCCL_NAME.fullmatch(str(name)) or has_control_characters(str(value)) or len(str(value)) > 4096:
             raise InputError(
-                "actuator.nccl_env",
+                field,
                 f"{shown(name)}={shown(value)} is not one line of NAME=VALUE",
                 allowed="NCCL_[A-Z0-9_]+ and a value of at most 4,096 printable characters",
             )

@@ -248,7 +248,7 @@ def models(as_json: Json = False, wide: Wide = False) -> None:
 
 
 @app.command()
-def gpus(as_json: Json = False) -> None:
+def gpus(as_json: Json = False, wide: Wide = False) -> None:
     """List the GPU catalog (keyed by the Kubernetes gpu.product label)."""
     specs = list_gpus()
     if as_json:
@@ -267,7 +267,14 @@ def gpus(as_json: Json = False) -> None:
         )
         for g in specs
     ]
-    print_table(console, GPU_COLUMNS, rows, title=f"tunebench gpus ({len(specs)})", more="--json shows them")
+    print_table(
+        console,
+        GPU_COLUMNS,
+        rows,
+        title=f"tunebench gpus ({len(specs)})",
+        wide=wide,
+        more="--wide or --json shows them",
+    )
 
 
 @app.command()
@@ -395,7 +402,7 @@ def launch_plan(
         weights=weights,
         main_process_ip=main_process_ip,
         main_process_port=port,
-        nccl_env=check_nccl_env(_pairs(nccl_env or [], "nccl_env")),
+        nccl_env=check_nccl_env(_pairs(nccl_env or [], "--nccl-env"), "--nccl-env"),
         engine=engine,
     )
     if as_json:
