@@ -228,3 +228,11 @@ def test_explore_run_and_plan_compare_on_the_store(any_store_url, tmp_path, caps
     )
     compared = json.loads(capsys.readouterr().out)
     assert compared["measured"]["properties"]["dataset_tokens_per_second"] == 1010.0
+
+
+def test_a_column_empty_in_every_row_is_named_once_as_a_dash(tmp_path, capsys):
+    url = str(tmp_path / "s.db")
+    fill(url, records("measure", 2, memory=True), records("measure", 2, start=5))  # gpu_model set, then none
+    assert main(["show", "--store", url, "--where", "number_gpus=0"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert "gpu_model -" in title and "gpu_model ," not in title

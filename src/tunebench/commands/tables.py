@@ -51,8 +51,8 @@ def print_table(
     )
     if "experiment_id" not in same and len(set(table.data[start][:shown])) == 1:
         same.insert(0, "experiment_id")  # one experiment: name it once, above the table
-    fixed = ", ".join(
-        _short(table.data[start][0]) if n == "experiment_id" else f"{n} {_short(table.data[cols.index(n)][0])}"
+    fixed = ", ".join(  # an empty value named as '-' (not 'gpu_model , fast_kernels ,')
+        _short(table.data[start][0]) if n == "experiment_id" else f"{n} {_short(table.data[cols.index(n)][0]) or '-'}"
         for n in same
     )
     title = " — ".join(t for t in (title, fixed) if t) or None
