@@ -50,8 +50,7 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     # 1. batch_size % number_gpus != 0. The literal text divides by zero on the CPU; the spec's batch_size "will be
     # evenly distributed to max(1, number_gpus) devices", so a CPU run counts as one device. With tunebench's
     # tensor/sequence parallelism the batch is spread over the data-parallel ranks, number_gpus / (tp x sp)
-    group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
-    ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
+    ranks = data_parallel_ranks(values)
     if batch % ranks != 0:
         over = (
             f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
@@ -91,6 +90,14 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
         reasons.append(f"this experiment runs on one node; number_nodes is {nodes}")
     reasons += stack_reasons(values)
     return Validity(is_valid=not reasons, reasons=reasons)
+
+
+def data_parallel_ranks(values: dict[str, Any]) -> int:
+    """The ranks batch_size is spread over (rule 1): max(1, number_gpus), or number_gpus / (tp x sp) where tensor
+    or sequence parallelism groups GPUs that process the same samples (and divides number_gpus)."""
+    gpus = max(1, int(values.get("number_gpus") or 0))
+    group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
+    return gpus // group if group > 1 and gpus % group == 0 else gpus
 
 
 def stack_reasons(values: dict[str, Any]) -> list[str]:
