@@ -231,10 +231,16 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
     notes = platform_notes(experiment.method, values)
-    cpu_nodes = cpu_nodes_reason(values)  # valid by the spec's rules, yet nothing can run or plan it
-    if cpu_nodes is not None:
-        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {cpu_nodes}")
+    nodes = nodes_reason(values)  # valid by the spec's rules, yet nothing can run or plan it
+    if nodes is not None:
+        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {nodes}")
     return Validity(validity.is_valid, validity.reasons, notes)
+
+
+def nodes_reason(values: dict[str, Any]) -> str | None:
+    """Why a job the spec's rules allow over several nodes cannot be made (no process on any node, or one process
+    for all), or None: cpu_nodes_reason, then one_process_nodes_reason."""
+    return cpu_nodes_reason(values) or one_process_nodes_reason(values)
 
 
 def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
@@ -247,6 +253,21 @@ def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
         return (
             f"number_nodes {nodes} with number_gpus 0: each node would run number_gpus / number_nodes = 0 "
             "processes; a CPU run runs on one machine: set number_nodes 1"
+        )
+    return None
+
+
+def one_process_nodes_reason(values: dict[str, Any]) -> str | None:
+    """Why a GPU job with distributed_backend None over several nodes cannot be made, or None. Without a backend
+    one process drives every GPU (transformers' Trainer wraps the model in torch DataParallel, a single-process
+    module, torch.nn.DataParallel docs), and one process runs on one machine; the launch plan starts it on one node
+    (actuators.launch). device_map's own rule (stack_reasons) says the same for device_map."""
+    nodes = int(values.get("number_nodes") or 1)
+    one_process = values.get("distributed_backend") is None and not values.get("device_map")
+    if one_process and int(values.get("number_gpus") or 0) > 0 and nodes > 1:
+        return (
+            f"number_nodes {nodes} with distributed_backend None: one process (torch DataParallel) drives every GPU, "
+            "and a process runs on one machine; set distributed_backend FSDP or DDP, or number_nodes 1"
         )
     return None
 
