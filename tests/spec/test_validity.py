@@ -184,6 +184,23 @@ def test_one_process_over_several_nodes_is_noted_and_not_planned():
     assert one["verdict"] == "fits"
 
 
+def test_an_image_text_data_set_for_a_text_model_is_noted_and_not_planned():
+    """A model without a vision tower cannot take images (the worker raises): plan planned the chat's text alone
+    and called it a fit; it is now invalid there, with validate's note (spec.validity.vision_data_reason)."""
+    from typer.testing import CliRunner
+
+    from tunebench.commands.main import app
+
+    args = ["finetune_lora_benchmark-v1.0.0", "model_max_length=4096", "number_gpus=1", "batch_size=2",
+            "gpu_model=H100", "dataset_id=vision-384x384-16384plus-entries-4096"]  # fmt: skip
+    validate = json.loads(CliRunner().invoke(app, ["validate", *args, "model_name=llama3.1-8b", "--json"]).stdout)
+    assert validate["is_valid"] is True and "has no vision tower" in validate["notes"][0]
+    text = json.loads(CliRunner().invoke(app, ["plan", *args, "model_name=llama3.1-8b", "--json"]).stdout)
+    assert text["verdict"] == "invalid" and any("llama3.1-8b has no vision tower" in r for r in text["reasons"])
+    vision = json.loads(CliRunner().invoke(app, ["plan", *args, "model_name=granite-vision-3.2-2b", "--json"]).stdout)
+    assert vision["verdict"] == "fits" and vision["reasons"] == []
+
+
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
 

@@ -231,16 +231,17 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
     notes = platform_notes(experiment.method, values)
-    nodes = nodes_reason(values)  # valid by the spec's rules, yet nothing can run or plan it
-    if nodes is not None:
-        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {nodes}")
+    for reason in cannot_run_reasons(values):  # valid by the spec's rules, yet nothing can run or plan it
+        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {reason}")
     return Validity(validity.is_valid, validity.reasons, notes)
 
 
-def nodes_reason(values: dict[str, Any]) -> str | None:
-    """Why a job the spec's rules allow over several nodes cannot be made (no process on any node, or one process
-    for all), or None: cpu_nodes_reason, then one_process_nodes_reason."""
-    return cpu_nodes_reason(values) or one_process_nodes_reason(values)
+def cannot_run_reasons(values: dict[str, Any]) -> list[str]:
+    """Why a job the spec's rules allow cannot be made (no process on any node, one process for several nodes,
+    images for a text model), in that order; empty where it can. The measuring engines (engines.support) and the
+    planner (plan.predictor) judge them alike."""
+    reasons = (cpu_nodes_reason(values), one_process_nodes_reason(values), vision_data_reason(values))
+    return [r for r in reasons if r is not None]
 
 
 def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
@@ -270,6 +271,25 @@ def one_process_nodes_reason(values: dict[str, Any]) -> str | None:
             "and a process runs on one machine; set distributed_backend FSDP or DDP, or number_nodes 1"
         )
     return None
+
+
+def vision_data_reason(values: dict[str, Any]) -> str | None:
+    """Why an image-text data set cannot train the entity's model, or None: a model without a vision tower has no
+    image input (the worker's vision path raises "a vision data set ... needs a vision model", worker/train.py),
+    where the planner would plan the chat's text alone. A model the catalog cannot read is its own error."""
+    dataset = values.get("dataset_id")
+    if not dataset or not _is_vision(str(dataset)):
+        return None
+    try:
+        model = get_model(str(values["model_name"]))
+    except InputError:  # the model_name property's own check names it
+        return None
+    if model.is_vision:
+        return None
+    return (
+        f"dataset_id {dataset} is image-text: {values['model_name']} has no vision tower to take its images; "
+        "use a vision model (tunebench models) or a text data set"
+    )
 
 
 # watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
