@@ -462,6 +462,23 @@ def test_cli_recommend():
     assert table.exit_code == 0 and "minimum" in table.output
 
 
+def test_recommend_picks_plan_the_backend_their_entity_names():
+    """device_map's one process keeps distributed_backend None on several GPUs (recommend made it FSDP, which the
+    device_map rule refuses, and then found nothing above one GPU); a plain None is planned as FSDP there, and the
+    pick's entity id says FSDP (it said None, which plans DataParallel's other figures)."""
+    job = ["model_name=llama3.2-1b", "model_max_length=1024", "batch_size=8", "gpu_model=A10G"]
+    for extra in (["distributed_backend=None", "device_map=auto"], ["distributed_backend=None"]):
+        out = json.loads(invoke("recommend", FULL.id, *job, *extra, "--max-gpus", "8", "--json").stdout)
+        pick = out["minimum"]
+        assert pick is not None and pick["number_gpus"] == 2, out.get("diagnosis")
+        layout = [f"number_gpus={pick['number_gpus']}", f"batch_size={pick['batch_size']}"]
+        backend = ["device_map=auto", "distributed_backend=None"] if len(extra) == 2 else []
+        planned = json.loads(invoke("plan", FULL.id, *job[:2], job[3], *layout, *backend, "--json").stdout)
+        assert planned["entity_id"] == pick["entity_id"] and planned["verdict"] == "fits"
+        assert planned["gpu_memory_allocated_peak_gib"] == pytest.approx(pick["gpu_memory_allocated_peak_gib"], 1e-3)
+        assert ("planned as FSDP" in " ".join(out["notes"])) == (len(extra) == 1)
+
+
 README_70B = ["model_name=llama3.1-70b", "model_max_length=4096", "batch_size=16", "gpu_model=H100"]
 # llama3.1-8b LoRA, 4,096 tokens x 8 on one A100-80GB: the planner says it fits, at 80.0 GiB and an
 # out-of-memory probability of about 0.15

@@ -453,6 +453,15 @@ JUDGED = [
     # a CPU entity over several nodes: rule 2 holds (0 % 2 == 0), but no node would run a process
     (NATIVE, FULL, {"number_nodes": 2}, "number_nodes 2 with number_gpus 0"),
     (FMS, LORA, {"number_nodes": 2}, "a CPU run runs on one machine"),
+    # GPUs over several nodes without a backend: one process (DataParallel) for all, on one machine
+    (
+        NATIVE,
+        FULL,
+        {"number_nodes": 2, "number_gpus": 2, "batch_size": 2, "gpu_model": "A100", "distributed_backend": None},
+        "number_nodes 2 with distributed_backend None",
+    ),
+    # images for a model without a vision tower: the worker's vision path refuses it
+    (NATIVE, LORA, {"dataset_id": "vision-384x384-16384plus-entries-4096"}, "has no vision tower"),
     # padding_free: the native worker flattens batches itself; fms-hf-tuning with flash-attention only
     (NATIVE, "finetune_pt_benchmark-v1.0.0", {"padding_free": True}, "prompt tuning would prepend its virtual"),
     (

@@ -98,6 +98,26 @@ def test_largest_batch_fits_and_the_next_multiple_of_the_gpus_does_not(gpus, len
     assert not _fits(exp, values, "batch_size", found.value + gpus)
 
 
+def test_largest_batch_with_tensor_parallelism_moves_in_data_parallel_ranks():
+    # 8 GPUs in groups of tp 4: 2 data-parallel ranks, so any even batch_size is valid (rule 1); the search
+    # used to step by 8 and answer 128 where plan calls 130 a fit
+    exp, values, _ = method_job(
+        "lora",
+        {
+            "model_name": "llama3.1-8b",
+            "gpu_model": "A100-80GB",
+            "number_gpus": 8,
+            "tensor_parallel_degree": 4,
+            "batch_size": 8,
+            "model_max_length": 2048,
+        },
+    )
+    found = largest(exp, values, "batch_size", PlanOptions())
+    assert found.value is not None and found.value % 2 == 0 and found.next_value == found.value + 2
+    assert _fits(exp, values, "batch_size", found.value)
+    assert not _fits(exp, values, "batch_size", found.value + 2)
+
+
 def test_largest_length_on_a_data_set_of_long_samples():
     exp, values, _ = method_job(
         "lora",

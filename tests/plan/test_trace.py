@@ -206,6 +206,29 @@ def test_loss_bytes_per_vocabulary_entry_are_measured(tmp_path):
     assert 6 <= head.vocab_bytes <= 16
 
 
+MOE = {"model_type": "granitemoe", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 3,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "num_local_experts": 4,
+       "num_experts_per_tok": 2, "max_position_embeddings": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_moe_experts_of_any_dtype_are_traced(tmp_path, monkeypatch, dtype):
+    """grouped_mm's meta function takes bf16 only: fp32 experts fell back to the llama formula, printing a
+    traceback. They trace now, keeping more than bf16 in fp32; a formula profile cached then is traced again."""
+    from tunebench.plan import trace as module
+
+    s = small_model(tmp_path, "moe", MOE)
+    req = request(s, method="full", dtype=dtype)
+    got = profile(s, req)
+    assert got.source == "traced" and not any("formula" in n for n in got.notes), got.notes
+    bf16 = profile(s, request(s, method="full")).moments["head"].a1
+    assert got.moments["head"].a1 == pytest.approx(bf16) if dtype == "float16" else got.moments["head"].a1 > bf16
+    stale = module.formula_profile(s, req, f"RuntimeError: {module.GROUPED_MM_BF16_ONLY} but got ...")
+    (module.cache_dir() / f"trace-{req.key}.json").write_text(json.dumps(stale.to_dict()))
+    module._PROFILES.clear()
+    assert profile(s, req).source == "traced"
+
+
 def test_profiles_are_cached_on_disk(tmp_path, monkeypatch):
     from tunebench.plan import trace as module
 

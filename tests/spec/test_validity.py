@@ -164,6 +164,56 @@ def test_validate_notes_that_a_cpu_run_over_several_nodes_cannot_run():
     assert "notes" not in json.loads(one.stdout)
 
 
+def test_one_process_over_several_nodes_is_noted_and_not_planned():
+    """distributed_backend None runs one process (DataParallel) for every GPU, and a process runs on one machine:
+    the spec's rules allow 4 GPUs over 2 nodes, validate notes it, and plan refuses it (it planned DataParallel
+    over the network, while the launch plan started one node; spec.validity.one_process_nodes_reason)."""
+    from typer.testing import CliRunner
+
+    from tunebench.commands.main import app
+
+    args = [
+        "finetune_full_benchmark-v1.0.0",
+        "model_name=llama3.2-1b",
+        "model_max_length=512",
+        "number_gpus=4",
+        "batch_size=4",
+        "gpu_model=A100",
+        "distributed_backend=None",
+    ]
+    validate = CliRunner().invoke(app, ["validate", *args, "number_nodes=2", "--json"])
+    out = json.loads(validate.stdout)
+    assert out["is_valid"] is True and "number_nodes 2 with distributed_backend None" in out["notes"][0]
+    plan = json.loads(CliRunner().invoke(app, ["plan", *args, "number_nodes=2", "--json"]).stdout)
+    assert plan["verdict"] == "invalid" and plan["planned"] is False
+    assert any("distributed_backend None" in r for r in plan["reasons"])
+    one = json.loads(CliRunner().invoke(app, ["plan", *args, "--json"]).stdout)
+    assert one["verdict"] == "fits"
+
+
+def test_an_image_text_data_set_for_a_text_model_is_noted_and_not_planned():
+    """A model without a vision tower cannot take images (the worker raises): plan planned the chat's text alone
+    and called it a fit; it is now invalid there, with validate's note (spec.validity.vision_data_reason)."""
+    from typer.testing import CliRunner
+
+    from tunebench.commands.main import app
+
+    args = [
+        "finetune_lora_benchmark-v1.0.0",
+        "model_max_length=4096",
+        "number_gpus=1",
+        "batch_size=2",
+        "gpu_model=H100",
+        "dataset_id=vision-384x384-16384plus-entries-4096",
+    ]
+    validate = json.loads(CliRunner().invoke(app, ["validate", *args, "model_name=llama3.1-8b", "--json"]).stdout)
+    assert validate["is_valid"] is True and "has no vision tower" in validate["notes"][0]
+    text = json.loads(CliRunner().invoke(app, ["plan", *args, "model_name=llama3.1-8b", "--json"]).stdout)
+    assert text["verdict"] == "invalid" and any("llama3.1-8b has no vision tower" in r for r in text["reasons"])
+    vision = json.loads(CliRunner().invoke(app, ["plan", *args, "model_name=granite-vision-3.2-2b", "--json"]).stdout)
+    assert vision["verdict"] == "fits" and vision["reasons"] == []
+
+
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
 

@@ -534,7 +534,7 @@ def max_batch(
     gpu: GPUOptions = GPUOptions(),
 ) -> None:
     """The largest batch_size that fits (out-of-memory probability at most --max-oom-risk), a multiple of
-    --number-gpus; with its memory, speed and time, and why the next batch up does not fit. More
+    --number-gpus (of its data-parallel ranks with tensor/sequence parallelism); with its memory, speed and time, and why the next batch up does not fit. More
     properties as KEY=VALUE (gradient_checkpointing=false, ...). With --lengths, for your samples: a padded
     micro-batch holds b x your longest sample, a padding-free one (padding_free=1) its largest row."""
     largest_command(

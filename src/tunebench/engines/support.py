@@ -26,7 +26,7 @@ from tunebench.spec.properties import (
     fast_loss_on,
     loss_path,
 )
-from tunebench.spec.validity import cpu_nodes_reason
+from tunebench.spec.validity import cannot_run_reasons
 
 NATIVE_HINT = "measure with --engine native"
 FMS_HINT = "measure with --engine fms-hf-tuning"
@@ -59,9 +59,9 @@ def _fms_version_and_plugins(values: dict[str, Any], engine: str) -> list[str]:
     return engine_reasons(values)  # tunebench.engines.versions: published releases and their plugins
 
 
-def _cpu_nodes(values: dict[str, Any], engine: str) -> list[str]:
-    reason = cpu_nodes_reason(values)  # several nodes without GPUs: no process on any node
-    return [] if reason is None else [reason]
+def _cannot_run(values: dict[str, Any], engine: str) -> list[str]:
+    # several nodes without GPUs (no process on any) or with one process for all; images for a text model
+    return cannot_run_reasons(values)
 
 
 def _fms_acceleration_native(values: dict[str, Any], engine: str) -> list[str]:
@@ -263,7 +263,7 @@ RULES: tuple[Rule, ...] = (
         _fms_version_and_plugins,
     ),
     Rule("fast_moe, fast_kernels, fused_lora, auto_gptq", (NATIVE,), _fms_acceleration_native),
-    Rule("number_nodes, number_gpus", BOTH, _cpu_nodes),
+    Rule("number_nodes, number_gpus, distributed_backend, dataset_id, model_name", BOTH, _cannot_run),
     Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
     Rule("device_map", BOTH, _device_map),
     Rule("fsdp_offload_params", BOTH, _fsdp_offload),

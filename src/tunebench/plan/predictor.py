@@ -37,7 +37,7 @@ from tunebench.spec.experiments import Entity, Experiment, make_entity, resolved
 from tunebench.spec.measured import BENCHMARK_MEASURED, MEMORY_GIB
 from tunebench.spec.properties import NODE_GPUS, PADDING_FREE_MODEL_TYPES
 from tunebench.spec.results import Result
-from tunebench.spec.validity import check_values, cpu_nodes_reason
+from tunebench.spec.validity import cannot_run_reasons, check_values
 
 # The measured properties the planner predicts: the spec's memory peak and rates, tunebench's GiB peaks.
 PREDICTED = (
@@ -184,9 +184,9 @@ def predict_values(
     out["calibration"] = cal.source
     single = [single_node_only] * n if isinstance(single_node_only, bool) else list(single_node_only)
     out["rules"] = [
-        check_values(values, single_node_only=one).reasons + ([why] if (why := cpu_nodes_reason(values)) else [])
+        check_values(values, single_node_only=one).reasons + cannot_run_reasons(values)
         for (_, values), one in zip(rows, single, strict=True)
-    ]  # and a CPU run over several nodes, which cannot start either (spec.validity.cpu_nodes_reason)
+    ]  # and what the spec allows but cannot start either (spec.validity.cannot_run_reasons)
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (method, values) in enumerate(rows):
         if values.get("number_gpus", 0) > 0 and not values.get("gpu_model"):

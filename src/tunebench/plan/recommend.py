@@ -4,8 +4,8 @@ method' of watsonx.ai's 'Planning for foundation model tuning': full 4 GPUs, LoR
 
 Candidates are evaluated in one vectorised pass through ``predict_values``. GPU counts are 1, 2, 4, ...
 up to one node (gpus_per_node), then whole nodes; more than one GPU runs FSDP (the spec's default
-backend) unless the entity says DDP. Times and costs are for processing the experiment's data set
-(its num_train_epochs), not for max_steps.
+backend) unless the entity says DDP or DeepSpeed, or sets device_map (one process, no backend). Times
+and costs are for processing the experiment's data set (its num_train_epochs), not for max_steps.
 
 A configuration counts as fitting when the planner says it fits (its median peak within usable memory,
 out-of-memory probability <= 0.5) *and* its out-of-memory probability is at most ``max_oom_risk``
@@ -109,9 +109,17 @@ def _variant(values: Mapping[str, Any], gpus: int, batch: int, gpus_per_node: in
     v["number_nodes"] = max(1, math.ceil(gpus / gpus_per_node)) if gpus > gpus_per_node else 1
     v["batch_size"] = batch
     v["max_steps"] = -1  # process the data set (num_train_epochs), not a step budget
-    if gpus >= 2 and v.get("distributed_backend") is None:
-        v["distributed_backend"] = "FSDP"
+    v["distributed_backend"] = candidate_backend(values, gpus)
     return v
+
+
+def candidate_backend(values: Mapping[str, Any], gpus: int) -> Any:
+    """The distributed_backend a candidate on gpus GPUs runs: the job's, but FSDP (the spec's default) on 2 or more
+    GPUs where the job has none, except with device_map, whose one process needs none (spec.validity)."""
+    backend = values.get("distributed_backend")
+    if gpus >= 2 and backend is None and not values.get("device_map"):
+        return "FSDP"
+    return backend
 
 
 def evaluate(
@@ -382,6 +390,10 @@ def recommend(
     job_notes = [] if given_gpus is None else [_gpu_count_note(given_gpus, tried)]
     alias = alias_note(raw["gpu_model"]) if isinstance(raw["gpu_model"], str) else None
     job_notes += [alias] if alias else []
+    if "distributed_backend" in entity.values and candidate_backend(values, 2) != values["distributed_backend"]:
+        job_notes.append(
+            "distributed_backend None (one process) is planned as FSDP on 2 or more GPUs: each pick's entity says so"
+        )
     if options.lengths is not None:  # what the plans assume of the user's samples (and what padding costs them)
         top = tried[-1] if minimum is None else minimum.number_gpus
         job_notes += _lengths_notes(experiment, values, options, top, gpus_per_node)
@@ -441,6 +453,8 @@ def _picked(experiment: Experiment, common: Mapping[str, Any], cand: Candidate |
     layout = {"number_gpus": cand.number_gpus, "batch_size": cand.batch_size}
     if cand.number_nodes > 1 or "number_nodes" in common:
         layout["number_nodes"] = cand.number_nodes
+    if "distributed_backend" in common:  # a given None is planned as FSDP on several GPUs (candidate_backend)
+        layout["distributed_backend"] = candidate_backend(common, cand.number_gpus)
     return {"entity_id": make_entity(experiment, {**common, **layout}).id, **cand.to_dict()}
 
 

@@ -9,8 +9,8 @@ probability is at most ``max_oom_risk`` (DEFAULT_MAX_OOM_RISK, recommend's --max
 
 The largest fitting value of batch_size or model_max_length is found by doubling from the smallest value
 until a value does not fit, then bisecting between the last that fits and the first that does not (the
-planner's memory grows with both). batch_size moves in multiples of the GPU count (validity rule 1: the
-batch is spread evenly over the GPUs); model_max_length goes up to the model's context at most. The
+planner's memory grows with both). batch_size moves in multiples of the data-parallel ranks (validity rule 1:
+the batch is spread evenly over the GPUs, or over number_gpus / (tp x sp) with tensor or sequence parallelism); model_max_length goes up to the model's context at most. The
 planner pads a batch to its longest sample, so past the data set's longest samples a longer
 model_max_length needs no more memory: the data set (dataset_id) decides how long sequences really are.
 """
@@ -40,6 +40,7 @@ from tunebench.spec.experiments import (
     make_entity,
     parse_value,
 )
+from tunebench.spec.validity import data_parallel_ranks
 
 RANGE = re.compile(r"^\s*(\d+)\s*\.\.\s*(\d+)\s*$")
 MAX_POINTS = 10_000  # a grid larger than this is a space file's job (tunebench explore --actuator predict)
@@ -165,7 +166,7 @@ def largest(
     method_job gives) fits; see the module for the search."""
     if name not in SEARCH_LIMITS:
         raise InputError("property", f"cannot search {name!r}", allowed=", ".join(SEARCHED))
-    step = max(1, int(values.get("number_gpus") or 0)) if name == "batch_size" else 1
+    step = data_parallel_ranks(values) if name == "batch_size" else 1
     limit, limited_by = search_limit(name, values)
     # A CPU run's verdict does not depend on its speed: the search does not time this host at every shape it
     # tries (seconds each), only at the answer (timed below).

@@ -161,6 +161,8 @@ def profile(structure: Structure, request: TraceRequest) -> ActivationProfile:
         result = ActivationProfile.from_dict(json.loads(path.read_text()))
         if _extrapolates_downward(result):
             raise ValueError("fitted before the slope and curvature were bounded at 0")
+        if _untraced_experts(result):
+            raise ValueError("the llama formula, cached when experts of this dtype could not be traced")
     except (OSError, ValueError, TypeError, KeyError):
         result = shipped_profiles().get(key)
         if result is None:
@@ -409,6 +411,12 @@ def fit_tokens(lengths: tuple[int, ...], values: list[float], quadratic: bool) -
     return float(a[0]), float(a[1]), float(a[2]) if quadratic else 0.0
 
 
+def _untraced_experts(p: ActivationProfile) -> bool:
+    """A formula profile cached because grouped_mm's meta function refused fp32/fp16 experts (a user's cache,
+    before _grouped_experts_of_any_dtype): retrace it."""
+    return p.source == "formula" and any(GROUPED_MM_BF16_ONLY in note for note in p.notes)
+
+
 def _extrapolates_downward(p: ActivationProfile) -> bool:
     """A profile fitted before fit_tokens bounded the slope and curvature at 0 (a user's cache): retrace it.
     Relative to the moment's size at the longest traced length, and looser (1e-6) than fit_tokens' own
@@ -569,7 +577,8 @@ def trace_step(
             if request.autocast  # fp16: same bytes as bf16
             else torch.autocast("cpu", enabled=False)
         )
-        with tracker, _mamba_kernel(model, request.mamba_kernel):  # the backward recomputes checkpointed layers
+        # the backward recomputes checkpointed layers
+        with tracker, _mamba_kernel(model, request.mamba_kernel), _grouped_experts_of_any_dtype():
             with autocast:
                 loss = model(**kwargs).loss
             loss.backward()
@@ -731,6 +740,33 @@ def _liger_functions():
 MAMBA2_KERNEL_MODELS = ("bamba", "falcon_h1", "granitemoehybrid", "mamba2", "nemotron_h", "zamba2")  # models whose
 # transformers code calls mamba2_split_conv1d_scan_combined in training
 MAMBA2_KERNEL = "mamba2_split_conv1d_scan_combined"
+
+
+# --- fused MoE experts in fp32 or fp16 (transformers integrations/moe.py _grouped_mm) ----------------------------
+# torch's grouped_mm runs any dtype (CUDA and CPU fall back to one matmul per expert where the fused kernel takes
+# bf16 only: aten/src/ATen/native/cuda/GroupedBlas.cpp), but its meta function, which fake tensors run, checks
+# for bf16 (torch/_meta_registrations.py _meta_grouped_mm_common): an fp32 MoE model failed to trace and got the
+# llama formula, with a traceback printed. transformers' own fallback op (transformers::grouped_mm_fallback)
+# allocates the same output and gradients and saves the same input and weight for backward.
+GROUPED_MM_BF16_ONLY = "Expected inputs of BF16 type"  # the meta function's complaint
+
+
+@contextmanager
+def _grouped_experts_of_any_dtype() -> Iterator[None]:
+    """While the step runs: experts whose weights are not bf16 take transformers' grouped_mm_fallback op."""
+    import torch
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+
+    def can_use(input, weight, offs) -> bool:
+        return weight.dtype == torch.bfloat16 and original(input, weight, offs)
+
+    moe._can_use_grouped_mm = can_use
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 @contextmanager

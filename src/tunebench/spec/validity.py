@@ -50,8 +50,7 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
     # 1. batch_size % number_gpus != 0. The literal text divides by zero on the CPU; the spec's batch_size "will be
     # evenly distributed to max(1, number_gpus) devices", so a CPU run counts as one device. With tunebench's
     # tensor/sequence parallelism the batch is spread over the data-parallel ranks, number_gpus / (tp x sp)
-    group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
-    ranks = max(1, gpus) // group if group > 1 and max(1, gpus) % group == 0 else max(1, gpus)
+    ranks = data_parallel_ranks(values)
     if batch % ranks != 0:
         over = (
             f"number_gpus {gpus}" if ranks == max(1, gpus) else f"the {ranks} data-parallel ranks of number_gpus {gpus}"
@@ -91,6 +90,14 @@ def check_values(values: dict[str, Any], *, single_node_only: bool = False) -> V
         reasons.append(f"this experiment runs on one node; number_nodes is {nodes}")
     reasons += stack_reasons(values)
     return Validity(is_valid=not reasons, reasons=reasons)
+
+
+def data_parallel_ranks(values: dict[str, Any]) -> int:
+    """The ranks batch_size is spread over (rule 1): max(1, number_gpus), or number_gpus / (tp x sp) where tensor
+    or sequence parallelism groups GPUs that process the same samples (and divides number_gpus)."""
+    gpus = max(1, int(values.get("number_gpus") or 0))
+    group = (values.get("tensor_parallel_degree") or 1) * (values.get("sequence_parallel_degree") or 1)
+    return gpus // group if group > 1 and gpus % group == 0 else gpus
 
 
 def stack_reasons(values: dict[str, Any]) -> list[str]:
@@ -224,10 +231,17 @@ def check(experiment: Experiment, entity: Entity) -> Validity:
     values = effective_values(experiment, entity)
     validity = check_values(values, single_node_only=experiment.single_node_only)
     notes = platform_notes(experiment.method, values)
-    cpu_nodes = cpu_nodes_reason(values)  # valid by the spec's rules, yet nothing can run or plan it
-    if cpu_nodes is not None:
-        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {cpu_nodes}")
+    for reason in cannot_run_reasons(values):  # valid by the spec's rules, yet nothing can run or plan it
+        notes.append(f"the spec's rules allow it, but the measuring engines and the planner refuse it: {reason}")
     return Validity(validity.is_valid, validity.reasons, notes)
+
+
+def cannot_run_reasons(values: dict[str, Any]) -> list[str]:
+    """Why a job the spec's rules allow cannot be made (no process on any node, one process for several nodes,
+    images for a text model), in that order; empty where it can. The measuring engines (engines.support) and the
+    planner (plan.predictor) judge them alike."""
+    reasons = (cpu_nodes_reason(values), one_process_nodes_reason(values), vision_data_reason(values))
+    return [r for r in reasons if r is not None]
 
 
 def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
@@ -242,6 +256,40 @@ def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
             "processes; a CPU run runs on one machine: set number_nodes 1"
         )
     return None
+
+
+def one_process_nodes_reason(values: dict[str, Any]) -> str | None:
+    """Why a GPU job with distributed_backend None over several nodes cannot be made, or None. Without a backend
+    one process drives every GPU (transformers' Trainer wraps the model in torch DataParallel, a single-process
+    module, torch.nn.DataParallel docs), and one process runs on one machine; the launch plan starts it on one node
+    (actuators.launch). device_map's own rule (stack_reasons) says the same for device_map."""
+    nodes = int(values.get("number_nodes") or 1)
+    one_process = values.get("distributed_backend") is None and not values.get("device_map")
+    if one_process and int(values.get("number_gpus") or 0) > 0 and nodes > 1:
+        return (
+            f"number_nodes {nodes} with distributed_backend None: one process (torch DataParallel) drives every GPU, "
+            "and a process runs on one machine; set distributed_backend FSDP or DDP, or number_nodes 1"
+        )
+    return None
+
+
+def vision_data_reason(values: dict[str, Any]) -> str | None:
+    """Why an image-text data set cannot train the entity's model, or None: a model without a vision tower has no
+    image input (the worker's vision path raises "a vision data set ... needs a vision model", worker/train.py),
+    where the planner would plan the chat's text alone. A model the catalog cannot read is its own error."""
+    dataset = values.get("dataset_id")
+    if not dataset or not _is_vision(str(dataset)):
+        return None
+    try:
+        model = get_model(str(values["model_name"]))
+    except InputError:  # the model_name property's own check names it
+        return None
+    if model.is_vision:
+        return None
+    return (
+        f"dataset_id {dataset} is image-text: {values['model_name']} has no vision tower to take its images; "
+        "use a vision model (tunebench models) or a text data set"
+    )
 
 
 # watsonx.ai 'Planning for foundation model tuning' (IBM watsonx.ai documentation, "Supported GPUs"):
