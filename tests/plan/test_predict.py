@@ -510,10 +510,8 @@ def test_recommend_says_why_nothing_fits_and_the_nearest_fit():
 def test_recommend_says_one_gpu_not_one_gpus():
     """planner.md's seed example: a batch of 1 spreads over one GPU at most, and the lines say so in the
     singular ('at most 1 GPU', 'on 1 GPU the job needs')."""
-    res = invoke(
-        "recommend", FULL.id, "model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1",
-        "gpu_model=A100-80GB", "dataset_id=news-tokens-128kplus-entries-4096", "--max-gpus", "4",
-    )  # fmt: skip
+    job = ["model_name=granite-3.1-8b-instruct", "model_max_length=32000", "batch_size=1", "gpu_model=A100-80GB"]
+    res = invoke("recommend", FULL.id, *job, "dataset_id=news-tokens-128kplus-entries-4096", "--max-gpus", "4")
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert "minimum: nothing fits on up to 1 GPU (batch_size 1 spreads over at most 1 GPU: validity rule 1)" in text
@@ -653,6 +651,7 @@ def test_cpu_prediction_is_this_hosts_rate_within_a_factor_of_3(tmp_path, monkey
     probe runs right after the measurement (a fresh home, no cached rate): on a machine whose load
     changes (two test workers share two cores) a rate cached minutes earlier measures another machine."""
     from tunebench.actuators.measure import measure
+    from tunebench.actuators.outcome import BUSY_OTHER_CPU_PERCENT
     from tunebench.plan import host
 
     config = tmp_path / "config.json"
@@ -674,7 +673,11 @@ def test_cpu_prediction_is_this_hosts_rate_within_a_factor_of_3(tmp_path, monkey
     planned = predict(exp, entity)
     measured_tps = run.properties["train_tokens_per_second"]
     predicted_tps = planned.properties["train_tokens_per_second"]
-    assert 1 / 3 < predicted_tps / measured_tps < 3, (predicted_tps, measured_tps)
+    busy = [n for n in run.metadata.get("notes", []) if n.startswith("other processes kept")]
+    if busy:  # another test worker held a core while it trained: the run says its timings are not the host's
+        assert run.metadata["host_cpu"]["other_cpu_percent"] > BUSY_OTHER_CPU_PERCENT and "idle host" in busy[0]
+    else:
+        assert 1 / 3 < predicted_tps / measured_tps < 3, (predicted_tps, measured_tps, run.metadata["host_cpu"])
     assert any(n.startswith("CPU: this host trains at") and "GFLOP/s (float32" in n for n in planned.metadata["notes"])
 
 
