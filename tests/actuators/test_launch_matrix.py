@@ -46,7 +46,7 @@ def test_every_experiment_on_every_machine(experiment_id, machine):
             build_launch_plan(exp, entity, data_directory="/data")
         engine = FMS
         if gpus == 0:
-            with pytest.raises(InputError, match="needs a GPU"):  # their Triton/CUDA kernels
+            with pytest.raises(InputError, match="run on a GPU only"):  # their Triton/CUDA kernels
                 build_launch_plan(exp, entity, data_directory="/data", engine=engine)
             return
     plan = build_launch_plan(exp, entity, data_directory="/data", main_process_ip="10.0.0.7", engine=engine)

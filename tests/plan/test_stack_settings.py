@@ -450,6 +450,9 @@ JUDGED = [
     # fms-acceleration's kernels run only under fms-hf-tuning: judged on the native engine, not run without them
     (NATIVE, LORA, {"fast_kernels": "True,False,False"}, "fast_kernels True,False,False: fms-acceleration kernels"),
     (NATIVE, FULL, {"fast_kernels": "False,True,True"}, "measure with --engine fms-hf-tuning"),
+    # GPU-only kernels on a CPU run: the spec's rules allow it, but nothing can run (or plan) it
+    (FMS, LORA, {"fast_kernels": "True,True,True"}, "with number_gpus 0: these are Triton/CUDA kernels"),
+    (NATIVE, LORA, {"loss_implementation": "fused_linear"}, "loss_implementation fused_linear with number_gpus 0"),
     # a CPU entity over several nodes: rule 2 holds (0 % 2 == 0), but no node would run a process
     (NATIVE, FULL, {"number_nodes": 2}, "number_nodes 2 with number_gpus 0"),
     (FMS, LORA, {"number_nodes": 2}, "a CPU run runs on one machine"),
@@ -534,7 +537,9 @@ def test_fast_moe_on_a_mixture_of_experts_model_is_judged_not_failed(tmp_path, m
     assert result.status == "invalid", (result.error, result.reasons)
     assert result.reasons == [
         "fast_moe 2: fms-acceleration kernels (fms-acceleration-moe) that only the "
-        "fms-hf-tuning engine runs: measure with --engine fms-hf-tuning"
+        "fms-hf-tuning engine runs: measure with --engine fms-hf-tuning",
+        "fast_moe 2 with number_gpus 0: these are Triton/CUDA kernels that run on a GPU only; give number_gpus "
+        "and a gpu_model",  # this entity is a CPU one: no engine could run it (spec.validity.gpu_kernels_reason)
     ]
 
 

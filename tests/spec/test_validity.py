@@ -214,6 +214,31 @@ def test_an_image_text_data_set_for_a_text_model_is_noted_and_not_planned():
     assert vision["verdict"] == "fits" and vision["reasons"] == []
 
 
+def test_gpu_only_kernels_on_a_cpu_run_are_noted_and_not_planned():
+    """GPTQ-LoRA sets fms-acceleration's Triton kernels (spec 004): on number_gpus 0 plan planned 0.04 tokens/s and
+    1.3e7 s; it is now invalid there, with validate's note (spec.validity.gpu_kernels_reason)."""
+    from typer.testing import CliRunner
+
+    from tunebench.commands.main import app
+
+    args = ["finetune_gptq-lora_benchmark-v1.0.0", "model_name=granite-8b-code-instruct", "model_max_length=512"]
+    cpu = [*args, "number_gpus=0", "batch_size=1", "--json"]
+    validate = json.loads(CliRunner().invoke(app, ["validate", *cpu]).stdout)
+    assert validate["is_valid"] is True
+    assert (
+        "fast_kernels True,True,True; fused_lora auto_gptq,True; auto_gptq triton_v2 with number_gpus 0"
+        in (validate["notes"][0])
+    )
+    plan = json.loads(CliRunner().invoke(app, ["plan", *cpu]).stdout)
+    assert plan["verdict"] == "invalid" and "run on a GPU only" in plan["reasons"][0]
+    gpu = json.loads(
+        CliRunner().invoke(app, ["plan", *args, "number_gpus=1", "batch_size=1", "gpu_model=A100", "--json"]).stdout
+    )
+    assert gpu["verdict"] == "fits"
+    lora = ["finetune_lora_benchmark-v1.0.0", "model_name=smollm2-135m", "model_max_length=512", "number_gpus=0"]
+    assert json.loads(CliRunner().invoke(app, ["plan", *lora, "batch_size=1", "--json"]).stdout)["verdict"] == "fits"
+
+
 def test_validity_section_of_the_docs_states_the_rules_as_checked():
     """docs/experiments.md "Validity" writes rule 1 with max(1, number_gpus) and rule 2 as the spec does."""
 

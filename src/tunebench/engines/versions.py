@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tunebench.errors import InputError
 from tunebench.spec.properties import FMS_HF_TUNING_VERSIONS, PROPERTIES
+from tunebench.spec.validity import GPU_KERNEL_FLAGS
 
 VERSIONS = FMS_HF_TUNING_VERSIONS  # the spec's list and the releases since
 # When each release was built (the newest file date inside its wheel on the package index). An
@@ -113,7 +114,7 @@ def engine_reasons(values: dict) -> list[str]:
                 f"{flag} needs {plugin.package}, which fms-hf-tuning {version} does not drive "
                 f"(first in {plugin.min_version}; {plugin.source})"
             )
-        elif int(values.get("number_gpus") or 0) == 0:
+        elif int(values.get("number_gpus") or 0) == 0 and flag not in GPU_KERNEL_FLAGS:  # spec.validity says those
             reasons.append(
                 f"{flag} {plugin.needs_gpu.format(package=plugin.package)}: it needs a GPU (number_gpus is 0)"
             )

@@ -240,8 +240,49 @@ def cannot_run_reasons(values: dict[str, Any]) -> list[str]:
     """Why a job the spec's rules allow cannot be made (no process on any node, one process for several nodes,
     images for a text model), in that order; empty where it can. The measuring engines (engines.support) and the
     planner (plan.predictor) judge them alike."""
-    reasons = (cpu_nodes_reason(values), one_process_nodes_reason(values), vision_data_reason(values))
+    reasons = (
+        cpu_nodes_reason(values),
+        one_process_nodes_reason(values),
+        vision_data_reason(values),
+        gpu_kernels_reason(values),
+    )
     return [r for r in reasons if r is not None]
+
+
+# Settings that switch on kernels written for GPUs only: fms-acceleration's plugins (foak's fast_kernels and
+# fused_lora and auto_gptq's triton_v2 are Triton kernels, fast_moe is ScatterMoE's: fms-acceleration READMEs,
+# "GPU" in each plugin's requirements) and Liger's (Triton: liger-kernel README, "GPU" in its requirements).
+GPU_KERNEL_FLAGS = ("fast_moe", "fast_kernels", "fused_lora", "auto_gptq")
+
+
+def gpu_kernel_settings(values: dict[str, Any]) -> list[str]:
+    """The settings of these values that ask for GPU-only kernels, as 'name value' (empty: none asked)."""
+    used = []
+    if int(values.get("fast_moe") or 0) > 0:
+        used.append(f"fast_moe {values['fast_moe']}")
+    for flag in GPU_KERNEL_FLAGS[1:]:
+        flags = values.get(flag) or []
+        if any(v not in (None, False, "False", "false", "") for v in flags):
+            used.append(f"{flag} {','.join(str(v) for v in flags)}")
+    if values.get("liger_kernels"):
+        used.append("liger_kernels true")
+    if values.get("loss_implementation") == "fused_linear":
+        used.append("loss_implementation fused_linear")
+    return used
+
+
+def gpu_kernels_reason(values: dict[str, Any]) -> str | None:
+    """Why a CPU job (number_gpus 0) that asks for GPU-only kernels cannot be made, or None: the GPTQ-LoRA
+    experiment sets three of them (spec 004: auto_gptq triton_v2, fused_lora, fast_kernels)."""
+    if int(values.get("number_gpus") or 0) > 0:
+        return None
+    used = gpu_kernel_settings(values)
+    if not used:
+        return None
+    return (
+        f"{'; '.join(used)} with number_gpus 0: these are Triton/CUDA kernels that run on a GPU only; "
+        "give number_gpus and a gpu_model"
+    )
 
 
 def cpu_nodes_reason(values: dict[str, Any]) -> str | None:
