@@ -32,7 +32,9 @@ from tunebench.errors import InputError
 from tunebench.explore.space import parse_space
 from tunebench.spec.experiments import REQUIRED_PROPERTIES, get_experiment, make_entity
 from tunebench.spec.properties import render_value
+from tunebench.spec.results import Result
 from tunebench.store import Store
+from tunebench.store.rows import Record
 from tunebench.store.schema import results
 from tunebench.track.targets import Target, default_location
 
@@ -595,3 +597,39 @@ def test_invalid_and_failed_results_are_tracked_with_why(tmp_path, capsys):
     assert bad.info.status == "FAILED" and "is_valid" not in bad.data.metrics
     assert bad.data.tags["tunebench.error"] == rows["failed"].row["error"]
     assert invalid.data.params == as_mlflow_params(rows["invalid"].params())
+
+
+def test_each_result_stays_in_the_experiment_that_recorded_it(tmp_path, capsys):
+    """One request measured by operation A, re-measured by operation B (--remeasure) and by `tunebench run`: a
+    request remembers only the operation that last claimed it, yet each result stays in the MLflow experiment of
+    what recorded it (A, B, `tunebench run`), so exporting after each step never sends a result twice."""
+    store, uri = tmp_path / "s.db", f"sqlite:///{tmp_path / 'm.db'}"
+
+    def export() -> str:
+        assert main(["track", "export", "--to", "mlflow", "--uri", uri, "--store", str(store)]) == 0
+        return capsys.readouterr().out.strip().splitlines()[-1].partition(": ")[2]
+
+    first = explore_space(tmp_path, [])  # model_max_length 64 and 128
+    assert main(["explore", str(first), "--store", str(store), "--allow-actuator-import", "--quiet"]) == 0
+    assert export() == "2 runs created, 0 already there"
+    space = yaml.safe_load(first.read_text())
+    space["entity_space"]["model_max_length"] = [64]
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump(space))
+    argv = ["explore", str(second), "--store", str(store), "--allow-actuator-import", "--quiet", "--remeasure"]
+    assert main(argv) == 0
+    experiment = get_experiment(LORA, {"max_steps": 2})
+    entity = make_entity(
+        experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 1, "number_gpus": 0}
+    )
+    result = Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, actuator="testing")
+    with Store(store) as opened:  # what `tunebench run` records (tunebench.commands.store.record_run)
+        opened.record_one(Record(experiment, entity, result, actuator=space["actuator"]["name"], generator="run"))
+    assert export() == "2 runs created, 2 already there"
+    assert export() == "0 runs created, 4 already there"
+    ops = [f"tunebench {parse_space(yaml.safe_load(p.read_text())).operation_id}" for p in (first, second)]
+    found = {name: sorted(int(r.data.tags["tunebench.result_id"]) for r in mlflow_runs(uri, name)) for name in ops}
+    assert found == {ops[0]: [1, 2], ops[1]: [3]}
+    (run,) = mlflow_runs(uri, "tunebench run")
+    assert run.data.tags["tunebench.result_id"] == "4" and "tunebench.operation_id" not in run.data.tags
+    assert {r.data.tags["tunebench.operation_id"] for r in mlflow_runs(uri, ops[1])} == {ops[1].split()[1]}
