@@ -339,6 +339,29 @@ def test_run_is_in_the_aim_repository(measured):
 
 
 @pytest.mark.slow
+def test_run_tags_say_where_and_with_what_it_was_measured(measured):
+    """Host, device, the worker's library versions (one tag each, searchable) and the measurement's notes."""
+    (h,) = held(measured.store)
+    versions = {k: v for k, v in h.metadata["versions"].items() if v}
+    assert {"python", "torch", "transformers", "peft"} <= set(versions)
+    (run,) = mlflow_runs(measured.mlflow_uri, "tunebench run")
+    tags = run.data.tags
+    prefix = "tunebench.versions."
+    assert {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)} == versions
+    assert (tags["tunebench.host"], tags["tunebench.device"]) == (h.metadata["host"], "cpu")
+    assert tags.get("tunebench.notes", "") == "; ".join(h.metadata.get("notes", []))
+    from mlflow.tracking import MlflowClient
+
+    torch = versions["torch"]
+    found = MlflowClient(measured.mlflow_uri).search_runs(
+        [run.info.experiment_id], filter_string=f"tags.`{prefix}torch` = '{torch}'"
+    )
+    assert [r.info.run_id for r in found] == [run.info.run_id]
+    (aim_run,) = aim_runs(measured.aim)
+    assert aim_run["tunebench"]["versions.torch"] == torch and aim_run["tunebench"]["host"] == h.metadata["host"]
+
+
+@pytest.mark.slow
 def test_export_after_run_creates_no_duplicate(measured):
     """`track export` of a store `run --track` already sent: the runs are found by their result id."""
     for to, where in (("mlflow", []), ("aim", ["--uri", str(measured.aim)])):
