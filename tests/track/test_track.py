@@ -496,6 +496,9 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     assert len(warnings) == 4 and all(
         "NotADirectoryError" in w and "tunebench track export --to" in w for w in warnings
     )
+    assert done.stderr.splitlines()[-1].endswith(
+        "0 runs created, 0 already there, 4 failed (the warnings above say how to send them)"
+    )
     for h in stored:
         kept = h.metadata["tracking_warnings"]
         assert [w.split(":")[0] for w in kept] == ["mlflow", "aim"] and f"result {h.result_id} " in kept[0]
@@ -656,3 +659,26 @@ def test_each_result_stays_in_the_experiment_that_recorded_it(tmp_path, capsys):
     (run,) = mlflow_runs(uri, "tunebench run")
     assert run.data.tags["tunebench.result_id"] == "4" and "tunebench.operation_id" not in run.data.tags
     assert {r.data.tags["tunebench.operation_id"] for r in mlflow_runs(uri, ops[1])} == {ops[1].split()[1]}
+
+
+def test_explore_says_where_its_results_went(tmp_path, capsys):
+    """explore --track ends with one line (stderr; stdout may carry --json) naming the trackers, the experiment
+    and the runs created; the JSON summary holds the same. A resumed exploration measures nothing new."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    path = explore_space(tmp_path, [f"mlflow:{uri}"])
+    argv = ["explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--quiet"]
+    op = parse_space(yaml.safe_load(path.read_text())).operation_id
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    said = f"tracked in mlflow:{uri} (experiment 'tunebench {op}'): "
+    assert err.splitlines()[-1] == said + "2 runs created, 0 already there"
+    assert json.loads(out)["tracked"] == {
+        "trackers": f"mlflow:{uri}",
+        "experiment": f"tunebench {op}",
+        "created": 2,
+        "present": 0,
+        "failed": 0,
+    }
+    assert len(mlflow_runs(uri, f"tunebench {op}")) == 2
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == said + "0 runs created, 0 already there"

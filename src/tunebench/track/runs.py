@@ -110,8 +110,13 @@ def series_points(frame: pd.DataFrame | None) -> Iterator[tuple[str, int, float 
 def experiment_name(stored: StoredResult) -> str:
     """The tracker experiment of a result: its operation's, else `tunebench run`'s or the imports'."""
     if stored.operation_id:
-        return f"tunebench {stored.operation_id}"
+        return operation_experiment(stored.operation_id)
     return "tunebench import" if stored.result.actuator == "import" else "tunebench run"
+
+
+def operation_experiment(operation_id: str) -> str:
+    """The tracker experiment of an operation's results."""
+    return f"tunebench {operation_id}"
 
 
 def run_name(stored: StoredResult) -> str:

@@ -59,6 +59,7 @@ class Trackers:
     def __init__(self, writers: Sequence[Any], *, predicted: bool = True):
         self.writers = list(writers)
         self.predicted = predicted  # add the planner's prediction of each entity (predicted_<property>)
+        self.total = Sent()  # what every send so far did (what `explore` reports at its end)
 
     def __bool__(self) -> bool:
         return bool(self.writers)
@@ -101,7 +102,14 @@ class Trackers:
                         _keep(store, item.result_id, text, add_warning)
             if progress:
                 progress(done, len(stored))
+        self.total.created += sent.created
+        self.total.present += sent.present
+        self.total.warnings += sent.warnings
         return sent
+
+    def names(self) -> str:
+        """The trackers, as one says them: mlflow:URI, aim:REPO (passwords masked)."""
+        return ", ".join(str(w.target) for w in self.writers)
 
     def close(self) -> None:
         for writer in self.writers:
