@@ -543,6 +543,42 @@ def test_an_unreachable_tracking_server_is_an_error_before_training(tmp_path, ca
     assert not (tmp_path / "s.db").exists()
 
 
+def test_a_server_that_is_no_mlflow_tracking_server_is_named_so(tmp_path, capsys):
+    """A real HTTP server that answers 404 (a wrong URL path) or 401 (no credentials), and https:// to a plain
+    HTTP server: one line each saying why, before anything is measured."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = 401 if self.path.startswith("/locked/") else 404
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<!doctype html><title>no</title>")
+
+        do_POST = do_GET  # MLflow searches with a POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for uri, says in (
+            (f"{url}/nope", "HTTP 404 for MLflow's REST API /api/2.0/mlflow/: no tracking server at this URL"),
+            (f"{url}/locked", "HTTP 401: not authenticated (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+            (url.replace("http:", "https:"), "TLS handshake failed: the server speaks plain HTTP"),
+        ):
+            assert main(["run", LORA, *INVALID, "--store", str(tmp_path / "s.db"), "--track", f"mlflow:{uri}"]) == 2
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"error: --track: cannot reach the MLflow tracking server {uri}: {says}"), line
+    finally:
+        server.shutdown()
+    assert not (tmp_path / "s.db").exists()
+
+
 def test_a_missing_extra_names_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if `pip install 'tunebench[mlflow]'` had not been run
     monkeypatch.setitem(sys.modules, "aim", None)

@@ -198,11 +198,18 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording), and
-# MLflow 3's refusal of a directory (file) store, which it keeps in maintenance mode
+# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording), an
+# HTTP status its REST client refuses, and MLflow 3's refusal of a directory (file) store (maintenance mode)
 REASONS = (("Connection refused", "connection refused"), ("Name or service not known", "unknown host"),
            ("Failed to resolve", "unknown host"), ("timed out", "timed out"), ("Read timed out", "timed out"),
            ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+           ("WRONG_VERSION_NUMBER", "TLS handshake failed: the server speaks plain HTTP (http://, not https://?)"),
+           # MLflow's REST client on a status that is not 200 (mlflow.utils.rest_utils.verify_rest_response)
+           ("failed with error code 401", "HTTP 401: not authenticated (MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)"),
+           ("failed with error code 403", "HTTP 403: forbidden (the user lacks permission)"),
+           ("failed with error code 404", "HTTP 404 for MLflow's REST API /api/2.0/mlflow/: no tracking server at "
+            "this URL (its root, without a path?)"),
            ("filesystem tracking backend", "this MLflow keeps no runs in a directory unless MLFLOW_ALLOW_FILE_STORE=true;"
             " sqlite:///FILE.db is its successor"))  # fmt: skip
 
