@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 import yaml
 from layout import SRC as LAYOUT_SRC
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tunebench.commands.main import main
 from tunebench.errors import InputError
@@ -695,6 +695,16 @@ def test_each_result_stays_in_the_experiment_that_recorded_it(tmp_path, capsys):
     (run,) = mlflow_runs(uri, "tunebench run")
     assert run.data.tags["tunebench.result_id"] == "4" and "tunebench.operation_id" not in run.data.tags
     assert {r.data.tags["tunebench.operation_id"] for r in mlflow_runs(uri, ops[1])} == {ops[1].split()[1]}
+    with Store(store) as opened, opened.engine.begin() as conn:  # as a store written before results named theirs
+        for rid, meta in conn.execute(select(results.c.id, results.c.meta)).all():
+            meta.get("execution", {}).pop("operation_id", None)
+            conn.execute(update(results).where(results.c.id == rid).values(meta=meta))
+    uri = f"sqlite:///{tmp_path / 'older.db'}"  # its results go by the latest operation started before each
+    assert export() == "4 runs created, 0 already there"
+    assert {name: sorted(int(r.data.tags["tunebench.result_id"]) for r in mlflow_runs(uri, name)) for name in ops} == {
+        ops[0]: [1, 2],
+        ops[1]: [3],
+    }
 
 
 def test_explore_says_where_its_results_went(tmp_path, capsys):

@@ -23,7 +23,15 @@ from tunebench.spec.results import Result
 from tunebench.store import db
 from tunebench.store.base import StoreBase
 from tunebench.store.rows import CHUNK, as_text, clean_json, json_value, properties_of
-from tunebench.store.schema import MEASURED_COLUMNS, entities, experiments, operations, requests, results
+from tunebench.store.schema import (
+    MEASURED_COLUMNS,
+    entities,
+    experiments,
+    operation_points,
+    operations,
+    requests,
+    results,
+)
 
 PREDICT, RULES = "predict", "rules"  # a prediction is no measurement; a point invalid by rule never ran
 RUN, IMPORT = "run", "import"  # `tunebench run`'s results (their generator) and imported ones (their actuator)
@@ -108,6 +116,7 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
     n = len(MEASURED_COLUMNS)
     with db.read(store.engine) as conn:
         for i in range(0, len(wanted), CHUNK):
+            sampled_by = _latest_operations(conn, wanted[i : i + CHUNK])
             for row in conn.execute(query.where(results.c.id.in_(wanted[i : i + CHUNK]))):
                 (rid, request_id, created, status, actuator, is_valid), rest = row[:6], row[6:]
                 (
@@ -138,7 +147,7 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
                     log_tail,
                     actuator,
                 )
-                op_id = operation_of(result, generator, claimed_by)
+                op_id = operation_of(result, generator, sampled_by.get(rid) or claimed_by)
                 found[rid] = StoredResult(
                     rid,
                     request_id,
@@ -157,16 +166,30 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
     return [replace(found[i], operation_name=names.get(found[i].operation_id)) for i in wanted if i in found]
 
 
-def operation_of(result: Result, generator: str | None, claimed_by: str | None) -> str | None:
+def operation_of(result: Result, generator: str | None, likely: str | None) -> str | None:
     """The operation that recorded a result: the one its store write named (``execution.operation_id``,
     tunebench.store.queue.recorded_by); none for `tunebench run`'s and imported results; else (a result stored
-    before that was kept) claimed_by, the operation that last claimed its request."""
+    before that was kept) likely: the latest operation started before it that sampled its point, else the one
+    that last claimed its request."""
     named = (result.metadata.get("execution") or {}).get("operation_id")
     if isinstance(named, str) and named:
         return named
     if generator == RUN or result.actuator == IMPORT:
         return None
-    return claimed_by
+    return likely
+
+
+def _latest_operations(conn: Any, result_ids: Sequence[int]) -> dict[int, str]:
+    """result id -> the latest operation created before the result that sampled its point (results of no
+    operation are left out)."""
+    query = (
+        select(results.c.id, operations.c.id)
+        .join(operation_points, operation_points.c.request_id == results.c.request_id)
+        .join(operations, operations.c.id == operation_points.c.operation_id)
+        .where(results.c.id.in_(result_ids), operations.c.created_at <= results.c.created_at)
+        .order_by(operations.c.created_at)
+    )
+    return dict(conn.execute(query).tuples().all())  # the latest of each result's last
 
 
 def _operation_names(conn: Any, ids: set[str]) -> dict[str, str | None]:
