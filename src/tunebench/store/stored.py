@@ -189,7 +189,7 @@ def _latest_operations(conn: Any, result_ids: Sequence[int]) -> dict[int, str]:
         .where(results.c.id.in_(result_ids), operations.c.created_at <= results.c.created_at)
         .order_by(operations.c.created_at)
     )
-    return dict(conn.execute(query).tuples().all())  # the latest of each result's last
+    return dict(conn.execute(query).all())  # the latest of each result's last
 
 
 def _operation_names(conn: Any, ids: set[str]) -> dict[str, str | None]:
@@ -197,7 +197,7 @@ def _operation_names(conn: Any, ids: set[str]) -> dict[str, str | None]:
     if not ids:
         return {}
     query = select(operations.c.id, operations.c.name).where(operations.c.id.in_(sorted(ids)))
-    return dict(conn.execute(query).tuples().all())
+    return dict(conn.execute(query).all())
 
 
 def add_warning(store: StoreBase, result_id: int, text: str) -> None:
