@@ -45,6 +45,7 @@ TINY_LLAMA = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
 }  # fmt: skip
+SERVERS: dict[str, subprocess.Popen] = {}  # url -> the `mlflow server` process of the fixture
 # invalid by rule (batch 3 over 2 GPUs): `run` records it at once, without training
 INVALID = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=3"]
 
@@ -296,6 +297,7 @@ def mlflow_server(tmp_path_factory):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
             time.sleep(1)
+        SERVERS[url] = proc
         yield url
     finally:
         with_group(proc, signal.SIGTERM)
@@ -515,6 +517,46 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     assert sorted(r["tunebench"]["result_id"] for r in aim_runs(aim)) == sorted(str(h.result_id) for h in stored)
     for h in stored:
         check_mlflow_run(uri, h, predicted=None, experiment=f"tunebench {op}")  # export's default: no prediction
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_answering_costs_one_timeout(tmp_path, mlflow_server, monkeypatch, capfd):
+    """The tracking server passes the check, then accepts connections and never answers (SIGSTOP): the first
+    result's send runs into MLflow's timeouts and retries and says so while it waits; every later one is
+    refused after one quick re-check (no retries), not after the same retries again; once the server answers,
+    an export sends both, nothing half-written."""
+    from tunebench.store.stored import result_ids
+    from tunebench.track import open_trackers, send
+
+    path = explore_space(tmp_path, [])
+    assert main(["explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--quiet"]) == 0
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")  # as a user may set it: kept by tunebench
+    monkeypatch.setattr(send, "SEND_HEARTBEAT_S", 1.0)
+    server = SERVERS[mlflow_server]
+    with Store(tmp_path / "s.db") as store, open_trackers([Target("mlflow", mlflow_server)]) as trackers:
+        ids = result_ids(store)
+        with_group(server, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            sent = trackers.send(store, ids)
+        finally:
+            with_group(server, signal.SIGCONT)
+    took = time.monotonic() - started  # MLflow's own retries (7, backoff factor 2) would take over 4 min
+    assert took < 120, took
+    err = capfd.readouterr().err
+    first, second = sent.warnings
+    assert f"mlflow: result {ids[0]} was not tracked (MlflowException: timed out); it is in the store" in first
+    assert f"was not tracked (cannot reach the MLflow tracking server {mlflow_server}: timed out)" in second
+    assert f"track: sending result {ids[0]} to mlflow:{mlflow_server}, " in err  # while it waits
+    held_now = {h.result_id: h.metadata["tracking_warnings"] for h in held(tmp_path / "s.db")}
+    assert held_now == {ids[0]: [first], ids[1]: [second]}
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    done = cli("track", "export", "--to", "mlflow", "--uri", mlflow_server, "--store", str(tmp_path / "s.db"))
+    assert done.stdout.strip().endswith(": 2 runs created, 0 already there"), done.stderr
+    op = parse_space(yaml.safe_load(path.read_text())).operation_id
+    runs = mlflow_runs(mlflow_server, f"tunebench {op}")
+    assert sorted(r.data.tags["tunebench.result_id"] for r in runs) == sorted(str(i) for i in ids)
+    assert {r.info.status for r in runs} == {"FINISHED"}
 
 
 # ------------------------------------------------------------------------------ bad input (fast)

@@ -68,8 +68,11 @@ class MlflowWriter:
             raise InputError(self.field, f"cannot {what} {mask_secrets(self.uri)}: {_why(exc)}") from None
 
     def has(self, run: TrackedRun) -> bool:
-        """Whether the experiment holds a complete run of this result (an interrupted one does not count)."""
-        found = self._known(self._experiment(run.experiment)).get(run.key)
+        """Whether the experiment holds a complete run of this result (an interrupted one does not count); its
+        requests under the write settings too (MLflow's own, 7 retries and 120 s each, cost a dead server
+        minutes per result)."""
+        with _env(WRITE_ENV):
+            found = self._known(self._experiment(run.experiment)).get(run.key)
         return found is not None and found[1]
 
     def write(self, run: TrackedRun) -> str:
@@ -117,6 +120,11 @@ class MlflowWriter:
 
     def close(self) -> None:
         """Nothing to release: every call above is a complete request."""
+
+    @staticmethod
+    def reason(exc: BaseException) -> str:
+        """Why a request failed, in a few words where the failure is a known one (REASONS)."""
+        return _why(exc)
 
     def _experiment(self, name: str) -> str:
         """The id of the experiment name (created, or restored from MLflow's trash, on first use)."""
