@@ -25,14 +25,16 @@ import pandas as pd
 import pytest
 import yaml
 from layout import SRC as LAYOUT_SRC
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tunebench.commands.main import main
 from tunebench.errors import InputError
 from tunebench.explore.space import parse_space
 from tunebench.spec.experiments import REQUIRED_PROPERTIES, get_experiment, make_entity
 from tunebench.spec.properties import render_value
+from tunebench.spec.results import Result
 from tunebench.store import Store
+from tunebench.store.rows import Record
 from tunebench.store.schema import results
 from tunebench.track.targets import Target, default_location
 
@@ -43,6 +45,7 @@ TINY_LLAMA = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
 }  # fmt: skip
+SERVERS: dict[str, subprocess.Popen] = {}  # url -> the `mlflow server` process of the fixture
 # invalid by rule (batch 3 over 2 GPUs): `run` records it at once, without training
 INVALID = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=3"]
 
@@ -294,6 +297,7 @@ def mlflow_server(tmp_path_factory):
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-3000:]}")
             time.sleep(1)
+        SERVERS[url] = proc
         yield url
     finally:
         with_group(proc, signal.SIGTERM)
@@ -334,6 +338,29 @@ def test_run_is_in_the_aim_repository(measured):
     metrics = aim_metrics(run)
     expected = h.predicted(measured.home)
     assert {k: metrics[k]["value"].iloc[-1] for k in expected} == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_run_tags_say_where_and_with_what_it_was_measured(measured):
+    """Host, device, the worker's library versions (one tag each, searchable) and the measurement's notes."""
+    (h,) = held(measured.store)
+    versions = {k: v for k, v in h.metadata["versions"].items() if v}
+    assert {"python", "torch", "transformers", "peft"} <= set(versions)
+    (run,) = mlflow_runs(measured.mlflow_uri, "tunebench run")
+    tags = run.data.tags
+    prefix = "tunebench.versions."
+    assert {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)} == versions
+    assert (tags["tunebench.host"], tags["tunebench.device"]) == (h.metadata["host"], "cpu")
+    assert tags.get("tunebench.notes", "") == "; ".join(h.metadata.get("notes", []))
+    from mlflow.tracking import MlflowClient
+
+    torch = versions["torch"]
+    found = MlflowClient(measured.mlflow_uri).search_runs(
+        [run.info.experiment_id], filter_string=f"tags.`{prefix}torch` = '{torch}'"
+    )
+    assert [r.info.run_id for r in found] == [run.info.run_id]
+    (aim_run,) = aim_runs(measured.aim)
+    assert aim_run["tunebench"]["versions.torch"] == torch and aim_run["tunebench"]["host"] == h.metadata["host"]
 
 
 @pytest.mark.slow
@@ -471,6 +498,9 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     assert len(warnings) == 4 and all(
         "NotADirectoryError" in w and "tunebench track export --to" in w for w in warnings
     )
+    assert done.stderr.splitlines()[-1].endswith(
+        "0 runs created, 0 already there, 4 failed (the warnings above say how to send them)"
+    )
     for h in stored:
         kept = h.metadata["tracking_warnings"]
         assert [w.split(":")[0] for w in kept] == ["mlflow", "aim"] and f"result {h.result_id} " in kept[0]
@@ -487,6 +517,47 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     assert sorted(r["tunebench"]["result_id"] for r in aim_runs(aim)) == sorted(str(h.result_id) for h in stored)
     for h in stored:
         check_mlflow_run(uri, h, predicted=None, experiment=f"tunebench {op}")  # export's default: no prediction
+
+
+@pytest.mark.slow
+def test_a_server_that_stops_answering_costs_one_timeout(tmp_path, mlflow_server, monkeypatch, capfd):
+    """The tracking server passes the check, then accepts connections and never answers (SIGSTOP): the first
+    result's send runs into MLflow's timeouts and retries and says so while it waits; every later one is
+    refused after one quick re-check (no retries), not after the same retries again; once the server answers,
+    an export sends both, nothing half-written."""
+    from tunebench.store.stored import result_ids
+    from tunebench.track import open_trackers, send
+
+    path = explore_space(tmp_path, [])
+    assert main(["explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--quiet"]) == 0
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")  # as a user may set it: kept by tunebench
+    monkeypatch.setattr(send, "SEND_HEARTBEAT_S", 1.0)
+    server = SERVERS[mlflow_server]
+    with Store(tmp_path / "s.db") as store, open_trackers([Target("mlflow", mlflow_server)]) as trackers:
+        ids = result_ids(store)
+        with_group(server, signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            sent = trackers.send(store, ids)
+        finally:
+            with_group(server, signal.SIGCONT)
+    took = time.monotonic() - started  # MLflow's own retries (7, backoff factor 2) would take over 4 min
+    assert took < 120, took
+    err = capfd.readouterr().err
+    first, second = sent.warnings
+    assert f"mlflow: result {ids[0]} was not tracked (MlflowException: timed out); it is in the store" in first
+    assert f"was not tracked (cannot reach the MLflow tracking server {mlflow_server}: timed out)" in second
+    assert f"track: sending result {ids[0]} to mlflow:{mlflow_server}, " in err  # while it waits
+    held_now = {h.result_id: h.metadata["tracking_warnings"] for h in held(tmp_path / "s.db")}
+    assert held_now == {ids[0]: [first], ids[1]: [second]}
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    done = cli("track", "export", "--to", "mlflow", "--uri", mlflow_server, "--store", str(tmp_path / "s.db"))
+    assert done.stdout.strip().endswith(": 2 runs created, 0 already there"), done.stderr
+    op = parse_space(yaml.safe_load(path.read_text())).operation_id
+    mine = f"sqlite:///{tmp_path / 's.db'}"  # the server is the module's: other tests' runs share the experiment
+    runs = [r for r in mlflow_runs(mlflow_server, f"tunebench {op}") if r.data.tags["tunebench.store"] == mine]
+    assert sorted(r.data.tags["tunebench.result_id"] for r in runs) == sorted(str(i) for i in ids)
+    assert {r.info.status for r in runs} == {"FINISHED"}
 
 
 # ------------------------------------------------------------------------------ bad input (fast)
@@ -512,6 +583,42 @@ def test_an_unreachable_tracking_server_is_an_error_before_training(tmp_path, ca
     assert (
         err[-1] == f"error: track: cannot reach the MLflow tracking server http://127.0.0.1:{port}: connection refused"
     )
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_server_that_is_no_mlflow_tracking_server_is_named_so(tmp_path, capsys):
+    """A real HTTP server that answers 404 (a wrong URL path) or 401 (no credentials), and https:// to a plain
+    HTTP server: one line each saying why, before anything is measured."""
+    import http.server
+    import threading
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = 401 if self.path.startswith("/locked/") else 404
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<!doctype html><title>no</title>")
+
+        do_POST = do_GET  # MLflow searches with a POST
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        for uri, says in (
+            (f"{url}/nope", "HTTP 404 for MLflow's REST API /api/2.0/mlflow/: no tracking server at this URL"),
+            (f"{url}/locked", "HTTP 401: not authenticated (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+            (url.replace("http:", "https:"), "TLS handshake failed: the server speaks plain HTTP"),
+        ):
+            assert main(["run", LORA, *INVALID, "--store", str(tmp_path / "s.db"), "--track", f"mlflow:{uri}"]) == 2
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"error: --track: cannot reach the MLflow tracking server {uri}: {says}"), line
+    finally:
+        server.shutdown()
     assert not (tmp_path / "s.db").exists()
 
 
@@ -595,3 +702,72 @@ def test_invalid_and_failed_results_are_tracked_with_why(tmp_path, capsys):
     assert bad.info.status == "FAILED" and "is_valid" not in bad.data.metrics
     assert bad.data.tags["tunebench.error"] == rows["failed"].row["error"]
     assert invalid.data.params == as_mlflow_params(rows["invalid"].params())
+
+
+def test_each_result_stays_in_the_experiment_that_recorded_it(tmp_path, capsys):
+    """One request measured by operation A, re-measured by operation B (--remeasure) and by `tunebench run`: a
+    request remembers only the operation that last claimed it, yet each result stays in the MLflow experiment of
+    what recorded it (A, B, `tunebench run`), so exporting after each step never sends a result twice."""
+    store, uri = tmp_path / "s.db", f"sqlite:///{tmp_path / 'm.db'}"
+
+    def export() -> str:
+        assert main(["track", "export", "--to", "mlflow", "--uri", uri, "--store", str(store)]) == 0
+        return capsys.readouterr().out.strip().splitlines()[-1].partition(": ")[2]
+
+    first = explore_space(tmp_path, [])  # model_max_length 64 and 128
+    assert main(["explore", str(first), "--store", str(store), "--allow-actuator-import", "--quiet"]) == 0
+    assert export() == "2 runs created, 0 already there"
+    space = yaml.safe_load(first.read_text())
+    space["entity_space"]["model_max_length"] = [64]
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump(space))
+    argv = ["explore", str(second), "--store", str(store), "--allow-actuator-import", "--quiet", "--remeasure"]
+    assert main(argv) == 0
+    experiment = get_experiment(LORA, {"max_steps": 2})
+    entity = make_entity(
+        experiment, {"model_name": "smollm2-135m", "model_max_length": 64, "batch_size": 1, "number_gpus": 0}
+    )
+    result = Result.valid(experiment.id, entity.id, {"train_runtime": 1.0}, actuator="testing")
+    with Store(store) as opened:  # what `tunebench run` records (tunebench.commands.store.record_run)
+        opened.record_one(Record(experiment, entity, result, actuator=space["actuator"]["name"], generator="run"))
+    assert export() == "2 runs created, 2 already there"
+    assert export() == "0 runs created, 4 already there"
+    ops = [f"tunebench {parse_space(yaml.safe_load(p.read_text())).operation_id}" for p in (first, second)]
+    found = {name: sorted(int(r.data.tags["tunebench.result_id"]) for r in mlflow_runs(uri, name)) for name in ops}
+    assert found == {ops[0]: [1, 2], ops[1]: [3]}
+    (run,) = mlflow_runs(uri, "tunebench run")
+    assert run.data.tags["tunebench.result_id"] == "4" and "tunebench.operation_id" not in run.data.tags
+    assert {r.data.tags["tunebench.operation_id"] for r in mlflow_runs(uri, ops[1])} == {ops[1].split()[1]}
+    with Store(store) as opened, opened.engine.begin() as conn:  # as a store written before results named theirs
+        for rid, meta in conn.execute(select(results.c.id, results.c.meta)).all():
+            meta.get("execution", {}).pop("operation_id", None)
+            conn.execute(update(results).where(results.c.id == rid).values(meta=meta))
+    uri = f"sqlite:///{tmp_path / 'older.db'}"  # its results go by the latest operation started before each
+    assert export() == "4 runs created, 0 already there"
+    assert {name: sorted(int(r.data.tags["tunebench.result_id"]) for r in mlflow_runs(uri, name)) for name in ops} == {
+        ops[0]: [1, 2],
+        ops[1]: [3],
+    }
+
+
+def test_explore_says_where_its_results_went(tmp_path, capsys):
+    """explore --track ends with one line (stderr; stdout may carry --json) naming the trackers, the experiment
+    and the runs created; the JSON summary holds the same. A resumed exploration measures nothing new."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    path = explore_space(tmp_path, [f"mlflow:{uri}"])
+    argv = ["explore", str(path), "--store", str(tmp_path / "s.db"), "--allow-actuator-import", "--quiet"]
+    op = parse_space(yaml.safe_load(path.read_text())).operation_id
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    said = f"tracked in mlflow:{uri} (experiment 'tunebench {op}'): "
+    assert err.splitlines()[-1] == said + "2 runs created, 0 already there"
+    assert json.loads(out)["tracked"] == {
+        "trackers": f"mlflow:{uri}",
+        "experiment": f"tunebench {op}",
+        "created": 2,
+        "present": 0,
+        "failed": 0,
+    }
+    assert len(mlflow_runs(uri, f"tunebench {op}")) == 2
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == said + "0 runs created, 0 already there"

@@ -103,6 +103,8 @@ def explore(
         typer.echo(json.dumps(summary.to_dict(), indent=1, default=str))
     else:
         print_summary(summary)
+    if summary.tracked:
+        print_tracked(summary.tracked)
     if summary.failed:  # after their retries: the exit code says so too
         typer.echo(
             f"{summary.failed} point(s) failed: tunebench show --operation {summary.operation_id} "
@@ -126,6 +128,16 @@ def _display(quiet: bool) -> Any:
     if not quiet and not console.is_terminal:
         return ProgressLog()
     return ProgressDisplay(console, enabled=not quiet)
+
+
+def print_tracked(tracked: dict[str, Any]) -> None:
+    """Where explore's results went (stderr, as `run`'s line: stdout may carry --json)."""
+    failed = f", {tracked['failed']} failed (the warnings above say how to send them)" if tracked["failed"] else ""
+    typer.echo(
+        f"tracked in {tracked['trackers']} (experiment '{tracked['experiment']}'): {tracked['created']} runs "
+        f"created, {tracked['present']} already there{failed}",
+        err=True,
+    )
 
 
 def print_summary(summary: Summary) -> None:

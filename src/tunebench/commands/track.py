@@ -53,8 +53,7 @@ def track_run(trackers: Trackers, store_url: str, experiment: Experiment, entity
         request_id = store.request_ids([(experiment.id, entity.id)], actuator=actuator)[(experiment.id, entity.id)]
         sent = trackers.send_requests(store, [request_id])
     if sent.created or sent.present:
-        names = ", ".join(str(w.target) for w in trackers.writers)
-        typer.echo(f"tracked in {names} (experiment 'tunebench run')", err=True)
+        typer.echo(f"tracked in {trackers.names()} (experiment 'tunebench run')", err=True)
 
 
 track_app = typer.Typer(help="Experiment trackers (MLflow, Aim): send stored measurements.", no_args_is_help=True)

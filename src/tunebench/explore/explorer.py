@@ -100,6 +100,8 @@ class Summary(Progress):
     best: dict[str, Any] | None = None
     interrupted: bool = False
     final: dict[str, int] = field(default_factory=dict)  # the operation's requests by status at the end
+    # where the results went: trackers (mlflow:URI, ...), experiment, runs created, already there, not tracked
+    tracked: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,7 +196,24 @@ def explore(
     summary.elapsed_s = time.monotonic() - started
     summary.final = store.counts(op_id)
     summary.best = search.best()
+    summary.tracked = _tracked(trackers, op_id)
     return summary
+
+
+def _tracked(trackers: Trackers | None, op_id: str) -> dict[str, Any] | None:
+    """What the trackers took of this run's results (None without trackers)."""
+    if not trackers:
+        return None
+    from tunebench.track.runs import operation_experiment
+
+    total = trackers.total
+    return {
+        "trackers": trackers.names(),
+        "experiment": operation_experiment(op_id),
+        "created": total.created,
+        "present": total.present,
+        "failed": len(total.warnings),
+    }
 
 
 def _submit(executor: Executor, task: Task) -> str | None:

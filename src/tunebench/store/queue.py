@@ -16,6 +16,7 @@ lease the explorer renews while it measures; completion presents the token.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import socket
@@ -300,7 +301,8 @@ class Queue(StoreBase):
         """
         now = time.time()
         with db.write(self.engine) as conn:
-            result_id = insert_result(conn, claim.request_id, result, generator=generator)
+            recorded = recorded_by(result, claim.operation_id)
+            result_id = insert_result(conn, claim.request_id, recorded, generator=generator)
             status = result.status
             if status == FAILED and claim.attempt <= max_retries:
                 status = PENDING
@@ -349,6 +351,7 @@ class Queue(StoreBase):
                     requests.c.attempts,
                     requests.c.lease_expires_at,
                     requests.c.host,
+                    requests.c.operation_id,
                 )
                 .where(requests.c.status == RUNNING)
                 .where(or_(requests.c.lease_expires_at < now, requests.c.host == host))
@@ -366,7 +369,7 @@ class Queue(StoreBase):
                 if r.attempts > max_retries:
                     why = f"the explorer {r.owner} stopped while measuring (attempt {r.attempts})"
                     result = Result.failed("", "", error=why, actuator="store")
-                    result_id = insert_result(conn, r.id, result)
+                    result_id = insert_result(conn, r.id, recorded_by(result, r.operation_id))
                     values: dict[str, Any] = {"status": FAILED, "result_id": result_id, "finished_at": now}
                 else:
                     values = {"status": PENDING}
@@ -377,6 +380,17 @@ class Queue(StoreBase):
                 ).rowcount
                 requeued += changed
         return requeued
+
+
+def recorded_by(result: Result, operation_id: str | None) -> Result:
+    """The result with the operation that records it in ``metadata["execution"]["operation_id"]``: a request
+    keeps only the operation that last claimed it, while a result belongs to the one that measured it for
+    good (the experiment trackers file it there: tunebench.store.stored)."""
+    if not operation_id:
+        return result
+    meta = dict(result.metadata)
+    meta["execution"] = {**(meta.get("execution") or {}), "operation_id": operation_id}
+    return dataclasses.replace(result, metadata=meta)
 
 
 def _take(

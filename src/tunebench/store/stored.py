@@ -14,7 +14,7 @@ the operation that produced it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select, update
@@ -23,9 +23,18 @@ from tunebench.spec.results import Result
 from tunebench.store import db
 from tunebench.store.base import StoreBase
 from tunebench.store.rows import CHUNK, as_text, clean_json, json_value, properties_of
-from tunebench.store.schema import MEASURED_COLUMNS, entities, experiments, operations, requests, results
+from tunebench.store.schema import (
+    MEASURED_COLUMNS,
+    entities,
+    experiments,
+    operation_points,
+    operations,
+    requests,
+    results,
+)
 
 PREDICT, RULES = "predict", "rules"  # a prediction is no measurement; a point invalid by rule never ran
+RUN, IMPORT = "run", "import"  # `tunebench run`'s results (their generator) and imported ones (their actuator)
 WARNINGS = "tracking_warnings"  # the metadata key of the warnings add_warning keeps
 
 
@@ -90,7 +99,6 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
         results.c.log_tail,
         results.c.generator,
         requests.c.operation_id,
-        operations.c.name,
         experiments.c.id,
         experiments.c.base_id,
         as_text(experiments.c.parameters),
@@ -102,13 +110,13 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
         .join(requests, requests.c.id == results.c.request_id)
         .join(experiments, experiments.c.pk == requests.c.experiment_pk)
         .join(entities, entities.c.pk == requests.c.entity_pk)
-        .outerjoin(operations, operations.c.id == requests.c.operation_id)
     )
     found: dict[int, StoredResult] = {}
     wanted = list(ids)
     n = len(MEASURED_COLUMNS)
     with db.read(store.engine) as conn:
         for i in range(0, len(wanted), CHUNK):
+            sampled_by = _latest_operations(conn, wanted[i : i + CHUNK])
             for row in conn.execute(query.where(results.c.id.in_(wanted[i : i + CHUNK]))):
                 (rid, request_id, created, status, actuator, is_valid), rest = row[:6], row[6:]
                 (
@@ -120,8 +128,7 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
                         error,
                         log_tail,
                         generator,
-                        op_id,
-                        op_name,
+                        claimed_by,
                         exp_id,
                         base_id,
                         params,
@@ -140,6 +147,7 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
                     log_tail,
                     actuator,
                 )
+                op_id = operation_of(result, generator, sampled_by.get(rid) or claimed_by)
                 found[rid] = StoredResult(
                     rid,
                     request_id,
@@ -151,10 +159,45 @@ def read_results(store: StoreBase, ids: Sequence[int]) -> list[StoredResult]:
                     dict(json_value(entity) or {}),
                     result,
                     op_id,
-                    op_name,
+                    None,
                     generator,
                 )
-    return [found[i] for i in wanted if i in found]
+        names = _operation_names(conn, {r.operation_id for r in found.values() if r.operation_id})
+    return [replace(found[i], operation_name=names.get(found[i].operation_id)) for i in wanted if i in found]
+
+
+def operation_of(result: Result, generator: str | None, likely: str | None) -> str | None:
+    """The operation that recorded a result: the one its store write named (``execution.operation_id``,
+    tunebench.store.queue.recorded_by); none for `tunebench run`'s and imported results; else (a result stored
+    before that was kept) likely: the latest operation started before it that sampled its point, else the one
+    that last claimed its request."""
+    named = (result.metadata.get("execution") or {}).get("operation_id")
+    if isinstance(named, str) and named:
+        return named
+    if generator == RUN or result.actuator == IMPORT:
+        return None
+    return likely
+
+
+def _latest_operations(conn: Any, result_ids: Sequence[int]) -> dict[int, str]:
+    """result id -> the latest operation created before the result that sampled its point (results of no
+    operation are left out)."""
+    query = (
+        select(results.c.id, operations.c.id)
+        .join(operation_points, operation_points.c.request_id == results.c.request_id)
+        .join(operations, operations.c.id == operation_points.c.operation_id)
+        .where(results.c.id.in_(result_ids), operations.c.created_at <= results.c.created_at)
+        .order_by(operations.c.created_at)
+    )
+    return dict(conn.execute(query).all())  # the latest of each result's last
+
+
+def _operation_names(conn: Any, ids: set[str]) -> dict[str, str | None]:
+    """Operation id -> its name (None: unnamed), for ids."""
+    if not ids:
+        return {}
+    query = select(operations.c.id, operations.c.name).where(operations.c.id.in_(sorted(ids)))
+    return dict(conn.execute(query).all())
 
 
 def add_warning(store: StoreBase, result_id: int, text: str) -> None:

@@ -68,8 +68,11 @@ class MlflowWriter:
             raise InputError(self.field, f"cannot {what} {mask_secrets(self.uri)}: {_why(exc)}") from None
 
     def has(self, run: TrackedRun) -> bool:
-        """Whether the experiment holds a complete run of this result (an interrupted one does not count)."""
-        found = self._known(self._experiment(run.experiment)).get(run.key)
+        """Whether the experiment holds a complete run of this result (an interrupted one does not count); its
+        requests under the write settings too (MLflow's own, 7 retries and 120 s each, cost a dead server
+        minutes per result)."""
+        with _env(WRITE_ENV):
+            found = self._known(self._experiment(run.experiment)).get(run.key)
         return found is not None and found[1]
 
     def write(self, run: TrackedRun) -> str:
@@ -117,6 +120,11 @@ class MlflowWriter:
 
     def close(self) -> None:
         """Nothing to release: every call above is a complete request."""
+
+    @staticmethod
+    def reason(exc: BaseException) -> str:
+        """Why a request failed, in a few words where the failure is a known one (REASONS)."""
+        return _why(exc)
 
     def _experiment(self, name: str) -> str:
         """The id of the experiment name (created, or restored from MLflow's trash, on first use)."""
@@ -198,11 +206,18 @@ def _ms(seconds: float) -> int:
     return int(round(seconds * 1000))
 
 
-# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording), and
-# MLflow 3's refusal of a directory (file) store, which it keeps in maintenance mode
+# what a connection failure says deep inside the text of MLflow's error (requests' and urllib3's wording), an
+# HTTP status its REST client refuses, and MLflow 3's refusal of a directory (file) store (maintenance mode)
 REASONS = (("Connection refused", "connection refused"), ("Name or service not known", "unknown host"),
            ("Failed to resolve", "unknown host"), ("timed out", "timed out"), ("Read timed out", "timed out"),
            ("CERTIFICATE_VERIFY_FAILED", "TLS certificate verification failed"),
+           ("WRONG_VERSION_NUMBER", "TLS handshake failed: the server speaks plain HTTP (http://, not https://?)"),
+           # MLflow's REST client on a status that is not 200 (mlflow.utils.rest_utils.verify_rest_response)
+           ("failed with error code 401", "HTTP 401: not authenticated (MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD, or MLFLOW_TRACKING_TOKEN)"),
+           ("failed with error code 403", "HTTP 403: forbidden (the user lacks permission)"),
+           ("failed with error code 404", "HTTP 404 for MLflow's REST API /api/2.0/mlflow/: no tracking server at "
+            "this URL (its root, without a path?)"),
            ("filesystem tracking backend", "this MLflow keeps no runs in a directory unless MLFLOW_ALLOW_FILE_STORE=true;"
             " sqlite:///FILE.db is its successor"))  # fmt: skip
 

@@ -8,8 +8,10 @@
 - metrics: every measured property that is a number (``is_valid`` 1/0 included); the planner's prediction
   of the same entity as ``predicted_<property>``;
 - tags: ``tunebench.status`` (valid | invalid | failed), ``tunebench.is_valid``, ``tunebench.reasons``,
-  ``tunebench.error``, and the result's identity (``tunebench.result_id``, ``tunebench.result_key``: the
-  id and the time the store recorded it, what a re-export looks up; request, operation, store, entity id);
+  ``tunebench.error``, the result's identity (``tunebench.result_id``, ``tunebench.result_key``: the
+  id and the time the store recorded it, what a re-export looks up; request, operation, store, entity id)
+  and its provenance (``tunebench.host``, ``tunebench.device``, ``tunebench.versions.<package>``,
+  ``tunebench.notes``);
 - series: the result's time series in long format (columns series, step, time_s, value): each point is
   logged at its training step, a sampled series (no step) at ``round(time_s * 1000)``, the milliseconds
   since the run's first sample, so that every series of a run shares one time axis;
@@ -108,8 +110,13 @@ def series_points(frame: pd.DataFrame | None) -> Iterator[tuple[str, int, float 
 def experiment_name(stored: StoredResult) -> str:
     """The tracker experiment of a result: its operation's, else `tunebench run`'s or the imports'."""
     if stored.operation_id:
-        return f"tunebench {stored.operation_id}"
+        return operation_experiment(stored.operation_id)
     return "tunebench import" if stored.result.actuator == "import" else "tunebench run"
+
+
+def operation_experiment(operation_id: str) -> str:
+    """The tracker experiment of an operation's results."""
+    return f"tunebench {operation_id}"
 
 
 def run_name(stored: StoredResult) -> str:
@@ -194,8 +201,24 @@ def result_tags(stored: StoredResult, store_url: str) -> dict[str, str]:
         "generator": stored.generator or "",
         "actuator": result.actuator,
         "store": mask_secrets(store_url),
+        **provenance(result.metadata),
     }
     return {PREFIX + k: _cut(v) for k, v in tags.items() if v}
+
+
+def provenance(meta: dict[str, Any]) -> dict[str, str]:
+    """Where and with what a result was measured, from its metadata: host, device, each library's version as
+    ``versions.<package>`` (the worker's, tunebench.worker.run) and the measurement's notes (caveats, e.g. a
+    busy host), joined by "; "."""
+    execution = meta.get("execution") if isinstance(meta.get("execution"), dict) else {}
+    versions = meta.get("versions") if isinstance(meta.get("versions"), dict) else {}
+    notes = meta.get("notes") if isinstance(meta.get("notes"), list) else []
+    return {
+        "host": str(meta.get("host") or execution.get("host") or ""),
+        "device": str(meta.get("device") or ""),
+        **{f"versions.{k}": str(v) for k, v in sorted(versions.items()) if v},
+        "notes": one_line("; ".join(str(n) for n in notes)),
+    }
 
 
 def tracked_run(store: StoreBase, stored: StoredResult, *, predicted: bool) -> TrackedRun:

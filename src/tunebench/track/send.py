@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tunebench.errors import one_line
+from tunebench.errors import InputError, one_line
 from tunebench.logs import duration, get, heartbeat
 from tunebench.secrets import mask_secrets
 from tunebench.track.runs import TrackedRun, tracked_run
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 log = get(__name__)
 CHECK_HEARTBEAT_S = 5.0  # a check that takes longer says so (the embedded store's first use creates its tables)
+SEND_HEARTBEAT_S = 30.0  # a send that takes longer says so (a server that accepts and never answers: minutes)
 
 
 @dataclass
@@ -59,6 +60,8 @@ class Trackers:
     def __init__(self, writers: Sequence[Any], *, predicted: bool = True):
         self.writers = list(writers)
         self.predicted = predicted  # add the planner's prediction of each entity (predicted_<property>)
+        self.total = Sent()  # what every send so far did (what `explore` reports at its end)
+        self.failing: set[int] = set()  # writers (by index) whose last send failed: checked again first
 
     def __bool__(self) -> bool:
         return bool(self.writers)
@@ -85,23 +88,48 @@ class Trackers:
         stored = read_results(store, ids)
         for done, item in enumerate(stored, 1):
             run: TrackedRun | None = None
-            for writer in self.writers:
+            for n, writer in enumerate(self.writers):
                 try:
                     run = run or tracked_run(store, item, predicted=self.predicted)
-                    if writer.has(run):
-                        sent.present += 1
-                        continue
-                    writer.write(run)
-                    sent.created += 1
+                    started = time.monotonic()
+                    waited = lambda: (  # noqa: E731
+                        f"track: sending result {item.result_id} to {writer.target}, "
+                        f"{duration(time.monotonic() - started)} elapsed"
+                    )
+                    with heartbeat(log, waited, SEND_HEARTBEAT_S):
+                        created = self._send_one(n, writer, run)
+                    sent.created += created
+                    sent.present += not created
                 except Exception as exc:  # the measurement is stored: a tracker's failure is a warning
-                    text = _warning(writer.target, item.result_id, exc, store.url)
+                    self.failing.add(n)
+                    text = _warning(writer, item.result_id, exc, store.url)
                     log.warning(text)
                     sent.warnings.append(text)
                     if record:
                         _keep(store, item.result_id, text, add_warning)
             if progress:
                 progress(done, len(stored))
+        self.total.created += sent.created
+        self.total.present += sent.present
+        self.total.warnings += sent.warnings
         return sent
+
+    def _send_one(self, n: int, writer: Any, run: TrackedRun) -> bool:
+        """Write run to the n-th writer unless its tracker holds it already; True when created. A tracker whose
+        last send failed is checked first (one request, no retries, 10 s: MlflowWriter.check): a server that
+        stays down costs seconds per result, not a write's retries (4 x 60 s where it accepts and never
+        answers, MLflow's HTTP retries under WRITE_ENV)."""
+        if n in self.failing:
+            writer.check()
+            self.failing.discard(n)
+        if writer.has(run):
+            return False
+        writer.write(run)
+        return True
+
+    def names(self) -> str:
+        """The trackers, as one says them: mlflow:URI, aim:REPO (passwords masked)."""
+        return ", ".join(str(w.target) for w in self.writers)
 
     def close(self) -> None:
         for writer in self.writers:
@@ -154,12 +182,18 @@ def export_command(target: Target, store_url: str) -> str:
     return f"tunebench track export --to {target.kind}{uri} --store {mask_secrets(store_url)}"
 
 
-def _warning(target: Target, result_id: int, exc: BaseException, store_url: str) -> str:
-    why = one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else "")
-    why = why if len(why) <= 300 else why[:299] + "…"
+def _warning(writer: Any, result_id: int, exc: BaseException, store_url: str) -> str:
+    """One line: why the result was not tracked (a failed re-check says it in its own words; the writer's reason(),
+    where it has one, names a known failure in a few words) and how to send it."""
+    target = writer.target
+    reason = getattr(writer, "reason", str)
+    text = exc.message if isinstance(exc, InputError) else reason(exc)
+    why = one_line(text.strip().splitlines()[0] if text.strip() else "")
+    why = mask_secrets(why if len(why) <= 300 else why[:299] + "…")
+    why = why if isinstance(exc, InputError) else f"{type(exc).__name__}: {why}"
     return (
-        f"{target.kind}: result {result_id} was not tracked ({type(exc).__name__}: {mask_secrets(why)}); it is in "
-        f"the store, and `{export_command(target, store_url)}` sends it"
+        f"{target.kind}: result {result_id} was not tracked ({why}); it is in the store, and "
+        f"`{export_command(target, store_url)}` sends it"
     )
 
 
