@@ -909,3 +909,12 @@ def test_plan_prints_the_catalog_price_and_refuses_another_currency_without_a_pr
     )
     assert rec["price_per_gpu_hour"] == pytest.approx(2.736) and rec["currency"] == "USD"
     assert rec["cheapest"]["cost"] == pytest.approx(rec["cheapest"]["gpu_hours"] * 2.736, rel=1e-3)
+
+
+def test_recommend_names_each_methods_entity_with_the_properties_its_experiment_has():
+    """A LoRA job's rank is no property of full fine-tuning: the full row's entity leaves it out (it raised)."""
+    job = ["model_name=smollm2-135m", "model_max_length=512", "batch_size=8", "gpu_model=A100-80GB", "r=8"]
+    res = invoke("recommend", LORA.id, *job, "--max-gpus", "2", "--json")
+    assert res.exit_code == 0, res.output
+    ids = {row["method"]: row["entity_id"] for row in json.loads(res.stdout)["methods"]}
+    assert not ids["full"].endswith("-r.8") and ids["lora"].endswith("-r.8") and ids["qlora"].endswith("-r.8")

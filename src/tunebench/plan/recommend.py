@@ -344,17 +344,22 @@ def method_values(
 ) -> tuple[Experiment, dict[str, Any], list[str]]:
     """Effective values of the same job under another method's experiment (LoRA defaults apply)."""
     exp = get_experiment(METHOD_EXPERIMENTS[method], experiment_params or None)
+    entity, notes = method_entity(exp, base)
+    return exp, effective_values(exp, entity), notes
+
+
+def method_entity(exp: Experiment, base: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """The job's entity under exp: the properties exp has (a full fine-tuning job keeps no LoRA rank), LoRA on
+    FALLBACK_TARGET_MODULES where the model has no reference target modules; and the notes saying so."""
     keep = {k: v for k, v in base.items() if k in exp.optional or k in exp.required}
-    notes: list[str] = []
     try:
-        entity = make_entity(exp, keep)
+        return make_entity(exp, keep), []
     except InputError as err:
         if err.field != "target_modules":
             raise
         keep["target_modules"] = FALLBACK_TARGET_MODULES
-        entity = make_entity(exp, keep)
-        notes.append(f"no reference target modules for this model; LoRA on {', '.join(FALLBACK_TARGET_MODULES)}")
-    return exp, effective_values(exp, entity), notes
+        note = f"no reference target modules for this model; LoRA on {', '.join(FALLBACK_TARGET_MODULES)}"
+        return make_entity(exp, keep), [note]
 
 
 def recommend(
@@ -455,7 +460,7 @@ def _picked(experiment: Experiment, common: Mapping[str, Any], cand: Candidate |
         layout["number_nodes"] = cand.number_nodes
     if "distributed_backend" in common:  # a given None is planned as FSDP on several GPUs (candidate_backend)
         layout["distributed_backend"] = candidate_backend(common, cand.number_gpus)
-    return {"entity_id": make_entity(experiment, {**common, **layout}).id, **cand.to_dict()}
+    return {"entity_id": method_entity(experiment, {**common, **layout})[0].id, **cand.to_dict()}
 
 
 def _given_gpu_count(given: Any) -> int | None:
