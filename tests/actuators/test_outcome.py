@@ -123,16 +123,18 @@ def test_a_cpu_run_on_a_busy_host_says_its_timings_are_not_the_hosts_own():
     cpu = make_entity(EXP, {"model_name": "smollm2-135m", "model_max_length": 64, "number_gpus": 0, "batch_size": 2})
     props = {"train_runtime": 2.0, "dataset_tokens_per_second": 64.0}
 
-    def outcome(other: float, entity=cpu):
-        record = {**ok(0), "world_size": 1, "system": {"cpu_count": 2, "other_cpu_percent": other}}
-        run = RunOutcome(0, False, [record], {"properties": props}, 1, "")
+    def outcome(other: float, entity=cpu, quota=None):
+        system = {"cpu_count": 2, "cpu_quota": quota, "other_cpu_percent": other}
+        run = RunOutcome(0, False, [{**ok(0), "world_size": 1, "system": system}], {"properties": props}, 1, "")
         return result_of_run(EXP, entity, run, 30)
 
     busy = outcome(107.0)
-    assert busy.status == "valid" and busy.metadata["host_cpu"] == {"cpus": 2, "other_cpu_percent": 107.0}
+    assert busy.metadata["host_cpu"] == {"cpus": 2, "cpu_quota": None, "other_cpu_percent": 107.0}
+    assert busy.status == "valid"
     assert busy.metadata["notes"] == [
         "other processes kept 1.1 CPU cores of the 2 it trains on busy during the run: its CPU timings are not "
         "this host's own (torch's threads wait for the slowest core); measure on an idle host"
     ]
     assert "notes" not in outcome(BUSY_OTHER_CPU_PERCENT).metadata  # an idle enough host: no note
     assert "notes" not in outcome(107.0, ENTITY).metadata  # a GPU run's timings are the GPUs'
+    assert "notes" not in outcome(107.0, quota=2.0).metadata  # a cgroup quota: the node's CPUs are shared by design

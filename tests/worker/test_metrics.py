@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -190,3 +191,39 @@ def test_other_processes_cpu_is_counted_apart_from_the_sampled_process_tree():
     assert summary["cpu_compute_utilization"] < 10  # the sleeper
     assert summary["other_cpu_percent"] > 40  # this process's spinning thread, on one of the allowed CPUs
     assert summary["cpu_count"] >= 1
+
+
+def test_the_ranks_of_a_node_are_the_runs_own_cpu_not_other_processes():
+    # rank 0 (a sleeper) with a sibling rank that spins (this process, the ranks' launcher-to-be): sampled with
+    # ranks_root, the spinning is the run's own; without it, another process's. Both samplers see the same
+    # background load over the same interval, so their difference is the spinning alone.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    t = threading.Thread(target=spin)
+    try:
+        alone = MetricsSampler(interval_s=0.1, pid=sleeper.pid).start()
+        ranks = MetricsSampler(interval_s=0.1, pid=sleeper.pid, ranks_root=os.getpid()).start()
+        t.start()
+        time.sleep(0.8)
+        stop.set()
+        t.join()
+        alone.stop()
+        ranks.stop()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    spun = alone.summary()["other_cpu_percent"] - ranks.summary()["other_cpu_percent"]
+    assert spun > 40 and ranks.summary()["cpu_compute_utilization"] < 10  # rank 0's own figure is unchanged
+
+
+def test_busy_cpu_time_is_keyed_by_cpu_number():
+    from tunebench.worker.metrics import _busy_by_cpu, allowed_cpus, node_busy_seconds
+
+    busy = _busy_by_cpu()
+    assert set(allowed_cpus() or busy) <= set(busy) and all(v >= 0 for v in busy.values())
+    assert node_busy_seconds([]) == 0 and node_busy_seconds() >= max(busy.values())

@@ -115,16 +115,21 @@ def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "stopped_by": steps.get("stopped_by"),
             "torch_memory": [r.get("torch_memory") for r in ranks],
             # rank 0's node: its CPUs and what other processes used of them (worker.metrics)
-            "host_cpu": {"cpus": system.get("cpu_count"), "other_cpu_percent": system.get("other_cpu_percent")},
+            "host_cpu": {
+                "cpus": system.get("cpu_count"),
+                "cpu_quota": system.get("cpu_quota"),
+                "other_cpu_percent": system.get("other_cpu_percent"),
+            },
         }
     )
     return meta
 
 
 def busy_host_note(host_cpu: dict[str, Any]) -> str | None:
-    """A note when other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy during the run."""
+    """A note when other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy during the run; none
+    under a cgroup CPU quota, whose allowed CPUs are shared with other cgroups by design (worker.metrics)."""
     other, cpus = host_cpu.get("other_cpu_percent"), host_cpu.get("cpus")
-    if other is None or other <= BUSY_OTHER_CPU_PERCENT:
+    if other is None or other <= BUSY_OTHER_CPU_PERCENT or host_cpu.get("cpu_quota"):
         return None
     of = f" of the {cpus} it trains on" if cpus else ""
     return (

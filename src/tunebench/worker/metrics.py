@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -207,25 +208,62 @@ class _ProcessTreeCpu:
 
 
 def node_busy_seconds(cpus: Iterable[int] | None = None) -> float:
-    """CPU seconds the given CPUs (default: those this process may run on, whose cores its threads use)
-    have been busy since boot: all of psutil's per-CPU cpu_times but idle and iowait, less guest time,
-    which Linux also counts in user and nice (psutil's cpu_percent does the same: _cpu_busy_time)."""
-    per_cpu = psutil.cpu_times(percpu=True)
-    chosen = _allowed_cpus() if cpus is None else set(cpus)
-    busy = 0.0
-    for i, t in enumerate(per_cpu):
-        if chosen is None or i in chosen:
-            total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-            busy += total - t.idle - getattr(t, "iowait", 0.0)
-    return busy
+    """CPU seconds the given CPUs (default: every CPU) have been busy since boot: all of their times but idle
+    and iowait, less guest time, which Linux also counts in user and nice (psutil's cpu_percent does the
+    same: _cpu_busy_time)."""
+    chosen = None if cpus is None else set(cpus)
+    return sum(busy for cpu, busy in _busy_by_cpu().items() if chosen is None or cpu in chosen)
 
 
-def _allowed_cpus() -> set[int] | None:
+def _busy_by_cpu() -> dict[int, float]:
+    """Busy CPU seconds by CPU number. Read from /proc/stat's cpuN lines on Linux, keyed by N: psutil's
+    per-CPU list leaves offline CPUs out, so its positions are not CPU numbers (psutil _pslinux
+    per_cpu_times); elsewhere psutil's list, by position."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        tick = float(os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, AttributeError):
+        return {i: _busy(tuple(t), t.idle, getattr(t, "iowait", 0.0)) for i, t in enumerate(psutil.cpu_times(True))}
+    out = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            # user nice system idle iowait irq softirq steal guest guest_nice (proc(5)), in clock ticks
+            v = [int(x) / tick for x in fields[:10]] + [0.0] * (10 - len(fields[:10]))
+            out[int(name[3:])] = _busy(tuple(v), v[3], v[4])
+    return out
+
+
+def _busy(times: tuple[float, ...], idle: float, iowait: float) -> float:
+    """Busy seconds of one CPU from all its times (guest and guest_nice last, as psutil and proc(5) list them)."""
+    guest = times[8:10] if len(times) >= 10 else ()
+    return sum(times) - sum(guest) - idle - iowait
+
+
+def allowed_cpus() -> set[int] | None:
     """The CPUs this process may run on (Linux sched_getaffinity), None where the platform does not say."""
     try:
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
+
+
+def cpu_quota() -> float | None:
+    """CPUs the process's cgroup may use in time (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cfs_period_us), None
+    without a quota. Under a quota and no cpuset (a Kubernetes pod's default) the allowed CPUs are the whole
+    node's and other pods' load on them is no contention of the run's own cores."""
+    for quota_file, period_file in (
+        ("/sys/fs/cgroup/cpu.max", None),
+        ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+    ):
+        try:
+            text = Path(quota_file).read_text().split()
+            quota, period = (text[0], text[1]) if period_file is None else (text[0], Path(period_file).read_text())
+            if quota not in ("max", "-1"):
+                return int(quota) / int(period)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 class MetricsSampler:
@@ -241,13 +279,18 @@ class MetricsSampler:
         gpu_ids: Sequence[str] = (),
         pid: int | None = None,
         nvml: Any | None = None,
+        ranks_root: int | None = None,
     ):
         self.interval_s = max(float(interval_s), 0.01)
         self.gpu_ids = list(gpu_ids)
         self.nvml = nvml if nvml is not None else (load_nvml() if self.gpu_ids else None)
         self.handles = {gid: _nvml_handle(self.nvml, gid) for gid in self.gpu_ids} if self.nvml else {}
         self.cpu = _ProcessTreeCpu(pid or os.getpid())
-        self.node_busy = node_busy_seconds()
+        # whose CPU time is the run's own, not other processes': the tree of ranks_root (the launcher of a
+        # node's several ranks, siblings of this one), else this process's tree
+        self.ours = self.cpu if ranks_root in (None, pid or os.getpid()) else _ProcessTreeCpu(ranks_root)
+        self.cpus = allowed_cpus()  # read once: one set of CPUs for every interval
+        self.node_busy = node_busy_seconds(self.cpus)
         self.samples: list[Sample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -257,7 +300,8 @@ class MetricsSampler:
         """Take one sample now and append it."""
         gpus = [read_gpu(self.nvml, h, gid) for gid, h in self.handles.items() if h is not None]
         used, elapsed = self.cpu.interval()
-        busy, self.node_busy = self.node_busy, node_busy_seconds()
+        ours = used if self.ours is self.cpu else self.ours.interval()[0]
+        busy, self.node_busy = self.node_busy, node_busy_seconds(self.cpus)
         with_cpu = with_cpu and elapsed > 0
         s = Sample(
             t=time.monotonic(),
@@ -268,7 +312,7 @@ class MetricsSampler:
             gpus=gpus,
             cpu_seconds=used if with_cpu else None,
             interval_s=elapsed if with_cpu else None,
-            other_cpu_seconds=max(self.node_busy - busy - used, 0.0) if with_cpu else None,
+            other_cpu_seconds=max(self.node_busy - busy - ours, 0.0) if with_cpu else None,
         )
         with self._lock:
             self.samples.append(s)
@@ -360,7 +404,8 @@ def summarize(samples: Sequence[Sample], drop_before: float | None = None, inter
         "n_dropped_warmup": len(samples) - len(kept),
         "cpu_compute_utilization": _cpu_average(kept),  # process tree, 100 = one core
         "other_cpu_percent": _other_cpu_average(kept),  # the node's other processes, 100 = one core
-        "cpu_count": len(_allowed_cpus() or ()) or psutil.cpu_count(),  # logical CPUs this process may use
+        "cpu_count": len(allowed_cpus() or ()) or psutil.cpu_count(),  # logical CPUs this process may use
+        "cpu_quota": cpu_quota(),  # CPUs of the cgroup's time quota, None without one
         "cpu_memory_utilization": _mean(s.node_memory_percent for s in kept),  # node RAM %
         "process_rss_gib_max": _max(s.process_rss_gib for s in kept),
         "gpus": per_gpu,

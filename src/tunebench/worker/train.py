@@ -15,6 +15,7 @@ compute and memory profile, which is what tunebench measures.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -394,7 +395,9 @@ def start_meters(config: WorkerConfig, device: torch.device, on_gpu: bool, env: 
     if env["local_rank"] == 0:
         n_gpus_here = min(env["local_world_size"], torch.cuda.device_count()) if on_gpu else 0
         gpu_ids = cuda_gpu_ids(n_gpus_here) if n_gpus_here else []
-        sampler = MetricsSampler(config.metrics_interval_seconds, gpu_ids)
+        # several ranks on this node are siblings under their launcher: their CPU time is the run's own too
+        ranks_root = os.getppid() if env["local_world_size"] > 1 else None
+        sampler = MetricsSampler(config.metrics_interval_seconds, gpu_ids, ranks_root=ranks_root)
         gpus = [{"id": g, "name": gpu_names(sampler.nvml, [g]).get(g)} for g in gpu_ids]
         return Meters(meter, auto_stop, sampler, gpus)
     gpus = [{"id": cuda_gpu_ids(env["local_rank"] + 1)[-1]}] if on_gpu else None
