@@ -566,3 +566,13 @@ def test_a_short_gpu_alias_says_which_part_it_took():
     assert "V100 is taken as Tesla-V100-SXM2-16GB (16 GiB)" in found["notes"][0]
     rec = invoke("recommend", LORA, *args, "gpu_model=H100", "--max-gpus", "2", "--json")
     assert any("H100 is taken as NVIDIA-H100-80GB-HBM3" in n for n in json.loads(rec.stdout)["notes"])
+
+
+def test_max_batch_refuses_a_job_nothing_can_run_before_searching(capsys):
+    from tunebench.commands.main import main
+
+    assert main(["max-batch", "smollm2-135m", "--number-gpus", "0", "liger_kernels=true"]) == 2
+    assert "error: liger_kernels: liger_kernels true with number_gpus 0" in capsys.readouterr().err
+    job = ["--gpu-model", "A100", "--number-gpus", "4", "number_nodes=2", "distributed_backend=None"]
+    assert main(["max-batch", "llama3.2-1b", *job]) == 2
+    assert "error: number_nodes: number_nodes 2 with distributed_backend None" in capsys.readouterr().err

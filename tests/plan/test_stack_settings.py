@@ -437,7 +437,6 @@ JUDGED = [
     ),
     (NATIVE, FULL, {"attn_implementation": "flash_attention_2"}, "flash-attention needs an NVIDIA GPU"),
     (NATIVE, FULL, {"flash_attn": True}, "flash_attn 1: flash-attention needs an NVIDIA GPU"),
-    (NATIVE, LORA, {"loss_implementation": "fused_linear"}, "loss_implementation fused_linear needs liger-kernel"),
     (FMS, LORA, {"attn_implementation": "sdpa"}, "attn_implementation sdpa: fms-hf-tuning"),
     (FMS, LORA, {"attn_implementation": "eager"}, "measure with --engine native"),
     (FMS, LORA, {"loss_implementation": "chunked"}, "fast_kernels' fast_loss"),

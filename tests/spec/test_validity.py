@@ -278,3 +278,23 @@ def test_mig_slice_gets_the_watsonx_partitioning_note_and_is_planned_by_its_own_
     whole = json.loads(whole.stdout)
     assert whole["capacity_gib"] == 80.0
     assert whole["train_tokens_per_gpu_per_second"] > out["train_tokens_per_gpu_per_second"]  # 7/7 vs 3/7 of the SMs
+
+
+@pytest.mark.parametrize(
+    "flag, value, on",
+    [
+        ("fast_kernels", (True, False, False), True),
+        ("fast_kernels", (False, False, False), False),
+        ("fast_kernels", "True,False", True),
+        ("fast_kernels", "False,False,False", False),
+        ("fast_kernels", True, True),
+        ("fused_lora", ("auto_gptq", True), True),
+        ("fused_lora", ("auto_gptq", False), False),  # the base layer names the kernel, the flag switches it
+        ("auto_gptq", ("triton_v2",), True),
+        ("auto_gptq", None, False),
+    ],
+)
+def test_an_fms_acceleration_setting_is_on_by_its_flags(flag, value, on):
+    from tunebench.spec.validity import flag_on
+
+    assert flag_on(flag, value) is on

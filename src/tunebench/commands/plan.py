@@ -603,7 +603,7 @@ def _refuse_broken_rules(values: dict[str, Any], single_node_only: bool, searche
     max-length) is bad input: one line naming the rule's property, exit 2, before the search."""
     import re
 
-    from tunebench.spec.validity import check_values
+    from tunebench.spec.validity import cannot_run_reasons, check_values
 
     reasons = check_values(values, single_node_only=single_node_only).reasons
     if reasons:
@@ -614,6 +614,11 @@ def _refuse_broken_rules(values: dict[str, Any], single_node_only: bool, searche
             f"{reasons[0]}; {searched} is searched with the rest as given",
             allowed="a job that keeps the spec's validity rules, as `tunebench validate` checks",
         )
+    reasons = cannot_run_reasons(values)  # nothing can run these at any batch or length (spec.validity)
+    if reasons:
+        named = re.match(r"(\w+)", reasons[0])
+        field = named.group(1) if named and named.group(1) in values else "KEY=VALUE"
+        raise InputError(field, reasons[0], allowed="a job that can run, as `tunebench validate` notes")
 
 
 def largest_command(

@@ -199,15 +199,6 @@ def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
-def _loss_native(values: dict[str, Any], engine: str) -> list[str]:
-    if loss(values) == "fused_linear" and _gpus(values) == 0:
-        return [
-            "loss_implementation fused_linear needs liger-kernel and a GPU (number_gpus is 0): use "
-            "loss_implementation chunked on the CPU"
-        ]
-    return []
-
-
 def _loss_package(values: dict[str, Any], engine: str) -> list[str]:
     if loss(values) == "fused_linear" and _gpus(values) > 0:
         from tunebench.training.loss import liger_available
@@ -263,7 +254,12 @@ RULES: tuple[Rule, ...] = (
         _fms_version_and_plugins,
     ),
     Rule("fast_moe, fast_kernels, fused_lora, auto_gptq", (NATIVE,), _fms_acceleration_native),
-    Rule("number_nodes, number_gpus, distributed_backend, dataset_id, model_name", BOTH, _cannot_run),
+    Rule(
+        "number_nodes, number_gpus, distributed_backend, dataset_id, model_name, fast_moe, fast_kernels, fused_lora, "
+        "auto_gptq, liger_kernels, loss_implementation",
+        BOTH,
+        _cannot_run,
+    ),
     Rule("distributed_backend, deepspeed_zero_stage", BOTH, _deepspeed),
     Rule("device_map", BOTH, _device_map),
     Rule("fsdp_offload_params", BOTH, _fsdp_offload),
@@ -274,7 +270,6 @@ RULES: tuple[Rule, ...] = (
     Rule("padding_free, model_name", (NATIVE,), _padding_free_native),
     # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
-    Rule("loss_implementation", (NATIVE,), _loss_native),
     Rule("loss_implementation", (NATIVE,), _loss_package, here=True),
     Rule("loss_implementation", (FMS,), _loss_fms),
     Rule("adapter_dtype", (FMS,), _adapter_dtype_fms),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tunebench.errors import InputError
 from tunebench.spec.properties import FMS_HF_TUNING_VERSIONS, PROPERTIES
-from tunebench.spec.validity import GPU_KERNEL_FLAGS
+from tunebench.spec.validity import GPU_KERNEL_FLAGS, flag_on
 
 VERSIONS = FMS_HF_TUNING_VERSIONS  # the spec's list and the releases since
 # When each release was built (the newest file date inside its wheel on the package index). An
@@ -90,7 +90,7 @@ def plugins_used(values: dict) -> list[str]:
     if int(values.get("fast_moe") or 0) > 0:
         used.append("fast_moe")
     for flag in ("fast_kernels", "fused_lora", "auto_gptq"):
-        if any(v not in (None, False, "False", "false", "") for v in (values.get(flag) or [])):
+        if flag_on(flag, values.get(flag)):
             used.append(flag)
     if values.get("padding_free"):
         used.append("padding_free")

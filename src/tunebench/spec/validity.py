@@ -7,6 +7,7 @@ enforces in code (ado-sfttrainer.md §5.1) and that the spec implies.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,6 +210,7 @@ def _padding_free_reasons(values: dict[str, Any]) -> list[str]:
     return reasons
 
 
+@functools.lru_cache(maxsize=256)  # per entity on the planner's path; the data set ids are few
 def _is_vision(dataset_id: str) -> bool:
     try:
         return parse_dataset_id(dataset_id).is_vision
@@ -255,15 +257,29 @@ def cannot_run_reasons(values: dict[str, Any]) -> list[str]:
 GPU_KERNEL_FLAGS = ("fast_moe", "fast_kernels", "fused_lora", "auto_gptq")
 
 
+def flag_on(flag: str, value: Any) -> bool:
+    """Whether an fms-acceleration setting switches its plugin on: fast_kernels' flags (any true), fused_lora's
+    (base layer, flag) pair by its flag (spec 004: "fused_lora is set to auto_gptq True"), auto_gptq's kernel name;
+    a comma-separated text as its parsed list."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",")]
+    elif not isinstance(value, list | tuple):
+        value = [value]
+    if flag == "fused_lora":
+        value = list(value)[-1:]
+    return any(v not in (None, False, 0, "False", "false", "0", "") for v in value)
+
+
 def gpu_kernel_settings(values: dict[str, Any]) -> list[str]:
     """The settings of these values that ask for GPU-only kernels, as 'name value' (empty: none asked)."""
     used = []
     if int(values.get("fast_moe") or 0) > 0:
         used.append(f"fast_moe {values['fast_moe']}")
     for flag in GPU_KERNEL_FLAGS[1:]:
-        flags = values.get(flag) or []
-        if any(v not in (None, False, "False", "false", "") for v in flags):
-            used.append(f"{flag} {','.join(str(v) for v in flags)}")
+        if flag_on(flag, values.get(flag)):
+            value = values[flag]
+            shown = ",".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
+            used.append(f"{flag} {shown}")
     if values.get("liger_kernels"):
         used.append("liger_kernels true")
     if values.get("loss_implementation") == "fused_linear":
