@@ -167,8 +167,8 @@ def test_cpu_time_average_weights_uneven_intervals():
     assert summarize(samples)["cpu_compute_utilization"] == pytest.approx(100.0)
 
 
-def test_other_processes_cpu_is_counted_apart_from_the_sampled_process_tree():
-    # sample a sleeping process while this one spins: the spinning is another process's CPU use
+def sampled_while_spinning(*ranks_roots: int | None) -> list[dict]:
+    """Summaries of samplers of a sleeping process (one per ranks_root) while a thread of this one spins 0.8 s."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     stop = threading.Event()
 
@@ -178,16 +178,22 @@ def test_other_processes_cpu_is_counted_apart_from_the_sampled_process_tree():
 
     t = threading.Thread(target=spin)
     try:
-        sampler = MetricsSampler(interval_s=0.1, pid=sleeper.pid).start()
+        samplers = [MetricsSampler(interval_s=0.1, pid=sleeper.pid, ranks_root=r).start() for r in ranks_roots]
         t.start()
         time.sleep(0.8)
         stop.set()
         t.join()
-        sampler.stop()
+        for sampler in samplers:
+            sampler.stop()
     finally:
         sleeper.kill()
         sleeper.wait()
-    summary = sampler.summary()
+    return [sampler.summary() for sampler in samplers]
+
+
+def test_other_processes_cpu_is_counted_apart_from_the_sampled_process_tree():
+    # sample a sleeping process while this one spins: the spinning is another process's CPU use
+    (summary,) = sampled_while_spinning(None)
     assert summary["cpu_compute_utilization"] < 10  # the sleeper
     assert summary["other_cpu_percent"] > 40  # this process's spinning thread, on one of the allowed CPUs
     assert summary["cpu_count"] >= 1
@@ -197,28 +203,9 @@ def test_the_ranks_of_a_node_are_the_runs_own_cpu_not_other_processes():
     # rank 0 (a sleeper) with a sibling rank that spins (this process, the ranks' launcher-to-be): sampled with
     # ranks_root, the spinning is the run's own; without it, another process's. Both samplers see the same
     # background load over the same interval, so their difference is the spinning alone.
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    stop = threading.Event()
-
-    def spin():
-        while not stop.is_set():
-            sum(range(1000))
-
-    t = threading.Thread(target=spin)
-    try:
-        alone = MetricsSampler(interval_s=0.1, pid=sleeper.pid).start()
-        ranks = MetricsSampler(interval_s=0.1, pid=sleeper.pid, ranks_root=os.getpid()).start()
-        t.start()
-        time.sleep(0.8)
-        stop.set()
-        t.join()
-        alone.stop()
-        ranks.stop()
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    spun = alone.summary()["other_cpu_percent"] - ranks.summary()["other_cpu_percent"]
-    assert spun > 40 and ranks.summary()["cpu_compute_utilization"] < 10  # rank 0's own figure is unchanged
+    alone, ranks = sampled_while_spinning(None, os.getpid())
+    assert alone["other_cpu_percent"] - ranks["other_cpu_percent"] > 40
+    assert ranks["cpu_compute_utilization"] < 10  # rank 0's own figure is unchanged
 
 
 def test_busy_cpu_time_is_keyed_by_cpu_number():
