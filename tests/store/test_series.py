@@ -266,9 +266,9 @@ def test_the_explorers_path_stores_series_on_postgresql(measured, postgres_serve
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend, tmp_path, capsys, request):
-    """A version-1 store (no series table) with a result in it: opening it to read upgrades it once; the old
-    result has no series, and new ones keep theirs."""
+def test_a_store_of_an_older_schema_opens_and_is_upgraded(backend, tmp_path, capsys, request):
+    """A version-1 store (no series table, no operation_points index by request) with a result in it: opening it
+    to read upgrades it once, through every version; the old result has no series, and new ones keep theirs."""
     url = (
         str(tmp_path / "old.db") if backend == "sqlite" else request.getfixturevalue("postgres_server").fresh_database()
     )
@@ -281,6 +281,7 @@ def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend
         with engine.begin() as conn:
             metadata.drop_all(conn)
             metadata.create_all(conn, tables=[t for t in TABLES if t is not series])
+            conn.exec_driver_sql("DROP INDEX ix_operation_points_request")  # version 3's
             conn.execute(insert(schema_version).values(version=1, description="create", applied_at=time.time()))
             exp_pk = conn.execute(
                 insert(experiments).values(experiment_row(experiment, id_hash(experiment.id), 0.0))
@@ -305,11 +306,13 @@ def test_a_store_of_the_previous_schema_opens_and_gains_the_series_table(backend
     assert main(["show", "--store", url, "--series", str(old_id)]) == 0  # a read: the store is upgraded first
     assert "has no time series: it was recorded without one" in capsys.readouterr().out
     with Store(url) as store:
-        assert store.version == SCHEMA_VERSION == 2
+        assert store.version == SCHEMA_VERSION == 3
         assert "series" in inspect(store.engine).get_table_names()
+        indexes = {i["name"] for i in inspect(store.engine).get_indexes("operation_points")}
+        assert "ix_operation_points_request" in indexes
         with store.engine.connect() as conn:
             versions = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version)).scalars()
-            assert list(versions) == [1, 2]
+            assert list(versions) == [1, 2, 3]
         assert store.series_of(old_id) is None and read_series(store, old_id).empty
         rows = store.rows()
         assert [r["result_id"] for r in rows] == [old_id] and rows[0]["properties"]["train_runtime"] == 2.0

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine, func, inspect, select
-from sqlalchemy.schema import CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from tunebench.store import db
-from tunebench.store.schema import metadata, schema_version, series
+from tunebench.store.schema import metadata, operation_points, schema_version, series
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _add_series(conn: Connection) -> None:
@@ -34,9 +34,17 @@ def _add_series(conn: Connection) -> None:
     conn.execute(CreateTable(series))
 
 
+def _index_operation_points_by_request(conn: Connection) -> None:
+    """Version 3: operation_points indexed by request_id (the operations that sampled a point)."""
+    index = next(i for i in operation_points.indexes if i.name == "ix_operation_points_request")
+    if index.name not in {i["name"] for i in inspect(conn).get_indexes(operation_points.name)}:
+        conn.execute(CreateIndex(index))
+
+
 # version -> (description, step that upgrades a store at version - 1); 1 is the first schema.
 UPGRADES: dict[int, tuple[str, Callable[[Connection], None]]] = {
     2: ("series: the time series of each measurement", _add_series),
+    3: ("operation_points by request: the operations that sampled a point", _index_operation_points_by_request),
 }
 
 

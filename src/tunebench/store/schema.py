@@ -163,6 +163,8 @@ operation_points = Table(
     Column("seq", Integer, nullable=False),  # order in which the operation sampled the point
     Column("origin", String(16), nullable=False),  # new | memoised | rules (invalid by rule, not run)
     Index("ix_operation_points_seq", "operation_id", "seq"),
+    # the operations that sampled a request (store.stored files a result under the latest): no scan per result
+    Index("ix_operation_points_request", "request_id"),
 )
 
 TABLES = (schema_version, experiments, entities, operations, requests, results, series, operation_points)
