@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tiny_models import TINY_LLAMA
 
 import tunebench.actuators.measure as measure_module
 from tunebench.actuators.measure import measure
@@ -24,10 +25,6 @@ from tunebench.units import GIB
 
 pytestmark = pytest.mark.slow
 
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-}  # fmt: skip
 # 192 tokens: the response marker of news-chars-256 ends by token 152 (so labels are trained on) and
 # every entry is longer (>= 206 tokens with the tiny model's tokenizer): padding-free batches.
 LENGTH = 192

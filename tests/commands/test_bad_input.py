@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from layout import DATA, SRC
+from tiny_models import TINY_DECODER
 
 from tunebench.commands.main import main
 from tunebench.errors import InputError
@@ -631,14 +632,6 @@ def files(tmp_path_factory) -> Path:
         "c: &c [*b, *b, *b, *b, *b, *b, *b, *b]\nexperiments: [*c, *c, *c, *c]\n"
     )
     (root / "deep.yaml").write_text("[" * 5000 + "]" * 5000)
-    tiny = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "vocab_size": 1000,
-    }
     for name, changed in (
         ("heads0", {"num_attention_heads": 0}),
         ("hidden_huge", {"hidden_size": 10**15}),
@@ -647,7 +640,9 @@ def files(tmp_path_factory) -> Path:
         ("layers_neg", {"num_hidden_layers": -1}),
         ("layers_huge", {"num_hidden_layers": 10**9}),
     ):
-        (root / f"{name}.json").write_text(json.dumps({k: v for k, v in {**tiny, **changed}.items() if v is not None}))
+        (root / f"{name}.json").write_text(
+            json.dumps({k: v for k, v in {**TINY_DECODER, **changed}.items() if v is not None})
+        )
     (root / "dupkey.yaml").write_text(
         (root / "space.yaml").read_text().replace("batch_size: 1}", "batch_size: 1, batch_size: 2}")
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from cli_app import invoke_plan as invoke
 from layout import REPO
+from tiny_models import TINY_DECODER
 
 from tunebench.catalog.gpus import driver_reserve
 from tunebench.catalog.user_gpus import read_catalog
@@ -369,15 +370,7 @@ def test_a_batch_line_with_an_unknown_or_repeated_key_fails_alone(tmp_path):
 def test_a_config_no_causal_lm_can_be_built_from_is_one_line(tmp_path, capsys, changed, says):
     """Impossible head counts (transformers' attention fails on them; the planner fell back to a formula) and
     encoders (BertLMHeadModel decodes causally only with is_decoder) are refused, not planned."""
-    tiny = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "vocab_size": 1000,
-    }
-    (tmp_path / "config.json").write_text(json.dumps({**tiny, **changed}))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_DECODER, **changed}))
     from tunebench.commands.main import main
 
     job = ["plan", FULL, f"model_name={tmp_path / 'config.json'}", "model_max_length=128", "number_gpus=1"]

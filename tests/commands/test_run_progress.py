@@ -10,14 +10,11 @@ import sys
 
 import pytest
 from layout import SRC
+from tiny_models import TINY_LLAMA
 
 from tunebench.worker.progress import StepProgress, parse_step_line, step_line
 
 SRC = SRC
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-}  # fmt: skip
 # a log line: HH:MM:SS measuring: training step 2/3, 1,234 tokens/s, loss 6.2, ETA 3 s, 20 s elapsed
 STEP = re.compile(r"^\d\d:\d\d:\d\d measuring: (?:training|trained) step (\d+)/3, ([\d,]+) tokens/s, "
                   r"(?:loss [\d.e+-]+, )?ETA (\d+ s|\d+ min \d+ s), .* elapsed$", re.M)  # fmt: skip

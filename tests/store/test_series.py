@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import insert, inspect, select, update
+from tiny_models import TINY_LLAMA
 
 from tunebench import api
 from tunebench.commands.main import main
@@ -31,10 +32,6 @@ from tunebench.worker.series import run_series
 
 pytestmark = pytest.mark.slow
 
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-}  # fmt: skip
 FULL = "finetune_full_benchmark-v1.0.0"
 PARAMS = {"max_steps": 3, "dataset_id": "news-chars-256-entries-32"}
 

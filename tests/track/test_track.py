@@ -26,6 +26,7 @@ import pytest
 import yaml
 from layout import SRC as LAYOUT_SRC
 from sqlalchemy import select, update
+from tiny_models import TINY_LLAMA
 
 from tunebench.commands.main import main
 from tunebench.errors import InputError
@@ -41,10 +42,6 @@ from tunebench.track.targets import Target, default_location
 SRC = str(LAYOUT_SRC)
 LORA = "finetune_lora_benchmark-v1.0.0"
 PARAMS = ["-p", "max_steps=3", "-p", "dataset_id=news-chars-256-entries-32", "-p", "gradient_accumulation_steps=1"]
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-}  # fmt: skip
 SERVERS: dict[str, subprocess.Popen] = {}  # url -> the `mlflow server` process of the fixture
 # invalid by rule (batch 3 over 2 GPUs): `run` records it at once, without training
 INVALID = ["model_name=smollm2-135m", "model_max_length=64", "number_gpus=2", "batch_size=3"]
