@@ -768,3 +768,26 @@ def test_explore_says_where_its_results_went(tmp_path, capsys):
     assert len(mlflow_runs(uri, f"tunebench {op}")) == 2
     assert main(argv) == 0
     assert capsys.readouterr().err.splitlines()[-1] == said + "0 runs created, 0 already there"
+
+
+def test_two_explores_sharing_trackers_each_report_their_own(tmp_path, monkeypatch):
+    """A library caller may keep one open Trackers for several explorations: each summary counts its own sends,
+    not what the trackers did before it (it said 3 created for the second, counting the first's 2)."""
+    from tunebench.executors.local import LocalExecutor
+    from tunebench.explore import Settings, explore
+    from tunebench.track import open_trackers, parse_targets
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # fake_actuators, as --allow-actuator-import finds it
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    first = parse_space(yaml.safe_load(explore_space(tmp_path, []).read_text()))
+    wider = yaml.safe_load(explore_space(tmp_path, []).read_text())
+    wider["entity_space"]["model_max_length"] = [64, 128, 192]
+    second = parse_space(wider)
+    settings = Settings(max_parallel=1, allow_actuator_import=True, output_root=tmp_path / "runs")
+    with Store(tmp_path / "s.db") as store, open_trackers(parse_targets([f"mlflow:{uri}"])) as trackers:
+        one = explore(first, store, LocalExecutor(1), settings, trackers=trackers)
+        two = explore(second, store, LocalExecutor(1), settings, trackers=trackers)
+    assert (one.tracked["created"], one.tracked["present"]) == (2, 0)
+    # the second space's two shorter lengths are the first's results (memoised): one new run
+    assert (two.tracked["created"], two.tracked["present"]) == (1, 0)
+    assert trackers.total.created == 3

@@ -45,6 +45,7 @@ from tunebench.store import FAILED, INVALID, PENDING, RUNNING, VALID, Claim, Sto
 
 if TYPE_CHECKING:
     from tunebench.track import Trackers
+    from tunebench.track.send import Sent
 REQUEUE_S = 1.0  # how often the loop looks for claims of dead explorers (at least twice per lease)
 
 
@@ -135,6 +136,7 @@ def explore(
         )
         trackers = None
     started = time.monotonic()
+    sent_before = trackers.total.copy() if trackers else None  # one Trackers may serve several explores
     op_id = space.operation_id
     sampler = space.operation.sampler
     store.open_operation(op_id, sampler=sampler, actuator=space.actuator, space=space.source, name=space.name)
@@ -196,17 +198,17 @@ def explore(
     summary.elapsed_s = time.monotonic() - started
     summary.final = store.counts(op_id)
     summary.best = search.best()
-    summary.tracked = _tracked(trackers, op_id)
+    summary.tracked = _tracked(trackers, sent_before, op_id)
     return summary
 
 
-def _tracked(trackers: Trackers | None, op_id: str) -> dict[str, Any] | None:
-    """What the trackers took of this run's results (None without trackers)."""
-    if not trackers:
+def _tracked(trackers: Trackers | None, before: Sent | None, op_id: str) -> dict[str, Any] | None:
+    """What the trackers took of this run's results (None without trackers); before: their total at its start."""
+    if not trackers or before is None:
         return None
     from tunebench.track.runs import operation_experiment
 
-    total = trackers.total
+    total = trackers.total.since(before)
     return {
         "trackers": trackers.names(),
         "experiment": operation_experiment(op_id),

@@ -42,6 +42,15 @@ class Sent:
     present: int = 0
     warnings: list[str] = field(default_factory=list)
 
+    def since(self, earlier: Sent) -> Sent:
+        """What was done after ``earlier``, a copy of this running total taken then."""
+        return Sent(
+            self.created - earlier.created, self.present - earlier.present, self.warnings[len(earlier.warnings) :]
+        )
+
+    def copy(self) -> Sent:
+        return Sent(self.created, self.present, list(self.warnings))
+
 
 def writer_of(target: Target, location_field: str) -> Any:
     """The writer of a target's kind (its module imported here: only when that tracker is used)."""
@@ -60,7 +69,7 @@ class Trackers:
     def __init__(self, writers: Sequence[Any], *, predicted: bool = True):
         self.writers = list(writers)
         self.predicted = predicted  # add the planner's prediction of each entity (predicted_<property>)
-        self.total = Sent()  # what every send so far did (what `explore` reports at its end)
+        self.total = Sent()  # what every send so far did (a caller reports its own part: total.since(its copy))
         self.failing: set[int] = set()  # writers (by index) whose last send failed: checked again first
 
     def __bool__(self) -> bool:
