@@ -258,6 +258,28 @@ def test_fsdp_cpu_offload_leaves_only_gathered_units_on_the_gpu():
     assert predict_memory(w, UNIT).host_gib[0] > 0
 
 
+def test_offload_and_device_map_on_a_cpu_run_change_nothing_and_say_so():
+    """A CPU run's model and states are in host memory already: FSDP or DeepSpeed offload moves nothing (it moved
+    the weights out of the CPU run's allocated peak into an offload line), and device_map has no GPUs to split over."""
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    job = {"model_name": "smollm2-135m", "model_max_length": 256, "number_gpus": 0, "batch_size": 1}
+    plain = predict(exp, make_entity(exp, job))
+    for extra, said in (
+        ({"distributed_backend": "FSDP", "fsdp_offload_params": True}, "fsdp_offload_params true has"),
+        (
+            {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "offload_param_device": "cpu",
+             "offload_optimizer_device": "cpu", "device_map": "auto"},
+            "offload_optimizer_device cpu, offload_param_device cpu, device_map auto have",
+        ),
+    ):  # fmt: skip
+        moved = predict(exp, make_entity(exp, {**job, **extra}))
+        assert moved.properties == plain.properties
+        assert moved.metadata["breakdown"] == plain.metadata["breakdown"]
+        assert moved.metadata["host_memory_gib"] == 0
+        assert any(f"CPU run: {said} no effect" in n for n in moved.metadata["notes"])
+    assert not any("no effect" in n for n in plain.metadata["notes"])
+
+
 def test_device_map_splits_states_over_the_gpus_of_one_process():
     one = workload("full")
     split = workload("full", number_gpus=4, batch_size=4, distributed_backend=None, device_map="auto")

@@ -326,6 +326,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
     notes = _group_notes(w)
     if not w.on_gpu and w.gpu is not None:  # number_gpus=0 beside a gpu_model: what was planned
         notes.append(f"number_gpus=0 is a CPU run: gpu_model {w.gpu.name} is not used (no GPU memory, no GPU-hours)")
+    if not w.on_gpu and (idle := _cpu_idle_settings(w.settings)):
+        notes.append(
+            f"number_gpus=0 is a CPU run: {', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect "
+            "(one process, its model and states in host memory already): planned without"
+        )
     if not w.on_gpu and opts.price_per_gpu_hour is not None:
         notes.append("a CPU run uses no GPU-hours: a price per GPU-hour gives it no cost")
     if rates is not None:
@@ -555,6 +560,18 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
                 f"the CPU run needs {need:,.1f} GiB of this machine's {node_gib:,.1f} GiB, of which {free_gib:,.1f} "
                 "GiB are free now: other programs hold the rest (the verdict counts all of it)",
             )
+
+
+def _cpu_idle_settings(settings: dict[str, Any]) -> list[str]:
+    """The GPU-placement settings a CPU run sets to no effect: offload to the host it computes on, device_map over
+    GPUs it has none of (a CPU entity is one process: actuators.launch)."""
+    idle = [f"{name} {settings[name]}" for name in ("offload_optimizer_device", "offload_param_device")
+            if (settings.get(name) or "none") != "none"]  # fmt: skip
+    if settings.get("fsdp_offload_params"):
+        idle.append("fsdp_offload_params true")
+    if settings.get("device_map"):
+        idle.append(f"device_map {settings['device_map']}")
+    return idle
 
 
 def _group_notes(w) -> list[str]:

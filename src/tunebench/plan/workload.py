@@ -340,7 +340,10 @@ class Workload:
 
     @property
     def offload_optimizer(self) -> str:
-        """Where optimizer states live: 'gpu', 'cpu' or 'nvme' (DeepSpeed offload_optimizer, FSDP CPU offload)."""
+        """Where optimizer states live: 'gpu', 'cpu' or 'nvme' (DeepSpeed offload_optimizer, FSDP CPU offload).
+        A CPU run's states are in host memory already: nothing is offloaded ('gpu': where the run computes)."""
+        if not self.on_gpu:
+            return "gpu"
         if self.backend == "FSDP" and self.settings.get("fsdp_offload_params"):
             return "cpu"
         device = self.settings.get("offload_optimizer_device") or "none"
@@ -348,7 +351,10 @@ class Workload:
 
     @property
     def offload_params(self) -> str:
-        """Where parameters live at rest: 'gpu', 'cpu' or 'nvme' (ZeRO-3 offload_param, FSDP CPU offload)."""
+        """Where parameters live at rest: 'gpu', 'cpu' or 'nvme' (ZeRO-3 offload_param, FSDP CPU offload);
+        'gpu' on a CPU run, as offload_optimizer."""
+        if not self.on_gpu:
+            return "gpu"
         if self.backend == "FSDP" and self.settings.get("fsdp_offload_params"):
             return "cpu"
         device = self.settings.get("offload_param_device") or "none"
