@@ -236,3 +236,22 @@ def test_a_column_empty_in_every_row_is_named_once_as_a_dash(tmp_path, capsys):
     assert main(["show", "--store", url, "--where", "number_gpus=0"]) == 0
     title = capsys.readouterr().out.splitlines()[0]
     assert "gpu_model -" in title and "gpu_model ," not in title
+
+
+def test_a_long_experiment_id_in_the_title_wraps_whole_at_80_columns(tmp_path, capsys, monkeypatch):
+    """The title names the one experiment in full, wrapped after '-' or '_' as plan prints it (was: shortened in
+    the middle, so it could not be copied into the next command)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    long = get_experiment(EXP.base_id, {"stop_after_seconds": 30, "gradient_accumulation_steps": 2, "max_steps": 7})
+    assert len(long.id) > 80
+    url = str(tmp_path / "s.db")
+    entity = make_entity(
+        long, {"model_name": "smollm2-135m", "number_gpus": 0, "model_max_length": 128, "batch_size": 1}
+    )
+    result = Result.valid(long.id, entity.id, {"dataset_tokens_per_second": 10.0, "is_valid": 1}, actuator="measure")
+    fill(url, [Record(long, entity, result, actuator="measure", generator="test")])
+    assert main(["show", "--store", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    title = "".join(lines[: next(i for i, line in enumerate(lines) if line.startswith("┏"))])
+    assert long.id in title and "…" not in title
+    assert all(len(line) <= 80 for line in lines)

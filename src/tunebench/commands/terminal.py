@@ -211,6 +211,7 @@ def print_table(
 
 
 def print_title(console: Console, title: str) -> None:
-    """A line above a table, wrapped at spaces, each word longer than the terminal shortened in the middle."""
-    words = [middle(w, console.width) for w in title.split(" ")]
+    """A line above a table, wrapped at spaces; a word longer than the terminal (an experiment id) wraps after its
+    '_' or '-', as plan prints it, whole: it is what one copies into the next command."""
+    words = [wrap_name(w, console.width) if len(w) > console.width else w for w in title.split(" ")]
     console.print(Text(" ".join(words), style="italic"), highlight=False)
