@@ -569,3 +569,20 @@ def test_max_batch_refuses_a_job_nothing_can_run_before_searching(capsys):
     job = ["--gpu-model", "A100", "--number-gpus", "4", "number_nodes=2", "distributed_backend=None"]
     assert main(["max-batch", "llama3.2-1b", *job]) == 2
     assert "error: number_nodes: number_nodes 2 with distributed_backend None" in capsys.readouterr().err
+
+
+def test_durations_and_huge_figures_read_at_a_glance():
+    """num_train_epochs has no upper bound in the spec: a plan of 1e300 epochs printed a 300-digit runtime in hours,
+    cut off by the table; long runs read in days and years, huge figures in scientific notation."""
+    from tunebench.commands.printing import cost_text, duration, fmt
+
+    assert [duration(s) for s in (59, 600, 7200, 3 * 86400, 2 * 365.25 * 86400, 1e300)] == [
+        "59 s",
+        "10.0 min",
+        "2.00 h",
+        "3.0 days",
+        "2.0 years",
+        "3.17e+292 years",
+    ]
+    assert fmt(1024, 0) == "1024" and fmt(1.024e12, 0) == "1,024,000,000,000" and fmt(1.02e303, 0) == "1.02e+303"
+    assert cost_text(5.7e299, "USD") == "5.7e+299 USD" and cost_text(171.784, "USD") == "171.78 USD"

@@ -50,22 +50,36 @@ def planner_options(
     )
 
 
+HUGE = 1e15  # past this a figure prints in scientific notation (num_train_epochs has no upper bound in the spec)
+
+
 def fmt(v: Any, digits: int = 1) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
+    if isinstance(v, (int, float)) and abs(v) >= HUGE:
+        return f"{v:.3g}"
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     return str(v)
 
 
+YEAR_S = 365.25 * 86400
+
+
 def duration(seconds: float | None) -> str:
+    """A planned duration for people: s, min, h (to 2 days), days (to a year), years."""
     if seconds is None or not math.isfinite(seconds):
         return "-"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.2f} h"
+    if seconds < YEAR_S:
+        return f"{seconds / 86400:.1f} days"
+    years = seconds / YEAR_S
+    return f"{fmt(years, 1) if years < HUGE else f'{years:.3g}'} years"
 
 
 # The moments a peak can be set at (plan.trace.MOMENTS and the optimizer step), for people.
@@ -97,7 +111,7 @@ def verdict(out: dict[str, Any], max_oom_risk: float) -> str:
 
 def cost_text(cost: float | None, currency: str) -> str:
     """A cost for people: '1,234.50 USD', '-' when there is no price."""
-    return "-" if cost is None else f"{cost:,.2f} {currency}"
+    return "-" if cost is None else f"{fmt(cost, 2)} {currency}"
 
 
 def print_plan(
