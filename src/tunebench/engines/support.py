@@ -187,6 +187,46 @@ def _padding_free_fms(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _attention_model_native(values: dict[str, Any], engine: str) -> list[str]:
+    # transformers refuses an attn_implementation the model's class does not support (from_config and from_pretrained
+    # raise ValueError: bloom has neither sdpa nor flash-attention in 5.x), so the run would fail after loading its
+    # data; flash_attn's default asks for flash-attention 2 on every GPU entity
+    asked = attention_asked(values)
+    model_type = _model_type(str(values["model_name"])) if asked else None
+    known = _attention_support(model_type) if model_type else None
+    if known is None or asked in known[1]:
+        return []
+    explicit = values.get("attn_implementation") is not None
+    via = (
+        f"attn_implementation {asked}"
+        if explicit
+        else f"flash_attn {'1' if values.get('flash_attn') else '(on with GPUs)'}"
+    )
+    instead = "attn_implementation sdpa" if "sdpa" in known[1] else "attn_implementation eager"
+    instead = instead if explicit else f"flash_attn 0 or {instead}"
+    return [
+        f"{via}: {model_type}'s transformers class {known[0]} has no {asked} attention (it would not load): set {instead}"
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def _attention_support(model_type: str) -> tuple[str, tuple[str, ...]] | None:
+    """The transformers class the native worker builds for this model type (its causal-LM class, or the image-text
+    one of a vision model) and the attn_implementations it supports; None where transformers maps no class."""
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    mappings = (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    name = next((m[model_type] for m in mappings if model_type in m), None)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        return None
+    attns = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
+    if getattr(cls, "_supports_flash_attn", False):  # transformers 5: flash-attention 2 and 3 alike
+        attns += ["flash_attention_2", "flash_attention_3"]
+    return name, tuple(attns)
+
+
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention_asked(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
@@ -268,6 +308,7 @@ RULES: tuple[Rule, ...] = (
     Rule("attn_implementation", (FMS,), _attention_fms),
     Rule("padding_free, flash_attn", (FMS,), _padding_free_fms),
     Rule("padding_free, model_name", (NATIVE,), _padding_free_native),
+    Rule("attn_implementation, flash_attn, model_name", (NATIVE,), _attention_model_native),
     # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
     Rule("loss_implementation", (NATIVE,), _loss_package, here=True),

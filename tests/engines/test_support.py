@@ -1,0 +1,65 @@
+"""What the native engine runs of an entity's attention (tunebench.engines.support): an attn_implementation the
+model's transformers class lacks is judged before anything runs; the ones it has train for real."""
+
+from __future__ import annotations
+
+import pytest
+from actuators.test_measure import PARAMS, entity_of, opts
+
+import tunebench.actuators.measure as measure_module
+from tunebench.actuators.measure import measure
+from tunebench.engines import FMS, NATIVE
+from tunebench.engines.support import unsupported
+from tunebench.spec.experiments import get_experiment
+
+LORA = "finetune_lora_benchmark-v1.0.0"
+BLOOM = "hf-tiny-model-private/tiny-random-BloomForCausalLM"  # transformers 5: no sdpa, no flash-attention
+
+
+@pytest.mark.parametrize(
+    "settings, reason",
+    [
+        (
+            {"attn_implementation": "sdpa"},
+            "attn_implementation sdpa: bloom's transformers class BloomForCausalLM has no sdpa attention",
+        ),
+        (  # flash_attn's default on a GPU entity asks for flash-attention 2
+            {"number_gpus": 1, "gpu_model": "NVIDIA-A100-SXM4-80GB"},
+            "flash_attn (on with GPUs): bloom's transformers class BloomForCausalLM has no flash_attention_2",
+        ),
+    ],
+)
+def test_an_attention_the_models_class_lacks_is_judged_before_anything_runs(tmp_path, monkeypatch, settings, reason):
+    """Was: the worker loaded the data and failed in from_config (ValueError), a failed measurement that an
+    exploration retries; a GPU entity of such a model failed on every GPU (flash_attn's default)."""
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a judged entity started a process")
+
+    monkeypatch.setattr(measure_module, "run_logged", no_process)
+    exp = get_experiment(LORA, PARAMS)
+    result = measure(exp, entity_of(exp, BLOOM, target_modules="query_key_value", **settings), opts(tmp_path))
+    assert result.status == "invalid" and result.properties == {"is_valid": 0}, (result.error, result.reasons)
+    assert any(reason in r for r in result.reasons), result.reasons
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rule_judges_only_what_the_class_lacks():
+    base = {"model_name": BLOOM, "number_gpus": 0, "distributed_backend": "FSDP", "deepspeed_zero_stage": 2}
+    assert unsupported({**base, "attn_implementation": "eager"}, NATIVE) == []
+    assert unsupported({**base, "number_gpus": 1, "flash_attn": False}, NATIVE) == []  # transformers' default
+    llama = {**base, "model_name": "smollm2-135m"}
+    assert unsupported({**llama, "attn_implementation": "sdpa"}, NATIVE) == []
+    assert unsupported({**llama, "attn_implementation": "eager"}, NATIVE) == []
+    # fms-hf-tuning runs its own transformers: its attention rule (eager and sdpa judged) is its own
+    assert not any("BloomForCausalLM" in r for r in unsupported({**base, "attn_implementation": "sdpa"}, FMS))
+
+
+@pytest.mark.slow
+def test_the_attention_a_models_class_has_trains_for_real(tmp_path):
+    exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
+    result = measure(
+        exp, entity_of(exp, BLOOM, target_modules="query_key_value", attn_implementation="eager"), opts(tmp_path)
+    )
+    assert result.status == "valid", (result.error, result.reasons, result.log_tail)
+    assert result.metadata["attn_implementation"] == "eager" and result.metadata["model_type"] == "bloom"
