@@ -1,10 +1,14 @@
-"""What the native engine runs of an entity's attention (tunebench.engines.support): an attn_implementation the
-model's transformers class lacks is judged before anything runs; the ones it has train for real."""
+"""What the native engine runs (tunebench.engines.support): an attn_implementation the model's transformers class
+lacks is judged before anything runs, the ones it has train for real; gradient_checkpointing_mode is judged only
+where checkpointing is on."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from actuators.test_measure import PARAMS, entity_of, opts
+from tiny_models import TINY_LLAMA
 
 import tunebench.actuators.measure as measure_module
 from tunebench.actuators.measure import measure
@@ -63,3 +67,26 @@ def test_the_attention_a_models_class_has_trains_for_real(tmp_path):
     )
     assert result.status == "valid", (result.error, result.reasons, result.log_tail)
     assert result.metadata["attn_implementation"] == "eager" and result.metadata["model_type"] == "bloom"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny-llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_checkpointing_mode_without_checkpointing_runs_as_the_planner_plans_it(tmp_path, tiny):
+    """gradient_checkpointing_mode is the granularity of gradient_checkpointing: with it off nothing is checkpointed,
+    which the planner plans (selective_checkpointing needs checkpointing) and the worker runs. Was: selective judged
+    "planning only" while the planner planned the entity."""
+    exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
+    off = entity_of(exp, tiny, gradient_checkpointing=False, gradient_checkpointing_mode="selective")
+    result = measure(exp, off, opts(tmp_path / "off"))
+    assert result.status == "valid", (result.error, result.reasons, result.log_tail)
+    assert result.metadata["gradient_checkpointing_on"] is False
+    on = entity_of(exp, tiny, gradient_checkpointing_mode="selective")
+    (reason,) = measure(exp, on, opts(tmp_path / "on")).reasons
+    assert reason.startswith("gradient_checkpointing_mode selective (op-level) is planning only")
+    assert not (tmp_path / "on" / "run").exists()

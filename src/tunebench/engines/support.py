@@ -137,7 +137,9 @@ def _liger_kernels(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
-    if values.get("gradient_checkpointing_mode") == "selective":
+    # the granularity of gradient_checkpointing: without it nothing is checkpointed, as the planner plans it
+    # (plan.workload selective_checkpointing), and the run is the one the entity names
+    if values.get("gradient_checkpointing_mode") == "selective" and values.get("gradient_checkpointing", True):
         return [
             "gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
             "checkpoints whole blocks; use gradient_checkpointing_mode full"
