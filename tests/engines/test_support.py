@@ -1,6 +1,6 @@
 """What the native engine runs (tunebench.engines.support): an attn_implementation the model's transformers class
 lacks is judged before anything runs, the ones it has train for real; gradient_checkpointing_mode is judged only
-where checkpointing is on."""
+where checkpointing is on; fms-hf-tuning's 16-bit loss is fast_loss, never tunebench's chunked loss."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from tiny_models import TINY_LLAMA
 import tunebench.actuators.measure as measure_module
 from tunebench.actuators.measure import measure
 from tunebench.engines import FMS, NATIVE
+from tunebench.engines.fms_worker import loss_facts
 from tunebench.engines.support import unsupported
 from tunebench.spec.experiments import get_experiment
+from tunebench.worker.args import parse_args
 
 LORA = "finetune_lora_benchmark-v1.0.0"
 BLOOM = "hf-tiny-model-private/tiny-random-BloomForCausalLM"  # transformers 5: no sdpa, no flash-attention
@@ -90,3 +92,29 @@ def test_checkpointing_mode_without_checkpointing_runs_as_the_planner_plans_it(t
     (reason,) = measure(exp, on, opts(tmp_path / "on")).reasons
     assert reason.startswith("gradient_checkpointing_mode selective (op-level) is planning only")
     assert not (tmp_path / "on" / "run").exists()
+
+
+def test_fms_hf_tuning_never_measures_a_run_labelled_chunked(tmp_path, tiny, monkeypatch):
+    """fms-hf-tuning's 16-bit loss is foak's fast cross-entropy, which the planner budgets apart from tunebench's
+    chunked loss (plan.workload: "fast_loss" for fast_kernels with loss_implementation None, the traced chunked loss
+    for chunked). Was: chunked with fast_loss was measured (foak's loss) while the plan was the chunked loss's, and
+    its result said "chunked" as the one with loss_implementation None did."""
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a judged entity started a process")
+
+    monkeypatch.setattr(measure_module, "run_logged", no_process)
+    monkeypatch.setattr(measure_module, "runtime", no_process)  # no engine environment either
+    exp = get_experiment(LORA, PARAMS)
+    gpu = {"number_gpus": 1, "gpu_model": "NVIDIA-A100-SXM4-80GB", "fast_kernels": [True, False, False]}
+    result = measure(exp, entity_of(exp, tiny, loss_implementation="chunked", **gpu), opts(tmp_path), engine=FMS)
+    assert result.status == "invalid", (result.error, result.reasons)
+    assert any("loss_implementation chunked is tunebench's chunked loss" in r for r in result.reasons), result.reasons
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_fms_result_names_its_loss_as_the_planner_does():
+    base = ["--training_data_path", "d.jsonl", "--output_dir", "o", "--result_path", "r"]
+    fast, _ = parse_args([*base, "--fast_kernels", "True", "False", "False"])
+    assert loss_facts(fast) == {"implementation": "fast_loss", "function": "fms-acceleration-foak fast cross-entropy"}
+    assert loss_facts(parse_args(base)[0])["implementation"] == "upcast"

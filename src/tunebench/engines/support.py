@@ -260,10 +260,14 @@ def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
             f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
             "(needs liger-kernel and a GPU)"
         ]
-    if asked == "chunked" and not fast:
+    if asked == "chunked":
+        # tunebench's chunked loss (training.loss), which the planner traces; fms-hf-tuning's 16-bit loss is foak's
+        # fast cross-entropy, which the planner budgets apart (plan.workload loss_implementation "fast_loss"): one
+        # run must not carry the other's label
         return [
-            "loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
-            f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"
+            "loss_implementation chunked is tunebench's chunked loss, which fms-hf-tuning does not run (its 16-bit "
+            "loss is fast_kernels' fast_loss, fms-acceleration-foak, GPU, with loss_implementation None): "
+            f"{NATIVE_HINT}"
         ]
     if asked == "model_dtype":
         return [
