@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tunebench.engines import MANIFEST, RECORDED
+from tunebench.spec.properties import fast_loss_on
 from tunebench.worker import run
 from tunebench.worker.args import WorkerConfig
 
@@ -91,12 +92,7 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
     meta["padding_free"] = "--padding_free" in argv  # its aadp plugin flattens the batches (as the native worker)
     trainer = run_sft_trainer(argv, ForwardCountingCallback(state.meters.meter, state.meters.sampler), setup.output_dir)
     meta.update(trained_model_facts(trainer))
-    meta["loss"] = {
-        "implementation": steps.loss_implementation(setup.config),
-        "function": "fms-acceleration-foak fast cross-entropy"
-        if steps.loss_implementation(setup.config) == "chunked"
-        else "transformers ForCausalLMLoss",
-    }
+    meta["loss"] = loss_facts(setup.config)
     record["data"] = {
         "path": str(config.training_data_path),
         "text_field": config.dataset_text_field,
@@ -105,6 +101,15 @@ def train_fms(config: WorkerConfig, record: dict[str, Any], env: dict[str, int],
     }
     record["phase"] = "finish"
     record.update(steps.finish(state.meters))
+
+
+def loss_facts(config: WorkerConfig) -> dict[str, str]:
+    """The loss fms-hf-tuning runs, under the planner's name (plan.workload loss_implementation): foak's fast
+    cross-entropy with fast_kernels' fast_loss, else transformers' upcast (the engine judges every other
+    loss_implementation, tunebench.engines.support)."""
+    if fast_loss_on(config.fast_kernels):
+        return {"implementation": "fast_loss", "function": "fms-acceleration-foak fast cross-entropy"}
+    return {"implementation": "upcast", "function": "transformers ForCausalLMLoss"}
 
 
 def weights_path(setup: Any, env: dict[str, int], worker_argv: list[str]) -> tuple[str, dict[str, Any]]:

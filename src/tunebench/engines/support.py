@@ -137,7 +137,9 @@ def _liger_kernels(values: dict[str, Any], engine: str) -> list[str]:
 
 
 def _checkpointing_mode(values: dict[str, Any], engine: str) -> list[str]:
-    if values.get("gradient_checkpointing_mode") == "selective":
+    # the granularity of gradient_checkpointing: without it nothing is checkpointed, as the planner plans it
+    # (plan.workload selective_checkpointing), and the run is the one the entity names
+    if values.get("gradient_checkpointing_mode") == "selective" and values.get("gradient_checkpointing", True):
         return [
             "gradient_checkpointing_mode selective (op-level) is planning only: transformers' Trainer "
             "checkpoints whole blocks; use gradient_checkpointing_mode full"
@@ -187,6 +189,46 @@ def _padding_free_fms(values: dict[str, Any], engine: str) -> list[str]:
     return []
 
 
+def _attention_model_native(values: dict[str, Any], engine: str) -> list[str]:
+    # transformers refuses an attn_implementation the model's class does not support (from_config and from_pretrained
+    # raise ValueError: bloom has neither sdpa nor flash-attention in 5.x), so the run would fail after loading its
+    # data; flash_attn's default asks for flash-attention 2 on every GPU entity
+    asked = attention_asked(values)
+    model_type = _model_type(str(values["model_name"])) if asked else None
+    known = _attention_support(model_type) if model_type else None
+    if known is None or asked in known[1]:
+        return []
+    explicit = values.get("attn_implementation") is not None
+    via = (
+        f"attn_implementation {asked}"
+        if explicit
+        else f"flash_attn {'1' if values.get('flash_attn') else '(on with GPUs)'}"
+    )
+    instead = "attn_implementation sdpa" if "sdpa" in known[1] else "attn_implementation eager"
+    instead = instead if explicit else f"flash_attn 0 or {instead}"
+    return [
+        f"{via}: {model_type}'s transformers class {known[0]} has no {asked} attention (it would not load): set {instead}"
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def _attention_support(model_type: str) -> tuple[str, tuple[str, ...]] | None:
+    """The transformers class the native worker builds for this model type (its causal-LM class, or the image-text
+    one of a vision model) and the attn_implementations it supports; None where transformers maps no class."""
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    mappings = (auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    name = next((m[model_type] for m in mappings if model_type in m), None)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        return None
+    attns = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
+    if getattr(cls, "_supports_flash_attn", False):  # transformers 5: flash-attention 2 and 3 alike
+        attns += ["flash_attention_2", "flash_attention_3"]
+    return name, tuple(attns)
+
+
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:
     attn = attention_asked(values)
     if attn in FLASH_ATTENTION_PACKAGES and _gpus(values) > 0:
@@ -218,10 +260,14 @@ def _loss_fms(values: dict[str, Any], engine: str) -> list[str]:
             f"loss_implementation fused_linear: fms-hf-tuning has no fused linear cross-entropy: {NATIVE_HINT} "
             "(needs liger-kernel and a GPU)"
         ]
-    if asked == "chunked" and not fast:
+    if asked == "chunked":
+        # tunebench's chunked loss (training.loss), which the planner traces; fms-hf-tuning's 16-bit loss is foak's
+        # fast cross-entropy, which the planner budgets apart (plan.workload loss_implementation "fast_loss"): one
+        # run must not carry the other's label
         return [
-            "loss_implementation chunked: fms-hf-tuning keeps the logits 16-bit only through fast_kernels' "
-            f"fast_loss (fms-acceleration-foak, GPU): set fast_kernels, or {NATIVE_HINT}"
+            "loss_implementation chunked is tunebench's chunked loss, which fms-hf-tuning does not run (its 16-bit "
+            "loss is fast_kernels' fast_loss, fms-acceleration-foak, GPU, with loss_implementation None): "
+            f"{NATIVE_HINT}"
         ]
     if asked == "model_dtype":
         return [
@@ -268,6 +314,7 @@ RULES: tuple[Rule, ...] = (
     Rule("attn_implementation", (FMS,), _attention_fms),
     Rule("padding_free, flash_attn", (FMS,), _padding_free_fms),
     Rule("padding_free, model_name", (NATIVE,), _padding_free_native),
+    Rule("attn_implementation, flash_attn, model_name", (NATIVE,), _attention_model_native),
     # flash-attention on a CPU run breaks a validity rule (spec.validity.stack_reasons), judged before these
     Rule("attn_implementation, flash_attn", (NATIVE,), _attention_package, here=True),
     Rule("loss_implementation", (NATIVE,), _loss_package, here=True),
