@@ -264,14 +264,14 @@ def test_offload_and_device_map_on_a_cpu_run_change_nothing_and_say_so():
     exp = get_experiment("finetune_full_benchmark-v1.0.0")
     job = {"model_name": "smollm2-135m", "model_max_length": 256, "number_gpus": 0, "batch_size": 1}
     plain = predict(exp, make_entity(exp, job))
+    offloads = {"offload_param_device": "cpu", "offload_optimizer_device": "cpu"}
     for extra, said in (
         ({"distributed_backend": "FSDP", "fsdp_offload_params": True}, "fsdp_offload_params true has"),
         (
-            {"distributed_backend": "DeepSpeed", "deepspeed_zero_stage": 3, "offload_param_device": "cpu",
-             "offload_optimizer_device": "cpu", "device_map": "auto"},
+            dict(distributed_backend="DeepSpeed", deepspeed_zero_stage=3, device_map="auto", **offloads),
             "offload_optimizer_device cpu, offload_param_device cpu, device_map auto have",
         ),
-    ):  # fmt: skip
+    ):
         moved = predict(exp, make_entity(exp, {**job, **extra}))
         assert moved.properties == plain.properties
         assert moved.metadata["breakdown"] == plain.metadata["breakdown"]
@@ -613,3 +613,24 @@ def test_recommend_gives_no_figures_for_a_variant_that_breaks_a_rule():
     assert all(np.isfinite(getattr(good, f)) for f in figures)
     assert not bad.fits and "rule 4" in bad.notes[0] and all(np.isnan(getattr(bad, f)) for f in figures)
     assert bad.to_dict()["dataset_tokens_per_second"] is None and bad.cost is None
+
+
+def test_an_attention_the_model_class_lacks_is_not_planned_when_asked_for():
+    """transformers refuses to build bloom with sdpa or flash-attention (it has eager only), as the native engine
+    judges it: asked for explicitly, the plan says why instead of planning eager; flash_attn's default on a GPU is
+    the spec's and is planned with eager, noted."""
+    exp = get_experiment("finetune_full_benchmark-v1.0.0")
+    bloom = "hf-tiny-model-private/tiny-random-BloomForCausalLM"
+    job = dict(model_name=bloom, model_max_length=256, number_gpus=1, gpu_model="A100-80GB", batch_size=1)
+    for extra, said in (
+        ({"attn_implementation": "sdpa"}, "attn_implementation sdpa"),
+        ({"flash_attn": True}, "flash_attn 1"),
+    ):
+        result = predict(exp, make_entity(exp, {**job, **extra}))
+        (reason,) = result.reasons
+        assert reason.startswith(f"{said}: bloom's transformers class has no") and "(it has eager)" in reason
+        assert not result.metadata["fits"]
+    default = predict(exp, make_entity(exp, job))
+    assert default.metadata["fits"] and any("bloom has no flash-attention 2" in n for n in default.metadata["notes"])
+    eager = predict(exp, make_entity(exp, {**job, "attn_implementation": "eager"}))
+    assert eager.metadata["fits"]

@@ -276,6 +276,11 @@ def _predict_group(out: dict[str, Any], idx: list[int], rows, c, opts: PlanOptio
             out["reasons"][i].append(reason)
             out["fits"][i] = False
         return
+    if reason := _attention_lacking(w):
+        for i in idx:
+            out["reasons"][i].append(reason)
+            out["fits"][i] = False
+        return
     m = predict_memory(w, c)
     real, padded = w.sample_tokens()
     rates = None if w.on_gpu or not opts.probe_host else cpu_rates(w, padded)
@@ -562,11 +567,30 @@ def _check_cpu_memory(out: dict[str, Any], idx: list[int], need_gib: np.ndarray,
             )
 
 
+def _attention_lacking(w) -> str | None:
+    """Why an attention asked for explicitly cannot run: transformers refuses to build a model with an
+    attn_implementation its class does not support (PreTrainedModel._check_and_adjust_attn_implementation raises
+    ValueError; bloom has neither sdpa nor flash-attention in 5.x), as the native engine judges it
+    (engines.support). flash_attn's default (on with GPUs) is the spec's: planned with what the class has, noted."""
+    explicit = w.settings.get("attn_implementation")
+    asked = explicit or ("flash_attention_2" if w.settings.get("flash_attn") is True else None)
+    if asked in (None, "eager"):
+        return None
+    needed = "flash_attention_2" if asked.startswith("flash") else asked  # the class flag covers FA2 and FA3
+    if needed in w.structure.attention:
+        return None
+    via = f"attn_implementation {explicit}" if explicit else "flash_attn 1"
+    return (
+        f"{via}: {w.structure.model_type}'s transformers class has no {asked} attention, so the model would not "
+        f"load (it has {', '.join(w.structure.attention)})"
+    )
+
+
 def _cpu_idle_settings(settings: dict[str, Any]) -> list[str]:
     """The GPU-placement settings a CPU run sets to no effect: offload to the host it computes on, device_map over
     GPUs it has none of (a CPU entity is one process: actuators.launch)."""
-    idle = [f"{name} {settings[name]}" for name in ("offload_optimizer_device", "offload_param_device")
-            if (settings.get(name) or "none") != "none"]  # fmt: skip
+    offloads = ("offload_optimizer_device", "offload_param_device")
+    idle = [f"{name} {settings[name]}" for name in offloads if (settings.get(name) or "none") != "none"]
     if settings.get("fsdp_offload_params"):
         idle.append("fsdp_offload_params true")
     if settings.get("device_map"):
