@@ -362,6 +362,21 @@ def test_worker_refuses_flash_attention_and_fused_linear_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_run_that_diverges_says_so(tmp_path, tiny):
+    """float16 LoRA adapters under AdamW turn NaN at the first step (eps 1e-8 is 0 in float16; lora_A's first
+    gradient is 0), and the Trainer logs the running mean in place of the NaN loss: the result says the run
+    diverged, and why, instead of passing for a training (its rates are still measured)."""
+    exp = get_experiment(LORA, {**PARAMS, "max_steps": 2})
+    result = measure(exp, entity_of(exp, tiny, adapter_dtype="float16"), opts(tmp_path))
+    assert result.status == "valid", (result.error, result.reasons, result.log_tail)
+    bad = result.metadata["nonfinite_trainable"]
+    assert bad["tensors"] > 0 and all("lora_" in name for name in bad["first"])
+    (note,) = [n for n in result.metadata["notes"] if n.startswith("training diverged")]
+    assert "float16 trainable weights with AdamW" in note and "logging_nan_inf_filter" in note
+    assert result.properties["dataset_tokens_per_second"] > 0
+
+
+@pytest.mark.slow
 def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny):
     exp = get_experiment(LORA, {**PARAMS, "max_steps": 1})
     entity = entity_of(
@@ -377,6 +392,7 @@ def test_measured_result_records_attention_loss_and_adapter_dtype(tmp_path, tiny
     meta = result.metadata
     assert meta["attn_implementation"] == "eager" and meta["loss"]["implementation"] == "chunked"
     assert meta["trainable_dtypes"] == ["bfloat16"] and meta["padding_free"] is True
+    assert meta["nonfinite_trainable"] is None and not any("diverged" in n for n in meta.get("notes", []))
     props = result.properties  # nothing padded: the tokens processed are the data set's (+ the appended EOS)
     assert (
         props["dataset_tokens_per_second"]

@@ -11,7 +11,8 @@
 - else valid, with the properties (and metadata ``trained_tokens``) rank 0 computed from every rank's records
   (``tunebench.worker.results.properties_from_results``, run once, in the worker).
 
-A CPU run (number_gpus 0) during which other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy
+A run whose trainable weights hold NaN or inf at its end gets a note: it diverged (its rates are still the
+run's). A CPU run (number_gpus 0) during which other processes kept more than BUSY_OTHER_CPU_PERCENT of a core busy
 on the CPUs it trains on gets a note (metadata ``notes``): its timings are not the host's own.
 
 Every outcome whose ranks wrote records carries the time series they sampled (``Result.series``,
@@ -70,6 +71,8 @@ def result_of_run(experiment: Experiment, entity: Entity, run: RunOutcome, timeo
         meta["engine"] = {**engine, **(meta.get("engine") or {})}
         if not entity.values.get("number_gpus") and (note := busy_host_note(meta.get("host_cpu") or {})):
             meta["notes"] = [*meta.get("notes", []), note]
+        if note := diverged_note(meta):
+            meta["notes"] = [*meta.get("notes", []), note]
     if status == "invalid":
         return Result.invalid(
             experiment.id, entity.id, [reason or "out of memory"], metadata=meta, log_tail=tail, **series
@@ -123,6 +126,26 @@ def _run_metadata(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         }
     )
     return meta
+
+
+def diverged_note(meta: dict[str, Any]) -> str | None:
+    """A note when rank 0's trainable weights hold NaN or inf after training (worker.train.nonfinite_trainable)."""
+    bad = meta.get("nonfinite_trainable")
+    if not bad:
+        return None
+    why = ""
+    if "float16" in (meta.get("trainable_dtypes") or []):
+        # torch AdamW adds eps to sqrt(v) in the parameter's dtype: 1e-8 is below float16's smallest subnormal
+        # (6e-8), and lora_A's first gradient is 0 (lora_B starts at 0: peft's LoRA init), so its update is 0/0
+        why = (
+            "; float16 trainable weights with AdamW: its eps 1e-8 is 0 in float16, so a zero gradient (LoRA's "
+            "lora_A at the first step) updates by 0/0 (use adapter_dtype bfloat16 or float32)"
+        )
+    return (
+        f"training diverged: {bad['tensors']} of {bad['of']} trainable tensors hold NaN or inf after the run "
+        f"({', '.join(bad['first'])}){why}; the Trainer logs the running mean in place of a NaN loss "
+        "(logging_nan_inf_filter). Its rates are still the run's"
+    )
 
 
 def busy_host_note(host_cpu: dict[str, Any]) -> str | None:

@@ -438,7 +438,18 @@ def fit(loaded: Loaded, meters: Meters, training_args: Any, padding_free: bool =
         "torch_compile": compiled(trainer.model_wrapped),
         "train_losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],  # Trainer's logged losses
         "trainable_dtypes": trainable_dtypes(trainer.model),  # as trained (adapter_dtype)
+        "nonfinite_trainable": nonfinite_trainable(trainer.model),  # diverged: actuators.outcome notes it
     }
+
+
+def nonfinite_trainable(model: torch.nn.Module) -> dict[str, Any] | None:
+    """Trainable tensors (this rank's shards) holding NaN or inf after training, None when every one is finite: a
+    run that diverged. The Trainer hides it from its logged losses (logging_nan_inf_filter, on by default, logs the
+    running mean instead of a NaN loss)."""
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    with torch.no_grad():
+        bad = [name for name, p in trainable if p.numel() and not bool(torch.isfinite(p).all())]
+    return {"tensors": len(bad), "of": len(trainable), "first": bad[:3]} if bad else None
 
 
 def compiled(model: Any) -> bool:
