@@ -206,6 +206,29 @@ def test_loss_bytes_per_vocabulary_entry_are_measured(tmp_path):
     assert 6 <= head.vocab_bytes <= 16
 
 
+@pytest.mark.slow
+def test_a_chunked_loss_shorter_than_one_chunk_is_sized_by_its_own_tokens(tmp_path):
+    """Traced at 1,024-4,096 tokens, the chunked loss's one 1,024-token chunk is part of the level (a0); a shorter
+    micro-batch is one chunk of its own tokens (plan.memory takes the difference off, vocab_level_bytes): at 256 and
+    512 tokens this equals tracing the whole model (was 0.477 GiB of activations against 0.008 for smollm2 at 237)."""
+    from dataclasses import replace
+
+    from tunebench.spec.properties import LOSS_CHUNK_TOKENS
+
+    s = small_model(tmp_path, "llama", {**LLAMA, "vocab_size": 8000})
+    req = replace(request(s), loss="chunked")
+    p = profile(s, req)
+    assert p.moments["head"].vocab_level_bytes > 0
+    for length in (256, 512):
+        whole = trace_step(s, req, ("layer",) * 6, length)
+        short = 1 - min(length, LOSS_CHUNK_TOKENS) / LOSS_CHUNK_TOKENS
+        for m in MOMENTS:
+            moment = p.moments[m]
+            predicted = float(moment.bytes(np.array(1), np.array(length))) - s.vocab * moment.vocab_level_bytes * short
+            assert predicted == pytest.approx(whole[m][0], rel=0.03, abs=64 * 1024), (m, length)
+    assert profile(s, request(s)).moments["head"].vocab_level_bytes == 0  # upcast: nothing token-independent
+
+
 MOE = {"model_type": "granitemoe", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 3,
        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "num_local_experts": 4,
        "num_experts_per_tok": 2, "max_position_embeddings": 8192}  # fmt: skip

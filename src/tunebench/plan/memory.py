@@ -35,6 +35,7 @@ import numpy as np
 
 from tunebench.plan.coefficients import Coefficients
 from tunebench.plan.workload import Workload
+from tunebench.spec.properties import LOSS_CHUNK_TOKENS
 from tunebench.units import GIB
 
 
@@ -249,8 +250,13 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     # mask (transformers masking_utils, from the packed position ids): the s^2 terms (eager's score matrices and
     # float mask, sdpa's bool mask; flash-attention's varlen kernel has none) are the row's (Workload.rows)
     rows, length = w.rows(padded)
+    # chunked loss: one chunk of LOSS_CHUNK_TOKENS tokens is traced in the level (a0); a micro-batch of fewer tokens
+    # (per GPU: sequence parallelism splits them) is one chunk of its own tokens (training.loss)
+    short_chunk = 1.0 - np.minimum(tokens / w.sp, LOSS_CHUNK_TOKENS) / LOSS_CHUNK_TOKENS
     for name, moment in w.activations.moments.items():
         acts = moment.a0 + rows * (moment.a1 * length + moment.a2 * length**2) / split
+        if impl == "chunked":
+            acts = acts - m.vocab * moment.vocab_level_bytes / w.tp * short_chunk
         loss = tokens * m.vocab * moment.vocab_bytes / split
         if keep is not None and moment.vocab_bytes > keep:
             loss = tokens * m.vocab * keep / split

@@ -97,6 +97,8 @@ class TraceRequest:
         for name in ("fused_lora", "mamba_kernel"):  # added after TRACE_VERSION 3: requests without them keep
             if not fields[name]:  # their keys (and profiles)
                 del fields[name]
+        if self.loss == "chunked":  # 2: the chunk's level (Moment.vocab_level_bytes); other losses keep their keys
+            fields["loss_version"] = 2
         text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -110,6 +112,9 @@ class Moment:
     a2: float
     grad_share: float = 0.0  # gradients alive / all trainable-parameter gradients, at this moment
     vocab_bytes: float = 0.0  # of a1: bytes per vocabulary entry (the loss's logits and their gradients)
+    # of a0: bytes per vocabulary entry that do not grow with the tokens: the chunked loss's one chunk, traced at
+    # LOSS_CHUNK_TOKENS tokens (every traced length is longer); a shorter micro-batch's chunk is its own tokens
+    vocab_level_bytes: float = 0.0
 
     def bytes(self, batch: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return self.a0 + batch * (self.a1 * tokens + self.a2 * tokens**2)
@@ -509,10 +514,15 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
         vocab = (slope_full - slope_half) / half if half and not layers_win else 0.0
+        level = 0.0  # the chunk's bytes per vocabulary entry: the level's change with the vocabulary
+        if request.loss == "chunked" and half and not layers_win:
+            level_full = measured[0][0][m][0] - slope_full * lengths[0]
+            level = (level_full - (half_vocab[0][m][0] - slope_half * lengths[0])) / half
         moments[m] = Moment(
             *fit_tokens(lengths, acts, quadratic),
             grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
             vocab_bytes=max(0.0, vocab),
+            vocab_level_bytes=max(0.0, level),
         )
     written = Moment(*fit_tokens(lengths, [full(lambda r: r["written"], i) for i in range(len(lengths))], quadratic))
     return ActivationProfile(request.key, moments, written, "traced")

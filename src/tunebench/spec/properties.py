@@ -67,6 +67,9 @@ FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
 # model_dtype: nn.CrossEntropyLoss on the logits in the model's dtype, no fp32 copy (what remote-code heads
 # such as Qwen (v1)'s modeling_qwen.py QWenLMHeadModel.forward run without AMP).
 LOSS_IMPLEMENTATIONS = ("upcast", "chunked", "fused_linear", "model_dtype")
+# chunked: tokens per chunk of the flattened micro-batch, one chunk's fp32 values alive at a time (training.loss runs
+# it; the planner sizes a shorter micro-batch's one chunk by its own tokens: plan.memory)
+LOSS_CHUNK_TOKENS = 1024
 # Trainable adapter weights: peft keeps them in fp32 (get_peft_model(autocast_adapter_dtype=True));
 # False, or litgpt's bf16-true, keeps them in the base dtype.
 ADAPTER_DTYPES = ("float32", "bfloat16", "float16")

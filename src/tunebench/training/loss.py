@@ -26,9 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from tunebench.spec.properties import LOSS_CHUNK_TOKENS as CHUNK_TOKENS  # one chunk's fp32 logits: x vocab x 4 B
 from tunebench.spec.properties import LOSS_IMPLEMENTATIONS
-
-CHUNK_TOKENS = 1024  # tokens per chunk: one chunk's fp32 logits are CHUNK_TOKENS x vocabulary x 4 bytes
 
 
 def _chunk_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
