@@ -93,6 +93,10 @@ CASES: list[tuple[str, list[str]]] = [
     ),
     c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///some.jsonl", "--store", "good.db"),
     c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///adir", "--store", "good.db"),
+    # a local tracker in a folder that does not exist: MLflow and Aim would make every missing folder
+    c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///nodir/m.db", "--store", "good.db"),
+    c("--uri", "track", "export", "--to", "aim", "--uri", "nodir/sub/repo", "--store", "good.db"),
+    c("--track", "run", LORA, *GPU_ENTITY, "--track", "mlflow:sqlite:///nodir/m.db"),
     c(
         "--uri: mlflow tracking URI 'http://[::1' is no URI",
         "track",
