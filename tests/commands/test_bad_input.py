@@ -151,6 +151,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--timeout", "run", LORA, *ENTITY, "--timeout", "0"),
     c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "0"),
     c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "-2"),
+    # batch_size 2 over 3 CPU processes: refused before a data set, run folder or store is made
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "3"),
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "0"),
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "nan"),
     c("--weights", "run", LORA, *ENTITY, "--weights", "fancy"),
