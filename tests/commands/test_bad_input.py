@@ -471,6 +471,10 @@ CASES: list[tuple[str, list[str]]] = [
     c("actuator.name", "explore", "osystem.yaml"),
     c("actuator.cpu_processes", "explore", "opt_processes.yaml"),
     c("name", "explore", "control_name.yaml"),
+    # bytes of another encoding (lone surrogates): a space's name and an operation id never reach the database
+    c("name", "explore", "surrogate_name.yaml"),
+    c("--operation", "show", "--store", "good.db", "--operation", "op-\udcff"),
+    c("--operation", "export", "--store", "good.db", "--operation", "op-\udcff"),
     c("actuator.model_map", "explore", "opt_model_map.yaml"),
     c("actuator.weights", "explore", "opt_weights.yaml"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
@@ -627,6 +631,7 @@ def files(tmp_path_factory) -> Path:
     (root / "track_ftp.yaml").write_text(yaml.safe_dump({**space, "track": ["mlflow:ftp://x"]}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
+    (root / "surrogate_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\udcffname"}))
     for name, option in (
         ("opt_processes", {"cpu_processes": "abc"}),
         ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),
