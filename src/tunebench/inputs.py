@@ -221,7 +221,17 @@ def _env_name(text: str) -> str:
     return text
 
 
-Printable = Annotated[str, AfterValidator(_printable)]
+def _utf8(text: str) -> str:
+    """Text a store, a tracker or JSON can hold: bytes of another encoding (in an argument or a YAML escape)
+    arrive as lone surrogates, which SQLite, PostgreSQL and UTF-8 writers refuse."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not UTF-8 text (bytes of another encoding)") from None
+    return text
+
+
+Printable = Annotated[str, AfterValidator(_printable), AfterValidator(_utf8)]
 Text = Annotated[str, AfterValidator(_not_flag_like)]
 Host = Annotated[str, AfterValidator(_host)]
 EnvName = Annotated[str, AfterValidator(_env_name)]

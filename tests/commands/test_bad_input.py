@@ -93,6 +93,10 @@ CASES: list[tuple[str, list[str]]] = [
     ),
     c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///some.jsonl", "--store", "good.db"),
     c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///adir", "--store", "good.db"),
+    # a local tracker in a folder that does not exist: MLflow and Aim would make every missing folder
+    c("--uri", "track", "export", "--to", "mlflow", "--uri", "sqlite:///nodir/m.db", "--store", "good.db"),
+    c("--uri", "track", "export", "--to", "aim", "--uri", "nodir/sub/repo", "--store", "good.db"),
+    c("--track", "run", LORA, *GPU_ENTITY, "--track", "mlflow:sqlite:///nodir/m.db"),
     c(
         "--uri: mlflow tracking URI 'http://[::1' is no URI",
         "track",
@@ -147,6 +151,8 @@ CASES: list[tuple[str, list[str]]] = [
     c("--timeout", "run", LORA, *ENTITY, "--timeout", "0"),
     c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "0"),
     c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "-2"),
+    # batch_size 2 over 3 CPU processes: refused before a data set, run folder or store is made
+    c("--cpu-processes", "run", LORA, *ENTITY, "--cpu-processes", "3"),
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "0"),
     c("--host-memory-limit-gib", "run", LORA, *ENTITY, "--host-memory-limit-gib", "nan"),
     c("--weights", "run", LORA, *ENTITY, "--weights", "fancy"),
@@ -291,6 +297,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "wrongshape.json"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "array.json"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "nancoef.json"),
+    c("--calibration", "plan", LORA, *ENTITY, "--calibration", "zerocoef.json"),  # a divisor: numpy's warnings
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "bin.yaml"),
     c("--calibration", "plan", LORA, *ENTITY, "--calibration", "missing.json"),
     c("--calibration", "recommend", LORA, *ENTITY, "--calibration", "adir"),
@@ -465,6 +472,10 @@ CASES: list[tuple[str, list[str]]] = [
     c("actuator.name", "explore", "osystem.yaml"),
     c("actuator.cpu_processes", "explore", "opt_processes.yaml"),
     c("name", "explore", "control_name.yaml"),
+    # bytes of another encoding (lone surrogates): a space's name and an operation id never reach the database
+    c("name", "explore", "surrogate_name.yaml"),
+    c("--operation", "show", "--store", "good.db", "--operation", "op-\udcff"),
+    c("--operation", "export", "--store", "good.db", "--operation", "op-\udcff"),
     c("actuator.model_map", "explore", "opt_model_map.yaml"),
     c("actuator.weights", "explore", "opt_weights.yaml"),
     c("actuator.name", "explore", "space.yaml", "--actuator", "os:system"),
@@ -541,6 +552,7 @@ def files(tmp_path_factory) -> Path:
     (root / "wrongshape.json").write_text('{"coefficients": {"no_such_coefficient": 1.0}}')
     (root / "array.json").write_text("[1, 2, 3]")
     (root / "nancoef.json").write_text('{"coefficients": {"hfu_max": NaN}}')
+    (root / "zerocoef.json").write_text('{"coefficients": {"link_efficiency": 0}}')
     header, *rows = list(csv.reader(io.StringIO(ADO_CSV.read_text())))
     for name, column, value, line in (
         ("runtime_inf", "train_runtime", "-1e309", 0),
@@ -621,6 +633,7 @@ def files(tmp_path_factory) -> Path:
     (root / "track_ftp.yaml").write_text(yaml.safe_dump({**space, "track": ["mlflow:ftp://x"]}))
     (root / "osystem.yaml").write_text(yaml.safe_dump({**space, "actuator": {"name": "os:system"}}))
     (root / "control_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\x1b[31mname"}))
+    (root / "surrogate_name.yaml").write_text(yaml.safe_dump({**space, "name": "bad\udcffname"}))
     for name, option in (
         ("opt_processes", {"cpu_processes": "abc"}),
         ("opt_model_map", {"model_map": {"smollm2-135m": 42}}),

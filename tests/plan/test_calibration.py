@@ -330,3 +330,26 @@ def test_near_limit_misses_are_the_wrong_verdicts_the_near_limit_accuracy_counts
     flipped = {**pred, "fits": pred["fits"].copy()}
     flipped["fits"][right] = 0.0 if pred["fits"][right] > 0 else 1.0
     assert near_limit_misses(recs, flipped) == sorted([*misses, int(right)])
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("hfu_max", 0.0, "hfu_max must be > 0 (got 0.0)"),  # an efficiency: numpy's divide-by-zero warnings
+        ("link_efficiency", 0.0, "link_efficiency must be > 0 (got 0.0)"),
+        ("cuda_context_gib", -5.0, "cuda_context_gib must be >= 0 (got -5.0)"),  # a size: 5 GiB too little
+        ("peak_log_sigma", -1.0, "peak_log_sigma must be >= 0 (got -1.0)"),
+    ],
+)
+def test_a_calibration_file_with_a_coefficient_out_of_range_is_refused(tmp_path, name, value, says):
+    from tunebench.errors import InputError
+    from tunebench.inputs import parse
+    from tunebench.plan.options import PlannerOptions
+
+    data = default_calibration().to_dict()
+    data["coefficients"][name] = value
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError) as exc:
+        parse(PlannerOptions, calibration=path)
+    assert exc.value.field == "--calibration" and says in exc.value.message, exc.value

@@ -515,3 +515,12 @@ def test_a_command_that_creates_a_store_may_add_it_to_another_programs_database(
     with Store(tmp_path / "app.db", readonly=True) as s, s.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT name FROM users").scalars().all() == ["ada"]
         assert len(s.rows()) == 4
+
+
+def test_an_operation_id_of_another_encoding_is_no_operation(tmp_path):
+    """An argument's bytes that were not UTF-8 arrive as lone surrogates, which SQLite refuses to bind: the id
+    names no operation (show/export --operation then say so in one line) rather than failing in the driver."""
+    with Store(tmp_path / "s.db") as s:
+        s.open_operation("op-1", sampler="grid", actuator="predict", space={}, name=None)
+        assert s.operation("op-\udcff") is None
+        assert s.operation("op-1")["id"] == "op-1"

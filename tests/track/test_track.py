@@ -656,6 +656,23 @@ def test_bad_track_values(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: --to: unknown value 'wandb' (allowed: mlflow, aim)")
 
 
+@pytest.mark.parametrize(
+    ("text", "missing"),
+    [("mlflow:sqlite:///{tmp}/no/dir/m.db", "no/dir"), ("aim:{tmp}/no/dir/repo", "no/dir")],
+)
+def test_a_local_tracker_in_a_missing_directory_is_refused_and_not_made(tmp_path, text, missing):
+    """MLflow's sqlite store and Aim's repository would make every missing folder of their path (outside the
+    working directory too); like --store, the folder a local tracker is made in must exist."""
+    from tunebench.track.targets import parse_target
+
+    with pytest.raises(InputError) as exc:
+        parse_target(text.format(tmp=tmp_path))
+    assert exc.value.field == "--track"
+    assert f"the directory {str(tmp_path / missing)!r} does not exist" in exc.value.message
+    assert not (tmp_path / "no").exists()
+    assert parse_target(f"aim:{tmp_path}/repo").location == str(tmp_path / "repo")  # the repository itself: made
+
+
 def test_trackers_are_not_part_of_the_operation(tmp_path):
     """A space's trackers change neither its operation id nor what the store keeps of it (a URI may hold a
     password)."""

@@ -333,6 +333,18 @@ def accelerate_config(
     return cfg
 
 
+def check_cpu_processes(values: dict[str, Any], cpu_processes: int, field: str = "cpu_processes") -> None:
+    """InputError naming field when a CPU entity's (number_gpus 0) batch_size does not split evenly over
+    cpu_processes DDP processes; checked by `tunebench run` before anything is written, and by the plan."""
+    batch = values["batch_size"]
+    if values["number_gpus"] == 0 and cpu_processes > 1 and batch % cpu_processes:
+        raise InputError(
+            field,
+            f"batch_size {batch} is not divisible by {cpu_processes} processes",
+            allowed=f"a number of processes that divides batch_size {batch}, or 1",
+        )
+
+
 def build_launch_plan(experiment: Experiment, entity: Entity, **options: Any) -> LaunchPlan:
     """The launch plan of a valid entity; InputError if the entity breaks a validity rule.
 
@@ -378,10 +390,7 @@ def plan_of_values(
     gpus, nodes = values["number_gpus"], values["number_nodes"]
     cpu_ddp = gpus == 0 and cpu_processes > 1
     if cpu_ddp:
-        if values["batch_size"] % cpu_processes:
-            raise InputError(
-                "cpu_processes", f"batch_size {values['batch_size']} is not divisible by {cpu_processes} processes"
-            )
+        check_cpu_processes(values, cpu_processes)
         values = {**values, "batch_size": values["batch_size"] // cpu_processes}  # per process
     model_path = resolve_model_path(experiment, values["model_name"], model_map)
     args = worker_args(experiment, values, training_data_path=data_path, model_path=model_path, weights=weights)

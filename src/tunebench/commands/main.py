@@ -500,7 +500,10 @@ def run(
     as_json: Json = False,
 ) -> int:
     """Measure an entity for real: train and report every measured property of the experiment (kept in the store)."""
+    from tunebench.actuators.launch import check_cpu_processes
+
     exp, entity = resolve(experiment, params, props)
+    check_cpu_processes(effective_values(exp, entity), cpu_processes, "--cpu-processes")
     options = {
         "weights": weights,
         "data_dir": _text(data_dir),

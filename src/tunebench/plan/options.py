@@ -41,8 +41,16 @@ if TYPE_CHECKING:
 CANDIDATE_BYTES = 32_768
 
 
+# Coefficients the planner divides by (an efficiency, a speed, a rate): zero is a division by zero (numpy's
+# warnings and an infinite runtime); every other coefficient is a size, a share or a time, never below zero.
+POSITIVE_COEFFICIENTS = (
+    "hfu_max", "qlora_speed", "gptq_speed", "fast_kernels_speed", "compile_speed", "link_efficiency", "cpu_tflops",
+)  # fmt: skip
+
+
 class CalibrationContent(BaseModel):
-    """The JSON a calibration file holds (Calibration.to_dict): finite coefficients of known names."""
+    """The JSON a calibration file holds (Calibration.to_dict): finite coefficients of known names, none below
+    zero, the divisors (POSITIVE_COEFFICIENTS) above it."""
 
     model_config = ConfigDict(extra="forbid")
     coefficients: dict[str, FiniteFloat] = Field(min_length=1)
@@ -60,6 +68,9 @@ class CalibrationContent(BaseModel):
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"unknown coefficient {unknown[0]!r} (known: {', '.join(known)})")
+        for name, number in value.items():
+            if number < 0 or (number == 0 and name in POSITIVE_COEFFICIENTS):
+                raise ValueError(f"{name} must be {'>' if name in POSITIVE_COEFFICIENTS else '>='} 0 (got {number})")
         return value
 
 

@@ -108,6 +108,10 @@ class Queue(StoreBase):
             return True
 
     def operation(self, operation_id: str) -> dict[str, Any] | None:
+        try:
+            operation_id.encode("utf-8")
+        except UnicodeEncodeError:  # bytes of another encoding (lone surrogates): no id here; databases refuse them
+            return None
         with db.read(self.engine) as conn:
             row = conn.execute(select(operations).where(operations.c.id == operation_id)).mappings().first()
         return dict(row) if row else None

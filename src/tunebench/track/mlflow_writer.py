@@ -23,7 +23,7 @@ from tunebench.errors import InputError, one_line, shown
 from tunebench.secrets import mask_secrets
 from tunebench.spec.properties import render_value
 from tunebench.track.runs import PREFIX, TrackedRun, series_points
-from tunebench.track.targets import MLFLOW_URIS, Target
+from tunebench.track.targets import MLFLOW_URIS, Target, sqlite_file
 
 KEY_TAG, COMPLETE_TAG = PREFIX + "result_key", PREFIX + "complete"
 # MLflow's settings while tunebench calls it: the check fails fast; a server that dies mid-run costs ~15 s per
@@ -42,7 +42,7 @@ class MlflowWriter:
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its INFO lines (tables created, ...) are noise here
         self.target, self.uri, self.field = target, target.location, field
-        self.database = _sqlite_file(self.uri)
+        self.database = sqlite_file(self.uri)
         if self.database is not None:
             _check_database(self.database, self.uri, field)
         try:  # MLflow opens its model registry here: a URI it cannot use fails now, not in check()
@@ -171,14 +171,6 @@ class MlflowWriter:
                     break
             self._runs[experiment_id] = known
         return self._runs[experiment_id]
-
-
-def _sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` tracking URI (None for any other)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///")
-    return Path("/" + path.lstrip("/")) if uri.startswith("sqlite:////") else Path(path)
 
 
 def _check_database(path: Path, uri: str, field: str) -> None:

@@ -90,9 +90,12 @@ def default_location(kind: str) -> str:
 
 def _location(kind: str, location: str, field: str) -> str:
     """An Aim repository path made absolute (``~`` expanded); an MLflow URI as given (MLflow reads it), once
-    its scheme is one MLflow keeps runs in (InputError naming field otherwise)."""
+    its scheme is one MLflow keeps runs in (InputError naming field otherwise). A local repository or
+    ``sqlite:///`` file must be in a directory that exists: the trackers would make every missing folder."""
     if kind == "aim" and "://" not in location:
-        return str(Path(location).expanduser().absolute())
+        path = Path(location).expanduser().absolute()
+        _in_a_directory(path, f"Aim repository {shown(location)}", field, "a directory, or aim://host:port")
+        return str(path)
     if kind == "mlflow":
         try:
             scheme = urlsplit(location).scheme.lower().partition("+")[0]
@@ -107,7 +110,25 @@ def _location(kind: str, location: str, field: str) -> str:
                 "which MLflow keeps no runs in",
                 allowed=MLFLOW_URIS,
             )
+        database = sqlite_file(location)
+        if database is not None:
+            _in_a_directory(database, f"mlflow tracking URI {shown(mask_secrets(location))}", field, MLFLOW_URIS)
     return location
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (None for any other)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///")
+    return Path("/" + path.lstrip("/")) if uri.startswith("sqlite:////") else Path(path)
+
+
+def _in_a_directory(path: Path, what: str, field: str, allowed: str) -> None:
+    """InputError naming field when the folder path is to be made in does not exist."""
+    parent = path.expanduser().absolute().parent
+    if not parent.is_dir():
+        raise InputError(field, f"{what}: the directory {str(parent)!r} does not exist", allowed)
 
 
 def _registered_schemes() -> set[str]:
