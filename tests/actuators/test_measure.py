@@ -206,6 +206,19 @@ def test_stability_experiment_reports_fractions(tmp_path, tiny):
     assert [r["status"] for r in result.metadata["runs"]] == ["valid"] * 5
 
 
+def test_cpu_processes_that_do_not_split_a_points_batch_judge_it_before_running(tmp_path, tiny):
+    """An exploration's actuator option cpu_processes 3 over batch sizes 2 and 3: batch 2 cannot be split over 3
+    processes, so that point is invalid with the reason and nothing runs (was: a failed measurement with a run
+    folder, retried); the batch the processes divide is not judged."""
+    exp = get_experiment("finetune_lora_benchmark-v1.0.0", PARAMS)
+    result = measure(exp, entity_of(exp, tiny, batch_size=2), opts(tmp_path, cpu_processes=3))
+    assert result.status == "invalid"
+    assert result.reasons == ["batch_size 2 is not divisible by the actuator's cpu_processes 3 (a CPU run's processes)"]
+    assert not (tmp_path / "run").exists()
+    assert measure_module._cpu_processes_reasons({"batch_size": 3, "number_gpus": 0}, 3) == []
+    assert measure_module._cpu_processes_reasons({"batch_size": 2, "number_gpus": 2}, 3) == []  # GPUs: not used
+
+
 def test_ddp_with_two_cpu_processes_sums_throughput(tmp_path, tiny):
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", PARAMS)
     result = measure(exp, entity_of(exp, tiny), opts(tmp_path, cpu_processes=2))
