@@ -323,6 +323,15 @@ def _path_given(value: Any) -> Any:
     return value
 
 
+def _file_path_given(value: Any) -> Any:
+    """A file path as typed: one ending in '/' names a directory, which Path drops (fx/new/ would be written as
+    a file named new)."""
+    _path_given(value)
+    if isinstance(value, str) and value.endswith(("/", os.sep)):
+        raise ValueError(f"{value!r} ends with '/', a directory; give a file name")
+    return value
+
+
 def _output_dir(path: Path) -> Path:
     """A directory to write into: an existing writable one, or a new one in an existing directory."""
     path = path.expanduser()
@@ -338,5 +347,5 @@ def _output_dir(path: Path) -> Path:
 
 InputFile = Annotated[Path, AfterValidator(_existing_file)]
 TextFile = Annotated[Path, AfterValidator(_text_file)]
-OutputFile = Annotated[Path, AfterValidator(_output_file)]
+OutputFile = Annotated[Path, BeforeValidator(_file_path_given), AfterValidator(_output_file)]
 OutputDir = Annotated[Path, BeforeValidator(_path_given), AfterValidator(_output_dir)]
