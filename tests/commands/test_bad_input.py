@@ -265,6 +265,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--output", "show", "--store", "good.db", "-o", "adir"),
     c("--output", "show", "--store", "good.db", "-o", "nodir/out.csv"),
     c("--output", "show", "--store", "good.db", "-o", "adir/newdir/"),  # a directory: Path drops the '/'
+    c("--where", "show", "--store", "good.db", "--where", "status=bogus"),  # would match nothing, silently
     c("--output", "export", "--store", "good.db", "-o", "adir"),
     c("--output", "export", "--store", "good.db", "-o", "nodir/out.csv"),
     c("--output", "export", "--format", "ado", "--store", "good.db"),

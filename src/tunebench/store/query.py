@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunebench.errors import InputError, one_of
+from tunebench.store.schema import STATES
 from tunebench.store.tables import Table
 
 OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
@@ -85,6 +86,9 @@ def select_rows(table: Table, where: Sequence[str] = (), sort: str | None = None
     for field, name in [("--where", c.name) for c in conditions] + ([("--sort", order[0])] if order else []):
         if name not in table.columns:
             raise InputError(field, f"no column {name!r} in these results", allowed=one_of(names))
+    for condition in conditions:  # a request's status is one of STATES: another value would match nothing, silently
+        if condition.name == "status" and condition.value not in STATES:
+            raise InputError("--where", f"no status {condition.value!r}", allowed=one_of(STATES))
     keep = list(range(len(table)))
     for condition in conditions:
         column = table.data[table.columns.index(condition.name)]
