@@ -111,6 +111,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--limit", "show", "--limit", "abc"),
     c("--limit", "show", "--limit"),
     c("--max-parallel", "explore", "space.yaml", "--max-parallel", "0"),
+    c("--ray-address", "explore", "space.yaml", "--ray-address", "ray://head:10001"),  # the executor is local
     c("--max-retries", "explore", "space.yaml", "--max-retries", "-1"),
     c("--lease-seconds", "explore", "space.yaml", "--lease-seconds", "0"),
     c("command", "nosuchcommand"),

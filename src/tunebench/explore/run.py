@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tunebench.actuators import check_options
+from tunebench.errors import InputError
 from tunebench.explore.explorer import Progress, Settings, Summary, explore
 from tunebench.explore.space import Space
 from tunebench.store import Store
@@ -55,6 +56,17 @@ def run_space(
         allow_actuator_import=allow_actuator_import,
     )
     check_options(space.actuator, space.options, allow_import=allow_actuator_import)
+    # the local executor connects nowhere: a Ray address beside it would be ignored without a word (a file's
+    # address under --executor local is not: the command line chose the executor)
+    kind = executor or execution.executor
+    given = ray_address or (None if executor else execution.ray_address)
+    if given and kind != "ray":
+        raise InputError(
+            "--ray-address" if ray_address else "execution.ray_address",
+            f"{given!r} is a Ray cluster's address, and the executor is {kind}",
+            allowed="--executor ray (execution.executor: ray in the space file), or no Ray address",
+        )
+    address = (ray_address or execution.ray_address) if kind == "ray" else None
     if space.actuator == "predict":
         check_planner_gpus(space, "the predict actuator")
     elif skip_predicted_oom:
@@ -67,7 +79,7 @@ def run_space(
     else:
         tracking = contextlib.nullcontext(trackers)
     with tracking as opened:
-        runner = _executor(executor or execution.executor, ray_address or execution.ray_address, settings.max_parallel)
+        runner = _executor(kind, address, settings.max_parallel)
         opened_store = store if isinstance(store, Store) else open_store(store, create=True)
         try:
             return explore(space, opened_store, runner, settings, on_progress=on_progress, trackers=opened)
@@ -83,7 +95,7 @@ def check_planner_gpus(space: Space, who: str) -> None:
     Only where the planner predicts (who: what asks it): the measuring actuators take any node label (the
     spec's), a GPU outside the catalog included (docs/planner.md §6)."""
     from tunebench.catalog.gpus import catalog_file_gpus, is_known_gpu, list_gpus
-    from tunebench.errors import InputError, one_of, suggest
+    from tunebench.errors import one_of, suggest
 
     catalog_file_gpus()  # a malformed TUNEBENCH_GPU_CATALOG is refused as such, not as unknown GPUs
     given: list[tuple[str, object]] = []  # (field, value)
