@@ -477,6 +477,7 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     results are stored all the same, each failure is one warning line, kept with the result; a later
     export completes the interrupted runs, one per result."""
     uri, aim = f"sqlite:///{tmp_path / 'mlflow' / 'm.db'}", tmp_path / "aim"
+    (tmp_path / "mlflow").mkdir()  # a local tracker's folder must exist (targets._in_a_directory)
     blocked = [tmp_path / "mlflow" / "artifacts", aim / "artifacts"]
     path = explore_space(tmp_path, [f"mlflow:{uri}", f"aim:{aim}"], block_paths=[str(p) for p in blocked])
     done = cli(
