@@ -674,6 +674,18 @@ def test_a_local_tracker_in_a_missing_directory_is_refused_and_not_made(tmp_path
     assert parse_target(f"aim:{tmp_path}/repo").location == str(tmp_path / "repo")  # the repository itself: made
 
 
+def test_a_sqlite_tracker_under_a_tilde_is_refused_and_no_folder_named_tilde_made(tmp_path, monkeypatch):
+    """SQLite expands no '~': sqlite:///~/m.db is m.db in a folder named '~' of the working directory, which the
+    MLflow writer made (the check had expanded it to the home directory, which exists)."""
+    from tunebench.track.targets import parse_target
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as exc:
+        parse_target("mlflow:sqlite:///~/m.db")
+    assert f"the directory {str(tmp_path / '~')!r} does not exist" in exc.value.message
+    assert not (tmp_path / "~").exists()
+
+
 def test_trackers_are_not_part_of_the_operation(tmp_path):
     """A space's trackers change neither its operation id nor what the store keeps of it (a URI may hold a
     password)."""
