@@ -269,6 +269,7 @@ CASES: list[tuple[str, list[str]]] = [
     c("--where", "show", "--store", "good.db", "--where", "status=bogus"),  # would match nothing, silently
     c("--output", "export", "--store", "good.db", "-o", "adir"),
     c("--output", "export", "--store", "good.db", "-o", "nodir/out.csv"),
+    c("--output", "export", "--store", "good.db", "-o", "adir/newdir/"),  # parsed as a Path, it lost its '/'
     c("--output", "export", "--format", "ado", "--store", "good.db"),
     c("--output", "export", "--format", "ado", "--store", "good.db", "-o", "good.csv"),
     c("SPACE", "space", "from-ado", "missing.yaml"),

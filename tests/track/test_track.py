@@ -477,7 +477,7 @@ def test_a_tracker_failing_mid_run_loses_no_measurement(tmp_path):
     results are stored all the same, each failure is one warning line, kept with the result; a later
     export completes the interrupted runs, one per result."""
     uri, aim = f"sqlite:///{tmp_path / 'mlflow' / 'm.db'}", tmp_path / "aim"
-    (tmp_path / "mlflow").mkdir()  # a local tracker's directory must exist (track.targets)
+    (tmp_path / "mlflow").mkdir()  # a local tracker's folder must exist (targets._in_a_directory)
     blocked = [tmp_path / "mlflow" / "artifacts", aim / "artifacts"]
     path = explore_space(tmp_path, [f"mlflow:{uri}", f"aim:{aim}"], block_paths=[str(p) for p in blocked])
     done = cli(
@@ -672,6 +672,18 @@ def test_a_local_tracker_in_a_missing_directory_is_refused_and_not_made(tmp_path
     assert f"the directory {str(tmp_path / missing)!r} does not exist" in exc.value.message
     assert not (tmp_path / "no").exists()
     assert parse_target(f"aim:{tmp_path}/repo").location == str(tmp_path / "repo")  # the repository itself: made
+
+
+def test_a_sqlite_tracker_under_a_tilde_is_refused_and_no_folder_named_tilde_made(tmp_path, monkeypatch):
+    """SQLite expands no '~': sqlite:///~/m.db is m.db in a folder named '~' of the working directory, which the
+    MLflow writer made (the check had expanded it to the home directory, which exists)."""
+    from tunebench.track.targets import parse_target
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError) as exc:
+        parse_target("mlflow:sqlite:///~/m.db")
+    assert f"the directory {str(tmp_path / '~')!r} does not exist" in exc.value.message
+    assert not (tmp_path / "~").exists()
 
 
 def test_trackers_are_not_part_of_the_operation(tmp_path):

@@ -320,9 +320,15 @@ def export(
             "folder ado loads: a discovery space and every result; docs/ado.md).",
         ),
     ] = "ado-csv",
-    output: Annotated[
-        Path | None,
-        option(Path, "--output", "-o", help="Write to this file (default stdout); --format ado: this folder."),
+    output: Annotated[  # as typed: a file path's trailing '/' (a directory) is checked below, Path would drop it
+        str | None,
+        option(
+            str,
+            "--output",
+            "-o",
+            help="Write to this file (default stdout); --format ado: this folder.",
+            metavar="PATH",
+        ),
     ] = None,
     space: SpaceOpt = None,
     operation: OperationOpt = None,
@@ -343,9 +349,9 @@ def export(
     from tunebench.store.tables import build, write_csv
 
     if fmt == "ado":  # --output is a folder
-        _export_ado(output, space, operation, None if actuator == ALL else actuator, store)
+        _export_ado(Check(Path, "--output")(output), space, operation, None if actuator == ALL else actuator, store)
         return
-    Check(OutputFile, "--output")(output)  # ado-csv: --output is a file
+    file = Check(OutputFile, "--output")(output)  # ado-csv: --output is a file
     wanted = None if actuator == ALL else actuator
     sample_store = open_store(store, create=False)
     try:
@@ -354,10 +360,10 @@ def export(
     finally:
         sample_store.close()
     table = build(outcomes, ado=True)
-    if output:
-        with output_errors("--output", output), atomic_path(output) as tmp, tmp.open("w", newline="") as out:
+    if file:
+        with output_errors("--output", file), atomic_path(file) as tmp, tmp.open("w", newline="") as out:
             write_csv(table, out)
-        typer.echo(f"{len(table)} rows -> {output}", err=True)
+        typer.echo(f"{len(table)} rows -> {file}", err=True)
     else:
         write_csv(table, sys.stdout)
     if not len(table) and actuator == MEASURE:

@@ -251,11 +251,13 @@ def activation_moments(w: Workload, c: Coefficients) -> dict[str, tuple[np.ndarr
     # float mask, sdpa's bool mask; flash-attention's varlen kernel has none) are the row's (Workload.rows)
     rows, length = w.rows(padded)
     # chunked loss: one chunk of LOSS_CHUNK_TOKENS tokens is traced in the level (a0); a micro-batch of fewer tokens
-    # (per GPU: sequence parallelism splits them) is one chunk of its own tokens (training.loss)
+    # (per GPU: sequence parallelism splits them) is one chunk of its own tokens (training.loss). Only a moment that
+    # holds the logits (vocab_bytes) holds a chunk: the level of one that does not changes with the vocabulary by a
+    # weight's gradient (a full fine-tuning's embedding backward: vocab x hidden), whatever the tokens
     short_chunk = 1.0 - np.minimum(tokens / w.sp, LOSS_CHUNK_TOKENS) / LOSS_CHUNK_TOKENS
     for name, moment in w.activations.moments.items():
         acts = moment.a0 + rows * (moment.a1 * length + moment.a2 * length**2) / split
-        if impl == "chunked":
+        if impl == "chunked" and moment.vocab_bytes > 0:
             acts = acts - m.vocab * moment.vocab_level_bytes / w.tp * short_chunk
         loss = tokens * m.vocab * moment.vocab_bytes / split
         if keep is not None and moment.vocab_bytes > keep:

@@ -113,7 +113,8 @@ class Moment:
     grad_share: float = 0.0  # gradients alive / all trainable-parameter gradients, at this moment
     vocab_bytes: float = 0.0  # of a1: bytes per vocabulary entry (the loss's logits and their gradients)
     # of a0: bytes per vocabulary entry that do not grow with the tokens: the chunked loss's one chunk, traced at
-    # LOSS_CHUNK_TOKENS tokens (every traced length is longer); a shorter micro-batch's chunk is its own tokens
+    # LOSS_CHUNK_TOKENS tokens (every traced length is longer); a shorter micro-batch's chunk is its own tokens.
+    # Where no logits are alive (vocab_bytes 0) it is a weight's gradient (the embedding's), no chunk: plan.memory
     vocab_level_bytes: float = 0.0
 
     def bytes(self, batch: np.ndarray, tokens: np.ndarray) -> np.ndarray:

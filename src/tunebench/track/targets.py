@@ -125,8 +125,9 @@ def sqlite_file(uri: str) -> Path | None:
 
 
 def _in_a_directory(path: Path, what: str, field: str, allowed: str) -> None:
-    """InputError naming field when the folder path is to be made in does not exist."""
-    parent = path.expanduser().absolute().parent
+    """InputError naming field when the folder path is to be made in does not exist. No '~' is expanded here: an
+    Aim path comes expanded, and SQLite opens sqlite:///~/m.db in a folder named '~' (which MLflow would make)."""
+    parent = path.absolute().parent
     if not parent.is_dir():
         raise InputError(field, f"{what}: the directory {str(parent)!r} does not exist", allowed)
 
