@@ -51,6 +51,7 @@ from tunebench.errors import InputError
 from tunebench.paths import write_atomic
 from tunebench.plan.meta_model import enable_checkpointing, quiet
 from tunebench.plan.structure import Structure, cache_dir, library_versions, write_json
+from tunebench.spec.properties import LOSS_CHUNK_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,8 @@ class TraceRequest:
         for name in ("fused_lora", "mamba_kernel"):  # added after TRACE_VERSION 3: requests without them keep
             if not fields[name]:  # their keys (and profiles)
                 del fields[name]
-        if self.loss == "chunked":  # 2: the chunk's level (Moment.vocab_level_bytes); other losses keep their keys
-            fields["loss_version"] = 2
+        if self.loss == "chunked":  # 3: the chunk's level (Moment.vocab_level_bytes) by halving the chunk; other
+            fields["loss_version"] = 3  # losses keep their keys
         text = json.dumps({**fields, "version": TRACE_VERSION}, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -112,9 +113,9 @@ class Moment:
     a2: float
     grad_share: float = 0.0  # gradients alive / all trainable-parameter gradients, at this moment
     vocab_bytes: float = 0.0  # of a1: bytes per vocabulary entry (the loss's logits and their gradients)
-    # of a0: bytes per vocabulary entry that do not grow with the tokens: the chunked loss's one chunk, traced at
-    # LOSS_CHUNK_TOKENS tokens (every traced length is longer); a shorter micro-batch's chunk is its own tokens.
-    # Where no logits are alive (vocab_bytes 0) it is a weight's gradient (the embedding's), no chunk: plan.memory
+    # of a0: the chunked loss's one chunk of LOSS_CHUNK_TOKENS tokens, in bytes per vocabulary entry (what halving
+    # the chunk takes off, twice: a weight's vocab-sized gradient stays out); a shorter micro-batch's chunk is its
+    # own tokens (plan.memory)
     vocab_level_bytes: float = 0.0
 
     def bytes(self, batch: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -463,7 +464,8 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     if not all_keep:  # the first layer with a backward is of the base kind: no (k0, b) to trace
         plans = [plan for plan in plans if plan[0] == base]
     lengths = _lengths(structure)
-    _count_step(planned=len(plans) * len(lengths) + 2)  # + the two half-vocabulary steps below
+    chunked = request.loss == "chunked"
+    _count_step(planned=len(plans) * len(lengths) + 2 + chunked)  # + the half-vocabulary and half-chunk steps below
     measured = [[_counted(trace_step(structure, request, plan, s)) for s in lengths] for plan in plans]
     quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
     half = structure.vocab // 2
@@ -474,6 +476,9 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         _counted(trace_step(structure, request, plans[0], s, vocab=structure.vocab - half)) for s in lengths[:2]
     ]
     span = lengths[1] - lengths[0]
+    half_chunk = None
+    if chunked:
+        half_chunk = _counted(trace_step(structure, request, plans[0], lengths[0], chunk_tokens=LOSS_CHUNK_TOKENS // 2))
 
     last = types[-1] if types else None
     first = (types[0] if all_keep else base) if types else None  # the first layer with a backward
@@ -515,10 +520,12 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         slope_full = (measured[0][1][m][0] - measured[0][0][m][0]) / span
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
         vocab = (slope_full - slope_half) / half if half and not layers_win else 0.0
-        level = 0.0  # the chunk's bytes per vocabulary entry: the level's change with the vocabulary
-        if request.loss == "chunked" and half and not layers_win:
-            level_full = measured[0][0][m][0] - slope_full * lengths[0]
-            level = (level_full - (half_vocab[0][m][0] - slope_half * lengths[0])) / half
+        # the chunked loss's one chunk, per vocabulary entry: what halving the chunk takes off, twice (the step at
+        # lengths[0] holds one full chunk where lengths[0] >= LOSS_CHUNK_TOKENS); a weight's vocab-sized gradient
+        # (the embedding's, the output layer's) is the same at either chunk size and stays out of it
+        level = 0.0
+        if half_chunk is not None and not layers_win:
+            level = 2 * (measured[0][0][m][0] - half_chunk[m][0]) / structure.vocab
         moments[m] = Moment(
             *fit_tokens(lengths, acts, quadratic),
             grad_share=float(np.clip(alive / total, 0, 1)) if total else 0.0,
@@ -567,13 +574,19 @@ def formula_profile(structure: Structure, request: TraceRequest, why: str) -> Ac
 
 # --- one traced step ---------------------------------------------------------------------------------
 def trace_step(
-    structure: Structure, request: TraceRequest, plan: tuple[str, ...], length: int, vocab: int | None = None
+    structure: Structure,
+    request: TraceRequest,
+    plan: tuple[str, ...],
+    length: int,
+    vocab: int | None = None,
+    chunk_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Forward + backward of the reduced model on fake tensors: the two moments, gradients, bytes written."""
+    """Forward + backward of the reduced model on fake tensors: the two moments, gradients, bytes written.
+    chunk_tokens: the chunked loss's chunk (None: the worker's, LOSS_CHUNK_TOKENS)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    model = _reduced_model(structure, request, plan, vocab)
+    model = _reduced_model(structure, request, plan, vocab, chunk_tokens)
     layers = _decoder_layer_list(model, len(plan))
     tracker = _tracker_class()(layers)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -622,7 +635,13 @@ def _to_fake_empty(model: Any) -> None:
                 module._buffers[name] = new[id(b)]
 
 
-def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str, ...], vocab: int | None):
+def _reduced_model(
+    structure: Structure,
+    request: TraceRequest,
+    plan: tuple[str, ...],
+    vocab: int | None,
+    chunk_tokens: int | None = None,
+):
     """The model cut to the plan's layers, on the meta device, prepared as the worker prepares it."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -647,9 +666,11 @@ def _reduced_model(structure: Structure, request: TraceRequest, plan: tuple[str,
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=hf._attn_implementation)
     if request.loss in ("chunked", "model_dtype"):  # the measuring worker's loss functions, traced as they run
-        from tunebench.training.loss import apply
+        from tunebench.training.loss import apply, causal_lm, chunked_causal_lm_loss
 
         apply(model, request.loss, on_gpu=False)
+        if request.loss == "chunked" and chunk_tokens:  # another chunk size: what one chunk holds (_trace_with_base)
+            causal_lm(model).loss_function = functools.partial(chunked_causal_lm_loss, chunk_tokens=chunk_tokens)
     if request.kbit_upcast:
         _upcast_like_kbit(model)
     if request.liger:
