@@ -18,6 +18,7 @@ import pytest
 from tiny_models import TINY_LLAMA
 
 import tunebench.actuators.measure as measure_module
+from tunebench.actuators.launch import cpu_processes_reason
 from tunebench.actuators.measure import measure
 from tunebench.spec.experiments import get_experiment, make_entity
 from tunebench.spec.measured import BENCHMARK_MEASURED
@@ -213,10 +214,10 @@ def test_cpu_processes_that_do_not_split_a_points_batch_judge_it_before_running(
     exp = get_experiment("finetune_lora_benchmark-v1.0.0", PARAMS)
     result = measure(exp, entity_of(exp, tiny, batch_size=2), opts(tmp_path, cpu_processes=3))
     assert result.status == "invalid"
-    assert result.reasons == ["batch_size 2 is not divisible by the actuator's cpu_processes 3 (a CPU run's processes)"]
+    assert result.reasons == ["batch_size 2 is not divisible by 3 processes (the actuator's cpu_processes)"]
     assert not (tmp_path / "run").exists()
-    assert measure_module._cpu_processes_reasons({"batch_size": 3, "number_gpus": 0}, 3) == []
-    assert measure_module._cpu_processes_reasons({"batch_size": 2, "number_gpus": 2}, 3) == []  # GPUs: not used
+    assert cpu_processes_reason({"batch_size": 3, "number_gpus": 0}, 3) is None
+    assert cpu_processes_reason({"batch_size": 2, "number_gpus": 2}, 3) is None  # GPUs: not used
 
 
 def test_ddp_with_two_cpu_processes_sums_throughput(tmp_path, tiny):

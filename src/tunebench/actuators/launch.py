@@ -333,15 +333,21 @@ def accelerate_config(
     return cfg
 
 
+def cpu_processes_reason(values: dict[str, Any], cpu_processes: int | None) -> str | None:
+    """Why a CPU entity's (number_gpus 0) batch_size does not split evenly over cpu_processes DDP processes;
+    None where it does, or where the entity runs on GPUs."""
+    processes, batch = int(cpu_processes or 1), values["batch_size"]
+    if values.get("number_gpus") or processes <= 1 or batch % processes == 0:
+        return None
+    return f"batch_size {batch} is not divisible by {processes} processes"
+
+
 def check_cpu_processes(values: dict[str, Any], cpu_processes: int, field: str = "cpu_processes") -> None:
-    """InputError naming field when a CPU entity's (number_gpus 0) batch_size does not split evenly over
-    cpu_processes DDP processes; checked by `tunebench run` before anything is written, and by the plan."""
-    batch = values["batch_size"]
-    if values["number_gpus"] == 0 and cpu_processes > 1 and batch % cpu_processes:
+    """InputError naming field (cpu_processes_reason); checked by `tunebench run` before anything is written, and
+    by the plan. An exploration's measuring actuator judges each point instead (actuators.measure)."""
+    if reason := cpu_processes_reason(values, cpu_processes):
         raise InputError(
-            field,
-            f"batch_size {batch} is not divisible by {cpu_processes} processes",
-            allowed=f"a number of processes that divides batch_size {batch}, or 1",
+            field, reason, allowed=f"a number of processes that divides batch_size {values['batch_size']}, or 1"
         )
 
 

@@ -30,7 +30,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tunebench.actuators.launch import WORKER_MODULES, LaunchPlan, NodePlan, build_launch_plan, plan_of_values
+from tunebench.actuators.launch import (
+    WORKER_MODULES,
+    LaunchPlan,
+    NodePlan,
+    build_launch_plan,
+    cpu_processes_reason,
+    plan_of_values,
+)
 from tunebench.actuators.machine import cannot_run_here, detect_gpus
 from tunebench.actuators.memwatch import DEFAULT_LIMIT_FRACTION, MemoryWatch, default_host_memory_limit_bytes
 from tunebench.actuators.options import MeasureOptions
@@ -68,7 +75,9 @@ def measure(
     here = values.get("number_nodes", 1) <= 1  # a run that starts here (several nodes run elsewhere: Ray)
     # In order: what is true of the entity anywhere (the spec's rules, what the engine cannot run), then what this
     # machine lacks (its GPUs: failed, nothing about the entity), then the packages missing here (invalid here).
-    reasons = judge(experiment, entity, engine, here=False) or _cpu_processes_reasons(values, opts.cpu_processes)
+    reasons = judge(experiment, entity, engine, here=False)
+    if not reasons and (why := cpu_processes_reason(values, opts.cpu_processes)):  # per point of an exploration
+        reasons = [f"{why} (the actuator's cpu_processes)"]
     if reasons:
         result = Result.invalid(experiment.id, entity.id, reasons)
     elif not here:
@@ -85,15 +94,6 @@ def measure(
     else:
         result = _measure_once(experiment, entity, values, opts, progress, engine, on_step)
     return dataclasses.replace(result, actuator=ACTUATOR_OF_ENGINE[engine])
-
-
-def _cpu_processes_reasons(values: Mapping[str, Any], cpu_processes: int | None) -> list[str]:
-    """A CPU entity's batch_size that the actuator's cpu_processes DDP processes cannot split evenly (rule 1 over
-    those processes): judged per entity, as an exploration's points differ in batch_size."""
-    processes, batch = int(cpu_processes or 1), values["batch_size"]
-    if values.get("number_gpus") or processes <= 1 or batch % processes == 0:
-        return []
-    return [f"batch_size {batch} is not divisible by the actuator's cpu_processes {processes} (a CPU run's processes)"]
 
 
 def gpus_missing(values: Mapping[str, Any]) -> str | None:
