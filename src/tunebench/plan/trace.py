@@ -464,7 +464,9 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
     if not all_keep:  # the first layer with a backward is of the base kind: no (k0, b) to trace
         plans = [plan for plan in plans if plan[0] == base]
     lengths = _lengths(structure)
-    chunked = request.loss == "chunked"
+    # the chunked loss's one chunk is in the level where the shortest traced length holds it whole (a small position
+    # limit traces shorter: the chunk grows with the tokens, in the slope)
+    chunked = request.loss == "chunked" and lengths[0] >= LOSS_CHUNK_TOKENS
     _count_step(planned=len(plans) * len(lengths) + 2 + chunked)  # + the half-vocabulary and half-chunk steps below
     measured = [[_counted(trace_step(structure, request, plan, s)) for s in lengths] for plan in plans]
     quadratic = request.attention != "flash"  # eager scores and materialised masks grow with s^2
@@ -521,7 +523,7 @@ def _trace_with_base(structure: Structure, request: TraceRequest, first: str | N
         slope_half = (half_vocab[1][m][0] - half_vocab[0][m][0]) / span
         vocab = (slope_full - slope_half) / half if half and not layers_win else 0.0
         # the chunked loss's one chunk, per vocabulary entry: what halving the chunk takes off, twice (the step at
-        # lengths[0] holds one full chunk where lengths[0] >= LOSS_CHUNK_TOKENS); a weight's vocab-sized gradient
+        # lengths[0] holds one full chunk); a weight's vocab-sized gradient
         # (the embedding's, the output layer's) is the same at either chunk size and stays out of it
         level = 0.0
         if half_chunk is not None and not layers_win:
