@@ -23,6 +23,7 @@ from tunebench.spec.properties import (
     FLASH_ATTENTION_PACKAGES,
     PADDING_FREE_MODEL_TYPES,
     attention_asked,
+    class_attentions,
     fast_loss_on,
     loss_path,
 )
@@ -223,10 +224,8 @@ def _attention_support(model_type: str) -> tuple[str, tuple[str, ...]] | None:
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
     if cls is None:
         return None
-    attns = ["eager"] + (["sdpa"] if getattr(cls, "_supports_sdpa", False) else [])
-    if getattr(cls, "_supports_flash_attn", False):  # transformers 5: flash-attention 2 and 3 alike
-        attns += ["flash_attention_2", "flash_attention_3"]
-    return name, tuple(attns)
+    attns = class_attentions(cls)
+    return name, attns + (("flash_attention_3",) if "flash_attention_2" in attns else ())  # one flag for both
 
 
 def _attention_package(values: dict[str, Any], engine: str) -> list[str]:

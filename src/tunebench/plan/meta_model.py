@@ -15,6 +15,7 @@ from typing import Any
 
 from tunebench.errors import InputError
 from tunebench.plan.structure import Linear, Structure
+from tunebench.spec.properties import class_attentions
 
 
 def build_model(config, hf, vision: bool):
@@ -172,7 +173,7 @@ def read_structure(model, config, hf) -> Structure:  # over 60 lines: one keywor
         layer_kinds=_layer_kinds(types),
         layer_types=types,
         vision=_vision(model, hf, vision_prefixes) if vision_prefixes else {},
-        attention=_attention_support(model),
+        attention=class_attentions(model),
         default_attention=str(getattr(hf, "_attn_implementation", None) or "eager"),
         no_split_modules=tuple(getattr(model, "_no_split_modules", None) or ()),
         stand_in=stand_in,
@@ -345,15 +346,6 @@ def _has_attention(layer) -> bool:
     return any(
         "attention" in type(m).__name__.lower() and "mamba" not in type(m).__name__.lower() for m in layer.modules()
     )
-
-
-def _attention_support(model) -> tuple[str, ...]:
-    out = ["eager"]
-    if getattr(model, "_supports_sdpa", False):
-        out.append("sdpa")
-    if getattr(model, "_supports_flash_attn", False) or getattr(model, "_supports_flash_attn_2", False):
-        out.append("flash_attention_2")
-    return tuple(out)
 
 
 def _vision(model, hf, prefixes: tuple[str, ...]) -> dict[str, Any]:

@@ -58,6 +58,21 @@ AUTO_STOP_METHODS = (None, "WARMUP_60S_STABLE_120S_OR_10_STEPS")
 # without them are unchanged. Names are the libraries' own where one exists.
 # transformers `attn_implementation` (modeling_utils.PreTrainedModel._check_and_adjust_attn_implementation).
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+
+
+def class_attentions(model: Any) -> tuple[str, ...]:
+    """The attn_implementations a transformers model class (or model) supports, by its flags: eager always, sdpa
+    (``_supports_sdpa``), flash_attention_2 (``_supports_flash_attn``; ``_supports_flash_attn_2`` before
+    transformers 5), whose flag covers flash_attention_3 too. Read by the planner (plan.meta_model) and the
+    native engine's rules (engines.support) alike."""
+    out = ["eager"]
+    if getattr(model, "_supports_sdpa", False):
+        out.append("sdpa")
+    if getattr(model, "_supports_flash_attn", False) or getattr(model, "_supports_flash_attn_2", False):
+        out.append("flash_attention_2")
+    return tuple(out)
+
+
 # The module transformers imports for each flash-attention (transformers.utils.import_utils) and its package.
 FLASH_ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
                             "flash_attention_3": ("flash_attn_interface", "flash-attn 3")}  # fmt: skip
